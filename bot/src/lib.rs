@@ -1,0 +1,22 @@
+//! # parlor-bot — the agent runtime
+//!
+//! Owns everything an agent session needs that is not tied to a chat platform: the
+//! OpenAI-compatible LLM client, the tool contract, the agent loop and the built-in toolsets.
+//!
+//! **Invariant:** this crate knows no platform SDK (no teloxide, no serenity) and no
+//! adapter or plugin crate; they depend on it, never the other way round.
+//!
+//! ## Layout
+//! - [`llm`] — wire types (OpenAI shape), the [`llm::LlmBackend`] trait, the streaming
+//!   client with SSE framing, tool-call assembly and retries.
+//! - [`tool`] — the [`tool::ToolSet`] trait, the [`tool::ToolSetBridge`] that turns typed
+//!   async functions into tools, schema generation and argument validation, the stable
+//!   [`tool::ToolResult`] JSON, the registry and the catalog.
+//! - [`agent`] — prompt assembly (static prompt, per-turn injections, schemas) and the
+//!   iteration loop that runs tool calls concurrently, bounded and in order.
+//! - [`tools`] — built-in toolsets: `todo_list`, `time`, prompt-only.
+
+pub mod agent;
+pub mod llm;
+pub mod tool;
+pub mod tools;

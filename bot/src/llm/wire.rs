@@ -1,0 +1,290 @@
+//! OpenAI chat-completions wire types. Only what parlor sends and reads is modelled; the
+//! request body is checked against OpenAI's own JSON Schemas in the tests.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One message of a conversation, tagged by `role` exactly as the API expects it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Message {
+    /// The system prompt.
+    System {
+        /// Prompt text.
+        content: String,
+    },
+    /// A user's (or the platform's) input; may carry images as content parts.
+    User {
+        /// Text, or text and image parts.
+        content: Content,
+    },
+    /// The model's answer: text, tool calls, or both.
+    Assistant {
+        /// Text; `None` when the model only called tools.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content: Option<String>,
+        /// Tool calls, in the order the model made them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The result of one tool call.
+    Tool {
+        /// The `id` of the assistant's tool call this answers.
+        tool_call_id: String,
+        /// The result JSON, as text.
+        content: String,
+    },
+}
+
+impl Message {
+    /// A system message.
+    pub fn system(text: impl Into<String>) -> Self {
+        Message::System {
+            content: text.into(),
+        }
+    }
+
+    /// A plain-text user message.
+    pub fn user(text: impl Into<String>) -> Self {
+        Message::User {
+            content: Content::Text(text.into()),
+        }
+    }
+
+    /// An assistant message with text only.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Message::Assistant {
+            content: Some(text.into()),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    /// A tool result message.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        Message::Tool {
+            tool_call_id: tool_call_id.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A user message's content: a string, or parts (text and images) for vision models.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Text and image parts, in order.
+    Parts(Vec<ContentPart>),
+}
+
+impl Content {
+    /// The text of this content, parts joined by newlines; images are left out.
+    pub fn text(&self) -> String {
+        match self {
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    ContentPart::Text { text } => Some(text.as_str()),
+                    ContentPart::ImageUrl { .. } => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+/// One part of a multi-part user message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// A text part.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image, by URL or `data:` URL.
+    ImageUrl {
+        /// Where the image is.
+        image_url: ImageUrl,
+    },
+}
+
+/// An image reference for vision input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageUrl {
+    /// `https://...` or `data:image/png;base64,...`.
+    pub url: String,
+    /// `auto`, `low` or `high`; left to the provider when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// A tool call the model made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id; the tool message answering it carries the same id.
+    pub id: String,
+    /// Always `"function"`.
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    /// Which function, with what arguments.
+    pub function: FunctionCall,
+}
+
+fn function_type() -> String {
+    "function".to_owned()
+}
+
+impl ToolCall {
+    /// A function tool call.
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> Self {
+        ToolCall {
+            id: id.into(),
+            kind: function_type(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments: arguments.into(),
+            },
+        }
+    }
+}
+
+/// The function part of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The tool's wire name.
+    pub name: String,
+    /// The arguments as the model wrote them: JSON text, not necessarily valid.
+    pub arguments: String,
+}
+
+/// A tool offered to the model: `{"type":"function","function":{...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDef {
+    /// Always `"function"`.
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    /// Name, description and parameter schema.
+    pub function: FunctionDef,
+}
+
+impl ToolDef {
+    /// A function tool definition.
+    pub fn function(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> Self {
+        ToolDef {
+            kind: function_type(),
+            function: FunctionDef {
+                name: name.into(),
+                description: description.into(),
+                parameters,
+            },
+        }
+    }
+}
+
+/// A function offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDef {
+    /// Wire name, `^[a-zA-Z0-9_-]{1,64}$`.
+    pub name: String,
+    /// What the function does, for the model.
+    pub description: String,
+    /// Self-contained JSON Schema object of the arguments.
+    pub parameters: Value,
+}
+
+/// How the model may use tools.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// No tools this time.
+    None,
+    /// The model must call a tool.
+    Required,
+}
+
+/// Everything the client needs for one completion; the client adds `stream: true` and
+/// `stream_options`, and leaves out tool fields when there are no tools (the API refuses
+/// `parallel_tool_calls` without `tools`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// Model name, as the provider spells it.
+    pub model: String,
+    /// The conversation, system prompt first.
+    pub messages: Vec<Message>,
+    /// Tools offered this time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDef>,
+    /// How tools may be used; provider default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the model may call several tools in one response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Sampling temperature; provider default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Upper bound on generated tokens; provider default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u32>,
+}
+
+/// Token counts the provider reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    #[serde(default)]
+    pub completion_tokens: u64,
+    /// Their sum, as the provider reported it.
+    #[serde(default)]
+    pub total_tokens: u64,
+}
+
+impl Usage {
+    /// Adds another request's usage to this one.
+    pub fn add(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.total_tokens += other.total_tokens;
+    }
+}
+
+/// One assembled completion (choice 0 of the stream).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Completion {
+    /// Visible text.
+    pub content: String,
+    /// `reasoning_content` (DeepSeek, xAI...), kept for the log, never shown or sent back.
+    pub reasoning: String,
+    /// Tool calls, ordered by their stream `index`.
+    pub tool_calls: Vec<ToolCall>,
+    /// `stop`, `tool_calls`, `length`, ... when the stream said.
+    pub finish_reason: Option<String>,
+    /// Usage, when the provider sent it.
+    pub usage: Option<Usage>,
+}
+
+impl Completion {
+    /// The assistant message to store in history for this completion.
+    pub fn to_message(&self) -> Message {
+        Message::Assistant {
+            content: if self.content.is_empty() && !self.tool_calls.is_empty() {
+                None
+            } else {
+                Some(self.content.clone())
+            },
+            tool_calls: self.tool_calls.clone(),
+        }
+    }
+}

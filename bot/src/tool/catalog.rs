@@ -1,0 +1,1 @@
+//! The tool catalog. (Being written.)

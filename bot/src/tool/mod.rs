@@ -1,0 +1,182 @@
+//! The tool contract: how a toolset describes its tools to the model, how a call reaches it,
+//! and what comes back.
+//!
+//! - [`ToolSet`]: the trait every toolset implements (schemas, invoke, the static prompt, the
+//!   per-turn injection, `fork` for per-session state, `reset`).
+//! - [`schema`]: JSON Schema from Rust argument types, post-processed to the self-contained
+//!   shape providers accept (no `$ref`, no `$defs`).
+//! - [`validate`]: argument validation against that schema, with errors the model can act on.
+//! - [`bridge`]: [`ToolSetBridge`], typed async functions as tools.
+//! - [`registry`]: [`ToolRegistry`], every toolset of a session, name checks at startup, and
+//!   the policy gate every call passes (exists, arguments fit, sender may call it).
+//! - [`catalog`]: the tool catalog as Markdown and as the exact `tools` JSON.
+//! - [`result`]: [`ToolResult`], the stable result JSON, and the shared error codes.
+
+pub mod bridge;
+pub mod catalog;
+pub mod registry;
+pub mod result;
+pub mod schema;
+pub mod validate;
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::llm::{Message, ToolDef};
+
+pub use bridge::{ToolSetBridge, ToolSetBridgeBuilder};
+pub use registry::{RegistryError, ToolRegistry};
+pub use result::{ToolResult, codes};
+
+/// How much harm a tool can do; the registry refuses `Dangerous` tools to non-admins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Risk {
+    /// Only reads state.
+    Read,
+    /// Changes this session's own state (a plan, a memory, a message).
+    Write,
+    /// Acts outside the session (runs commands, schedules into other chats); admins only.
+    Dangerous,
+}
+
+impl Risk {
+    /// The lowercase name used in the catalog.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Risk::Read => "read",
+            Risk::Write => "write",
+            Risk::Dangerous => "dangerous",
+        }
+    }
+}
+
+/// Everything about one tool that the model and the catalog see.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// Wire name, `^[a-zA-Z0-9_-]{1,64}$`, unique across a registry.
+    pub name: String,
+    /// What the tool does and really allows, for the model.
+    pub description: String,
+    /// Self-contained JSON Schema object of the arguments.
+    pub parameters: serde_json::Value,
+    /// One line describing the `data` of a successful result, for the catalog.
+    pub result: String,
+    /// How much harm a call can do.
+    pub risk: Risk,
+    /// Error codes this tool may return besides the shared ones.
+    pub failure_codes: Vec<String>,
+}
+
+impl ToolSpec {
+    /// The OpenAI `tools` entry for this tool.
+    pub fn to_def(&self) -> ToolDef {
+        ToolDef::function(&self.name, &self.description, self.parameters.clone())
+    }
+}
+
+/// A tool call on its way to a toolset: the id and name the model gave, and the parsed
+/// (and already validated) arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolInvocation {
+    /// The model's id for this call.
+    pub id: String,
+    /// The tool's wire name.
+    pub name: String,
+    /// Arguments, validated against the tool's schema.
+    pub arguments: serde_json::Value,
+}
+
+/// The caller's standing in the chat, as the platform and the config say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A member of the chat.
+    #[default]
+    Member,
+    /// An admin (from the config, or the chat's own administrators).
+    Admin,
+}
+
+/// Who is talking to the agent in this turn.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Caller {
+    /// Platform-qualified user id (`telegram:12345`, `console:alice`); empty for the system
+    /// itself (clock tasks, background results).
+    pub user_id: String,
+    /// Display name.
+    pub name: String,
+    /// Member or admin.
+    pub role: Role,
+}
+
+/// Messages a tool adds to the conversation after the tool results of its batch (an image
+/// loaded for a vision model, say). Shared by the calls of one batch; the agent drains it.
+#[derive(Debug, Clone, Default)]
+pub struct MessageAppender {
+    inner: Arc<Mutex<Vec<Message>>>,
+}
+
+impl MessageAppender {
+    /// Queues a message to be appended after this batch's tool results.
+    pub fn push(&self, message: Message) {
+        self.lock().push(message);
+    }
+
+    /// Takes every queued message, in the order they were pushed.
+    pub fn drain(&self) -> Vec<Message> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Message>> {
+        // A poisoned lock only means a tool panicked mid-push; the Vec is still sound.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What a tool knows about the call beyond its arguments.
+#[derive(Debug, Clone, Default)]
+pub struct ToolContext {
+    /// The session this call belongs to (`telegram:-100123`, `console:local`).
+    pub session: String,
+    /// Who is talking to the agent.
+    pub caller: Caller,
+    /// Cancelled by `/stop`, shutdown, a reset, or this call's timeout.
+    pub cancel: CancellationToken,
+    /// Where a tool puts messages it adds to the conversation.
+    pub appender: MessageAppender,
+}
+
+/// A set of tools sharing state and prompts. See DESIGN.md §3 for the three prompt paths.
+#[async_trait]
+pub trait ToolSet: Send + Sync {
+    /// The toolset's name (`todo_list`, `time`...), as the config and the catalog know it.
+    fn name(&self) -> &str;
+
+    /// The tools this set offers; sent as schemas with every request.
+    fn tools(&self) -> Vec<ToolSpec>;
+
+    /// Runs one call. Arguments are already validated against the tool's schema; a failure
+    /// is a [`ToolResult`] with an error code, never a panic.
+    async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult;
+
+    /// Static text appended to the system prompt once, at construction.
+    fn prompt(&self) -> Option<String> {
+        None
+    }
+
+    /// Text prepended to this turn's user message and persisted with it.
+    fn iteration_prompt_injection(&self) -> Option<String> {
+        None
+    }
+
+    /// A copy for a new session: fresh per-session state, shared configuration. A stateless
+    /// toolset may return a clone of the same `Arc`.
+    fn fork(&self) -> Arc<dyn ToolSet>;
+
+    /// Forgets per-session state (`/reset`).
+    fn reset(&self) {}
+}

@@ -1,0 +1,7 @@
+//! The registry. (Being written.)
+
+/// Registry errors.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {}
+/// The registry.
+pub struct ToolRegistry {}

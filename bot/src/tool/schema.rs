@@ -1,0 +1,1 @@
+//! JSON Schema from Rust types. (Being written; see the tool helper.)

@@ -1,0 +1,1 @@
+//! Argument validation. (Being written; see the tool helper.)
