@@ -1,1 +1,150 @@
-//! The tool catalog. (Being written.)
+//! The tool catalog: what `parlor tools` prints and `/help` is made from. Generated from the
+//! registry, so it cannot drift from what the model is really offered.
+
+use serde_json::Value;
+
+use super::ToolRegistry;
+use super::result::codes;
+
+/// Every tool as Markdown: name, toolset, risk, description, parameters, result, failure
+/// codes. Shared failure codes are listed once at the top.
+pub fn to_markdown(registry: &ToolRegistry) -> String {
+    let mut out = String::from("# Tools\n\n");
+    out.push_str(
+        "Every tool answers `{\"success\": true, \"message\", \"data\"}` or \
+         `{\"success\": false, \"error_code\", \"message\", \"data\"}`.\n",
+    );
+    out.push_str(&format!(
+        "Any tool may fail with the shared codes: {}.\n\
+         Risk: `read` only reads; `write` changes this chat's own state; `dangerous` acts \
+         outside the chat and is refused to non-admins.\n",
+        codes::SHARED
+            .iter()
+            .map(|c| format!("`{c}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let mut any = false;
+    for (toolset, spec) in registry.specs() {
+        any = true;
+        out.push_str(&format!("\n## `{}`\n\n", spec.name));
+        out.push_str(&format!(
+            "Toolset `{toolset}` · risk `{}`\n\n",
+            spec.risk.as_str()
+        ));
+        out.push_str(spec.description.trim());
+        out.push_str("\n\n");
+        let params = parameter_rows(&spec.parameters);
+        if params.is_empty() {
+            out.push_str("Parameters: none.\n\n");
+        } else {
+            out.push_str("| parameter | type | required | description |\n|---|---|---|---|\n");
+            for row in params {
+                out.push_str(&format!(
+                    "| `{}` | {} | {} | {} |\n",
+                    row.name,
+                    row.kind,
+                    if row.required { "yes" } else { "no" },
+                    row.description
+                ));
+            }
+            out.push('\n');
+        }
+        out.push_str(&format!("Result: {}\n\n", spec.result.trim()));
+        if spec.failure_codes.is_empty() {
+            out.push_str("Failure codes: shared only.\n");
+        } else {
+            out.push_str(&format!(
+                "Failure codes: {} and the shared ones.\n",
+                spec.failure_codes
+                    .iter()
+                    .map(|c| format!("`{c}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if !any {
+        out.push_str("\nNo tools are enabled.\n");
+    }
+    out
+}
+
+/// The exact `tools` array sent to the model, pretty-printed.
+pub fn to_json(registry: &ToolRegistry) -> String {
+    serde_json::to_string_pretty(&registry.defs()).unwrap_or_else(|_| "[]".to_owned())
+}
+
+/// A short list for chat (`/help`): one line per tool.
+pub fn to_help(registry: &ToolRegistry) -> String {
+    registry
+        .specs()
+        .map(|(_, spec)| {
+            let first_sentence = spec
+                .description
+                .split_inclusive(". ")
+                .next()
+                .unwrap_or_default()
+                .trim();
+            format!("• {} — {first_sentence}", spec.name)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+struct Row {
+    name: String,
+    kind: String,
+    required: bool,
+    description: String,
+}
+
+/// One row per top-level property of an object schema.
+fn parameter_rows(schema: &Value) -> Vec<Row> {
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    props
+        .iter()
+        .map(|(name, prop)| Row {
+            name: name.clone(),
+            kind: type_label(prop),
+            required: required.contains(&name.as_str()),
+            description: prop
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .replace('\n', " ")
+                .replace('|', "\\|"),
+        })
+        .collect()
+}
+
+/// A human label for a property's type: `string`, `"a" \| "b"`, `array of object`...
+fn type_label(prop: &Value) -> String {
+    if let Some(values) = prop.get("enum").and_then(Value::as_array) {
+        return values
+            .iter()
+            .map(|v| format!("`{v}`"))
+            .collect::<Vec<_>>()
+            .join(" \\| ");
+    }
+    match prop.get("type") {
+        Some(Value::String(t)) if t == "array" => match prop.get("items") {
+            Some(items) => format!("array of {}", type_label(items)),
+            None => "array".to_owned(),
+        },
+        Some(Value::String(t)) => t.clone(),
+        Some(Value::Array(types)) => types
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" or "),
+        _ => "any".to_owned(),
+    }
+}
