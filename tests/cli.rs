@@ -1,0 +1,239 @@
+//! End-to-end tests of the `parlor` binary: the real executable, a config file in a temp
+//! dir, and an in-process fake OpenAI-compatible server on 127.0.0.1.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use parlor_testkit::{FakeLlm, Reply, ToolCallSpec};
+use serde_json::{Value, json};
+
+fn parlor() -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
+    // Only the variables each test sets: no key or config leaks in from the developer's shell.
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run(cmd: &mut tokio::process::Command) -> Output {
+    tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("parlor did not finish within 60 s")
+        .expect("parlor could not be started")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A validator for one schema of OpenAI's published API schemas.
+fn openai_validator(name: &str) -> jsonschema::Validator {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/openai/openai-chat-completions-schemas.json"
+    );
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let root = json!({
+        "$ref": format!("#/components/schemas/{name}"),
+        "components": doc["components"],
+    });
+    jsonschema::validator_for(&root).unwrap()
+}
+
+fn assert_no_refs(value: &Value, at: &str) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                assert!(
+                    !["$ref", "$defs", "definitions"].contains(&k.as_str()),
+                    "{k} found at {at}"
+                );
+                assert_no_refs(v, &format!("{at}/{k}"));
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                assert_no_refs(v, &format!("{at}/{i}"));
+            }
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn tools_json_lists_the_default_tools_with_valid_ref_free_schemas() {
+    let out = run(parlor().args(["tools", "--json"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tools: Value = serde_json::from_str(&stdout(&out)).expect("tools --json is JSON");
+    let names: Vec<&str> = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["todo_list", "time_now"]);
+
+    let tool_schema = openai_validator("ChatCompletionTool");
+    for tool in tools.as_array().unwrap() {
+        let errors: Vec<String> = tool_schema.iter_errors(tool).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{} is not a valid OpenAI tool: {errors:?}", tool["function"]["name"]);
+        assert_no_refs(tool, "");
+        // The parameters are themselves a usable JSON Schema.
+        jsonschema::validator_for(&tool["function"]["parameters"]).unwrap();
+        assert_eq!(tool["function"]["parameters"]["type"], "object");
+    }
+}
+
+#[tokio::test]
+async fn tools_markdown_shows_risk_parameters_and_failure_codes() {
+    let out = run(parlor().arg("tools")).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let md = stdout(&out);
+    for needle in [
+        "## `todo_list`",
+        "risk `write`",
+        "| `plan` | array of object | yes |",
+        "## `time_now`",
+        "risk `read`",
+        "| `timezone` | string | no |",
+        "`UNKNOWN_TIMEZONE`",
+        "`PERMISSION_DENIED`",
+    ] {
+        assert!(md.contains(needle), "missing {needle:?} in:\n{md}");
+    }
+}
+
+#[tokio::test]
+async fn tools_follow_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        r#"
+[toolsets]
+enabled = ["time"]
+[[toolsets.prompt]]
+name = "house_rules"
+prompt = "Be brief."
+"#,
+    );
+    let out = run(parlor().arg("tools").arg("--config").arg(&config).arg("--json")).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tools: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(tools.as_array().unwrap().len(), 1);
+    assert_eq!(tools[0]["function"]["name"], "time_now");
+}
+
+#[tokio::test]
+async fn a_broken_config_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[llm]\nmodle = \"x\"\n", "unknown field `modle`"),
+        ("[toolsets]\nenabled = [\"teleport\"]\n", "unknown toolset \"teleport\""),
+        ("[toolsets.time]\ndefault_timezone = \"Mars/Olympus\"\n", "not an IANA time zone"),
+        ("[agent]\nmax_concurrent_tool_calls = 0\n", "max_concurrent_tool_calls must be at least 1"),
+        ("[llm]\nbase_url = \"api.openai.com\"\n", "must start with http"),
+        ("this is not toml", "invalid"),
+    ];
+    for (text, expected) in cases {
+        let config = write_config(dir.path(), text);
+        let out = run(parlor().arg("--config").arg(&config).arg("check-config")).await;
+        assert!(!out.status.success(), "{text:?} was accepted");
+        let err = stderr(&out);
+        assert!(err.contains(expected), "{text:?}: expected {expected:?} in {err}");
+        assert!(err.contains("config.toml"), "the error names the file: {err}");
+    }
+    let out = run(parlor().arg("--config").arg(dir.path().join("missing.toml")).arg("tools")).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("cannot read config file"), "{}", stderr(&out));
+}
+
+fn llm_config(fake: &FakeLlm, extra: &str) -> String {
+    format!(
+        r#"
+[llm]
+base_url = "{}"
+model = "test-model"
+max_retries = 0
+{extra}
+[toolsets.time]
+default_timezone = "Europe/Berlin"
+"#,
+        fake.base_url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_runs_a_whole_turn_with_a_tool_call_through_the_real_binary() {
+    let fake = FakeLlm::start().await;
+    fake.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "call_1",
+        "time_now",
+        json!({"timezone": "Asia/Tokyo"}),
+    )]));
+    fake.push(Reply::text("It is late in Tokyo."));
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &llm_config(&fake, ""));
+
+    let out = run(parlor()
+        .arg("--config")
+        .arg(&config)
+        .args(["ask", "--as", "alice", "what time is it in Tokyo?"])
+        .env("OPENAI_API_KEY", "sk-test-123"))
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "It is late in Tokyo.");
+    assert!(!stderr(&out).contains("sk-test-123"), "the key leaked: {}", stderr(&out));
+
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 2);
+    let first = &requests[0];
+    assert_eq!(first.authorization(), Some("Bearer sk-test-123"));
+    assert_eq!(first.model(), Some("test-model"));
+    assert!(first.is_stream());
+    assert_eq!(first.body["stream_options"]["include_usage"], true);
+    assert_eq!(first.tool_names(), ["todo_list", "time_now"]);
+    assert_eq!(first.last_user_text().as_deref(), Some("alice: what time is it in Tokyo?"));
+    let request_schema = openai_validator("CreateChatCompletionRequest");
+    for request in &requests {
+        let errors: Vec<String> = request_schema.iter_errors(&request.body).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "request body is not valid for OpenAI: {errors:?}");
+    }
+
+    // The second request carries the tool call and its result, answered in Tokyo time.
+    let messages = requests[1].messages();
+    let call = &messages[messages.len() - 2];
+    assert_eq!(call["role"], "assistant");
+    assert_eq!(call["tool_calls"][0]["function"]["name"], "time_now");
+    let result = &messages[messages.len() - 1];
+    assert_eq!(result["role"], "tool");
+    assert_eq!(result["tool_call_id"], "call_1");
+    let result: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    assert_eq!(result["success"], true, "{result}");
+    assert_eq!(result["data"]["timezone"], "Asia/Tokyo");
+    assert_eq!(result["data"]["utc_offset"], "+09:00");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_reports_an_unreachable_or_failing_model_clearly() {
+    let fake = FakeLlm::start().await;
+    fake.push(Reply::status(401).body(json!({"error": {"message": "Incorrect API key provided"}})));
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &llm_config(&fake, ""));
+    let out = run(parlor().arg("--config").arg(&config).args(["ask", "hi"])).await;
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("401") && err.contains("Incorrect API key"), "{err}");
+    assert_eq!(fake.request_count(), 1, "a 401 is not retried");
+}
