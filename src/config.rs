@@ -166,7 +166,10 @@ impl Config {
     /// Checks values a type cannot: ranges, names, time zones.
     pub fn check(&self) -> anyhow::Result<()> {
         if !self.llm.base_url.starts_with("http://") && !self.llm.base_url.starts_with("https://") {
-            bail!("llm.base_url must start with http:// or https://, got {:?}", self.llm.base_url);
+            bail!(
+                "llm.base_url must start with http:// or https://, got {:?}",
+                self.llm.base_url
+            );
         }
         if self.llm.model.trim().is_empty() {
             bail!("llm.model must not be empty");

@@ -87,8 +87,15 @@ async fn tools_json_lists_the_default_tools_with_valid_ref_free_schemas() {
 
     let tool_schema = openai_validator("ChatCompletionTool");
     for tool in tools.as_array().unwrap() {
-        let errors: Vec<String> = tool_schema.iter_errors(tool).map(|e| e.to_string()).collect();
-        assert!(errors.is_empty(), "{} is not a valid OpenAI tool: {errors:?}", tool["function"]["name"]);
+        let errors: Vec<String> = tool_schema
+            .iter_errors(tool)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{} is not a valid OpenAI tool: {errors:?}",
+            tool["function"]["name"]
+        );
         assert_no_refs(tool, "");
         // The parameters are themselves a usable JSON Schema.
         jsonschema::validator_for(&tool["function"]["parameters"]).unwrap();
@@ -128,7 +135,12 @@ name = "house_rules"
 prompt = "Be brief."
 "#,
     );
-    let out = run(parlor().arg("tools").arg("--config").arg(&config).arg("--json")).await;
+    let out = run(parlor()
+        .arg("tools")
+        .arg("--config")
+        .arg(&config)
+        .arg("--json"))
+    .await;
     assert!(out.status.success(), "{}", stderr(&out));
     let tools: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(tools.as_array().unwrap().len(), 1);
@@ -140,10 +152,22 @@ async fn a_broken_config_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("[llm]\nmodle = \"x\"\n", "unknown field `modle`"),
-        ("[toolsets]\nenabled = [\"teleport\"]\n", "unknown toolset \"teleport\""),
-        ("[toolsets.time]\ndefault_timezone = \"Mars/Olympus\"\n", "not an IANA time zone"),
-        ("[agent]\nmax_concurrent_tool_calls = 0\n", "max_concurrent_tool_calls must be at least 1"),
-        ("[llm]\nbase_url = \"api.openai.com\"\n", "must start with http"),
+        (
+            "[toolsets]\nenabled = [\"teleport\"]\n",
+            "unknown toolset \"teleport\"",
+        ),
+        (
+            "[toolsets.time]\ndefault_timezone = \"Mars/Olympus\"\n",
+            "not an IANA time zone",
+        ),
+        (
+            "[agent]\nmax_concurrent_tool_calls = 0\n",
+            "max_concurrent_tool_calls must be at least 1",
+        ),
+        (
+            "[llm]\nbase_url = \"api.openai.com\"\n",
+            "must start with http",
+        ),
         ("this is not toml", "invalid"),
     ];
     for (text, expected) in cases {
@@ -151,12 +175,26 @@ async fn a_broken_config_is_a_clear_error() {
         let out = run(parlor().arg("--config").arg(&config).arg("check-config")).await;
         assert!(!out.status.success(), "{text:?} was accepted");
         let err = stderr(&out);
-        assert!(err.contains(expected), "{text:?}: expected {expected:?} in {err}");
-        assert!(err.contains("config.toml"), "the error names the file: {err}");
+        assert!(
+            err.contains(expected),
+            "{text:?}: expected {expected:?} in {err}"
+        );
+        assert!(
+            err.contains("config.toml"),
+            "the error names the file: {err}"
+        );
     }
-    let out = run(parlor().arg("--config").arg(dir.path().join("missing.toml")).arg("tools")).await;
+    let out = run(parlor()
+        .arg("--config")
+        .arg(dir.path().join("missing.toml"))
+        .arg("tools"))
+    .await;
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("cannot read config file"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot read config file"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 fn llm_config(fake: &FakeLlm, extra: &str) -> String {
@@ -194,7 +232,11 @@ async fn ask_runs_a_whole_turn_with_a_tool_call_through_the_real_binary() {
     .await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "It is late in Tokyo.");
-    assert!(!stderr(&out).contains("sk-test-123"), "the key leaked: {}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("sk-test-123"),
+        "the key leaked: {}",
+        stderr(&out)
+    );
 
     let requests = fake.requests();
     assert_eq!(requests.len(), 2);
@@ -204,11 +246,20 @@ async fn ask_runs_a_whole_turn_with_a_tool_call_through_the_real_binary() {
     assert!(first.is_stream());
     assert_eq!(first.body["stream_options"]["include_usage"], true);
     assert_eq!(first.tool_names(), ["todo_list", "time_now"]);
-    assert_eq!(first.last_user_text().as_deref(), Some("alice: what time is it in Tokyo?"));
+    assert_eq!(
+        first.last_user_text().as_deref(),
+        Some("alice: what time is it in Tokyo?")
+    );
     let request_schema = openai_validator("CreateChatCompletionRequest");
     for request in &requests {
-        let errors: Vec<String> = request_schema.iter_errors(&request.body).map(|e| e.to_string()).collect();
-        assert!(errors.is_empty(), "request body is not valid for OpenAI: {errors:?}");
+        let errors: Vec<String> = request_schema
+            .iter_errors(&request.body)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "request body is not valid for OpenAI: {errors:?}"
+        );
     }
 
     // The second request carries the tool call and its result, answered in Tokyo time.
@@ -234,6 +285,9 @@ async fn ask_reports_an_unreachable_or_failing_model_clearly() {
     let out = run(parlor().arg("--config").arg(&config).args(["ask", "hi"])).await;
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("401") && err.contains("Incorrect API key"), "{err}");
+    assert!(
+        err.contains("401") && err.contains("Incorrect API key"),
+        "{err}"
+    );
     assert_eq!(fake.request_count(), 1, "a 401 is not retried");
 }

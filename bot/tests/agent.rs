@@ -120,7 +120,11 @@ impl ToolSet for TestTools {
             ),
             spec("boom", Risk::Read, json!({"type":"object","properties":{}})),
             spec("hang", Risk::Read, json!({"type":"object","properties":{}})),
-            spec("nuke", Risk::Dangerous, json!({"type":"object","properties":{}})),
+            spec(
+                "nuke",
+                Risk::Dangerous,
+                json!({"type":"object","properties":{}}),
+            ),
             spec("look", Risk::Read, json!({"type":"object","properties":{}})),
         ]
     }
@@ -227,7 +231,10 @@ async fn concurrency_never_exceeds_the_limit_and_results_keep_call_order() {
     let batch: Vec<(String, Value)> = (0..10)
         .map(|i| {
             // Later calls finish sooner, so completion order is the reverse of call order.
-            (format!("call_{i}"), json!({"ms": 1000 - i * 90, "tag": format!("t{i}")}))
+            (
+                format!("call_{i}"),
+                json!({"ms": 1000 - i * 90, "tag": format!("t{i}")}),
+            )
         })
         .collect();
     let batch_refs: Vec<(&str, &str, Value)> = batch
@@ -287,7 +294,10 @@ async fn a_limit_of_one_runs_calls_one_at_a_time() {
 
 #[tokio::test]
 async fn long_results_are_cut_on_a_char_boundary_with_a_note() {
-    let llm = ScriptedLlm::new(vec![calls(&[("c1", "big", json!({"chars": 20000}))]), text("ok")]);
+    let llm = ScriptedLlm::new(vec![
+        calls(&[("c1", "big", json!({"chars": 20000}))]),
+        text("ok"),
+    ]);
     let config = AgentConfig {
         tool_result_max_chars: 1000,
         ..AgentConfig::default()
@@ -352,10 +362,29 @@ async fn invalid_arguments_are_refused_before_the_tool_runs() {
     for (_, r) in &results {
         assert_eq!(r["error_code"], codes::INVALID_ARGUMENTS, "{r}");
     }
-    assert!(results[0].1["message"].as_str().unwrap().contains("/ms"), "{}", results[0].1);
-    assert!(results[1].1["message"].as_str().unwrap().contains("ms"), "{}", results[1].1);
-    assert!(results[2].1["message"].as_str().unwrap().contains("not valid JSON"), "{}", results[2].1);
-    assert_eq!(tools.started.load(Ordering::SeqCst), 0, "no tool may run on bad input");
+    assert!(
+        results[0].1["message"].as_str().unwrap().contains("/ms"),
+        "{}",
+        results[0].1
+    );
+    assert!(
+        results[1].1["message"].as_str().unwrap().contains("ms"),
+        "{}",
+        results[1].1
+    );
+    assert!(
+        results[2].1["message"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON"),
+        "{}",
+        results[2].1
+    );
+    assert_eq!(
+        tools.started.load(Ordering::SeqCst),
+        0,
+        "no tool may run on bad input"
+    );
     assert_eq!(turn.reply, "fixed");
 }
 
@@ -438,7 +467,10 @@ async fn a_slow_tool_times_out() {
         .await
         .unwrap();
     assert_eq!(started.elapsed(), Duration::from_secs(5));
-    assert_eq!(tool_results(&turn.messages)[0].1["error_code"], codes::TIMEOUT);
+    assert_eq!(
+        tool_results(&turn.messages)[0].1["error_code"],
+        codes::TIMEOUT
+    );
     assert_eq!(turn.reply, "it hung");
 }
 
@@ -459,7 +491,11 @@ async fn the_iteration_limit_ends_the_turn_with_a_clear_message() {
         .unwrap();
     assert_eq!(turn.end, TurnEnd::IterationLimit);
     assert_eq!(llm.requests().len(), 3);
-    assert!(turn.reply.contains("stopped after 3 steps"), "{}", turn.reply);
+    assert!(
+        turn.reply.contains("stopped after 3 steps"),
+        "{}",
+        turn.reply
+    );
     assert_eq!(turn.messages.last(), Some(&Message::assistant(&turn.reply)));
     assert_no_dangling_calls(&turn.messages);
 }
@@ -477,14 +513,21 @@ async fn dangerous_tools_need_an_admin() {
         .run_turn(&[], input("nuke it"), CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(tool_results(&turn.messages)[0].1["error_code"], codes::PERMISSION_DENIED);
+    assert_eq!(
+        tool_results(&turn.messages)[0].1["error_code"],
+        codes::PERMISSION_DENIED
+    );
 
     let admin = Caller {
         role: Role::Admin,
         ..member()
     };
     let turn = agent
-        .run_turn(&[], TurnInput::text("console:local", admin, "nuke it"), CancellationToken::new())
+        .run_turn(
+            &[],
+            TurnInput::text("console:local", admin, "nuke it"),
+            CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!(tool_results(&turn.messages)[0].1["success"], true);
@@ -493,13 +536,24 @@ async fn dangerous_tools_need_an_admin() {
 #[tokio::test]
 async fn appended_messages_follow_the_tool_results() {
     let llm = ScriptedLlm::new(vec![calls(&[("c1", "look", json!({}))]), text("a cat")]);
-    let agent = agent_with(llm.clone(), Arc::new(TestTools::default()), AgentConfig::default());
+    let agent = agent_with(
+        llm.clone(),
+        Arc::new(TestTools::default()),
+        AgentConfig::default(),
+    );
     let turn = agent
-        .run_turn(&[], input("what is in the picture?"), CancellationToken::new())
+        .run_turn(
+            &[],
+            input("what is in the picture?"),
+            CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert!(matches!(turn.messages[2], Message::Tool { .. }));
-    let Message::User { content: Content::Parts(parts) } = &turn.messages[3] else {
+    let Message::User {
+        content: Content::Parts(parts),
+    } = &turn.messages[3]
+    else {
         panic!("expected the appended image, got {:?}", turn.messages[3]);
     };
     assert!(matches!(parts[1], ContentPart::ImageUrl { .. }));
@@ -509,9 +563,17 @@ async fn appended_messages_follow_the_tool_results() {
 
 #[tokio::test]
 async fn requests_carry_the_system_prompt_history_tools_and_usage_adds_up() {
-    let llm = ScriptedLlm::new(vec![calls(&[("c1", "sleep", json!({"ms": 0, "tag": "x"}))]), text("hi")]);
+    let llm = ScriptedLlm::new(vec![
+        calls(&[("c1", "sleep", json!({"ms": 0, "tag": "x"}))]),
+        text("hi"),
+    ]);
     let registry = ToolRegistry::new(vec![Arc::new(TodoList::new())]).unwrap();
-    let agent = Agent::new(llm.clone(), registry, "Base prompt.", AgentConfig::default());
+    let agent = Agent::new(
+        llm.clone(),
+        registry,
+        "Base prompt.",
+        AgentConfig::default(),
+    );
     expect![[r#"
         Base prompt.
 
@@ -556,8 +618,12 @@ async fn the_todo_reminder_appears_while_the_plan_is_non_empty() {
         text("cleared"),
         text("nothing planned"),
     ]);
-    let agent = agent_with(llm.clone(), Arc::new(TestTools::default()), AgentConfig::default())
-        .fork();
+    let agent = agent_with(
+        llm.clone(),
+        Arc::new(TestTools::default()),
+        AgentConfig::default(),
+    )
+    .fork();
     let mut history = Vec::new();
     for text in ["plan it", "go on", "clear it", "anything?"] {
         let turn = agent
@@ -581,8 +647,14 @@ async fn the_todo_reminder_appears_while_the_plan_is_non_empty() {
 
         go on"#]]
     .assert_eq(&users[1]);
-    assert!(users[2].starts_with("<TODO_LIST_REMINDER>"), "plan still set before clearing");
-    assert_eq!(users[3], "anything?", "the reminder is gone once the plan is empty");
+    assert!(
+        users[2].starts_with("<TODO_LIST_REMINDER>"),
+        "plan still set before clearing"
+    );
+    assert_eq!(
+        users[3], "anything?",
+        "the reminder is gone once the plan is empty"
+    );
     // What was persisted is exactly what the model saw.
     let sent = &llm.requests()[2].messages;
     assert_eq!(user_text(sent.last().unwrap()), users[1]);
@@ -591,17 +663,28 @@ async fn the_todo_reminder_appears_while_the_plan_is_non_empty() {
 #[tokio::test]
 async fn the_todo_plan_is_per_session_and_reset_clears_it() {
     let llm = ScriptedLlm::new(vec![
-        calls(&[("c1", "todo_list", json!({"plan": [{"step": "a", "status": "pending"}]}))]),
+        calls(&[(
+            "c1",
+            "todo_list",
+            json!({"plan": [{"step": "a", "status": "pending"}]}),
+        )]),
         text("ok"),
     ]);
-    let base = agent_with(llm.clone(), Arc::new(TestTools::default()), AgentConfig::default());
+    let base = agent_with(
+        llm.clone(),
+        Arc::new(TestTools::default()),
+        AgentConfig::default(),
+    );
     let one = base.fork();
     let two = base.fork();
     one.run_turn(&[], input("plan"), CancellationToken::new())
         .await
         .unwrap();
     assert_eq!(one.tools().injections().len(), 1);
-    assert!(two.tools().injections().is_empty(), "another session must not see the plan");
+    assert!(
+        two.tools().injections().is_empty(),
+        "another session must not see the plan"
+    );
     one.tools().reset();
     assert!(one.tools().injections().is_empty());
 }
@@ -614,7 +697,11 @@ async fn the_todo_list_refuses_two_steps_in_progress() {
             "todo_list",
             json!({"plan": [{"step": "a", "status": "in_progress"}, {"step": "b", "status": "in_progress"}]}),
         )]),
-        calls(&[("c2", "todo_list", json!({"plan": [{"step": "a", "status": "done"}]}))]),
+        calls(&[(
+            "c2",
+            "todo_list",
+            json!({"plan": [{"step": "a", "status": "done"}]}),
+        )]),
         text("ok"),
     ]);
     let agent = agent_with(llm, Arc::new(TestTools::default()), AgentConfig::default());
@@ -624,10 +711,22 @@ async fn the_todo_list_refuses_two_steps_in_progress() {
         .unwrap();
     let results = tool_results(&turn.messages);
     assert_eq!(results[0].1["error_code"], codes::INVALID_ARGUMENTS);
-    assert!(results[0].1["message"].as_str().unwrap().contains("at most one"));
+    assert!(
+        results[0].1["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most one")
+    );
     assert_eq!(results[1].1["error_code"], codes::INVALID_ARGUMENTS);
-    assert!(results[1].1["message"].as_str().unwrap().contains("done"), "{}", results[1].1);
-    assert!(agent.tools().injections().is_empty(), "a refused plan is not stored");
+    assert!(
+        results[1].1["message"].as_str().unwrap().contains("done"),
+        "{}",
+        results[1].1
+    );
+    assert!(
+        agent.tools().injections().is_empty(),
+        "a refused plan is not stored"
+    );
 }
 
 #[test]
@@ -661,6 +760,7 @@ fn registry_refuses_bad_and_duplicate_names() {
         assert!(err.to_string().contains("invalid"), "{bad:?}: {err}");
     }
     assert!(ToolRegistry::new(vec![Arc::new(Named("ok-name_1"))]).is_ok());
-    let err = ToolRegistry::new(vec![Arc::new(Named("same")), Arc::new(Named("same"))]).unwrap_err();
+    let err =
+        ToolRegistry::new(vec![Arc::new(Named("same")), Arc::new(Named("same"))]).unwrap_err();
     assert!(err.to_string().contains("declared by both"), "{err}");
 }

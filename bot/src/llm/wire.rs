@@ -176,7 +176,11 @@ pub struct ToolDef {
 
 impl ToolDef {
     /// A function tool definition.
-    pub fn function(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> Self {
+    pub fn function(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: Value,
+    ) -> Self {
         ToolDef {
             kind: function_type(),
             function: FunctionDef {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 
+use super::bridge::is_valid_tool_name;
 use super::result::codes;
 use super::schema::check_schema;
 use super::validate::{ArgValidator, drop_optional_nulls, parse_arguments};
@@ -21,7 +22,9 @@ use crate::llm::{ToolCall, ToolDef};
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// A tool name breaks OpenAI's rule `^[a-zA-Z0-9_-]{1,64}$`.
-    #[error("tool name {name:?} of toolset {toolset:?} is invalid: names are 1-64 characters of a-z, A-Z, 0-9, '_' or '-'")]
+    #[error(
+        "tool name {name:?} of toolset {toolset:?} is invalid: names are 1-64 characters of a-z, A-Z, 0-9, '_' or '-'"
+    )]
     InvalidName {
         /// The offending name.
         name: String,
@@ -48,14 +51,6 @@ pub enum RegistryError {
     },
 }
 
-/// Whether `name` is a valid wire name: `^[a-zA-Z0-9_-]{1,64}$`.
-pub fn is_valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
 /// One registered tool: where it lives, what it looks like, how its arguments are checked.
 struct Entry {
     /// Index into [`ToolRegistry::toolsets`].
@@ -79,7 +74,10 @@ pub struct ToolRegistry {
 impl std::fmt::Debug for ToolRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToolRegistry")
-            .field("toolsets", &self.toolsets.iter().map(|t| t.name()).collect::<Vec<_>>())
+            .field(
+                "toolsets",
+                &self.toolsets.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -195,20 +193,14 @@ impl ToolRegistry {
         let mut arguments = match parse_arguments(&call.function.arguments) {
             Ok(value) => value,
             Err(why) => {
-                return ToolResult::err(
-                    codes::INVALID_ARGUMENTS,
-                    format!("the arguments of {name} are not valid JSON: {why}"),
-                );
+                return ToolResult::err(codes::INVALID_ARGUMENTS, format!("{name}: {why}"));
             }
         };
         // `"x": null` from a model means "not given"; serde only applies defaults to absent
         // members, so nulls of optional members are removed before the toolset sees them.
         drop_optional_nulls(entry.validator.schema(), &mut arguments);
         if let Err(why) = entry.validator.validate(&arguments) {
-            return ToolResult::err(
-                codes::INVALID_ARGUMENTS,
-                format!("the arguments of {name} do not fit its schema: {why}"),
-            );
+            return ToolResult::err(codes::INVALID_ARGUMENTS, format!("{name}: {why}"));
         }
         if entry.spec.risk == Risk::Dangerous && cx.caller.role != Role::Admin {
             return ToolResult::err(

@@ -86,7 +86,11 @@ impl TodoList {
                 plan.len()
             ));
         }
-        if let Some((i, _)) = plan.iter().enumerate().find(|(_, s)| s.step.trim().is_empty()) {
+        if let Some((i, _)) = plan
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.step.trim().is_empty())
+        {
             return Err(format!("step {} is empty", i + 1));
         }
         if let Some((i, _)) = plan
