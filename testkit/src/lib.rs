@@ -1,1 +1,24 @@
-//! placeholder
+//! Test fakes for parlor, and nothing else.
+//!
+//! This crate owns the in-process stand-ins that parlor's tests talk to
+//! instead of real services: currently [`FakeLlm`], a scripted
+//! OpenAI-compatible `chat/completions` server (streaming SSE and plain
+//! JSON) that records every request it receives. Later fakes (for example a
+//! fake chat-platform API) belong here too.
+//!
+//! Rules for this crate:
+//! - It is only ever a **dev-dependency**. Non-test code must never depend on
+//!   it.
+//! - It must not depend on any of parlor's own crates (`parlor`,
+//!   `parlor-bot`, `parlor-adapters`, `parlor-plugins`, ...), so that every
+//!   crate in the workspace can dev-depend on it without cycles. It speaks the
+//!   wire protocols (HTTP + JSON) only.
+//! - Every wait inside a fake is bounded or cancellable, so a misbehaving test
+//!   fails instead of hanging.
+#![warn(missing_docs)]
+
+pub mod llm;
+
+pub use llm::{
+    DEFAULT_USAGE, FakeLlm, RecordedRequest, Reply, ToolCallSpec, WaitTimeout, last_user_text,
+};
