@@ -18,5 +18,6 @@
 
 pub mod agent;
 pub mod llm;
+pub mod platform;
 pub mod tool;
 pub mod tools;

@@ -1,0 +1,199 @@
+//! The `Platform` trait: everything the runtime and the plugins see of a chat platform, and
+//! the normalized message types adapters produce. Adapters (Telegram, Discord, console)
+//! implement it; nothing in `bot` or `plugins` knows an SDK.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Where a message lives: a platform, a chat, and optionally a thread (a Telegram forum
+/// topic). One `ChatRef` is one agent session.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChatRef {
+    /// `telegram`, `discord`, `console`.
+    pub platform: String,
+    /// The platform's chat id, as text (`-100123`, `local`).
+    pub chat_id: String,
+    /// Forum topic / thread id, when the chat has threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+}
+
+impl ChatRef {
+    /// A chat without threads.
+    pub fn new(platform: impl Into<String>, chat_id: impl Into<String>) -> Self {
+        ChatRef {
+            platform: platform.into(),
+            chat_id: chat_id.into(),
+            thread_id: None,
+        }
+    }
+
+    /// The same chat, in thread `thread_id`.
+    pub fn in_thread(mut self, thread_id: impl Into<String>) -> Self {
+        self.thread_id = Some(thread_id.into());
+        self
+    }
+
+    /// The session key: `telegram:-100123`, `telegram:-100123/topic:7`, `console:local`.
+    pub fn session_key(&self) -> String {
+        match &self.thread_id {
+            Some(topic) => format!("{}:{}/topic:{topic}", self.platform, self.chat_id),
+            None => format!("{}:{}", self.platform, self.chat_id),
+        }
+    }
+}
+
+impl fmt::Display for ChatRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.session_key())
+    }
+}
+
+/// Whether a chat is one person talking to the bot or a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatKind {
+    /// A direct message: every message is addressed to the bot.
+    Private,
+    /// A group, supergroup or channel-like chat: only mentions, replies and commands are.
+    Group,
+}
+
+/// Who sent a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sender {
+    /// Platform-qualified user id (`telegram:1001`, `console:alice`).
+    pub id: String,
+    /// Display name (first + last name, or username).
+    pub name: String,
+    /// `@username` without the `@`, when the platform has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Whether the sender is a bot (bot-to-bot loops are ignored by default).
+    #[serde(default)]
+    pub is_bot: bool,
+}
+
+/// An image attached to a message, by the platform's reference (downloaded on demand).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRef {
+    /// The platform's file id.
+    pub file_id: String,
+    /// MIME type, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime_type: Option<String>,
+    /// Size in bytes, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+/// A message as an adapter normalizes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncomingMessage {
+    /// The chat (and session) it belongs to.
+    pub chat: ChatRef,
+    /// Private or group.
+    pub kind: ChatKind,
+    /// The platform's message id, unique within the chat; the dedupe key.
+    pub message_id: String,
+    /// Who wrote it.
+    pub sender: Sender,
+    /// Text or caption; empty for a bare image.
+    pub text: String,
+    /// When the platform says it was sent.
+    pub time: DateTime<Utc>,
+    /// The message this one replies to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    /// Whether the message it replies to was written by this bot.
+    #[serde(default)]
+    pub reply_to_bot: bool,
+    /// Whether the message mentions the bot (entity or `@username`), as the adapter saw it.
+    #[serde(default)]
+    pub mentions_bot: bool,
+    /// Images attached.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageRef>,
+}
+
+/// What the platform answered to a sent message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SentMessage {
+    /// The platform's id of the (first) message sent; a long reply may be several messages.
+    pub message_ids: Vec<String>,
+}
+
+/// Why a platform call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlatformError {
+    /// The platform asked us to wait (Telegram's `retry_after`, HTTP 429).
+    #[error("rate limited by the platform; retry after {0:?}")]
+    RateLimited(std::time::Duration),
+    /// Another process is polling with the same token (Telegram 409).
+    #[error("another bot instance is using this token: {0}")]
+    Conflict(String),
+    /// The platform refused the request (bad chat, no rights, message too long...).
+    #[error("the platform refused the request: {0}")]
+    Refused(String),
+    /// Network or server trouble; may succeed later.
+    #[error("the platform is unreachable: {0}")]
+    Unavailable(String),
+    /// The token was rejected.
+    #[error("the platform rejected the bot token")]
+    Unauthorized,
+    /// The requested thing (file, message, chat) does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+/// What the runtime and plugins may do on a platform.
+#[async_trait]
+pub trait Platform: Send + Sync {
+    /// `telegram`, `discord`, `console`: the prefix of this platform's session keys.
+    fn name(&self) -> &str;
+
+    /// Sends `text` (Markdown as the model wrote it; the adapter renders it for the
+    /// platform and splits it as needed) to `chat`, threaded to `reply_to` when given.
+    async fn send_message(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+    ) -> Result<SentMessage, PlatformError>;
+
+    /// Shows "typing..." in `chat` for a few seconds.
+    async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError>;
+
+    /// The platform-qualified ids of the chat's administrators; empty where the platform has
+    /// no such notion.
+    async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, PlatformError>;
+
+    /// Downloads an image (bounded in size by the adapter).
+    async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError>;
+}
+
+/// Why the runtime could not take a message.
+#[derive(Debug, thiserror::Error)]
+pub enum InboxError {
+    /// The daemon is shutting down; the adapter must not acknowledge the message, so the
+    /// platform delivers it again after the restart.
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    /// The message could not be stored; it must not be acknowledged either.
+    #[error("the message could not be stored: {0}")]
+    Store(String),
+}
+
+/// Where an adapter delivers what it receives. The runtime (the session manager) implements
+/// it; adapters only see this trait.
+#[async_trait]
+pub trait Inbox: Send + Sync {
+    /// Takes one message. Returns once it is durably recorded (and, when addressed to the
+    /// bot, queued for a turn); only then may the adapter acknowledge it to the platform
+    /// (for Telegram: advance the `getUpdates` offset past it). Delivering the same message
+    /// twice is harmless: the runtime dedupes by `(chat, message_id)`.
+    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError>;
+}

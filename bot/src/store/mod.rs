@@ -1,0 +1,188 @@
+//! Durable state behind the [`Store`] trait (DESIGN.md §6): the message log of every chat,
+//! session history, addressed inputs waiting for a turn (pending), replies waiting to be
+//! sent (outbox) and small adapter state (poll offsets).
+//!
+//! The trait is what makes "never lose, never repeat" checkable: an addressed message is
+//! [`Store::add_pending`] before its turn runs; the turn's history, the removal of its pending
+//! items and its reply in the outbox land in one atomic [`Store::commit_turn`]; the reply is
+//! marked sent with the platform's id afterwards. After a crash, `pending` is resumed and
+//! `unsent_outbox` is sent again.
+//!
+//! Implementations: [`SledStore`] (sled 0.34, the default) and [`MemoryStore`] (tests,
+//! ephemeral runs). Every value is versioned JSON so that later versions can read it.
+
+mod memory;
+mod sled_store;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::llm::Message;
+use crate::platform::{ChatRef, ImageRef, Sender};
+use crate::tool::Caller;
+
+pub use memory::MemoryStore;
+pub use sled_store::SledStore;
+
+/// Why the store could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Another process holds the database (a second daemon on the same `data_dir`).
+    #[error("the data directory {0} is in use by another parlor process")]
+    Locked(String),
+    /// The database could not be opened, read or written.
+    #[error("storage error: {0}")]
+    Io(String),
+    /// A stored value could not be decoded (corruption, or written by a newer version).
+    #[error("stored value {key} cannot be read: {reason}")]
+    Corrupt {
+        /// Which key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// One message of a chat as recorded in the message log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredMessage {
+    /// The platform's message id (unique within the chat).
+    pub message_id: String,
+    /// Who wrote it; the bot itself for its own replies.
+    pub sender: Sender,
+    /// Text or caption.
+    pub text: String,
+    /// When it was sent.
+    pub time: DateTime<Utc>,
+    /// The message it replies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    /// Attached images, by platform reference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageRef>,
+    /// Whether this bot wrote it.
+    #[serde(default)]
+    pub from_self: bool,
+}
+
+/// What kind of input a pending item is; the session queue merges items of the same kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingKind {
+    /// A message addressed to the bot.
+    UserMessage,
+    /// A background task finished.
+    TaskResult,
+    /// A clock task fired.
+    ClockFire,
+}
+
+/// An input that must get a turn, recorded before the turn runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingItem {
+    /// Unique and increasing in arrival order; assigned by [`Store::add_pending`].
+    pub id: u64,
+    /// Session key.
+    pub session: String,
+    /// Where the reply goes.
+    pub chat: ChatRef,
+    /// The kind of input.
+    pub kind: PendingKind,
+    /// Who it is from (for attribution and permissions).
+    pub caller: Caller,
+    /// The text as the model should see it (already attributed: `alice: ...`).
+    pub text: String,
+    /// The platform message to thread the reply to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    /// Images attached to the input.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageRef>,
+    /// When it arrived.
+    pub received: DateTime<Utc>,
+}
+
+/// A reply waiting to be sent (or sent, once `sent_ids` is set).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    /// Unique; assigned by [`Store::commit_turn`].
+    pub id: u64,
+    /// Session key.
+    pub session: String,
+    /// Target chat.
+    pub chat: ChatRef,
+    /// The reply text (Markdown).
+    pub text: String,
+    /// The platform message to thread to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    /// When the turn committed.
+    pub created: DateTime<Utc>,
+}
+
+/// Everything a finished turn writes, applied atomically by [`Store::commit_turn`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnCommit {
+    /// Session key.
+    pub session: String,
+    /// The session's whole history after the turn (already trimmed).
+    pub history: Vec<Message>,
+    /// Pending items this turn answered.
+    pub answered: Vec<u64>,
+    /// The reply to send, if any (`id` is ignored and assigned by the store).
+    pub reply: Option<OutboxEntry>,
+}
+
+/// Durable state of the daemon. Methods are synchronous and quick (sled is an embedded
+/// database); [`Store::flush`] is the only slow one.
+pub trait Store: Send + Sync + 'static {
+    /// Records a chat message. Returns `false` (and changes nothing) when this
+    /// `(session, message_id)` is already recorded: the inbound dedupe. The log of each
+    /// session is bounded; the oldest messages are dropped first.
+    fn record_message(&self, session: &str, message: &StoredMessage) -> Result<bool, StoreError>;
+
+    /// One recorded message of a session.
+    fn get_message(
+        &self,
+        session: &str,
+        message_id: &str,
+    ) -> Result<Option<StoredMessage>, StoreError>;
+
+    /// The last `limit` recorded messages of a session, oldest first.
+    fn recent_messages(&self, session: &str, limit: usize)
+    -> Result<Vec<StoredMessage>, StoreError>;
+
+    /// The session's conversation history (empty when none).
+    fn load_history(&self, session: &str) -> Result<Vec<Message>, StoreError>;
+
+    /// Replaces a session's history (trimming, `/reset`).
+    fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError>;
+
+    /// Records an addressed input before its turn; returns the id assigned to it.
+    fn add_pending(&self, item: PendingItem) -> Result<u64, StoreError>;
+
+    /// Every pending item, in arrival order.
+    fn pending(&self) -> Result<Vec<PendingItem>, StoreError>;
+
+    /// Drops pending items without a turn (`/reset` of a session, say).
+    fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError>;
+
+    /// Atomically stores the history, removes the answered pending items and queues the
+    /// reply; returns the reply's outbox id.
+    fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError>;
+
+    /// Replies committed but not yet marked sent, oldest first.
+    fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError>;
+
+    /// Marks a reply sent, with the platform's message ids; it leaves the outbox.
+    fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError>;
+
+    /// Small adapter state (poll offsets, caches).
+    fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError>;
+
+    /// Sets small adapter state.
+    fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError>;
+
+    /// Makes every write so far durable (on shutdown; sled also flushes periodically).
+    fn flush(&self) -> Result<(), StoreError>;
+}
