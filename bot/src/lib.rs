@@ -19,5 +19,7 @@
 pub mod agent;
 pub mod llm;
 pub mod platform;
+pub mod session;
+pub mod store;
 pub mod tool;
 pub mod tools;

@@ -294,8 +294,13 @@ impl Agent {
     ) -> Vec<ToolResult> {
         // `buffered` keeps at most N futures in flight and yields in input order: the
         // concurrency bound and the ordering rule in one place, with nothing detached.
-        futures::stream::iter(calls)
+        // The futures are built before the stream (not in a `map` closure) so that the
+        // compiler can see they are `Send` for the caller's concrete lifetimes.
+        let calls: Vec<_> = calls
+            .iter()
             .map(|call| self.run_tool(call, input, appender, cancel))
+            .collect();
+        futures::stream::iter(calls)
             .buffered(self.config.max_concurrent_tool_calls.max(1))
             .collect()
             .await

@@ -1,0 +1,67 @@
+//! Keeping a session's history within its token budget. Trimming drops the oldest whole
+//! turns: it cuts only in front of a user message, so an assistant's tool calls are never
+//! separated from their results.
+
+use crate::llm::{Content, ContentPart, Message};
+
+/// A cheap token estimate: about four characters per token plus a little per message.
+/// Providers count differently; the budget leaves room for the difference.
+pub fn estimate_tokens(message: &Message) -> usize {
+    let chars = match message {
+        Message::System { content } => content.chars().count(),
+        Message::User { content } => match content {
+            Content::Text(text) => text.chars().count(),
+            Content::Parts(parts) => parts
+                .iter()
+                .map(|p| match p {
+                    ContentPart::Text { text } => text.chars().count(),
+                    // Providers bill an image at a few hundred tokens at low detail.
+                    ContentPart::ImageUrl { .. } => 3000,
+                })
+                .sum(),
+        },
+        Message::Assistant {
+            content,
+            tool_calls,
+        } => {
+            content.as_deref().map_or(0, |c| c.chars().count())
+                + tool_calls
+                    .iter()
+                    .map(|c| c.function.name.len() + c.function.arguments.chars().count() + 20)
+                    .sum::<usize>()
+        }
+        Message::Tool { content, .. } => content.chars().count(),
+    };
+    chars / 4 + 4
+}
+
+/// Drops the oldest turns until the history fits `budget` tokens. The newest turn is kept
+/// even when it alone is larger; the result always starts with a user message.
+pub fn trim_to_budget(history: &mut Vec<Message>, budget: usize) {
+    let mut total: usize = history.iter().map(estimate_tokens).sum();
+    let mut cut = 0;
+    // Candidate cut points: every user message after the first.
+    let starts: Vec<usize> = history
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| matches!(m, Message::User { .. }))
+        .map(|(i, _)| i)
+        .collect();
+    for &start in starts.iter().skip(1) {
+        if total <= budget {
+            break;
+        }
+        total -= history[cut..start]
+            .iter()
+            .map(estimate_tokens)
+            .sum::<usize>();
+        cut = start;
+    }
+    // A history that does not begin with a user message (written by an older version, or
+    // damaged) is cut to its first user message so the provider never sees orphan tool
+    // results.
+    if cut == 0 {
+        cut = starts.first().copied().unwrap_or(history.len());
+    }
+    history.drain(..cut);
+}

@@ -1,0 +1,158 @@
+//! The bounded, typed queue in front of each session actor. Items of a stackable kind that
+//! arrive while the session is busy merge into the tail item of the same kind, so a burst of
+//! messages becomes one turn; when the queue is full the caller gets the item back to tell
+//! the chat, never a silent drop.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use tokio::sync::Notify;
+
+use crate::platform::{ChatRef, ImageRef};
+use crate::store::PendingKind;
+use crate::tool::{Caller, Role};
+
+/// Most lines one merged item holds; a longer burst starts a new item (which counts
+/// against the queue's capacity), so one turn's input stays readable and bounded.
+pub const MAX_LINES_PER_ITEM: usize = 50;
+
+/// One unit of work for a session: one turn's input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueItem {
+    /// What kind of input; decides stacking.
+    pub kind: PendingKind,
+    /// Where the reply goes.
+    pub chat: ChatRef,
+    /// Input lines, each already attributed (`alice: hi`).
+    pub lines: Vec<String>,
+    /// Store ids of the pending records this item answers.
+    pub pending_ids: Vec<u64>,
+    /// The platform message to thread the reply to (the latest addressed message).
+    pub reply_to: Option<String>,
+    /// Everyone who contributed, in order.
+    pub callers: Vec<Caller>,
+    /// Images attached to any of the merged messages.
+    pub images: Vec<ImageRef>,
+}
+
+impl QueueItem {
+    /// Whether items of this kind merge while the session is busy.
+    pub fn stackable(&self) -> bool {
+        matches!(
+            self.kind,
+            PendingKind::UserMessage | PendingKind::TaskResult
+        )
+    }
+
+    /// The caller the turn runs as: the single sender, or — for a merged burst — a caller
+    /// that is an admin only when every contributor is, so a member cannot borrow an admin's
+    /// rights by speaking in the same burst.
+    pub fn caller(&self) -> Caller {
+        match self.callers.as_slice() {
+            [] => Caller::default(),
+            [one] => one.clone(),
+            many => {
+                let all_admin = many.iter().all(|c| c.role == Role::Admin);
+                let first = &many[0];
+                if many.iter().all(|c| c.user_id == first.user_id) {
+                    return first.clone();
+                }
+                Caller {
+                    user_id: String::new(),
+                    name: "several members".to_owned(),
+                    role: if all_admin { Role::Admin } else { Role::Member },
+                }
+            }
+        }
+    }
+
+    /// The turn's input text: every line, in arrival order.
+    pub fn text(&self) -> String {
+        self.lines.join("\n")
+    }
+
+    fn merge(&mut self, other: QueueItem) {
+        self.lines.extend(other.lines);
+        self.pending_ids.extend(other.pending_ids);
+        if other.reply_to.is_some() {
+            self.reply_to = other.reply_to;
+        }
+        self.callers.extend(other.callers);
+        self.images.extend(other.images);
+    }
+}
+
+/// The queue of one session.
+#[derive(Debug)]
+pub struct SessionQueue {
+    items: Mutex<VecDeque<QueueItem>>,
+    capacity: usize,
+    notify: Notify,
+}
+
+/// The queue is full; the item comes back so the caller can say so in the chat.
+#[derive(Debug)]
+pub struct QueueFull(pub QueueItem);
+
+impl SessionQueue {
+    /// A queue holding at most `capacity` items (merged items count once).
+    pub fn new(capacity: usize) -> Self {
+        SessionQueue {
+            items: Mutex::new(VecDeque::new()),
+            capacity: capacity.max(1),
+            notify: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<QueueItem>> {
+        // Every operation leaves the deque consistent, so a poisoned lock is still usable.
+        self.items.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds an item, merging it into the tail when both are stackable and of one kind.
+    pub fn push(&self, item: QueueItem) -> Result<(), QueueFull> {
+        {
+            let mut items = self.lock();
+            let full = items.len() >= self.capacity;
+            match items.back_mut() {
+                Some(tail)
+                    if item.stackable()
+                        && tail.kind == item.kind
+                        && tail.chat == item.chat
+                        && tail.lines.len() + item.lines.len() <= MAX_LINES_PER_ITEM =>
+                {
+                    tail.merge(item);
+                }
+                _ if full => return Err(QueueFull(item)),
+                _ => items.push_back(item),
+            }
+        }
+        self.notify.notify_one();
+        Ok(())
+    }
+
+    /// Takes the next item, if any.
+    pub fn pop(&self) -> Option<QueueItem> {
+        self.lock().pop_front()
+    }
+
+    /// Waits until an item may be available.
+    pub async fn notified(&self) {
+        self.notify.notified().await;
+    }
+
+    /// Items waiting.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no item waits.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Removes every waiting item and returns them (`/reset`).
+    pub fn clear(&self) -> Vec<QueueItem> {
+        self.lock().drain(..).collect()
+    }
+}

@@ -1,0 +1,605 @@
+//! The session layer with an in-memory platform and a gated model: group policy, threading,
+//! bursts, commands, overflow, restart and shutdown.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use parlor_bot::agent::{Agent, AgentConfig};
+use parlor_bot::llm::{ChatRequest, Completion, Content, LlmBackend, LlmError, Message};
+use parlor_bot::platform::{
+    ChatKind, ChatRef, ImageRef, Inbox, IncomingMessage, Platform, PlatformError, Sender,
+    SentMessage,
+};
+use parlor_bot::session::{SessionConfig, SessionManager};
+use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::tool::ToolRegistry;
+use parlor_bot::tools::TodoList;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// A model that answers `reply: <last user text>` once the test releases a permit.
+struct GatedLlm {
+    gate: Semaphore,
+    requests: Mutex<Vec<ChatRequest>>,
+}
+
+impl GatedLlm {
+    fn new(open: bool) -> Arc<Self> {
+        Arc::new(GatedLlm {
+            gate: Semaphore::new(if open { Semaphore::MAX_PERMITS } else { 0 }),
+            requests: Mutex::default(),
+        })
+    }
+    fn release(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+    fn user_inputs(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| match r.messages.last() {
+                Some(Message::User { content }) => content.text(),
+                other => panic!("last message is not the user's: {other:?}"),
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl LlmBackend for GatedLlm {
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        cancel: &CancellationToken,
+    ) -> Result<Completion, LlmError> {
+        self.requests.lock().unwrap().push(request.clone());
+        let permit = tokio::select! {
+            p = self.gate.acquire() => p,
+            () = cancel.cancelled() => return Err(LlmError::Cancelled),
+        };
+        permit.expect("gate closed").forget();
+        let last = match request.messages.last() {
+            Some(Message::User { content }) => content.text(),
+            _ => String::new(),
+        };
+        Ok(Completion {
+            content: format!("reply: {}", last.lines().last().unwrap_or_default()),
+            ..Completion::default()
+        })
+    }
+}
+
+/// A platform that records what it was asked to send.
+#[derive(Default)]
+struct TestPlatform {
+    sent: Mutex<Vec<(ChatRef, String, Option<String>)>>,
+    typing: Mutex<usize>,
+    admins: Vec<String>,
+    next_id: Mutex<u64>,
+    fail_sends: Mutex<bool>,
+}
+
+impl TestPlatform {
+    fn sent(&self) -> Vec<(ChatRef, String, Option<String>)> {
+        self.sent.lock().unwrap().clone()
+    }
+    async fn wait_sent(&self, n: usize) -> Vec<(ChatRef, String, Option<String>)> {
+        for _ in 0..500 {
+            if self.sent.lock().unwrap().len() >= n {
+                return self.sent();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("expected {n} sent messages, got {:?}", self.sent());
+    }
+}
+
+#[async_trait]
+impl Platform for TestPlatform {
+    fn name(&self) -> &str {
+        "test"
+    }
+    async fn send_message(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+    ) -> Result<SentMessage, PlatformError> {
+        if *self.fail_sends.lock().unwrap() {
+            return Err(PlatformError::Unavailable("network down".into()));
+        }
+        self.sent.lock().unwrap().push((
+            chat.clone(),
+            text.to_owned(),
+            reply_to.map(str::to_owned),
+        ));
+        let mut id = self.next_id.lock().unwrap();
+        *id += 1;
+        Ok(SentMessage {
+            message_ids: vec![format!("bot-{id}")],
+        })
+    }
+    async fn send_typing(&self, _: &ChatRef) -> Result<(), PlatformError> {
+        *self.typing.lock().unwrap() += 1;
+        Ok(())
+    }
+    async fn chat_admins(&self, _: &ChatRef) -> Result<Vec<String>, PlatformError> {
+        Ok(self.admins.clone())
+    }
+    async fn download_image(&self, _: &ImageRef) -> Result<Vec<u8>, PlatformError> {
+        Ok(vec![1, 2, 3])
+    }
+}
+
+fn group() -> ChatRef {
+    ChatRef::new("test", "-100")
+}
+
+fn msg(id: u32, who: &str, text: &str) -> IncomingMessage {
+    IncomingMessage {
+        chat: group(),
+        kind: ChatKind::Group,
+        message_id: id.to_string(),
+        sender: Sender {
+            id: format!("test:{who}"),
+            name: who.to_owned(),
+            username: None,
+            is_bot: false,
+        },
+        text: text.to_owned(),
+        time: Utc::now(),
+        reply_to: None,
+        reply_to_bot: false,
+        mentions_bot: text.contains("@parlor"),
+        images: vec![],
+    }
+}
+
+struct Rig {
+    manager: SessionManager,
+    store: Arc<MemoryStore>,
+    platform: Arc<TestPlatform>,
+    llm: Arc<GatedLlm>,
+}
+
+fn rig_with(
+    store: Arc<MemoryStore>,
+    llm: Arc<GatedLlm>,
+    platform: Arc<TestPlatform>,
+    config: SessionConfig,
+) -> Rig {
+    let registry = ToolRegistry::new(vec![Arc::new(TodoList::new())]).unwrap();
+    let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
+    let manager = SessionManager::new(
+        store.clone() as Arc<dyn Store>,
+        agent,
+        vec![platform.clone() as Arc<dyn Platform>],
+        config,
+    );
+    Rig {
+        manager,
+        store,
+        platform,
+        llm,
+    }
+}
+
+fn rig(open: bool) -> Rig {
+    rig_with(
+        Arc::new(MemoryStore::new()),
+        GatedLlm::new(open),
+        Arc::new(TestPlatform::default()),
+        SessionConfig::default(),
+    )
+}
+
+#[tokio::test]
+async fn a_mention_gets_a_threaded_reply_and_other_messages_are_only_recorded() {
+    let rig = rig(true);
+    rig.manager
+        .deliver(msg(1, "bob", "nice weather"))
+        .await
+        .unwrap();
+    rig.manager
+        .deliver(msg(2, "alice", "hi @parlor"))
+        .await
+        .unwrap();
+    let sent = rig.platform.wait_sent(1).await;
+    assert_eq!(sent[0].0, group());
+    assert_eq!(sent[0].1, "reply: alice: hi @parlor");
+    assert_eq!(sent[0].2.as_deref(), Some("2"), "threaded to the mention");
+    assert_eq!(rig.llm.user_inputs(), ["alice: hi @parlor"]);
+
+    let log = rig.store.recent_messages("test:-100", 10).unwrap();
+    let texts: Vec<&str> = log.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(
+        texts,
+        ["nice weather", "hi @parlor", "reply: alice: hi @parlor"]
+    );
+    assert!(log[2].from_self);
+    let history = rig.store.load_history("test:-100").unwrap();
+    assert_eq!(history.len(), 2);
+    assert!(rig.store.pending().unwrap().is_empty());
+    assert!(rig.store.unsent_outbox().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn replies_to_the_bot_and_dms_are_addressed_but_bots_are_ignored() {
+    let rig = rig(true);
+    let mut reply = msg(1, "carol", "and tomorrow?");
+    reply.reply_to = Some("bot-9".into());
+    reply.reply_to_bot = true;
+    rig.manager.deliver(reply).await.unwrap();
+    rig.platform.wait_sent(1).await;
+
+    let mut dm = msg(2, "dave", "hello");
+    dm.chat = ChatRef::new("test", "77");
+    dm.kind = ChatKind::Private;
+    rig.manager.deliver(dm).await.unwrap();
+    rig.platform.wait_sent(2).await;
+
+    let mut other_bot = msg(3, "otherbot", "@parlor ping");
+    other_bot.sender.is_bot = true;
+    rig.manager.deliver(other_bot).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        rig.platform.sent().len(),
+        2,
+        "a bot's mention starts no turn"
+    );
+    assert_eq!(rig.llm.user_inputs().len(), 2);
+}
+
+#[tokio::test]
+async fn a_burst_during_a_slow_turn_becomes_one_turn_with_every_sender() {
+    let rig = rig(false);
+    rig.manager
+        .deliver(msg(1, "alice", "@parlor first"))
+        .await
+        .unwrap();
+    // The first turn is now waiting on the model.
+    while rig.llm.user_inputs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for i in 0..20 {
+        let who = format!("user{i}");
+        rig.manager
+            .deliver(msg(10 + i, &who, &format!("@parlor question {i}")))
+            .await
+            .unwrap();
+    }
+    rig.llm.release(100);
+    let sent = rig.platform.wait_sent(2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let inputs = rig.llm.user_inputs();
+    assert!(inputs.len() <= 3, "at most 2 further turns: {inputs:?}");
+    let merged = inputs[1..].join("\n");
+    for i in 0..20 {
+        assert!(
+            merged.contains(&format!("user{i}: @parlor question {i}")),
+            "user{i} missing in {merged}"
+        );
+    }
+    // The merged reply threads to the latest message of the burst.
+    assert_eq!(sent[1].2.as_deref(), Some("29"));
+    assert!(rig.store.pending().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn duplicate_deliveries_are_answered_once() {
+    let rig = rig(true);
+    rig.manager
+        .deliver(msg(5, "alice", "@parlor once"))
+        .await
+        .unwrap();
+    rig.manager
+        .deliver(msg(5, "alice", "@parlor once"))
+        .await
+        .unwrap();
+    rig.platform.wait_sent(1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rig.platform.sent().len(), 1);
+}
+
+#[tokio::test]
+async fn stop_cancels_the_running_turn_and_reset_forgets() {
+    let rig = rig(false);
+    rig.manager
+        .deliver(msg(1, "alice", "@parlor long task"))
+        .await
+        .unwrap();
+    while rig.llm.user_inputs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    rig.manager.deliver(msg(2, "alice", "/stop")).await.unwrap();
+    let sent = rig.platform.wait_sent(1).await;
+    assert_eq!(sent[0].1, "Stopped.");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        rig.platform.sent().len(),
+        1,
+        "a stopped turn sends no reply"
+    );
+    assert!(
+        rig.store.pending().unwrap().is_empty(),
+        "a stopped input is done"
+    );
+    // The cancelled turn's user message is kept: the history shows what was asked.
+    assert_eq!(rig.store.load_history("test:-100").unwrap().len(), 1);
+
+    // /reset in a group needs an admin.
+    rig.manager
+        .deliver(msg(3, "alice", "/reset"))
+        .await
+        .unwrap();
+    let sent = rig.platform.wait_sent(2).await;
+    assert_eq!(sent[1].1, "Only an admin can reset this chat.");
+
+    let admin = rig_with(
+        rig.store.clone(),
+        rig.llm.clone(),
+        Arc::new(TestPlatform {
+            admins: vec!["test:alice".into()],
+            ..TestPlatform::default()
+        }),
+        SessionConfig::default(),
+    );
+    admin
+        .manager
+        .deliver(msg(4, "alice", "/reset"))
+        .await
+        .unwrap();
+    let sent = admin.platform.wait_sent(1).await;
+    assert!(sent[0].1.starts_with("Done"), "{}", sent[0].1);
+    assert!(rig.store.load_history("test:-100").unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn help_and_status_answer_without_the_model() {
+    let rig = rig(true);
+    rig.manager.deliver(msg(1, "alice", "/help")).await.unwrap();
+    rig.manager
+        .deliver(msg(2, "alice", "/status"))
+        .await
+        .unwrap();
+    rig.manager
+        .deliver(msg(3, "alice", "/weather@otherbot"))
+        .await
+        .unwrap();
+    let sent = rig.platform.wait_sent(2).await;
+    assert!(sent[0].1.contains("todo_list"), "{}", sent[0].1);
+    assert!(sent[1].1.contains("Session test:-100"), "{}", sent[1].1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(rig.platform.sent().len(), 2);
+    assert!(rig.llm.user_inputs().is_empty());
+}
+
+#[tokio::test]
+async fn overflow_is_told_to_the_chat() {
+    let config = SessionConfig {
+        queue_capacity: 1,
+        ..SessionConfig::default()
+    };
+    let rig = rig_with(
+        Arc::new(MemoryStore::new()),
+        GatedLlm::new(false),
+        Arc::new(TestPlatform::default()),
+        config,
+    );
+    // A clock-like non-stackable kind cannot merge, but user messages do: fill the single
+    // slot with a merged burst of MAX_LINES_PER_ITEM lines, then one more overflows.
+    rig.manager
+        .deliver(msg(1, "alice", "@parlor first"))
+        .await
+        .unwrap();
+    while rig.llm.user_inputs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for i in 0..51 {
+        rig.manager
+            .deliver(msg(100 + i, "bob", &format!("@parlor {i}")))
+            .await
+            .unwrap();
+    }
+    let sent = rig.platform.wait_sent(1).await;
+    assert!(sent[0].1.contains("too many messages"), "{}", sent[0].1);
+    assert_eq!(sent[0].2.as_deref(), Some("150"));
+    // The refused message is not left pending; the 50 queued ones are.
+    assert_eq!(rig.store.pending().unwrap().len(), 1 + 50);
+}
+
+#[tokio::test]
+async fn after_a_crash_pending_inputs_resume_once_and_unsent_replies_go_out() {
+    let store = Arc::new(MemoryStore::new());
+    let llm = GatedLlm::new(false);
+    let first = rig_with(
+        store.clone(),
+        llm.clone(),
+        Arc::new(TestPlatform::default()),
+        SessionConfig::default(),
+    );
+    first
+        .manager
+        .deliver(msg(1, "alice", "@parlor are you there?"))
+        .await
+        .unwrap();
+    while llm.user_inputs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // "kill -9": the process is gone mid-turn; only the store survives.
+    drop(first);
+    assert_eq!(store.pending().unwrap().len(), 1);
+
+    let llm2 = GatedLlm::new(true);
+    let second = rig_with(
+        store.clone(),
+        llm2.clone(),
+        Arc::new(TestPlatform::default()),
+        SessionConfig::default(),
+    );
+    second.manager.resume().await.unwrap();
+    // The platform redelivers the unacknowledged message: deduped.
+    second
+        .manager
+        .deliver(msg(1, "alice", "@parlor are you there?"))
+        .await
+        .unwrap();
+    let sent = second.platform.wait_sent(1).await;
+    assert_eq!(sent[0].1, "reply: alice: @parlor are you there?");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(second.platform.sent().len(), 1, "answered once");
+    assert_eq!(llm2.user_inputs().len(), 1);
+    assert!(store.pending().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_reply_the_platform_could_not_take_is_sent_after_restart() {
+    let store = Arc::new(MemoryStore::new());
+    let platform = Arc::new(TestPlatform::default());
+    *platform.fail_sends.lock().unwrap() = true;
+    let first = rig_with(
+        store.clone(),
+        GatedLlm::new(true),
+        platform,
+        SessionConfig::default(),
+    );
+    first
+        .manager
+        .deliver(msg(1, "alice", "@parlor hi"))
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if !store.unsent_outbox().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.unsent_outbox().unwrap().len(), 1);
+    drop(first);
+
+    let second = rig_with(
+        store.clone(),
+        GatedLlm::new(true),
+        Arc::new(TestPlatform::default()),
+        SessionConfig::default(),
+    );
+    second.manager.resume().await.unwrap();
+    let sent = second.platform.wait_sent(1).await;
+    assert_eq!(sent[0].1, "reply: alice: @parlor hi");
+    assert_eq!(sent[0].2.as_deref(), Some("1"));
+    assert!(store.unsent_outbox().unwrap().is_empty());
+    assert_eq!(
+        store.load_history("test:-100").unwrap().len(),
+        2,
+        "the turn ran once"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_cancels_after_the_grace_period_and_keeps_the_input_pending() {
+    let rig = rig(false);
+    rig.manager
+        .deliver(msg(1, "alice", "@parlor slow"))
+        .await
+        .unwrap();
+    while rig.llm.user_inputs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    rig.manager.shutdown(Duration::from_millis(50)).await;
+    assert!(rig.platform.sent().is_empty());
+    assert_eq!(
+        rig.store.pending().unwrap().len(),
+        1,
+        "resumes after the restart"
+    );
+    assert!(
+        rig.store.load_history("test:-100").unwrap().is_empty(),
+        "nothing half-written"
+    );
+    let err = rig
+        .manager
+        .deliver(msg(2, "bob", "@parlor late"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("shutting down"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_rate_limit_delays_turns_and_merges_what_waits() {
+    let config = SessionConfig {
+        turns_per_minute: 2,
+        ..SessionConfig::default()
+    };
+    let rig = rig_with(
+        Arc::new(MemoryStore::new()),
+        GatedLlm::new(true),
+        Arc::new(TestPlatform::default()),
+        config,
+    );
+    for i in 0..2 {
+        rig.manager
+            .deliver(msg(i, "alice", &format!("@parlor {i}")))
+            .await
+            .unwrap();
+        rig.platform.wait_sent(i as usize + 1).await;
+    }
+    let start = tokio::time::Instant::now();
+    for i in 2..6 {
+        rig.manager
+            .deliver(msg(i, "alice", &format!("@parlor {i}")))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    assert_eq!(
+        rig.platform.sent().len(),
+        2,
+        "no third turn within the minute"
+    );
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    rig.platform.wait_sent(3).await;
+    assert!(
+        start.elapsed() >= Duration::from_secs(60),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        rig.llm.user_inputs().len(),
+        3,
+        "the four waiting messages merged into one turn"
+    );
+}
+
+#[tokio::test]
+async fn images_reach_a_vision_model_as_content_parts() {
+    let config = SessionConfig {
+        vision: true,
+        ..SessionConfig::default()
+    };
+    let rig = rig_with(
+        Arc::new(MemoryStore::new()),
+        GatedLlm::new(true),
+        Arc::new(TestPlatform::default()),
+        config,
+    );
+    let mut m = msg(1, "alice", "@parlor what is this?");
+    m.images = vec![ImageRef {
+        file_id: "f1".into(),
+        mime_type: Some("image/png".into()),
+        size: Some(3),
+    }];
+    rig.manager.deliver(m).await.unwrap();
+    rig.platform.wait_sent(1).await;
+    let request = rig.llm.requests.lock().unwrap()[0].clone();
+    let Some(Message::User {
+        content: Content::Parts(parts),
+    }) = request.messages.last()
+    else {
+        panic!("expected content parts");
+    };
+    let json = serde_json::to_value(&parts[1]).unwrap();
+    assert_eq!(json["image_url"]["url"], "data:image/png;base64,AQID");
+}
