@@ -1,6 +1,10 @@
 //! The daemon's configuration: a TOML file (see `config.example.toml`), every field with a
 //! default, unknown keys refused so a typo is an error and not a silently ignored setting.
-//! Secrets are never in the file: the API key comes from an environment variable or a file.
+//!
+//! Resolution order for each setting: the file, then the environment (`OPENAI_API_KEY`,
+//! `OPENAI_BASE_URL`, `PARLOR_MODEL`, `TELEGRAM_BOT_TOKEN`, `PARLOR_DATA_DIR`), then the
+//! built-in default — so `parlor chat` runs with nothing but an LLM endpoint in the
+//! environment. Secrets are best kept out of the file: use the environment or `*_file`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,26 +16,104 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// The OpenAI-compatible endpoint.
+    /// `[bot]`: identity, storage, policy.
+    pub bot: BotConfig,
+    /// `[llm]`: the OpenAI-compatible endpoint and the agent loop's limits.
     pub llm: LlmConfig,
-    /// Limits of the agent loop.
-    pub agent: AgentSection,
-    /// Which toolsets are on, and their settings.
+    /// `[telegram]`: the Telegram adapter.
+    pub telegram: TelegramSection,
+    /// `[toolsets]`: which toolsets are on, and their settings.
     pub toolsets: ToolsetsConfig,
+}
+
+/// `[bot]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BotConfig {
+    /// The bot's name in the console and in its own recorded messages.
+    pub name: String,
+    /// Where the database lives; `PARLOR_DATA_DIR`, systemd's `STATE_DIRECTORY`, or
+    /// `$XDG_DATA_HOME/parlor` (`~/.local/share/parlor`) when unset.
+    pub data_dir: Option<PathBuf>,
+    /// Platform-qualified user ids with admin rights everywhere (`telegram:1001`).
+    pub admins: Vec<String>,
+    /// The base system prompt; toolset prompts are appended to it.
+    pub system_prompt: String,
+    /// When set, only these chats are served (`telegram:-100123`).
+    pub allowed_chats: Option<Vec<String>>,
+    /// When set, only these users may address the bot (admins always may).
+    pub allowed_users: Option<Vec<String>>,
+    /// Messages from other bots never start a turn (prevents bot-to-bot loops).
+    pub ignore_bots: bool,
+    /// Items each chat's queue holds; a burst that arrives during a turn merges into one.
+    pub queue_capacity: usize,
+    /// Most turns a chat may start per minute; more input waits and merges.
+    pub turns_per_minute: usize,
+    /// Idle sessions leave memory after this many minutes (the store keeps them).
+    pub idle_minutes: u64,
+    /// On SIGTERM, running turns get this long to finish before they are cancelled (and
+    /// resumed after the restart).
+    pub shutdown_grace_secs: u64,
+    /// Messages kept per chat in the message log.
+    pub max_messages_per_chat: usize,
+}
+
+/// The default base prompt.
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are parlor, an assistant in a group chat. Several \
+people may talk to you; each message starts with the name of who wrote it. Answer the person \
+who addressed you, briefly and in their language. Use your tools when they help, and say \
+plainly when something failed.";
+
+impl Default for BotConfig {
+    fn default() -> Self {
+        BotConfig {
+            name: "parlor".to_owned(),
+            data_dir: None,
+            admins: Vec::new(),
+            system_prompt: DEFAULT_SYSTEM_PROMPT.to_owned(),
+            allowed_chats: None,
+            allowed_users: None,
+            ignore_bots: true,
+            queue_capacity: 8,
+            turns_per_minute: 12,
+            idle_minutes: 10,
+            shutdown_grace_secs: 20,
+            max_messages_per_chat: 2000,
+        }
+    }
 }
 
 /// `[llm]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LlmConfig {
-    /// Base URL of the chat-completions API, up to and including `/v1`.
-    pub base_url: String,
-    /// Model name as the provider spells it.
-    pub model: String,
+    /// Base URL of the chat-completions API, up to and including `/v1`; `OPENAI_BASE_URL`
+    /// or OpenAI's when unset.
+    pub base_url: Option<String>,
+    /// The API key. Prefer `api_key_env` or `api_key_file` to keep it out of the file.
+    pub api_key: Option<String>,
     /// Environment variable holding the API key.
     pub api_key_env: String,
-    /// File holding the API key (systemd credentials, say); wins over `api_key_env`.
+    /// File holding the API key (a systemd credential, say).
     pub api_key_file: Option<PathBuf>,
+    /// Model name as the provider spells it; `PARLOR_MODEL` or `gpt-4o-mini` when unset.
+    pub model: Option<String>,
+    /// Whether the model sees images (downloaded and sent as content parts).
+    pub vision: bool,
+    /// Tool calls of one response running at once.
+    pub max_concurrent_tool_calls: usize,
+    /// Longest tool result kept, in characters.
+    pub tool_result_max_chars: usize,
+    /// The model's context window in tokens; history is trimmed to about 60% of it.
+    pub context_tokens: usize,
+    /// Most model calls in one turn.
+    pub max_iterations: usize,
+    /// Limit for one tool call.
+    pub tool_timeout_secs: u64,
+    /// Whether the model may call several tools per response.
+    pub parallel_tool_calls: bool,
+    /// Sampling temperature; the provider's default when unset.
+    pub temperature: Option<f32>,
     /// Whole-request limit, stream included.
     pub request_timeout_secs: u64,
     /// TCP/TLS connect limit.
@@ -40,59 +122,54 @@ pub struct LlmConfig {
     pub idle_timeout_secs: u64,
     /// Retries after the first attempt on connect errors, timeouts, 429 and 5xx.
     pub max_retries: u32,
-    /// Sampling temperature; the provider's default when unset.
-    pub temperature: Option<f32>,
 }
 
 impl Default for LlmConfig {
     fn default() -> Self {
         LlmConfig {
-            base_url: "https://api.openai.com/v1".to_owned(),
-            model: "gpt-4o-mini".to_owned(),
+            base_url: None,
+            api_key: None,
             api_key_env: "OPENAI_API_KEY".to_owned(),
             api_key_file: None,
+            model: None,
+            vision: false,
+            max_concurrent_tool_calls: 4,
+            tool_result_max_chars: 8000,
+            context_tokens: 32_000,
+            max_iterations: 10,
+            tool_timeout_secs: 60,
+            parallel_tool_calls: true,
+            temperature: None,
             request_timeout_secs: 120,
             connect_timeout_secs: 10,
             idle_timeout_secs: 60,
             max_retries: 3,
-            temperature: None,
         }
     }
 }
 
-/// `[agent]`
+/// `[telegram]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct AgentSection {
-    /// The base system prompt; toolset prompts are appended to it.
-    pub system_prompt: String,
-    /// Most LLM calls per turn.
-    pub max_iterations: usize,
-    /// Most tool calls running at once within one response.
-    pub max_concurrent_tool_calls: usize,
-    /// Limit for one tool call.
-    pub tool_timeout_secs: u64,
-    /// Longest tool result kept, in characters.
-    pub tool_result_max_chars: usize,
-    /// Whether the model may call several tools per response.
-    pub parallel_tool_calls: bool,
+pub struct TelegramSection {
+    /// The bot token from @BotFather; `TELEGRAM_BOT_TOKEN` when unset. Prefer the
+    /// environment or `token_file`.
+    pub token: Option<String>,
+    /// File holding the token.
+    pub token_file: Option<PathBuf>,
+    /// Bot API server (a self-hosted `telegram-bot-api`, say).
+    pub api_url: String,
+    /// Long-poll timeout of `getUpdates`.
+    pub poll_timeout_secs: u32,
 }
 
-/// The default base prompt.
-pub const DEFAULT_SYSTEM_PROMPT: &str = "You are parlor, an assistant in a group chat. Several \
-people may talk to you; each message says who wrote it. Answer the person who addressed you, \
-briefly and in their language. Use your tools when they help, and say plainly when something \
-failed.";
-
-impl Default for AgentSection {
+impl Default for TelegramSection {
     fn default() -> Self {
-        AgentSection {
-            system_prompt: DEFAULT_SYSTEM_PROMPT.to_owned(),
-            max_iterations: 10,
-            max_concurrent_tool_calls: 4,
-            tool_timeout_secs: 60,
-            tool_result_max_chars: 8000,
-            parallel_tool_calls: true,
+        TelegramSection {
+            token: None,
+            token_file: None,
+            api_url: "https://api.telegram.org".to_owned(),
+            poll_timeout_secs: 30,
         }
     }
 }
@@ -148,6 +225,19 @@ pub struct PromptConfig {
     pub prompt: String,
 }
 
+fn env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+fn read_secret(path: &Path, key: &str) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {key} {}", path.display()))?;
+    Ok(text.trim().to_owned())
+}
+
 impl Config {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
@@ -163,35 +253,53 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks values a type cannot: ranges, names, time zones.
+    /// Checks values a type cannot: ranges, names, time zones, URLs. Each error names the key.
     pub fn check(&self) -> anyhow::Result<()> {
-        if !self.llm.base_url.starts_with("http://") && !self.llm.base_url.starts_with("https://") {
-            bail!(
-                "llm.base_url must start with http:// or https://, got {:?}",
-                self.llm.base_url
-            );
+        let base_url = self.base_url();
+        if !base_url.starts_with("http://") && !base_url.starts_with("https://") {
+            bail!("llm.base_url must start with http:// or https://, got {base_url:?}");
         }
-        if self.llm.model.trim().is_empty() {
+        if self.model().trim().is_empty() {
             bail!("llm.model must not be empty");
+        }
+        let api_url = &self.telegram.api_url;
+        if !api_url.starts_with("http://") && !api_url.starts_with("https://") {
+            bail!("telegram.api_url must start with http:// or https://, got {api_url:?}");
         }
         for (name, value) in [
             ("llm.request_timeout_secs", self.llm.request_timeout_secs),
             ("llm.connect_timeout_secs", self.llm.connect_timeout_secs),
             ("llm.idle_timeout_secs", self.llm.idle_timeout_secs),
-            ("agent.tool_timeout_secs", self.agent.tool_timeout_secs),
+            ("llm.tool_timeout_secs", self.llm.tool_timeout_secs),
+            ("llm.max_iterations", self.llm.max_iterations as u64),
+            (
+                "llm.max_concurrent_tool_calls",
+                self.llm.max_concurrent_tool_calls as u64,
+            ),
+            ("bot.queue_capacity", self.bot.queue_capacity as u64),
+            ("bot.turns_per_minute", self.bot.turns_per_minute as u64),
+            ("bot.idle_minutes", self.bot.idle_minutes),
+            (
+                "bot.max_messages_per_chat",
+                self.bot.max_messages_per_chat as u64,
+            ),
+            (
+                "telegram.poll_timeout_secs",
+                u64::from(self.telegram.poll_timeout_secs),
+            ),
         ] {
             if value == 0 {
                 bail!("{name} must be at least 1");
             }
         }
-        if self.agent.max_iterations == 0 {
-            bail!("agent.max_iterations must be at least 1");
+        if self.llm.tool_result_max_chars < 200 {
+            bail!("llm.tool_result_max_chars must be at least 200");
         }
-        if self.agent.max_concurrent_tool_calls == 0 {
-            bail!("agent.max_concurrent_tool_calls must be at least 1");
+        if self.llm.context_tokens < 2000 {
+            bail!("llm.context_tokens must be at least 2000");
         }
-        if self.agent.tool_result_max_chars < 200 {
-            bail!("agent.tool_result_max_chars must be at least 200");
+        if self.telegram.poll_timeout_secs > 50 {
+            bail!("telegram.poll_timeout_secs must be at most 50 (Telegram's own limit)");
         }
         for name in &self.toolsets.enabled {
             if !KNOWN_TOOLSETS.contains(&name.as_str()) {
@@ -201,32 +309,91 @@ impl Config {
                 );
             }
         }
-        if parlor_bot::tools::time::parse_timezone(&self.toolsets.time.default_timezone).is_err() {
-            bail!(
-                "toolsets.time.default_timezone {:?} is not an IANA time zone (like \"Europe/Berlin\")",
-                self.toolsets.time.default_timezone
-            );
+        if let Err(why) =
+            parlor_bot::tools::time::parse_timezone(&self.toolsets.time.default_timezone)
+        {
+            bail!("toolsets.time.default_timezone: {why}");
         }
         for p in &self.toolsets.prompt {
             if p.name.trim().is_empty() || p.prompt.trim().is_empty() {
                 bail!("every [[toolsets.prompt]] needs a non-empty name and prompt");
             }
         }
+        for id in self
+            .bot
+            .admins
+            .iter()
+            .chain(self.bot.allowed_users.iter().flatten())
+        {
+            if !id.contains(':') {
+                bail!(
+                    "bot.admins / bot.allowed_users entries are platform-qualified, like \"telegram:1001\"; got {id:?}"
+                );
+            }
+        }
         Ok(())
     }
 
-    /// The API key from `api_key_file` or `api_key_env`; `None` when neither is set (local
-    /// servers such as Ollama need none).
+    /// The LLM endpoint: file, `OPENAI_BASE_URL`, OpenAI.
+    pub fn base_url(&self) -> String {
+        self.llm
+            .base_url
+            .clone()
+            .or_else(|| env("OPENAI_BASE_URL"))
+            .unwrap_or_else(|| "https://api.openai.com/v1".to_owned())
+    }
+
+    /// The model: file, `PARLOR_MODEL`, `gpt-4o-mini`.
+    pub fn model(&self) -> String {
+        self.llm
+            .model
+            .clone()
+            .or_else(|| env("PARLOR_MODEL"))
+            .unwrap_or_else(|| "gpt-4o-mini".to_owned())
+    }
+
+    /// The API key from `api_key_file`, `api_key`, or the `api_key_env` variable; `None`
+    /// when none is set (local servers such as Ollama need none).
     pub fn api_key(&self) -> anyhow::Result<Option<String>> {
         if let Some(path) = &self.llm.api_key_file {
-            let key = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read llm.api_key_file {}", path.display()))?;
+            return read_secret(path, "llm.api_key_file").map(Some);
+        }
+        if let Some(key) = &self.llm.api_key {
             return Ok(Some(key.trim().to_owned()));
         }
-        Ok(std::env::var(&self.llm.api_key_env)
-            .ok()
-            .map(|k| k.trim().to_owned())
-            .filter(|k| !k.is_empty()))
+        Ok(env(&self.llm.api_key_env))
+    }
+
+    /// The Telegram token from `token_file`, `token` or `TELEGRAM_BOT_TOKEN`.
+    pub fn telegram_token(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.telegram.token_file {
+            return read_secret(path, "telegram.token_file").map(Some);
+        }
+        if let Some(token) = &self.telegram.token {
+            return Ok(Some(token.trim().to_owned()));
+        }
+        Ok(env("TELEGRAM_BOT_TOKEN"))
+    }
+
+    /// Where the database lives.
+    pub fn data_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.bot.data_dir {
+            return dir.clone();
+        }
+        if let Some(dir) = env("PARLOR_DATA_DIR") {
+            return PathBuf::from(dir);
+        }
+        // systemd's StateDirectory= sets this.
+        if let Some(dir) = env("STATE_DIRECTORY") {
+            return PathBuf::from(dir);
+        }
+        if let Some(dir) = env("XDG_DATA_HOME") {
+            return PathBuf::from(dir).join("parlor");
+        }
+        if let Some(home) = env("HOME") {
+            return PathBuf::from(home).join(".local/share/parlor");
+        }
+        PathBuf::from("parlor-data")
     }
 
     /// Request timeout as a duration.

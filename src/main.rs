@@ -10,6 +10,7 @@ mod wiring;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -53,6 +54,19 @@ enum Command {
     },
     /// Check the configuration file and exit.
     CheckConfig,
+    /// Play a group chat in this terminal: `alice: hi @parlor` speaks as alice. Same
+    /// sessions, store and tools as the daemon.
+    Chat {
+        /// Direct-message mode: every line is addressed to the bot (no mention needed).
+        #[arg(long)]
+        dm: bool,
+        /// Who speaks when a line has no `name:` prefix.
+        #[arg(long = "as", default_value = "you")]
+        name: String,
+        /// Make every console member an admin.
+        #[arg(long)]
+        admin: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -96,6 +110,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::CheckConfig => {
             wiring::registry(&config)?;
+            config.api_key()?;
+            config.telegram_token()?;
             println!("configuration is valid");
             Ok(ExitCode::SUCCESS)
         }
@@ -103,7 +119,86 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
             runtime.block_on(ask(&config, text, name, admin))
         }
+        Command::Chat { dm, name, admin } => {
+            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            runtime.block_on(chat(config, dm, name, admin))
+        }
     }
+}
+
+async fn chat(
+    mut config: Config,
+    direct: bool,
+    speaker: String,
+    admin: bool,
+) -> anyhow::Result<ExitCode> {
+    use parlor_adapters::console::{self, ConsoleOptions, ConsolePlatform};
+    use parlor_bot::platform::{Inbox, Platform};
+
+    if admin {
+        // Every console member is an admin: the console is the operator's own terminal.
+        config.bot.admins.push(format!("{}:*", console::PLATFORM));
+    }
+    let store = wiring::store(&config)?;
+    let platform = ConsolePlatform::new(Box::new(std::io::stdout()), &config.bot.name);
+    let manager = wiring::sessions(
+        &config,
+        store,
+        vec![Arc::new(platform.clone()) as Arc<dyn Platform>],
+    )?;
+    manager
+        .resume()
+        .await
+        .context("cannot resume from the store")?;
+    let options = ConsoleOptions {
+        bot_name: config.bot.name.clone(),
+        default_speaker: speaker,
+        direct,
+        ..ConsoleOptions::default()
+    };
+    let interactive = std::io::IsTerminal::is_terminal(&std::io::stdin());
+    if interactive {
+        eprintln!(
+            "parlor chat — model {} at {}. Store: {}\n\
+             You are in a group chat: write `name: text` to speak as someone, mention @{} to \
+             address the bot ({}), `> text` replies to its last message, /help lists commands. \
+             Ctrl-D ends.",
+            config.model(),
+            config.base_url(),
+            config.data_dir().display(),
+            config.bot.name,
+            if direct {
+                "or just write: --dm is on"
+            } else {
+                "or use --dm"
+            },
+        );
+    }
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let signals = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            stop.cancel();
+        }
+    });
+    let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
+    let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    let result = console::run(stdin, inbox, platform, options, shutdown.clone()).await;
+    // The input ended: wait for the answers still on their way, unless Ctrl-C.
+    while !shutdown.is_cancelled() && !manager.is_idle() {
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+    manager
+        .shutdown(std::time::Duration::from_secs(
+            config.bot.shutdown_grace_secs,
+        ))
+        .await;
+    signals.abort();
+    result.context("the console stopped")?;
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow::Result<ExitCode> {

@@ -1,5 +1,6 @@
-//! Builds the runtime's pieces from a [`Config`]: the LLM client, the tool registry and the
-//! agent. Kept apart from `main` so the tests build exactly what the binary builds.
+//! Builds the runtime's pieces from a [`Config`]: the LLM client, the tool registry, the
+//! agent, the store and the session manager. Kept apart from `main` so the tests build
+//! exactly what the binary builds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::{OpenAiClient, OpenAiConfig, RetryPolicy};
+use parlor_bot::platform::Platform;
+use parlor_bot::session::{SessionConfig, SessionManager};
+use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
 use parlor_bot::tools::{PromptToolset, TodoList, time};
 
@@ -35,7 +39,7 @@ pub fn registry(config: &Config) -> anyhow::Result<ToolRegistry> {
 /// The agent this configuration describes, talking to the configured endpoint.
 pub fn agent(config: &Config) -> anyhow::Result<Agent> {
     let llm = OpenAiClient::with_retries(OpenAiConfig {
-        base_url: config.llm.base_url.clone(),
+        base_url: config.base_url(),
         api_key: config.api_key()?,
         request_timeout: config.request_timeout(),
         connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
@@ -48,18 +52,60 @@ pub fn agent(config: &Config) -> anyhow::Result<Agent> {
     })
     .context("cannot build the LLM client")?;
     let agent_config = AgentConfig {
-        model: config.llm.model.clone(),
-        max_iterations: config.agent.max_iterations,
-        max_concurrent_tool_calls: config.agent.max_concurrent_tool_calls,
-        tool_timeout: Duration::from_secs(config.agent.tool_timeout_secs),
-        tool_result_max_chars: config.agent.tool_result_max_chars,
+        model: config.model(),
+        max_iterations: config.llm.max_iterations,
+        max_concurrent_tool_calls: config.llm.max_concurrent_tool_calls,
+        tool_timeout: Duration::from_secs(config.llm.tool_timeout_secs),
+        tool_result_max_chars: config.llm.tool_result_max_chars,
         temperature: config.llm.temperature,
-        parallel_tool_calls: config.agent.parallel_tool_calls,
+        parallel_tool_calls: config.llm.parallel_tool_calls,
     };
     Ok(Agent::new(
         Arc::new(llm),
         registry(config)?,
-        &config.agent.system_prompt,
+        &config.bot.system_prompt,
         agent_config,
+    ))
+}
+
+/// Opens the store under the data directory; fails clearly when another parlor holds it.
+pub fn store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let dir = config.data_dir();
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    let store = SledStore::open(
+        &dir.join("db"),
+        StoreOptions {
+            max_messages_per_chat: config.bot.max_messages_per_chat,
+        },
+    )
+    .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    Ok(Arc::new(store))
+}
+
+/// The session layer over `platforms`.
+pub fn sessions(
+    config: &Config,
+    store: Arc<dyn Store>,
+    platforms: Vec<Arc<dyn Platform>>,
+) -> anyhow::Result<SessionManager> {
+    let session_config = SessionConfig {
+        bot_name: config.bot.name.clone(),
+        admins: config.bot.admins.clone(),
+        allowed_chats: config.bot.allowed_chats.clone(),
+        allowed_users: config.bot.allowed_users.clone(),
+        ignore_bots: config.bot.ignore_bots,
+        queue_capacity: config.bot.queue_capacity,
+        turns_per_minute: config.bot.turns_per_minute,
+        history_tokens: config.llm.context_tokens * 6 / 10,
+        idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
+        vision: config.llm.vision,
+        ..SessionConfig::default()
+    };
+    Ok(SessionManager::new(
+        store,
+        agent(config)?,
+        platforms,
+        session_config,
     ))
 }

@@ -161,9 +161,15 @@ async fn a_broken_config_is_a_clear_error() {
             "not an IANA time zone",
         ),
         (
-            "[agent]\nmax_concurrent_tool_calls = 0\n",
-            "max_concurrent_tool_calls must be at least 1",
+            "[llm]\nmax_concurrent_tool_calls = 0\n",
+            "llm.max_concurrent_tool_calls must be at least 1",
         ),
+        ("[bot]\nadmins = [\"1001\"]\n", "platform-qualified"),
+        (
+            "[telegram]\npoll_timeout_secs = 90\n",
+            "telegram.poll_timeout_secs must be at most 50",
+        ),
+        ("[bot]\nqueue_capacity = \"lots\"\n", "queue_capacity"),
         (
             "[llm]\nbase_url = \"api.openai.com\"\n",
             "must start with http",
@@ -290,4 +296,111 @@ async fn ask_reports_an_unreachable_or_failing_model_clearly() {
         "{err}"
     );
     assert_eq!(fake.request_count(), 1, "a 401 is not retried");
+}
+
+/// Runs `parlor chat` with `input` on stdin and only the environment as configuration.
+async fn chat(fake: &FakeLlm, data: &Path, args: &[&str], input: &str) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut child = parlor()
+        .arg("chat")
+        .args(args)
+        .env("OPENAI_BASE_URL", fake.base_url())
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("PARLOR_MODEL", "env-model")
+        .env("PARLOR_DATA_DIR", data)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("parlor chat did not finish")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_plays_a_group_with_only_an_llm_endpoint_configured() {
+    let fake = FakeLlm::start().await;
+    fake.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        Reply::text(format!("echo <{}>", last.replace('\n', " | ")))
+    });
+    let data = tempfile::tempdir().unwrap();
+    let out = chat(
+        &fake,
+        data.path(),
+        &[],
+        "bob: just chatting\nalice: hi @parlor\n/status\n",
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("parlor: echo <alice: hi @parlor>"), "{text}");
+    assert!(text.contains("Session console:local"), "{text}");
+    assert_eq!(fake.request_count(), 1, "only the mention starts a turn");
+    assert_eq!(fake.requests()[0].model(), Some("env-model"));
+
+    // A second run on the same data dir continues the conversation.
+    let out = chat(&fake, data.path(), &["--dm"], "what did I say?\n").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second = &fake.requests()[1];
+    let texts: Vec<String> = second
+        .messages()
+        .iter()
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect();
+    assert!(texts.iter().any(|t| t == "alice: hi @parlor"), "{texts:?}");
+    assert!(
+        stdout(&out).contains("parlor: echo <you: what did I say?>"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_on_the_same_data_dir_is_refused() {
+    let fake = FakeLlm::start().await;
+    // The first chat holds the store while its turn waits on a slow model.
+    fake.push(Reply::text("slow").delay(Duration::from_secs(3)));
+    let data = tempfile::tempdir().unwrap();
+    let first = {
+        let fake_url = fake.base_url();
+        let dir = data.path().to_owned();
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let mut child = parlor()
+                .args(["chat", "--dm"])
+                .env("OPENAI_BASE_URL", fake_url)
+                .env("PARLOR_DATA_DIR", &dir)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"hello\n").await.unwrap();
+            drop(stdin);
+            child.wait_with_output().await.unwrap()
+        })
+    };
+    fake.wait_for_requests(1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let second = chat(&fake, data.path(), &["--dm"], "me too\n").await;
+    assert!(!second.status.success());
+    assert!(
+        stderr(&second).contains("in use by another parlor process"),
+        "{}",
+        stderr(&second)
+    );
+    let first = first.await.unwrap();
+    assert!(
+        stdout(&first).contains("parlor: slow"),
+        "{}",
+        stdout(&first)
+    );
 }

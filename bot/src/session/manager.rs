@@ -40,7 +40,8 @@ use crate::tool::{Caller, Role, catalog};
 pub struct SessionConfig {
     /// The bot's display name, for its own messages in the log and the console.
     pub bot_name: String,
-    /// Platform-qualified ids of admins (`telegram:1001`), on top of each chat's own admins.
+    /// Platform-qualified ids of admins (`telegram:1001`; `console:*` for every user of a
+    /// platform), on top of each chat's own admins.
     pub admins: Vec<String>,
     /// When set, only these chats (session keys or `platform:chat_id`) are served.
     pub allowed_chats: Option<Vec<String>>,
@@ -240,6 +241,18 @@ impl SessionManager {
         self.lock_sessions().len()
     }
 
+    /// Whether nothing is queued or running and no reply waits to be sent: what `parlor
+    /// chat` waits for after its input ends.
+    pub fn is_idle(&self) -> bool {
+        let busy = self
+            .lock_sessions()
+            .values()
+            .any(|s| !s.queue.is_empty() || s.state().turn_cancel.is_some());
+        !busy
+            && self.inner.store.pending().is_ok_and(|p| p.is_empty())
+            && self.inner.store.unsent_outbox().is_ok_and(|o| o.is_empty())
+    }
+
     /// Stops intake, lets running turns finish for up to `grace`, then cancels them (they
     /// stay pending and resume after the next start), waits for every actor and flushes.
     pub async fn shutdown(&self, grace: Duration) {
@@ -306,16 +319,26 @@ impl SessionManager {
             }
         }
         if let Some(users) = &config.allowed_users {
-            if !users.contains(&message.sender.id) && !config.admins.contains(&message.sender.id) {
+            if !users.contains(&message.sender.id) && !self.is_config_admin(&message.sender.id) {
                 return false;
             }
         }
         true
     }
 
+    /// Whether the config names `user_id` an admin, directly or by `platform:*`.
+    fn is_config_admin(&self, user_id: &str) -> bool {
+        let platform = user_id.split(':').next().unwrap_or_default();
+        self.inner
+            .config
+            .admins
+            .iter()
+            .any(|a| a == user_id || a.strip_suffix(":*") == Some(platform))
+    }
+
     /// The sender's role: config admins, then the chat's own administrators (cached).
     async fn role_of(&self, sender: &Sender, chat: &ChatRef, kind: ChatKind) -> Role {
-        if self.inner.config.admins.contains(&sender.id) {
+        if self.is_config_admin(&sender.id) {
             return Role::Admin;
         }
         if kind == ChatKind::Private {
