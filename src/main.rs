@@ -5,6 +5,8 @@
 //! no agent logic of its own.
 
 mod config;
+mod daemon;
+mod systemd;
 mod wiring;
 
 use std::io::Write;
@@ -52,6 +54,8 @@ enum Command {
         #[arg(long)]
         admin: bool,
     },
+    /// Run the daemon: serve every configured chat platform until SIGTERM.
+    Run,
     /// Check the configuration file and exit.
     CheckConfig,
     /// Play a group chat in this terminal: `alice: hi @parlor` speaks as alice. Same
@@ -71,7 +75,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // The daemon logs its life (info); the interactive commands stay quiet but for warnings.
+    init_logging(if matches!(cli.command, Command::Run) {
+        "info"
+    } else {
+        "warn"
+    });
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -81,9 +90,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("PARLOR_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter = EnvFilter::try_from_env("PARLOR_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new(default_level));
     // Logs go to stderr so that `parlor tools --json` stays machine-readable.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -118,6 +129,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ask { text, name, admin } => {
             let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
             runtime.block_on(ask(&config, text, name, admin))
+        }
+        Command::Run => {
+            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            runtime.block_on(daemon::run(config))?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Chat { dm, name, admin } => {
             let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;

@@ -1,0 +1,103 @@
+//! `parlor run`: the daemon. Opens the store (refusing a second daemon on the same data
+//! directory), connects the adapters, resumes what a crash left pending, serves until
+//! SIGTERM/SIGINT, then drains: intake stops, running turns get `shutdown_grace_secs`, the
+//! store is flushed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use parlor_adapters::telegram::{TelegramAdapter, TelegramConfig};
+use parlor_bot::platform::{Inbox, Platform};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::{systemd, wiring};
+
+/// Runs the daemon until a signal arrives or an adapter fails for good.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let token = config.telegram_token()?.context(
+        "no chat platform is configured: set TELEGRAM_BOT_TOKEN (or [telegram] token_file). \
+         To try parlor without one, run `parlor chat`",
+    )?;
+    let store = wiring::store(&config)?;
+    let telegram = TelegramAdapter::connect(TelegramConfig {
+        api_url: config.telegram.api_url.clone(),
+        poll_timeout_secs: config.telegram.poll_timeout_secs,
+        ..TelegramConfig::new(token)
+    })
+    .await
+    .context("cannot connect to Telegram")?;
+    let manager = wiring::sessions(
+        &config,
+        store,
+        vec![Arc::new(telegram.clone()) as Arc<dyn Platform>],
+    )?;
+    manager
+        .resume()
+        .await
+        .context("cannot resume from the store")?;
+
+    let shutdown = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    {
+        let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            telegram
+                .run_with_ready(inbox, shutdown, systemd::ready)
+                .await
+                .context("the Telegram adapter stopped")
+        });
+    }
+    if let Some(interval) = systemd::watchdog_interval() {
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            systemd::watchdog(interval, shutdown).await;
+            Ok(())
+        });
+    }
+
+    let mut result = Ok(());
+    tokio::select! {
+        signal = wait_for_signal() => {
+            tracing::info!(signal, "shutting down");
+        }
+        Some(ended) = tasks.join_next() => {
+            // An adapter only returns on its own when it cannot go on (a revoked token).
+            result = match ended {
+                Ok(Ok(())) => Err(anyhow::anyhow!("an adapter stopped unexpectedly")),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(anyhow::anyhow!("an adapter task failed: {e}")),
+            };
+        }
+    }
+    systemd::stopping();
+    shutdown.cancel();
+    manager
+        .shutdown(Duration::from_secs(config.bot.shutdown_grace_secs))
+        .await;
+    while let Some(ended) = tasks.join_next().await {
+        if let Ok(Err(e)) = ended {
+            tracing::warn!(error = %format!("{e:#}"), "adapter ended with an error during shutdown");
+        }
+    }
+    tracing::info!("stopped");
+    result
+}
+
+async fn wait_for_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the daemon");
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
+}
