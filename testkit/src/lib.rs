@@ -1,10 +1,12 @@
 //! Test fakes for parlor, and nothing else.
 //!
 //! This crate owns the in-process stand-ins that parlor's tests talk to
-//! instead of real services: currently [`FakeLlm`], a scripted
-//! OpenAI-compatible `chat/completions` server (streaming SSE and plain
-//! JSON) that records every request it receives. Later fakes (for example a
-//! fake chat-platform API) belong here too.
+//! instead of real services:
+//! - [`llm`]: [`FakeLlm`], a scripted OpenAI-compatible `chat/completions`
+//!   server (streaming SSE and plain JSON) that records every request;
+//! - [`telegram`]: [`FakeTelegram`], a fake Bot API (long polling with
+//!   offsets, sending, files, administrators, scripted 429/409 failures) that
+//!   the real teloxide client can talk to.
 //!
 //! Rules for this crate:
 //! - It is only ever a **dev-dependency**. Non-test code must never depend on
@@ -18,7 +20,13 @@
 #![warn(missing_docs)]
 
 pub mod llm;
+pub mod telegram;
 
 pub use llm::{
     DEFAULT_USAGE, FakeLlm, RecordedRequest, Reply, ToolCallSpec, WaitTimeout, last_user_text,
+};
+pub use telegram::{
+    BotUser, ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder,
+    RecordedCall, SentMessage, TelegramWaitTimeout, TgUser, teloxide_fixture,
+    teloxide_fixture_names, utf16_len,
 };
