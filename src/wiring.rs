@@ -77,6 +77,7 @@ pub fn store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         &dir.join("db"),
         StoreOptions {
             max_messages_per_chat: config.bot.max_messages_per_chat,
+            ..StoreOptions::default()
         },
     )
     .with_context(|| format!("cannot open the store in {}", dir.display()))?;

@@ -236,6 +236,22 @@ impl SessionManager {
         Ok(())
     }
 
+    /// Makes every store write so far durable. Called at the points where a crash would
+    /// otherwise lose or repeat something: before an addressed message is acknowledged to
+    /// the platform, before a committed reply is sent, and after it is marked sent. sled
+    /// only writes to disk every few hundred milliseconds on its own; `kill -9` loses what
+    /// it has not written.
+    async fn durable(&self) -> Result<(), crate::store::StoreError> {
+        let store = Arc::clone(&self.inner.store);
+        // A flush is file I/O and an fsync: keep it off the async workers.
+        match tokio::task::spawn_blocking(move || store.flush()).await {
+            Ok(result) => result,
+            Err(e) => Err(crate::store::StoreError::Io(format!(
+                "flush task failed: {e}"
+            ))),
+        }
+    }
+
     /// Number of sessions in memory.
     pub fn live_sessions(&self) -> usize {
         self.lock_sessions().len()
@@ -318,10 +334,11 @@ impl SessionManager {
                 return false;
             }
         }
-        if let Some(users) = &config.allowed_users {
-            if !users.contains(&message.sender.id) && !self.is_config_admin(&message.sender.id) {
-                return false;
-            }
+        if let Some(users) = &config.allowed_users
+            && !users.contains(&message.sender.id)
+            && !self.is_config_admin(&message.sender.id)
+        {
+            return false;
         }
         true
     }
@@ -730,6 +747,12 @@ impl SessionManager {
                 if let (Some(entry), Some(id)) = (outbox.as_mut(), id) {
                     entry.id = id;
                 }
+                if let Err(e) = self.durable().await {
+                    // Sending now could answer twice after a crash; the outbox sends it at
+                    // the next start instead.
+                    tracing::error!(session = %session.key, error = %e, "cannot flush the committed turn");
+                    return None;
+                }
                 outbox
             }
             Err(e) => {
@@ -752,7 +775,11 @@ impl SessionManager {
             .await
         {
             Ok(sent) => {
-                if let Err(e) = self.inner.store.mark_sent(entry.id, &sent.message_ids) {
+                let marked = self.inner.store.mark_sent(entry.id, &sent.message_ids);
+                if let Err(e) = match marked {
+                    Ok(()) => self.durable().await,
+                    Err(e) => Err(e),
+                } {
                     tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
                 }
                 self.record_own(
@@ -877,6 +904,9 @@ impl Inbox for SessionManager {
             .inner
             .store
             .add_pending(pending)
+            .map_err(|e| InboxError::Store(e.to_string()))?;
+        self.durable()
+            .await
             .map_err(|e| InboxError::Store(e.to_string()))?;
         let session = self.session(&message.chat);
         let item = QueueItem {

@@ -92,7 +92,7 @@ pub struct SessionQueue {
 
 /// The queue is full; the item comes back so the caller can say so in the chat.
 #[derive(Debug)]
-pub struct QueueFull(pub QueueItem);
+pub struct QueueFull(pub Box<QueueItem>);
 
 impl SessionQueue {
     /// A queue holding at most `capacity` items (merged items count once).
@@ -123,7 +123,7 @@ impl SessionQueue {
                 {
                     tail.merge(item);
                 }
-                _ if full => return Err(QueueFull(item)),
+                _ if full => return Err(QueueFull(Box::new(item))),
                 _ => items.push_back(item),
             }
         }

@@ -22,7 +22,7 @@ use crate::platform::{ChatRef, ImageRef, Sender};
 use crate::tool::Caller;
 
 pub use memory::MemoryStore;
-pub use sled_store::SledStore;
+pub use sled_store::{SledStore, StoreOptions};
 
 /// Why the store could not do what was asked.
 #[derive(Debug, thiserror::Error)]

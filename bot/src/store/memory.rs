@@ -1,0 +1,200 @@
+//! [`MemoryStore`]: the [`Store`] in memory, for tests and `--ephemeral` runs. Same
+//! semantics as [`super::SledStore`] (dedupe, per-session bound, id order, atomic commits);
+//! nothing survives the process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::sled_store::{StoreOptions, check_session};
+use super::{OutboxEntry, PendingItem, Store, StoreError, StoredMessage, TurnCommit};
+use crate::llm::Message;
+
+/// The [`Store`] in memory. One mutex guards everything, so every method is atomic.
+#[derive(Debug)]
+pub struct MemoryStore {
+    bound: u64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Per session: seq -> message, and message id -> seq (the dedupe index).
+    logs: HashMap<String, SessionLog>,
+    history: HashMap<String, Vec<Message>>,
+    pending: BTreeMap<u64, PendingItem>,
+    outbox: BTreeMap<u64, OutboxEntry>,
+    meta: HashMap<String, String>,
+    /// Last id handed out for pending items and replies.
+    last_id: u64,
+}
+
+#[derive(Debug, Default)]
+struct SessionLog {
+    messages: BTreeMap<u64, StoredMessage>,
+    ids: HashMap<String, u64>,
+    next: u64,
+}
+
+impl Inner {
+    fn next_id(&mut self) -> u64 {
+        self.last_id += 1;
+        self.last_id
+    }
+}
+
+impl MemoryStore {
+    /// An empty store with default options.
+    pub fn new() -> Self {
+        Self::with_options(StoreOptions::default())
+    }
+
+    /// An empty store.
+    pub fn with_options(options: StoreOptions) -> Self {
+        MemoryStore {
+            bound: options.bound(),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Nothing panics while holding the lock; a poisoned one is still consistent.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Store for MemoryStore {
+    fn record_message(&self, session: &str, message: &StoredMessage) -> Result<bool, StoreError> {
+        check_session(session)?;
+        let mut inner = self.lock();
+        let log = inner.logs.entry(session.to_owned()).or_default();
+        if log.ids.contains_key(&message.message_id) {
+            return Ok(false);
+        }
+        let seq = log.next;
+        log.next += 1;
+        log.ids.insert(message.message_id.clone(), seq);
+        log.messages.insert(seq, message.clone());
+        while u64::try_from(log.messages.len()).unwrap_or(u64::MAX) > self.bound {
+            let Some((old_seq, old)) = log.messages.pop_first() else {
+                break;
+            };
+            if log.ids.get(&old.message_id) == Some(&old_seq) {
+                log.ids.remove(&old.message_id);
+            }
+        }
+        Ok(true)
+    }
+
+    fn get_message(
+        &self,
+        session: &str,
+        message_id: &str,
+    ) -> Result<Option<StoredMessage>, StoreError> {
+        check_session(session)?;
+        let inner = self.lock();
+        Ok(inner.logs.get(session).and_then(|log| {
+            let seq = log.ids.get(message_id)?;
+            log.messages.get(seq).cloned()
+        }))
+    }
+
+    fn recent_messages(
+        &self,
+        session: &str,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        check_session(session)?;
+        let inner = self.lock();
+        let Some(log) = inner.logs.get(session) else {
+            return Ok(Vec::new());
+        };
+        let mut out: Vec<StoredMessage> =
+            log.messages.values().rev().take(limit).cloned().collect();
+        out.reverse();
+        Ok(out)
+    }
+
+    fn load_history(&self, session: &str) -> Result<Vec<Message>, StoreError> {
+        Ok(self
+            .lock()
+            .history
+            .get(session)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError> {
+        self.lock()
+            .history
+            .insert(session.to_owned(), history.to_vec());
+        Ok(())
+    }
+
+    fn add_pending(&self, mut item: PendingItem) -> Result<u64, StoreError> {
+        let mut inner = self.lock();
+        let id = inner.next_id();
+        item.id = id;
+        inner.pending.insert(id, item);
+        Ok(id)
+    }
+
+    fn pending(&self) -> Result<Vec<PendingItem>, StoreError> {
+        Ok(self.lock().pending.values().cloned().collect())
+    }
+
+    fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        for id in ids {
+            inner.pending.remove(id);
+        }
+        Ok(())
+    }
+
+    fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
+        let mut inner = self.lock();
+        inner.history.insert(commit.session, commit.history);
+        for id in &commit.answered {
+            inner.pending.remove(id);
+        }
+        Ok(commit.reply.map(|mut entry| {
+            let id = inner.next_id();
+            entry.id = id;
+            inner.outbox.insert(id, entry);
+            id
+        }))
+    }
+
+    fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
+        Ok(self.lock().outbox.values().cloned().collect())
+    }
+
+    fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
+        let removed = self.lock().outbox.remove(&outbox_id);
+        tracing::debug!(
+            outbox_id,
+            ?platform_ids,
+            was_queued = removed.is_some(),
+            "reply marked sent"
+        );
+        Ok(())
+    }
+
+    fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.lock().meta.get(key).cloned())
+    }
+
+    fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.lock().meta.insert(key.to_owned(), value.to_owned());
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}

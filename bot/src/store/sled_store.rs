@@ -1,0 +1,520 @@
+//! [`SledStore`]: the [`Store`] on an embedded sled 0.34 database under `data_dir`.
+//!
+//! ## Layout
+//! Named trees; every value is a JSON object carrying a schema version `"v": 1` next to
+//! its fields. A value with another version (or no version, or bad JSON) is reported as
+//! [`StoreError::Corrupt`] naming the tree and key, never guessed at.
+//!
+//! | tree            | key                                  | value                                   |
+//! |-----------------|--------------------------------------|-----------------------------------------|
+//! | `messages`      | session `\0` seq (u64 big-endian)    | `{"v":1, ...StoredMessage}`             |
+//! | `message_ids`   | session `\0` message_id              | `{"v":1,"seq":N}` (the dedupe index)    |
+//! | `message_heads` | session                              | `{"v":1,"first":N,"next":M}`            |
+//! | `history`       | session                              | `{"v":1,"messages":[...]}`              |
+//! | `pending`       | id (u64 big-endian)                  | `{"v":1, ...PendingItem}`               |
+//! | `outbox`        | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}`               |
+//! | `meta`          | key                                  | `{"v":1,"value":"..."}`                 |
+//!
+//! `seq` is dense per session (`first..next` are the recorded messages), so the log of a
+//! session is bounded without scanning it, and `recent_messages` is a reverse range scan.
+//! Pending and outbox ids come from sled's `generate_id`, which is monotonic across
+//! restarts, so key order is arrival order.
+//!
+//! Session keys must not contain a NUL byte (it separates the session from the rest of a
+//! key); such a session is refused with [`StoreError::Io`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sled::transaction::{
+    ConflictableTransactionError, TransactionError, Transactional, TransactionalTree,
+};
+use sled::{Batch, Db, IVec, Tree};
+
+use super::{OutboxEntry, PendingItem, Store, StoreError, StoredMessage, TurnCommit};
+use crate::llm::Message;
+
+/// The schema version written into every value.
+const VERSION: u64 = 1;
+
+/// Tunables shared by both store backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// How many messages the log of one session keeps; the oldest are dropped first, from
+    /// the log and from the dedupe index alike. Values below 1 are treated as 1.
+    pub max_messages_per_chat: usize,
+    /// How long [`SledStore::open`] retries when the database is locked before it gives up
+    /// with [`StoreError::Locked`]. sled releases its file lock a moment *after* the last
+    /// handle is dropped (its background threads close the file), so an immediate reopen in
+    /// the same process (a restart in tests) needs a short wait. Ignored by [`MemoryStore`].
+    ///
+    /// [`MemoryStore`]: super::MemoryStore
+    pub lock_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            max_messages_per_chat: 2000,
+            lock_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl StoreOptions {
+    /// The bound as used: at least one message.
+    pub(crate) fn bound(&self) -> u64 {
+        u64::try_from(self.max_messages_per_chat.max(1)).unwrap_or(u64::MAX)
+    }
+}
+
+/// The [`Store`] on a sled database (see the module docs for the layout).
+#[derive(Clone)]
+pub struct SledStore {
+    path: PathBuf,
+    db: Db,
+    messages: Tree,
+    message_ids: Tree,
+    message_heads: Tree,
+    history: Tree,
+    pending: Tree,
+    outbox: Tree,
+    meta: Tree,
+    bound: u64,
+}
+
+impl fmt::Debug for SledStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SledStore")
+            .field("path", &self.path)
+            .field("max_messages_per_chat", &self.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SledStore {
+    /// Opens (creating if needed) the database in `dir`.
+    ///
+    /// Fails with [`StoreError::Locked`] when the directory is already open, in another
+    /// process or in this one: sled takes an exclusive `flock` on its `db` file, and such a
+    /// lock conflicts with any other open file description, whichever process holds it.
+    /// A locked database is retried for [`StoreOptions::lock_timeout`] first (blocking the
+    /// calling thread: open the store at startup, or in `spawn_blocking`).
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<SledStore, StoreError> {
+        let start = Instant::now();
+        let db = loop {
+            match sled::Config::new().path(dir).open() {
+                Ok(db) => break db,
+                Err(e) => match open_error(dir, e) {
+                    StoreError::Locked(_) if start.elapsed() < options.lock_timeout => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    other => return Err(other),
+                },
+            }
+        };
+        let tree = |name: &str| db.open_tree(name).map_err(|e| open_error(dir, e));
+        let store = SledStore {
+            path: dir.to_path_buf(),
+            messages: tree("messages")?,
+            message_ids: tree("message_ids")?,
+            message_heads: tree("message_heads")?,
+            history: tree("history")?,
+            pending: tree("pending")?,
+            outbox: tree("outbox")?,
+            meta: tree("meta")?,
+            db,
+            bound: options.bound(),
+        };
+        tracing::debug!(path = %dir.display(), "store opened");
+        Ok(store)
+    }
+
+    /// The directory the database lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Store for SledStore {
+    fn record_message(&self, session: &str, message: &StoredMessage) -> Result<bool, StoreError> {
+        check_session(session)?;
+        let value = encode(message)?;
+        let id_key = message_id_key(session, &message.message_id);
+        let bound = self.bound;
+        let result = (&self.messages, &self.message_ids, &self.message_heads).transaction(
+            |(log, ids, heads)| {
+                if ids.get(&id_key)?.is_some() {
+                    return Ok(false);
+                }
+                let mut head: Head = match heads.get(session)? {
+                    Some(bytes) => decode(&bytes, || format!("message_heads[{session}]"))
+                        .map_err(ConflictableTransactionError::Abort)?,
+                    None => Head::default(),
+                };
+                let seq = head.next;
+                log.insert(message_key(session, seq), value.as_slice())?;
+                ids.insert(id_key.as_slice(), encode_abort(&SeqRecord { seq })?)?;
+                head.next = seq.saturating_add(1);
+                while head.next.saturating_sub(head.first) > bound {
+                    drop_oldest(session, head.first, log, ids)?;
+                    head.first += 1;
+                }
+                heads.insert(session, encode_abort(&head)?)?;
+                Ok(true)
+            },
+        );
+        transaction_result(result)
+    }
+
+    fn get_message(
+        &self,
+        session: &str,
+        message_id: &str,
+    ) -> Result<Option<StoredMessage>, StoreError> {
+        check_session(session)?;
+        let Some(bytes) = self
+            .message_ids
+            .get(message_id_key(session, message_id))
+            .map_err(sled_error)?
+        else {
+            return Ok(None);
+        };
+        let SeqRecord { seq } = decode(&bytes, || format!("message_ids[{session}/{message_id}]"))?;
+        match self
+            .messages
+            .get(message_key(session, seq))
+            .map_err(sled_error)?
+        {
+            Some(bytes) => decode(&bytes, || format!("messages[{session}/{seq}]")).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn recent_messages(
+        &self,
+        session: &str,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        check_session(session)?;
+        let mut out = Vec::with_capacity(limit.min(256));
+        for entry in self
+            .messages
+            .scan_prefix(session_prefix(session))
+            .rev()
+            .take(limit)
+        {
+            let (key, bytes) = entry.map_err(sled_error)?;
+            out.push(decode(&bytes, || {
+                format!("messages[{session}/{}]", describe_seq(&key))
+            })?);
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    fn load_history(&self, session: &str) -> Result<Vec<Message>, StoreError> {
+        match self.history.get(session).map_err(sled_error)? {
+            Some(bytes) => {
+                let record: HistoryRecord = decode(&bytes, || format!("history[{session}]"))?;
+                Ok(record.messages)
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError> {
+        let value = encode(&HistoryRef { messages: history })?;
+        self.history.insert(session, value).map_err(sled_error)?;
+        Ok(())
+    }
+
+    fn add_pending(&self, mut item: PendingItem) -> Result<u64, StoreError> {
+        let id = self.db.generate_id().map_err(sled_error)?;
+        item.id = id;
+        self.pending
+            .insert(id.to_be_bytes(), encode(&item)?)
+            .map_err(sled_error)?;
+        Ok(id)
+    }
+
+    fn pending(&self) -> Result<Vec<PendingItem>, StoreError> {
+        read_all(&self.pending, "pending")
+    }
+
+    fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError> {
+        let mut batch = Batch::default();
+        for id in ids {
+            batch.remove(&id.to_be_bytes());
+        }
+        self.pending.apply_batch(batch).map_err(sled_error)
+    }
+
+    fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
+        let history = encode(&HistoryRef {
+            messages: &commit.history,
+        })?;
+        let reply = match commit.reply {
+            Some(mut entry) => {
+                // Assigned before the transaction: a failed commit only wastes an id.
+                let id = self.db.generate_id().map_err(sled_error)?;
+                entry.id = id;
+                Some((id, encode(&entry)?))
+            }
+            None => None,
+        };
+        let session = commit.session.as_str();
+        let answered = &commit.answered;
+        let result = (&self.history, &self.pending, &self.outbox).transaction(
+            |(history_tree, pending, outbox)| {
+                history_tree.insert(session, history.as_slice())?;
+                for id in answered {
+                    pending.remove(&id.to_be_bytes())?;
+                }
+                if let Some((id, value)) = &reply {
+                    outbox.insert(&id.to_be_bytes(), value.as_slice())?;
+                }
+                Ok(())
+            },
+        );
+        transaction_result::<()>(result)?;
+        Ok(reply.map(|(id, _)| id))
+    }
+
+    fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
+        read_all(&self.outbox, "outbox")
+    }
+
+    fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
+        let removed = self
+            .outbox
+            .remove(outbox_id.to_be_bytes())
+            .map_err(sled_error)?;
+        tracing::debug!(
+            outbox_id,
+            ?platform_ids,
+            was_queued = removed.is_some(),
+            "reply marked sent"
+        );
+        Ok(())
+    }
+
+    fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        match self.meta.get(key).map_err(sled_error)? {
+            Some(bytes) => {
+                let record: MetaRecord = decode(&bytes, || format!("meta[{key}]"))?;
+                Ok(Some(record.value))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        let value = encode(&MetaRef { value })?;
+        self.meta.insert(key, value).map_err(sled_error)?;
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map_err(sled_error)?;
+        Ok(())
+    }
+}
+
+/// Where the message log of a session stands: messages `first..next` are recorded.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize)]
+struct Head {
+    first: u64,
+    next: u64,
+}
+
+/// A dedupe index entry: the seq of the message with this id.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SeqRecord {
+    seq: u64,
+}
+
+#[derive(serde::Deserialize)]
+struct HistoryRecord {
+    messages: Vec<Message>,
+}
+
+#[derive(serde::Serialize)]
+struct HistoryRef<'a> {
+    messages: &'a [Message],
+}
+
+#[derive(serde::Deserialize)]
+struct MetaRecord {
+    value: String,
+}
+
+#[derive(serde::Serialize)]
+struct MetaRef<'a> {
+    value: &'a str,
+}
+
+/// Inside the `record_message` transaction: drops message `seq` from the log and, when the
+/// dedupe entry of its id points at it, from the index. A log value too damaged to name its
+/// id is dropped all the same (its index entry, if any, stays behind), so that one bad
+/// value cannot stop a chat from being recorded.
+fn drop_oldest(
+    session: &str,
+    seq: u64,
+    log: &TransactionalTree,
+    ids: &TransactionalTree,
+) -> Result<(), ConflictableTransactionError<StoreError>> {
+    let Some(old) = log.remove(message_key(session, seq))? else {
+        return Ok(());
+    };
+    let message_id = serde_json::from_slice::<Value>(&old)
+        .ok()
+        .and_then(|v| v.get("message_id")?.as_str().map(str::to_owned));
+    let Some(message_id) = message_id else {
+        tracing::warn!(session, seq, "dropped an unreadable message from the log");
+        return Ok(());
+    };
+    let key = message_id_key(session, &message_id);
+    if let Some(bytes) = ids.get(&key)? {
+        let points_here = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("seq")?.as_u64())
+            .is_none_or(|s| s == seq);
+        if points_here {
+            ids.remove(key)?;
+        }
+    }
+    Ok(())
+}
+
+/// Every value of an id-keyed tree, in key (= id) order.
+fn read_all<T: DeserializeOwned>(tree: &Tree, name: &str) -> Result<Vec<T>, StoreError> {
+    tree.iter()
+        .map(|entry| {
+            let (key, bytes) = entry.map_err(sled_error)?;
+            decode(&bytes, || format!("{name}[{}]", describe_id(&key)))
+        })
+        .collect()
+}
+
+/// Refuses session keys that would make the `session \0 ...` keys ambiguous.
+pub(crate) fn check_session(session: &str) -> Result<(), StoreError> {
+    if session.contains('\0') {
+        return Err(StoreError::Io(format!(
+            "session key {session:?} contains a NUL byte"
+        )));
+    }
+    Ok(())
+}
+
+fn session_prefix(session: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(session.len() + 9);
+    key.extend_from_slice(session.as_bytes());
+    key.push(0);
+    key
+}
+
+fn message_key(session: &str, seq: u64) -> Vec<u8> {
+    let mut key = session_prefix(session);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+fn message_id_key(session: &str, message_id: &str) -> Vec<u8> {
+    let mut key = session_prefix(session);
+    key.extend_from_slice(message_id.as_bytes());
+    key
+}
+
+/// The seq part of a `messages` key (its last 8 bytes), for error messages.
+fn describe_seq(key: &IVec) -> String {
+    key.len()
+        .checked_sub(8)
+        .and_then(|start| <[u8; 8]>::try_from(&key[start..]).ok())
+        .map(|bytes| u64::from_be_bytes(bytes).to_string())
+        .unwrap_or_else(|| format!("{key:?}"))
+}
+
+/// A big-endian u64 key, for error messages.
+fn describe_id(key: &IVec) -> String {
+    match <[u8; 8]>::try_from(key.as_ref()) {
+        Ok(bytes) => u64::from_be_bytes(bytes).to_string(),
+        Err(_) => format!("{key:?}"),
+    }
+}
+
+/// Serializes `value` (a struct) as a JSON object with `"v": VERSION` added.
+fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, StoreError> {
+    let mut json = serde_json::to_value(value)
+        .map_err(|e| StoreError::Io(format!("cannot encode a value: {e}")))?;
+    let Value::Object(map) = &mut json else {
+        return Err(StoreError::Io(
+            "cannot encode a value: not a JSON object".to_owned(),
+        ));
+    };
+    map.insert("v".to_owned(), Value::from(VERSION));
+    serde_json::to_vec(&json).map_err(|e| StoreError::Io(format!("cannot encode a value: {e}")))
+}
+
+fn encode_abort<T: Serialize + ?Sized>(
+    value: &T,
+) -> Result<Vec<u8>, ConflictableTransactionError<StoreError>> {
+    encode(value).map_err(ConflictableTransactionError::Abort)
+}
+
+/// Reads a versioned JSON object; `key` names the value in errors.
+fn decode<T: DeserializeOwned>(bytes: &[u8], key: impl Fn() -> String) -> Result<T, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt { key: key(), reason };
+    let mut json: Value =
+        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("invalid JSON: {e}")))?;
+    let Value::Object(map) = &mut json else {
+        return Err(corrupt("not a JSON object".to_owned()));
+    };
+    match map.remove("v") {
+        Some(v) if v.as_u64() == Some(VERSION) => {}
+        Some(v) => {
+            return Err(corrupt(format!(
+                "unknown schema version {v} (this parlor reads version {VERSION}; \
+                 was it written by a newer one?)"
+            )));
+        }
+        None => return Err(corrupt("no schema version \"v\"".to_owned())),
+    }
+    serde_json::from_value(json).map_err(|e| corrupt(format!("unexpected content: {e}")))
+}
+
+fn transaction_result<T>(result: Result<T, TransactionError<StoreError>>) -> Result<T, StoreError> {
+    result.map_err(|e| match e {
+        TransactionError::Abort(e) => e,
+        TransactionError::Storage(e) => sled_error(e),
+    })
+}
+
+fn sled_error(e: sled::Error) -> StoreError {
+    match e {
+        sled::Error::Corruption { at, .. } => StoreError::Corrupt {
+            key: "<database>".to_owned(),
+            reason: format!("sled reports corruption at {at:?}"),
+        },
+        other => StoreError::Io(other.to_string()),
+    }
+}
+
+/// Maps an error of `Config::open` / `open_tree`, recognizing sled's lock failure
+/// ("could not acquire lock on ...", an `io::Error` of kind `Other` wrapping `WouldBlock`).
+fn open_error(dir: &Path, e: sled::Error) -> StoreError {
+    if let sled::Error::Io(io) = &e {
+        let text = io.to_string();
+        if io.kind() == std::io::ErrorKind::WouldBlock || text.contains("could not acquire lock") {
+            return StoreError::Locked(dir.display().to_string());
+        }
+    }
+    StoreError::Io(format!(
+        "cannot open the database in {}: {e}",
+        dir.display()
+    ))
+}

@@ -1,0 +1,630 @@
+//! The `Store` contract (DESIGN.md §6). Every behaviour has one test body that runs against
+//! both backends ([`MemoryStore`] and a [`SledStore`] in a temporary directory); restart,
+//! locking and corruption are sled-only.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, TimeZone, Utc};
+use parlor_bot::llm::{Content, ContentPart, ImageUrl, Message, ToolCall};
+use parlor_bot::platform::{ChatRef, ImageRef, Sender};
+use parlor_bot::store::{
+    MemoryStore, OutboxEntry, PendingItem, PendingKind, SledStore, Store, StoreError, StoreOptions,
+    StoredMessage, TurnCommit,
+};
+use parlor_bot::tool::{Caller, Role};
+
+// ---- fixtures ----------------------------------------------------------------------------
+
+const A: &str = "telegram:-100";
+const B: &str = "telegram:-200/topic:7";
+
+fn time(secs: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(1_700_000_000 + secs, 0)
+        .single()
+        .expect("valid time")
+}
+
+fn chat(session: &str) -> ChatRef {
+    match session {
+        B => ChatRef::new("telegram", "-200").in_thread("7"),
+        _ => ChatRef::new("telegram", "-100"),
+    }
+}
+
+fn msg(id: &str) -> StoredMessage {
+    StoredMessage {
+        message_id: id.to_owned(),
+        sender: Sender {
+            id: "telegram:1001".to_owned(),
+            name: "Alice".to_owned(),
+            username: Some("alice".to_owned()),
+            is_bot: false,
+        },
+        text: format!("text of {id}"),
+        time: time(id.len() as i64),
+        reply_to: None,
+        images: Vec::new(),
+        from_self: false,
+    }
+}
+
+fn pending_item(session: &str, text: &str) -> PendingItem {
+    PendingItem {
+        id: 0,
+        session: session.to_owned(),
+        chat: chat(session),
+        kind: PendingKind::UserMessage,
+        caller: Caller {
+            user_id: "telegram:1001".to_owned(),
+            name: "Alice".to_owned(),
+            role: Role::Member,
+        },
+        text: format!("alice: {text}"),
+        reply_to: Some("41".to_owned()),
+        images: vec![ImageRef {
+            file_id: "file-1".to_owned(),
+            mime_type: Some("image/png".to_owned()),
+            size: Some(1234),
+        }],
+        received: time(5),
+    }
+}
+
+fn reply(session: &str, text: &str) -> OutboxEntry {
+    OutboxEntry {
+        id: 0,
+        session: session.to_owned(),
+        chat: chat(session),
+        text: text.to_owned(),
+        reply_to: Some("41".to_owned()),
+        created: time(9),
+    }
+}
+
+/// A history with every message shape: system, plain and multi-part user content, an
+/// assistant tool call (no text), tool results, and a final assistant text.
+fn rich_history() -> Vec<Message> {
+    vec![
+        Message::system("You are parlor."),
+        Message::user("alice: hi"),
+        Message::User {
+            content: Content::Parts(vec![
+                ContentPart::Text {
+                    text: "bob: what is this?".to_owned(),
+                },
+                ContentPart::ImageUrl {
+                    image_url: ImageUrl {
+                        url: "data:image/png;base64,iVBORw0KGgo=".to_owned(),
+                        detail: Some("low".to_owned()),
+                    },
+                },
+            ]),
+        },
+        Message::Assistant {
+            content: None,
+            tool_calls: vec![
+                ToolCall::new("call_1", "time_now", "{}"),
+                ToolCall::new("call_2", "todo_add", r#"{"text":"buy milk"}"#),
+            ],
+        },
+        Message::tool("call_1", r#"{"ok":true,"time":"12:00"}"#),
+        Message::tool("call_2", r#"{"ok":true}"#),
+        Message::assistant("It is noon; milk noted."),
+    ]
+}
+
+fn ids(messages: &[StoredMessage]) -> Vec<&str> {
+    messages.iter().map(|m| m.message_id.as_str()).collect()
+}
+
+/// Runs `f` against a fresh [`MemoryStore`] and a fresh [`SledStore`] with `options`.
+fn each_store_with(options: StoreOptions, f: impl Fn(&str, &dyn Store)) {
+    f("memory", &MemoryStore::with_options(options.clone()));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sled = SledStore::open(dir.path(), options).expect("open sled store");
+    f("sled", &sled);
+}
+
+fn each_store(f: impl Fn(&str, &dyn Store)) {
+    each_store_with(StoreOptions::default(), f);
+}
+
+fn open(dir: &Path) -> SledStore {
+    SledStore::open(dir, StoreOptions::default()).expect("open sled store")
+}
+
+// ---- both backends -----------------------------------------------------------------------
+
+#[test]
+fn record_message_dedupes_by_session_and_id() {
+    each_store(|name, store| {
+        assert!(store.record_message(A, &msg("1")).unwrap(), "{name}");
+        let mut again = msg("1");
+        again.text = "edited".to_owned();
+        assert!(!store.record_message(A, &again).unwrap(), "{name}");
+        // Nothing changed: the first version stays, and there is one message.
+        assert_eq!(store.get_message(A, "1").unwrap(), Some(msg("1")), "{name}");
+        assert_eq!(
+            store.recent_messages(A, 10).unwrap(),
+            vec![msg("1")],
+            "{name}"
+        );
+        // The same id in another session is another message.
+        assert!(store.record_message(B, &msg("1")).unwrap(), "{name}");
+    });
+}
+
+/// The log of a session keeps the newest `max_messages_per_chat`. A dropped message is gone
+/// from the log *and* the dedupe index: `get_message` no longer finds it, and recording it
+/// again succeeds (it is appended as the newest). The dedupe window is thus the bound.
+#[test]
+fn the_log_is_bounded_per_chat_and_drops_the_oldest() {
+    let options = StoreOptions {
+        max_messages_per_chat: 3,
+        ..StoreOptions::default()
+    };
+    each_store_with(options, |name, store| {
+        for id in ["1", "2", "3", "4", "5"] {
+            assert!(store.record_message(A, &msg(id)).unwrap(), "{name}");
+        }
+        store.record_message(B, &msg("b1")).unwrap();
+        let recent = store.recent_messages(A, 10).unwrap();
+        assert_eq!(ids(&recent), ["3", "4", "5"], "{name}");
+        assert_eq!(store.get_message(A, "1").unwrap(), None, "{name}");
+        assert_eq!(store.get_message(A, "2").unwrap(), None, "{name}");
+        assert_eq!(store.get_message(A, "3").unwrap(), Some(msg("3")), "{name}");
+        // Still-kept ids are deduped; a dropped one is accepted again, as the newest.
+        assert!(!store.record_message(A, &msg("4")).unwrap(), "{name}");
+        assert!(store.record_message(A, &msg("1")).unwrap(), "{name}");
+        let recent = store.recent_messages(A, 10).unwrap();
+        assert_eq!(ids(&recent), ["4", "5", "1"], "{name}");
+        // The bound is per chat: B is untouched.
+        assert_eq!(
+            ids(&store.recent_messages(B, 10).unwrap()),
+            ["b1"],
+            "{name}"
+        );
+    });
+}
+
+#[test]
+fn recent_messages_are_the_last_ones_oldest_first() {
+    each_store(|name, store| {
+        assert!(store.recent_messages(A, 5).unwrap().is_empty(), "{name}");
+        for i in 0..12 {
+            store.record_message(A, &msg(&format!("m{i}"))).unwrap();
+        }
+        let recent = store.recent_messages(A, 3).unwrap();
+        assert_eq!(ids(&recent), ["m9", "m10", "m11"], "{name}");
+        assert_eq!(store.recent_messages(A, 100).unwrap().len(), 12, "{name}");
+        assert!(store.recent_messages(A, 0).unwrap().is_empty(), "{name}");
+        let all = store.recent_messages(A, 12).unwrap();
+        assert_eq!(all.first().map(|m| m.message_id.as_str()), Some("m0"));
+    });
+}
+
+#[test]
+fn sessions_are_isolated() {
+    each_store(|name, store| {
+        // "telegram:-100" is a prefix of "telegram:-1000": keys must not bleed.
+        let a2 = "telegram:-1000";
+        store.record_message(A, &msg("1")).unwrap();
+        store.record_message(a2, &msg("2")).unwrap();
+        store.record_message(B, &msg("3")).unwrap();
+        assert_eq!(ids(&store.recent_messages(A, 10).unwrap()), ["1"], "{name}");
+        assert_eq!(
+            ids(&store.recent_messages(a2, 10).unwrap()),
+            ["2"],
+            "{name}"
+        );
+        assert_eq!(store.get_message(A, "3").unwrap(), None, "{name}");
+        assert_eq!(store.get_message(B, "3").unwrap(), Some(msg("3")), "{name}");
+
+        store.save_history(A, &[Message::user("a")]).unwrap();
+        assert!(store.load_history(B).unwrap().is_empty(), "{name}");
+        assert!(store.load_history(a2).unwrap().is_empty(), "{name}");
+    });
+}
+
+#[test]
+fn session_keys_with_nul_are_refused() {
+    each_store(|name, store| {
+        let err = store.record_message("a\0b", &msg("1")).unwrap_err();
+        assert!(matches!(err, StoreError::Io(_)), "{name}: {err}");
+    });
+}
+
+#[test]
+fn history_roundtrips_every_message_shape() {
+    each_store(|name, store| {
+        assert!(store.load_history(A).unwrap().is_empty(), "{name}");
+        store.save_history(A, &rich_history()).unwrap();
+        assert_eq!(store.load_history(A).unwrap(), rich_history(), "{name}");
+        // Replaced, not appended (trimming, /reset).
+        store.save_history(A, &[Message::user("fresh")]).unwrap();
+        assert_eq!(
+            store.load_history(A).unwrap(),
+            vec![Message::user("fresh")],
+            "{name}"
+        );
+        store.save_history(A, &[]).unwrap();
+        assert!(store.load_history(A).unwrap().is_empty(), "{name}");
+    });
+}
+
+#[test]
+fn pending_ids_increase_and_pending_is_in_arrival_order_across_sessions() {
+    each_store(|name, store| {
+        let first = store.add_pending(pending_item(A, "one")).unwrap();
+        let second = store.add_pending(pending_item(B, "two")).unwrap();
+        let third = store.add_pending(pending_item(A, "three")).unwrap();
+        assert!(first < second && second < third, "{name}");
+        let pending = store.pending().unwrap();
+        let got: Vec<(u64, &str, &str)> = pending
+            .iter()
+            .map(|p| (p.id, p.session.as_str(), p.text.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (first, A, "alice: one"),
+                (second, B, "alice: two"),
+                (third, A, "alice: three")
+            ],
+            "{name}"
+        );
+        // Everything else roundtrips; the id is the store's.
+        let mut expected = pending_item(B, "two");
+        expected.id = second;
+        assert_eq!(pending[1], expected, "{name}");
+
+        store.remove_pending(&[first, third, 999_999]).unwrap();
+        let left: Vec<u64> = store.pending().unwrap().iter().map(|p| p.id).collect();
+        assert_eq!(left, [second], "{name}");
+    });
+}
+
+#[test]
+fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
+    each_store(|name, store| {
+        let p1 = store.add_pending(pending_item(A, "one")).unwrap();
+        let p2 = store.add_pending(pending_item(A, "two")).unwrap();
+        let other = store.add_pending(pending_item(B, "other")).unwrap();
+
+        let outbox_id = store
+            .commit_turn(TurnCommit {
+                session: A.to_owned(),
+                history: rich_history(),
+                answered: vec![p1, p2],
+                reply: Some(reply(A, "done")),
+            })
+            .unwrap()
+            .expect("a reply was given");
+
+        assert_eq!(store.load_history(A).unwrap(), rich_history(), "{name}");
+        let left: Vec<u64> = store.pending().unwrap().iter().map(|p| p.id).collect();
+        assert_eq!(left, [other], "{name}");
+        let mut expected = reply(A, "done");
+        expected.id = outbox_id;
+        assert_eq!(store.unsent_outbox().unwrap(), vec![expected], "{name}");
+        // Reply ids come from the same increasing sequence as pending ids.
+        assert!(outbox_id > other, "{name}");
+
+        // A turn without a reply still writes history and removes what it answered.
+        let none = store
+            .commit_turn(TurnCommit {
+                session: B.to_owned(),
+                history: vec![Message::user("alice: other")],
+                answered: vec![other],
+                reply: None,
+            })
+            .unwrap();
+        assert_eq!(none, None, "{name}");
+        assert!(store.pending().unwrap().is_empty(), "{name}");
+        assert_eq!(store.unsent_outbox().unwrap().len(), 1, "{name}");
+        assert_eq!(store.load_history(B).unwrap().len(), 1, "{name}");
+    });
+}
+
+#[test]
+fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
+    each_store(|name, store| {
+        let mut ids = Vec::new();
+        for (session, text) in [(A, "r1"), (B, "r2"), (A, "r3")] {
+            let id = store
+                .commit_turn(TurnCommit {
+                    session: session.to_owned(),
+                    history: Vec::new(),
+                    answered: Vec::new(),
+                    reply: Some(reply(session, text)),
+                })
+                .unwrap()
+                .expect("queued");
+            ids.push(id);
+        }
+        let texts = |store: &dyn Store| -> Vec<String> {
+            store
+                .unsent_outbox()
+                .unwrap()
+                .into_iter()
+                .map(|e| e.text)
+                .collect()
+        };
+        assert_eq!(texts(store), ["r1", "r2", "r3"], "{name}");
+        store.mark_sent(ids[1], &["555".to_owned()]).unwrap();
+        assert_eq!(texts(store), ["r1", "r3"], "{name}");
+        // Marking again, or an unknown id, is harmless.
+        store.mark_sent(ids[1], &[]).unwrap();
+        store.mark_sent(987_654, &[]).unwrap();
+        store
+            .mark_sent(ids[0], &["556".to_owned(), "557".to_owned()])
+            .unwrap();
+        store.mark_sent(ids[2], &[]).unwrap();
+        assert!(texts(store).is_empty(), "{name}");
+    });
+}
+
+#[test]
+fn meta_get_set() {
+    each_store(|name, store| {
+        assert_eq!(store.get_meta("telegram.offset").unwrap(), None, "{name}");
+        store.set_meta("telegram.offset", "41").unwrap();
+        store.set_meta("telegram.offset", "42").unwrap();
+        store.set_meta("other", "").unwrap();
+        assert_eq!(
+            store.get_meta("telegram.offset").unwrap().as_deref(),
+            Some("42"),
+            "{name}"
+        );
+        assert_eq!(store.get_meta("other").unwrap().as_deref(), Some(""));
+        store.flush().unwrap();
+    });
+}
+
+#[test]
+fn concurrent_recording_in_different_sessions() {
+    let options = StoreOptions {
+        max_messages_per_chat: 50,
+        ..StoreOptions::default()
+    };
+    each_store_with(options, |name, store| {
+        std::thread::scope(|scope| {
+            for t in 0..8 {
+                scope.spawn(move || {
+                    let session = format!("console:t{t}");
+                    for i in 0..100 {
+                        let m = msg(&format!("{i}"));
+                        assert!(store.record_message(&session, &m).unwrap());
+                        // A duplicate right away is refused.
+                        assert!(!store.record_message(&session, &m).unwrap());
+                    }
+                });
+            }
+        });
+        for t in 0..8 {
+            let session = format!("console:t{t}");
+            let recent = store.recent_messages(&session, 1000).unwrap();
+            let expected: Vec<String> = (50..100).map(|i| i.to_string()).collect();
+            assert_eq!(ids(&recent), expected, "{name} {session}");
+            assert_eq!(store.get_message(&session, "49").unwrap(), None, "{name}");
+        }
+    });
+}
+
+// ---- sled only ---------------------------------------------------------------------------
+
+#[test]
+fn sled_state_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p1, p2, outbox_id) = {
+        let store = open(dir.path());
+        store.record_message(A, &msg("1")).unwrap();
+        store.record_message(A, &msg("2")).unwrap();
+        let p1 = store.add_pending(pending_item(A, "one")).unwrap();
+        let p2 = store.add_pending(pending_item(B, "two")).unwrap();
+        let outbox_id = store
+            .commit_turn(TurnCommit {
+                session: A.to_owned(),
+                history: rich_history(),
+                answered: vec![p1],
+                reply: Some(reply(A, "hello")),
+            })
+            .unwrap()
+            .unwrap();
+        store.set_meta("telegram.offset", "7").unwrap();
+        store.flush().unwrap();
+        (p1, p2, outbox_id)
+    };
+
+    let store = open(dir.path());
+    // Dedupe index and log.
+    assert!(!store.record_message(A, &msg("1")).unwrap());
+    assert!(store.record_message(A, &msg("3")).unwrap());
+    assert_eq!(ids(&store.recent_messages(A, 10).unwrap()), ["1", "2", "3"]);
+    // Pending: the answered one is gone, the other is there to resume.
+    let pending = store.pending().unwrap();
+    assert_eq!(pending.iter().map(|p| p.id).collect::<Vec<_>>(), [p2]);
+    // Unsent outbox, history and meta.
+    let unsent = store.unsent_outbox().unwrap();
+    assert_eq!(unsent.len(), 1);
+    assert_eq!(
+        (unsent[0].id, unsent[0].text.as_str()),
+        (outbox_id, "hello")
+    );
+    assert_eq!(store.load_history(A).unwrap(), rich_history());
+    assert_eq!(
+        store.get_meta("telegram.offset").unwrap().as_deref(),
+        Some("7")
+    );
+    // Ids keep increasing across the restart.
+    let p3 = store.add_pending(pending_item(A, "three")).unwrap();
+    assert!(p3 > p2 && p3 > outbox_id && p2 > p1);
+}
+
+#[test]
+fn sled_drop_without_flush_still_persists() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        store.add_pending(pending_item(A, "one")).unwrap();
+    }
+    assert_eq!(open(dir.path()).pending().unwrap().len(), 1);
+}
+
+#[test]
+fn sled_a_lower_bound_after_restart_trims_on_the_next_record() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        for i in 0..10 {
+            store.record_message(A, &msg(&format!("m{i}"))).unwrap();
+        }
+    }
+    let options = StoreOptions {
+        max_messages_per_chat: 4,
+        ..StoreOptions::default()
+    };
+    let store = SledStore::open(dir.path(), options).unwrap();
+    assert!(store.record_message(A, &msg("m10")).unwrap());
+    let recent = store.recent_messages(A, 100).unwrap();
+    assert_eq!(ids(&recent), ["m7", "m8", "m9", "m10"]);
+    assert!(
+        store.record_message(A, &msg("m0")).unwrap(),
+        "m0 was dropped"
+    );
+}
+
+#[test]
+fn sled_second_open_of_the_same_dir_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = open(dir.path());
+    let impatient = StoreOptions {
+        lock_timeout: Duration::from_millis(100),
+        ..StoreOptions::default()
+    };
+    let start = Instant::now();
+    let err = SledStore::open(dir.path(), impatient).unwrap_err();
+    assert!(
+        start.elapsed() >= Duration::from_millis(100),
+        "retried first"
+    );
+    match &err {
+        StoreError::Locked(path) => assert_eq!(path, &dir.path().display().to_string()),
+        other => panic!("expected Locked, got {other:?}"),
+    }
+    assert!(err.to_string().contains("in use by another parlor process"));
+}
+
+/// sled lets go of its file lock a moment after the last handle is dropped; `open` waits
+/// for it (up to `lock_timeout`), so a restart in the same process works.
+#[test]
+fn sled_open_waits_for_a_lock_being_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open(dir.path());
+    first.set_meta("k", "v").unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(first);
+    });
+    let second = open(dir.path());
+    assert_eq!(second.get_meta("k").unwrap().as_deref(), Some("v"));
+    holder.join().unwrap();
+}
+
+/// Opens the database with sled itself, waiting (like `SledStore::open`) for a lock that a
+/// just-dropped handle has not released yet.
+fn raw_open(dir: &Path) -> sled::Db {
+    let start = Instant::now();
+    loop {
+        match sled::open(dir) {
+            Ok(db) => return db,
+            Err(_) if start.elapsed() < Duration::from_secs(2) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("cannot open {}: {e}", dir.display()),
+        }
+    }
+}
+
+/// Writes raw `(tree, key, value)`s with sled itself, as an older or newer parlor might.
+fn write_raw(dir: &Path, entries: &[(&str, &[u8], &[u8])]) {
+    let db = raw_open(dir);
+    for (tree, key, value) in entries {
+        db.open_tree(tree).unwrap().insert(key, *value).unwrap();
+    }
+    db.flush().unwrap();
+}
+
+#[test]
+fn sled_unknown_version_is_corrupt_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    write_raw(
+        dir.path(),
+        &[
+            ("history", A.as_bytes(), br#"{"v":2,"messages":[]}"#),
+            (
+                "pending",
+                &7u64.to_be_bytes(),
+                br#"{"v":99,"whatever":true}"#,
+            ),
+            ("meta", b"k", br#"{"value":"no version"}"#),
+            ("outbox", &3u64.to_be_bytes(), b"not json"),
+        ],
+    );
+    let store = open(dir.path());
+
+    let err = store.load_history(A).unwrap_err();
+    match &err {
+        StoreError::Corrupt { key, reason } => {
+            assert_eq!(key, &format!("history[{A}]"));
+            assert!(reason.contains("unknown schema version 2"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let err = store.pending().unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Corrupt { key, reason }
+            if key == "pending[7]" && reason.contains("version 99")),
+        "{err:?}"
+    );
+    let err = store.get_meta("k").unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Corrupt { key, reason }
+            if key == "meta[k]" && reason.contains("no schema version")),
+        "{err:?}"
+    );
+    let err = store.unsent_outbox().unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Corrupt { key, reason }
+            if key == "outbox[3]" && reason.contains("invalid JSON")),
+        "{err:?}"
+    );
+    // Other keys are unaffected.
+    assert!(store.load_history(B).unwrap().is_empty());
+}
+
+#[test]
+fn sled_values_are_versioned_json() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        store.record_message(A, &msg("1")).unwrap();
+        store.save_history(A, &[Message::user("hi")]).unwrap();
+    }
+    let db = raw_open(dir.path());
+    let history = db.open_tree("history").unwrap().get(A).unwrap().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&history).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"v": 1, "messages": [{"role": "user", "content": "hi"}]})
+    );
+    let messages = db.open_tree("messages").unwrap();
+    let (key, value) = messages.iter().next().unwrap().unwrap();
+    let mut expected_key = format!("{A}\0").into_bytes();
+    expected_key.extend_from_slice(&0u64.to_be_bytes());
+    assert_eq!(key.as_ref(), expected_key.as_slice());
+    let json: serde_json::Value = serde_json::from_slice(&value).unwrap();
+    assert_eq!(json["v"], 1);
+    assert_eq!(json["message_id"], "1");
+}

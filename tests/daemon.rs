@@ -1,0 +1,385 @@
+//! End-to-end tests of `parlor run`: the real binary against a fake Telegram Bot API and a
+//! fake LLM, both in this process on 127.0.0.1. They kill the daemon with SIGKILL and SIGTERM
+//! and inspect its store afterwards.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use parlor_bot::store::{SledStore, Store, StoreOptions};
+use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::Child;
+
+const TOKEN: &str = "123456:TEST-token";
+const GROUP: i64 = -100_123;
+const WAIT: Duration = Duration::from_secs(30);
+
+fn alice() -> TgUser {
+    TgUser::new(1001, "Alice").username("alice")
+}
+
+fn bob() -> TgUser {
+    TgUser::new(1002, "Bob").username("bob")
+}
+
+/// A running daemon and what it wrote to stderr.
+struct Daemon {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// SIGKILL: no cleanup at all.
+    async fn kill9(mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    async fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        let pid = self.child.id().unwrap();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("the daemon did not stop after SIGTERM")
+            .unwrap();
+        // Let the stderr reader catch the last lines.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (exit, self.log())
+    }
+}
+
+fn config(dir: &Path, telegram: &FakeTelegram, extra: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        r#"
+[bot]
+data_dir = "{data}"
+shutdown_grace_secs = 2
+{extra}
+[llm]
+max_retries = 0
+[telegram]
+api_url = "{api}"
+poll_timeout_secs = 1
+"#,
+        data = dir.join("data").display(),
+        api = telegram.api_url(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon {
+    let calls_before = telegram.calls("getUpdates");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
+        .arg("--config")
+        .arg(config)
+        .arg("run")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("TELEGRAM_BOT_TOKEN", TOKEN)
+        .env("OPENAI_BASE_URL", llm.base_url())
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("PARLOR_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let sink = Arc::clone(&log);
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut log = sink.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    // Ready once it polls.
+    telegram
+        .wait_for_calls("getUpdates", calls_before + 1, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("the daemon never polled: {e}\n{}", log.lock().unwrap()));
+    Daemon { child, log }
+}
+
+fn echo(llm: &FakeLlm) {
+    llm.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        Reply::text(format!("echo <{}>", last.replace('\n', " | ")))
+    });
+}
+
+fn open_store(dir: &Path) -> SledStore {
+    SledStore::open(&dir.join("data").join("db"), StoreOptions::default()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mention_gets_a_threaded_reply_and_chatter_is_only_recorded() {
+    let llm = FakeLlm::start().await;
+    echo(&llm);
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+
+    telegram
+        .group_message(GROUP, bob(), "lovely weather today")
+        .push();
+    let mention = telegram
+        .group_message(GROUP, alice(), "@parlor_bot what did bob say?")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].chat_id, GROUP);
+    assert_eq!(sent[0].reply_to_message_id, Some(mention));
+    assert_eq!(sent[0].text, "echo <Alice: @parlor_bot what did bob say?>");
+    assert_eq!(llm.request_count(), 1, "bob's message started no turn");
+    assert!(
+        telegram.chat_actions().iter().any(|a| a.chat_id == GROUP),
+        "typing was shown"
+    );
+
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+    assert!(log.contains("shutting down"), "{log}");
+    let store = open_store(dir.path());
+    let key = format!("telegram:{GROUP}");
+    let texts: Vec<String> = store
+        .recent_messages(&key, 10)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.text)
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "lovely weather today",
+            "@parlor_bot what did bob say?",
+            "echo <Alice: @parlor_bot what did bob say?>"
+        ]
+    );
+    assert!(store.pending().unwrap().is_empty());
+    assert!(store.unsent_outbox().unwrap().is_empty());
+    assert!(
+        !log.contains(TOKEN) && !log.contains("sk-test"),
+        "a secret leaked: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_during_a_slow_turn_becomes_at_most_two_more_turns() {
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::text("first answer").delay(Duration::from_secs(2)));
+    echo(&llm);
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot start")
+        .mention_bot()
+        .push();
+    llm.wait_for_requests(1, WAIT).await.unwrap();
+    for i in 0..20 {
+        let user = TgUser::new(2000 + i, format!("Member{i}"));
+        telegram
+            .group_message(GROUP, user, format!("@parlor_bot question {i}"))
+            .mention_bot()
+            .push();
+    }
+    telegram.wait_for_sent(2, WAIT).await.unwrap();
+    // Let any further turn finish.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let requests = llm.requests();
+    assert!(
+        requests.len() <= 3,
+        "{} turns for 21 messages",
+        requests.len()
+    );
+    let later: String = requests[1..]
+        .iter()
+        .filter_map(|r| r.last_user_text())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for i in 0..20 {
+        assert!(
+            later.contains(&format!("Member{i}: @parlor_bot question {i}")),
+            "Member{i} is missing from {later}"
+        );
+    }
+    assert_eq!(telegram.sent_messages().len(), requests.len());
+    daemon.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_and_reset_work_from_the_group() {
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::text("never sent").delay(Duration::from_secs(20)));
+    echo(&llm);
+    let telegram = FakeTelegram::start(TOKEN).await;
+    telegram.group_chat(GROUP, "Hikers");
+    telegram.set_admins(GROUP, vec![1001]);
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot write me an essay")
+        .mention_bot()
+        .push();
+    llm.wait_for_requests(1, WAIT).await.unwrap();
+    telegram
+        .group_message(GROUP, bob(), "/stop")
+        .command("/stop")
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "Stopped.");
+
+    telegram
+        .group_message(GROUP, bob(), "/reset@parlor_bot")
+        .command("/reset@parlor_bot")
+        .push();
+    let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
+    assert_eq!(sent[1].text, "Only an admin can reset this chat.");
+    telegram
+        .group_message(GROUP, alice(), "/reset")
+        .command("/reset")
+        .push();
+    let sent = telegram.wait_for_sent(3, WAIT).await.unwrap();
+    assert!(sent[2].text.starts_with("Done"), "{}", sent[2].text);
+    // A command for another bot is not ours.
+    telegram
+        .group_message(GROUP, alice(), "/reset@other_bot")
+        .command("/reset@other_bot")
+        .push();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(telegram.sent_messages().len(), 3);
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+    assert!(
+        open_store(dir.path())
+            .load_history(&format!("telegram:{GROUP}"))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_a_pending_mention_is_answered_once() {
+    let llm = FakeLlm::start().await;
+    // The first daemon dies while the model is still thinking.
+    llm.push(Reply::text("too late").delay(Duration::from_secs(30)));
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &telegram, "");
+    let first = start(&config, &llm, &telegram).await;
+    telegram.private_message(alice(), "first question").push();
+    llm.wait_for_requests(1, WAIT).await.unwrap();
+    first.kill9().await;
+    assert!(telegram.sent_messages().is_empty());
+
+    let llm2 = FakeLlm::start().await;
+    echo(&llm2);
+    let second = start(&config, &llm2, &telegram).await;
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "echo <Alice: first question>");
+    // Nothing more: no second answer to the same question after another hard restart.
+    // (The kill waits a moment: between Telegram accepting a reply and the outbox marking
+    // it sent there is one HTTP round trip in which a kill -9 makes the reply go out again
+    // after the restart — the Bot API has no idempotency key to close that window.)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    second.kill9().await;
+    let third = start(&config, &llm2, &telegram).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(telegram.sent_messages().len(), 1, "answered twice");
+    assert_eq!(llm2.request_count(), 1, "the turn ran twice");
+    let (status, log) = third.terminate().await;
+    assert!(status.success(), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_a_running_turn_into_pending_and_the_restart_answers_it() {
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::text("slow").delay(Duration::from_secs(30)));
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &telegram, "");
+    let first = start(&config, &llm, &telegram).await;
+    telegram.private_message(bob(), "are you there?").push();
+    llm.wait_for_requests(1, WAIT).await.unwrap();
+    let (status, log) = first.terminate().await;
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("cancelling"),
+        "the grace period ran out: {log}"
+    );
+    assert_eq!(open_store(dir.path()).pending().unwrap().len(), 1);
+
+    let llm2 = FakeLlm::start().await;
+    echo(&llm2);
+    let second = start(&config, &llm2, &telegram).await;
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "echo <Bob: are you there?>");
+    second.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_and_rate_limits_from_telegram_are_survived_and_reported() {
+    let llm = FakeLlm::start().await;
+    echo(&llm);
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+    telegram.fail_next("getUpdates", parlor_testkit::Failure::Conflict);
+    telegram.fail_next("sendMessage", parlor_testkit::Failure::RetryAfter(1));
+    telegram.private_message(alice(), "hello").push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "echo <Alice: hello>");
+    let (_, log) = daemon.terminate().await;
+    assert!(log.contains("another process is polling"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_or_no_platform_is_a_clear_error() {
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start("999:OTHER").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &telegram, "");
+    let run = |token: Option<&str>| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
+        cmd.arg("--config").arg(&config).arg("run").env_clear();
+        cmd.env("OPENAI_BASE_URL", llm.base_url());
+        if let Some(token) = token {
+            cmd.env("TELEGRAM_BOT_TOKEN", token);
+        }
+        cmd
+    };
+    let out = tokio::time::timeout(WAIT, run(Some(TOKEN)).output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("token"), "{err}");
+    assert!(!err.contains(TOKEN), "the token leaked: {err}");
+
+    let out = tokio::time::timeout(WAIT, run(None).output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("TELEGRAM_BOT_TOKEN") && err.contains("parlor chat"),
+        "{err}"
+    );
+}
