@@ -76,6 +76,7 @@ fn cx() -> ToolContext {
         },
         cancel: CancellationToken::new(),
         appender: MessageAppender::default(),
+        ..ToolContext::default()
     }
 }
 

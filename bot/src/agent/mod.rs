@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::{
     ChatRequest, Content, ContentPart, LlmBackend, LlmError, Message, ToolCall, ToolChoice, Usage,
 };
+use crate::platform::{ChatRef, Platform};
 use crate::tool::{Caller, MessageAppender, ToolContext, ToolRegistry, ToolResult, codes};
 
 pub use events::{AgentEvent, AgentObserver, TracingObserver};
@@ -57,8 +58,8 @@ impl Default for AgentConfig {
     }
 }
 
-/// What starts a turn: the input and who gave it.
-#[derive(Debug, Clone)]
+/// What starts a turn: the input, who gave it, and where.
+#[derive(Clone)]
 pub struct TurnInput {
     /// Session key (`telegram:-100123`, `console:local`).
     pub session: String,
@@ -66,15 +67,32 @@ pub struct TurnInput {
     pub caller: Caller,
     /// The user's text, or text and images.
     pub content: Content,
+    /// The chat the turn runs in, handed to tools; `None` outside a chat.
+    pub chat: Option<ChatRef>,
+    /// The chat's platform, handed to tools; `None` outside a chat.
+    pub platform: Option<Arc<dyn Platform>>,
+}
+
+impl std::fmt::Debug for TurnInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TurnInput")
+            .field("session", &self.session)
+            .field("caller", &self.caller)
+            .field("content", &self.content)
+            .field("chat", &self.chat)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TurnInput {
-    /// A plain-text input.
+    /// A plain-text input outside any chat.
     pub fn text(session: impl Into<String>, caller: Caller, text: impl Into<String>) -> Self {
         TurnInput {
             session: session.into(),
             caller,
             content: Content::Text(text.into()),
+            chat: None,
+            platform: None,
         }
     }
 }
@@ -323,6 +341,8 @@ impl Agent {
             caller: input.caller.clone(),
             cancel: call_cancel.clone(),
             appender: appender.clone(),
+            chat: input.chat.clone(),
+            platform: input.platform.clone(),
         };
         self.observer.on_event(&AgentEvent::ToolStarted {
             session: &input.session,

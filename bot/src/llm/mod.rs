@@ -7,6 +7,7 @@
 //!   framing, timeouts and retries.
 
 pub mod openai;
+pub mod retry;
 pub mod stream;
 pub mod wire;
 
@@ -16,7 +17,8 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 pub use openai::{OpenAiClient, OpenAiConfig, RetryPolicy};
-pub use stream::StreamAssembler;
+pub use retry::Retrying;
+pub use stream::{StreamAssembler, assemble};
 pub use wire::{
     ChatRequest, Completion, Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message,
     ToolCall, ToolChoice, ToolDef, Usage,

@@ -1,13 +1,408 @@
-//! The OpenAI-compatible streaming client. (Being written; see the llm helper.)
+//! The OpenAI-compatible streaming client: one POST to `{base_url}/chat/completions` per
+//! [`LlmBackend::stream`] call, read as server-sent events and assembled by
+//! [`assemble`].
+//!
+//! The client makes exactly one attempt; retrying is the job of the [`Retrying`] decorator,
+//! which [`OpenAiClient::with_retries`] puts around it.
 
-/// Retry settings.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {}
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
-/// Client settings.
-#[derive(Debug, Clone)]
-pub struct OpenAiConfig {}
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
 
-/// The client.
-#[derive(Debug, Clone)]
-pub struct OpenAiClient {}
+pub use super::retry::{RetryPolicy, Retrying};
+use super::stream::{MAX_STREAM_BYTES, StreamAssembler, assemble, error_message};
+use super::wire::{ChatRequest, Completion};
+use super::{LlmBackend, LlmError};
+
+/// How many characters of an error body are kept: enough for the provider's explanation,
+/// not a whole HTML error page.
+const ERROR_BODY_CHARS: usize = 2000;
+
+/// How many bytes of an error body are read at most before giving up on the rest.
+const ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// Where and how to reach an OpenAI-compatible server.
+#[derive(Clone)]
+pub struct OpenAiConfig {
+    /// API root including the version, e.g. `https://api.openai.com/v1`; a trailing slash is
+    /// ignored.
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer ...` when set (and not empty). Never logged.
+    pub api_key: Option<String>,
+    /// Limit for one whole attempt: connecting, waiting, and reading the entire stream.
+    pub request_timeout: Duration,
+    /// Limit for establishing the TCP/TLS connection.
+    pub connect_timeout: Duration,
+    /// Longest silence tolerated between two pieces of the response body.
+    pub idle_timeout: Duration,
+    /// Retries used by [`OpenAiClient::with_retries`].
+    pub retry: RetryPolicy,
+    /// Extra headers sent with every request (`api-key` for Azure, `HTTP-Referer` for
+    /// OpenRouter...). Values are treated as secrets: never logged.
+    pub extra_headers: Vec<(String, String)>,
+}
+
+impl Default for OpenAiConfig {
+    fn default() -> Self {
+        OpenAiConfig {
+            base_url: "https://api.openai.com/v1".to_owned(),
+            api_key: None,
+            request_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            retry: RetryPolicy::default(),
+            extra_headers: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let header_names: Vec<&str> = self.extra_headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("retry", &self.retry)
+            .field("extra_headers", &header_names)
+            .finish()
+    }
+}
+
+/// The reqwest implementation of [`LlmBackend`] for OpenAI-compatible servers. One attempt
+/// per call; wrap it in [`Retrying`] (see [`OpenAiClient::with_retries`]) for retries.
+#[derive(Clone)]
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    // Shared with every body stream in flight, which needs it to describe errors.
+    config: Arc<OpenAiConfig>,
+    url: String,
+}
+
+impl fmt::Debug for OpenAiClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiClient")
+            .field("url", &self.url)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenAiClient {
+    /// Builds the HTTP client for `config`.
+    ///
+    /// # Errors
+    /// [`LlmError::Connect`] when an extra header or the API key cannot be sent as an HTTP
+    /// header, or the TLS backend cannot be set up.
+    pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in &config.extra_headers {
+            let header_name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| LlmError::Connect(format!("invalid extra header name {name:?}")))?;
+            let mut header_value = HeaderValue::from_str(value).map_err(|_| {
+                LlmError::Connect(format!("the value of extra header {name:?} is not valid"))
+            })?;
+            header_value.set_sensitive(true);
+            headers.insert(header_name, header_value);
+        }
+        if let Some(key) = config.api_key.as_deref().filter(|k| !k.is_empty()) {
+            let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                LlmError::Connect("the API key contains characters not allowed in a header".into())
+            })?;
+            value.set_sensitive(true);
+            headers.insert(header::AUTHORIZATION, value);
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .default_headers(headers)
+            .user_agent(concat!("parlor/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| LlmError::Connect(format!("cannot build the HTTP client: {e}")))?;
+        let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        Ok(OpenAiClient {
+            http,
+            config: Arc::new(config),
+            url,
+        })
+    }
+
+    /// The client wrapped in [`Retrying`] with `config.retry` — what the daemon uses.
+    ///
+    /// # Errors
+    /// As [`OpenAiClient::new`].
+    pub fn with_retries(config: OpenAiConfig) -> Result<Retrying<OpenAiClient>, LlmError> {
+        let policy = config.retry.clone();
+        Ok(Retrying::new(Self::new(config)?, policy))
+    }
+
+    /// The settings this client was built with.
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.config
+    }
+
+    /// The URL requests are POSTed to.
+    pub fn endpoint(&self) -> &str {
+        &self.url
+    }
+
+    /// Exactly the JSON body POSTed for `request`: its fields, plus `"stream": true` and
+    /// `"stream_options": {"include_usage": true}`. Without tools, `tools`, `tool_choice`
+    /// and `parallel_tool_calls` are left out (OpenAI answers 400 to `parallel_tool_calls`
+    /// without `tools`).
+    pub fn request_body(request: &ChatRequest) -> Value {
+        let mut body = match serde_json::to_value(request) {
+            Ok(Value::Object(map)) => map,
+            // Unreachable for these types (string keys only); an empty body is refused by
+            // the server with a clear 400 rather than crashing the daemon.
+            Ok(_) | Err(_) => {
+                tracing::error!("could not serialize the chat request");
+                Map::new()
+            }
+        };
+        if request.tools.is_empty() {
+            for key in ["tools", "tool_choice", "parallel_tool_calls"] {
+                body.remove(key);
+            }
+        }
+        // f32 -> JSON goes through f64 and would send 0.699999988079071 for 0.7.
+        if let Some(t) = request.temperature
+            && let Some(n) = t
+                .to_string()
+                .parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+        {
+            body.insert("temperature".to_owned(), Value::Number(n));
+        }
+        body.insert("stream".to_owned(), Value::Bool(true));
+        body.insert("stream_options".to_owned(), json!({"include_usage": true}));
+        Value::Object(body)
+    }
+
+    /// One attempt, without the overall timeout and cancellation (see `stream`).
+    async fn attempt(&self, request: &ChatRequest) -> Result<Completion, LlmError> {
+        let body = Self::request_body(request);
+        let response = self
+            .http
+            .post(&self.url)
+            .header(header::ACCEPT, "text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| transport_error(&self.config, e))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.status_error(response).await);
+        }
+        let is_json = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| {
+                ct.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("application/json")
+            });
+        let bytes = self.body_stream(response);
+        if is_json {
+            return self.json_completion(bytes).await;
+        }
+        Ok(assemble(bytes).await?.finish())
+    }
+
+    /// The response body, failing with [`LlmError::Timeout`] when it falls silent for
+    /// longer than `idle_timeout`.
+    fn body_stream(
+        &self,
+        response: reqwest::Response,
+    ) -> impl Stream<Item = Result<Bytes, LlmError>> + Send + use<> {
+        let idle = self.config.idle_timeout;
+        let config = Arc::clone(&self.config);
+        let inner = Box::pin(response.bytes_stream());
+        futures::stream::unfold(Some(inner), move |inner| {
+            let config = Arc::clone(&config);
+            async move {
+                let mut inner = inner?;
+                match tokio::time::timeout(idle, inner.next()).await {
+                    Err(_elapsed) => Some((Err(LlmError::Timeout(idle)), None)),
+                    Ok(None) => None,
+                    Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some(inner))),
+                    Ok(Some(Err(e))) => Some((Err(transport_error(&config, e)), None)),
+                }
+            }
+        })
+    }
+
+    /// A 200 with a JSON body: a server reporting an error without an HTTP status, or one
+    /// that ignored `stream: true` and sent a whole `chat.completion`.
+    async fn json_completion(
+        &self,
+        bytes: impl Stream<Item = Result<Bytes, LlmError>>,
+    ) -> Result<Completion, LlmError> {
+        let mut bytes = std::pin::pin!(bytes);
+        let mut body = Vec::new();
+        while let Some(piece) = bytes.next().await {
+            body.extend_from_slice(&piece?);
+            if body.len() > MAX_STREAM_BYTES {
+                return Err(LlmError::Malformed(format!(
+                    "the response exceeds {MAX_STREAM_BYTES} bytes"
+                )));
+            }
+        }
+        let text = String::from_utf8_lossy(&body);
+        match serde_json::from_str::<Value>(&text) {
+            Ok(value) => {
+                if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
+                    return Err(LlmError::Stream(redact(
+                        &self.config,
+                        &error_message(error),
+                    )));
+                }
+                let mut assembler = StreamAssembler::new();
+                assembler.push_data(&text)?;
+                if assembler.completions().is_empty() {
+                    return Err(LlmError::Malformed(
+                        "the JSON response holds no choices".to_owned(),
+                    ));
+                }
+                Ok(assembler.finish())
+            }
+            // Mislabelled server-sent events.
+            Err(_) if text.trim_start().starts_with("data:") => {
+                let once = futures::stream::iter([Ok::<_, LlmError>(Bytes::from(body))]);
+                Ok(assemble(once).await?.finish())
+            }
+            Err(e) => Err(LlmError::Malformed(format!(
+                "the JSON response cannot be read: {e}"
+            ))),
+        }
+    }
+
+    /// [`LlmError::Status`] for a non-success response, with a bounded, redacted body.
+    async fn status_error(&self, mut response: reqwest::Response) -> LlmError {
+        let status = response.status().as_u16();
+        let retry_after = retry_after(response.headers());
+        let mut body = Vec::new();
+        // A broken or slow error body still leaves the status, which is what matters.
+        while body.len() < ERROR_BODY_BYTES {
+            match tokio::time::timeout(self.config.idle_timeout, response.chunk()).await {
+                Ok(Ok(Some(piece))) => body.extend_from_slice(&piece),
+                _ => break,
+            }
+        }
+        let text = String::from_utf8_lossy(&body);
+        let text = match text.char_indices().nth(ERROR_BODY_CHARS) {
+            Some((cut, _)) => format!("{}… (truncated)", &text[..cut]),
+            None => text.into_owned(),
+        };
+        LlmError::Status {
+            status,
+            body: redact(&self.config, text.trim()),
+            retry_after,
+        }
+    }
+}
+
+#[async_trait]
+impl LlmBackend for OpenAiClient {
+    async fn stream(
+        &self,
+        request: &ChatRequest,
+        cancel: &CancellationToken,
+    ) -> Result<Completion, LlmError> {
+        if cancel.is_cancelled() {
+            return Err(LlmError::Cancelled);
+        }
+        let started = tokio::time::Instant::now();
+        let timeout = self.config.request_timeout;
+        let result = tokio::select! {
+            biased;
+            () = cancel.cancelled() => Err(LlmError::Cancelled),
+            r = tokio::time::timeout(timeout, self.attempt(request)) => {
+                r.unwrap_or(Err(LlmError::Timeout(timeout)))
+            }
+        };
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match &result {
+            Ok(c) => tracing::debug!(
+                model = %request.model,
+                elapsed_ms,
+                finish_reason = c.finish_reason.as_deref().unwrap_or(""),
+                tool_calls = c.tool_calls.len(),
+                prompt_tokens = c.usage.as_ref().map_or(0, |u| u.prompt_tokens),
+                completion_tokens = c.usage.as_ref().map_or(0, |u| u.completion_tokens),
+                "LLM completion"
+            ),
+            Err(e) => {
+                tracing::debug!(model = %request.model, elapsed_ms, error = %e, "LLM request failed")
+            }
+        }
+        result
+    }
+}
+
+/// The wait a server asked for: `retry-after-ms` (OpenAI, Azure), else `Retry-After` as
+/// seconds or as an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let seconds = |s: f64| Duration::try_from_secs_f64(s).ok();
+    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        return seconds(ms / 1000.0);
+    }
+    let value = get("retry-after")?;
+    if let Ok(secs) = value.parse::<f64>() {
+        return seconds(secs);
+    }
+    let date = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    let wait = date.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    Some(wait.to_std().unwrap_or(Duration::ZERO))
+}
+
+/// Maps a reqwest failure to [`LlmError::Timeout`] or [`LlmError::Connect`], with the
+/// whole cause chain (reqwest's own message is often just "error sending request").
+fn transport_error(config: &OpenAiConfig, error: reqwest::Error) -> LlmError {
+    let error = error.without_url();
+    if error.is_timeout() {
+        return LlmError::Timeout(if error.is_connect() {
+            config.connect_timeout
+        } else {
+            config.request_timeout
+        });
+    }
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    LlmError::Connect(redact(config, &message))
+}
+
+/// Servers sometimes quote the key they refused; it must not reach the log.
+fn redact(config: &OpenAiConfig, text: &str) -> String {
+    let mut text = text.to_owned();
+    let secrets = config
+        .api_key
+        .iter()
+        .map(String::as_str)
+        .chain(config.extra_headers.iter().map(|(_, v)| v.as_str()));
+    for secret in secrets.filter(|s| s.len() >= 8) {
+        text = text.replace(secret, "[redacted]");
+    }
+    text
+}

@@ -1,6 +1,474 @@
-//! Assembles streamed chat-completion chunks into a [`Completion`](super::Completion).
-//! (Being written; see the llm helper.)
+//! Assembles streamed chat-completion chunks into a [`Completion`].
+//!
+//! Providers that claim OpenAI compatibility disagree in the details, so the assembler is
+//! deliberately lenient about shape and strict only where leniency would corrupt the result:
+//!
+//! - tool-call deltas are keyed by their `index`, which need not start at 0 (Anthropic's
+//!   compatibility layer starts at 1); a delta without `index` continues the call with the
+//!   same id, or the last call when it carries no id;
+//! - names and arguments are appended, the first non-empty id is kept (Alibaba and Mistral
+//!   repeat `"id":""` / `"name":""` in later deltas);
+//! - `choices` may be empty or absent (usage-only chunks, Azure's filter-results chunk);
+//! - `reasoning_content` (DeepSeek, xAI, Moonshot) or `reasoning` (OpenRouter, vLLM) is kept
+//!   apart from the visible text;
+//! - unknown fields are ignored, `null` is the same as absent, the last `usage` seen wins
+//!   (Perplexity repeats a growing usage in every chunk);
+//! - `{"error": ...}` is an error, never text; data that is not JSON is [`LlmError::Malformed`].
+//!
+//! SSE framing is left to `eventsource-stream`; [`assemble`] only feeds it one line at a time.
 
-/// Accumulates chunks of one streamed completion.
-#[derive(Debug, Default)]
-pub struct StreamAssembler {}
+use std::collections::{BTreeMap, VecDeque};
+use std::pin::Pin;
+
+use bytes::Bytes;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::LlmError;
+use super::wire::{Completion, ToolCall, Usage};
+
+/// Upper bound on the bytes one response may carry. A completion is at most a few hundred
+/// kilobytes; anything far beyond is a misbehaving server, not an answer worth buffering.
+pub const MAX_STREAM_BYTES: usize = 32 * 1024 * 1024;
+
+/// How much of offending data an error message quotes: enough to recognise it in the log,
+/// not enough to flood it.
+const PREVIEW_CHARS: usize = 200;
+
+/// Accumulates the chunks of one streamed completion, every choice separately.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StreamAssembler {
+    choices: BTreeMap<u32, ChoiceState>,
+    usage: Option<Usage>,
+    chunks: usize,
+    done: bool,
+}
+
+/// What has arrived so far for one choice.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct ChoiceState {
+    content: String,
+    reasoning: String,
+    tool_calls: BTreeMap<u32, PartialCall>,
+    finish_reason: Option<String>,
+}
+
+/// A tool call whose name and arguments may still be growing.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+// The raw chunk is read into typed structs rather than a `Value` tree: unknown fields are
+// skipped without allocating, which matters for long streams. Fields whose type providers do
+// not agree on stay `Value` and are interpreted leniently below.
+
+#[derive(Deserialize)]
+struct RawChunk {
+    #[serde(default)]
+    choices: Option<Vec<RawChoice>>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct RawChoice {
+    #[serde(default)]
+    index: Option<u32>,
+    // A non-streaming `chat.completion` carries `message` where a chunk carries `delta`; the
+    // alias lets a server that ignored `stream: true` go through the same code.
+    #[serde(default, alias = "message")]
+    delta: Option<RawDelta>,
+    #[serde(default)]
+    finish_reason: Option<Value>,
+    // Moonshot puts usage inside the choice.
+    #[serde(default)]
+    usage: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct RawDelta {
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    reasoning_content: Option<Value>,
+    #[serde(default)]
+    reasoning: Option<Value>,
+    #[serde(default)]
+    tool_calls: Option<Vec<RawToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct RawToolCall {
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<RawFunction>,
+}
+
+#[derive(Deserialize)]
+struct RawFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<Value>,
+}
+
+impl StreamAssembler {
+    /// An assembler that has seen nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Consumes the `data` field of one SSE event. Returns `Ok(true)` once `[DONE]` has
+    /// arrived (later data is ignored), `Ok(false)` otherwise.
+    ///
+    /// # Errors
+    /// [`LlmError::Stream`] for an `{"error": ...}` chunk, [`LlmError::Malformed`] for data
+    /// that is not a JSON object of the chunk shape.
+    pub fn push_data(&mut self, data: &str) -> Result<bool, LlmError> {
+        if self.done {
+            return Ok(true);
+        }
+        let data = data.trim();
+        if data.is_empty() {
+            return Ok(false);
+        }
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(true);
+        }
+        let chunk: RawChunk = serde_json::from_str(data).map_err(|e| {
+            LlmError::Malformed(format!(
+                "not a chat-completion chunk ({e}): {}",
+                preview(data)
+            ))
+        })?;
+        if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
+            return Err(LlmError::Stream(error_message(&error)));
+        }
+        self.chunks += 1;
+        self.record_usage(chunk.usage);
+        for choice in chunk.choices.unwrap_or_default() {
+            self.record_usage(choice.usage);
+            let state = self.choices.entry(choice.index.unwrap_or(0)).or_default();
+            // Some servers send `""` instead of `null` while the choice is still running.
+            let reason = choice.finish_reason.as_ref().and_then(Value::as_str);
+            if let Some(reason) = reason.filter(|r| !r.is_empty()) {
+                state.finish_reason = Some(reason.to_owned());
+            }
+            if let Some(delta) = choice.delta {
+                state.apply(delta);
+            }
+        }
+        Ok(false)
+    }
+
+    /// How many chunk JSONs were consumed (`[DONE]` is not a chunk).
+    pub fn chunks(&self) -> usize {
+        self.chunks
+    }
+
+    /// Whether `[DONE]` has arrived.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    /// The last usage the provider reported, if any.
+    pub fn usage(&self) -> Option<&Usage> {
+        self.usage.as_ref()
+    }
+
+    /// Every choice assembled so far, by its `index` (several only when `n > 1`). Each
+    /// carries the response's usage, which providers report for the whole response.
+    pub fn completions(&self) -> BTreeMap<u32, Completion> {
+        self.choices
+            .iter()
+            .map(|(&index, state)| (index, state.to_completion(self.usage.clone())))
+            .collect()
+    }
+
+    /// The completion of choice 0 (of the lowest index present, should a provider not
+    /// start at 0); an empty completion when no choice arrived.
+    pub fn finish(self) -> Completion {
+        let usage = self.usage;
+        match self.choices.into_iter().next() {
+            Some((_, state)) => state.to_completion(usage),
+            None => Completion {
+                usage,
+                ..Completion::default()
+            },
+        }
+    }
+
+    fn record_usage(&mut self, usage: Option<Value>) {
+        let Some(usage) = usage.filter(Value::is_object) else {
+            return;
+        };
+        // A usage of an unexpected shape is not worth failing the completion for.
+        match serde_json::from_value::<Usage>(usage) {
+            Ok(usage) => self.usage = Some(usage),
+            Err(e) => tracing::debug!(error = %e, "ignoring unreadable usage in LLM stream"),
+        }
+    }
+}
+
+impl ChoiceState {
+    fn apply(&mut self, delta: RawDelta) {
+        if let Some(content) = &delta.content {
+            push_text(&mut self.content, content);
+        }
+        // Some servers send the same text under both names; take one.
+        match (&delta.reasoning_content, &delta.reasoning) {
+            (Some(r), _) if !r.is_null() => push_text(&mut self.reasoning, r),
+            (_, Some(r)) => push_text(&mut self.reasoning, r),
+            _ => {}
+        }
+        for call in delta.tool_calls.unwrap_or_default() {
+            self.apply_tool_call(call);
+        }
+    }
+
+    fn apply_tool_call(&mut self, delta: RawToolCall) {
+        let id = delta.id.filter(|id| !id.is_empty());
+        let index = delta
+            .index
+            .unwrap_or_else(|| self.infer_index(id.as_deref()));
+        let call = self.tool_calls.entry(index).or_default();
+        if call.id.is_empty()
+            && let Some(id) = id
+        {
+            call.id = id;
+        }
+        let Some(function) = delta.function else {
+            return;
+        };
+        if let Some(name) = function.name.filter(|n| !n.is_empty()) {
+            // A provider that repeats the whole name in every delta must not double it; a
+            // name genuinely streamed as two equal halves is not a real-world case.
+            if call.name != name {
+                call.name.push_str(&name);
+            }
+        }
+        match function.arguments {
+            Some(Value::String(args)) => call.arguments.push_str(&args),
+            None | Some(Value::Null) => {}
+            // Arguments sent as a JSON object instead of JSON text: keep them as text.
+            Some(other) => call.arguments.push_str(&other.to_string()),
+        }
+    }
+
+    /// Where a tool-call delta without `index` belongs: the call with the same id, a new call
+    /// for a new id, otherwise the call being streamed.
+    fn infer_index(&self, id: Option<&str>) -> u32 {
+        let last = self.tool_calls.keys().next_back().copied();
+        match id {
+            Some(id) => self
+                .tool_calls
+                .iter()
+                .find(|(_, call)| call.id == id)
+                .map(|(&index, _)| index)
+                .unwrap_or_else(|| last.map_or(0, |i| i.saturating_add(1))),
+            None => last.unwrap_or(0),
+        }
+    }
+
+    fn to_completion(&self, usage: Option<Usage>) -> Completion {
+        Completion {
+            content: self.content.clone(),
+            reasoning: self.reasoning.clone(),
+            tool_calls: self
+                .tool_calls
+                .iter()
+                .map(|(index, call)| {
+                    // The tool message answering a call must name its id; a provider that
+                    // sent none still gets a stable, unique one.
+                    let id = if call.id.is_empty() {
+                        format!("call_{index}")
+                    } else {
+                        call.id.clone()
+                    };
+                    ToolCall::new(id, call.name.clone(), call.arguments.clone())
+                })
+                .collect(),
+            finish_reason: self.finish_reason.clone(),
+            usage,
+        }
+    }
+}
+
+/// Appends text that a provider sent as a string, or as content parts (`[{"type":"text",
+/// "text":...}]`); other part types (images, "thinking" blocks) are not visible text.
+fn push_text(out: &mut String, value: &Value) {
+    match value {
+        Value::String(s) => out.push_str(s),
+        Value::Array(parts) => {
+            for part in parts {
+                let is_text = part
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .is_none_or(|t| t == "text");
+                if let (true, Some(text)) = (is_text, part.get("text").and_then(Value::as_str)) {
+                    out.push_str(text);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A one-line description of an `error` object as providers send it (`{"message", "type",
+/// "code"}`, or just a string).
+pub(crate) fn error_message(error: &Value) -> String {
+    let message = match error {
+        Value::String(s) => return s.clone(),
+        Value::Object(map) => map.get("message").and_then(Value::as_str),
+        _ => None,
+    };
+    let Some(message) = message else {
+        return preview(&error.to_string());
+    };
+    let mut out = message.to_owned();
+    for key in ["type", "code"] {
+        match error.get(key) {
+            Some(Value::String(s)) => out.push_str(&format!(" ({key}: {s})")),
+            Some(Value::Number(n)) => out.push_str(&format!(" ({key}: {n})")),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The first [`PREVIEW_CHARS`] characters of `text`, marked when cut.
+fn preview(text: &str) -> String {
+    match text.char_indices().nth(PREVIEW_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+/// Reads an SSE byte stream to its end (or to `[DONE]`) and returns the assembler holding
+/// every choice. Chunk boundaries may fall anywhere, also inside a UTF-8 character.
+///
+/// A stream that ends without `[DONE]` is accepted (several providers never send it); a
+/// last line missing only its blank-line terminator still counts. A cut-off final line is
+/// dropped.
+///
+/// # Errors
+/// The transport's own error, converted; [`LlmError::Stream`] for an error chunk;
+/// [`LlmError::Malformed`] for data that is not a chunk, bytes that are not UTF-8, more than
+/// [`MAX_STREAM_BYTES`], or a stream that carried no chunk at all.
+pub async fn assemble<S, E>(bytes: S) -> Result<StreamAssembler, LlmError>
+where
+    S: Stream<Item = Result<Bytes, E>>,
+    E: Into<LlmError>,
+{
+    let mut events = std::pin::pin!(line_pieces(bytes).eventsource());
+    let mut assembler = StreamAssembler::new();
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| match e {
+            EventStreamError::Transport(e) => e,
+            EventStreamError::Utf8(e) => {
+                LlmError::Malformed(format!("the stream is not UTF-8: {e}"))
+            }
+            EventStreamError::Parser(e) => {
+                LlmError::Malformed(format!("the stream is not server-sent events: {e}"))
+            }
+        })?;
+        if assembler.push_data(&event.data)? {
+            break;
+        }
+    }
+    if assembler.chunks() == 0 {
+        return Err(LlmError::Malformed(
+            "empty response: the stream ended before any chat-completion chunk".to_owned(),
+        ));
+    }
+    Ok(assembler)
+}
+
+/// State of [`line_pieces`].
+struct Lines<S> {
+    inner: Pin<Box<S>>,
+    pending: VecDeque<Bytes>,
+    total: usize,
+    last_byte: Option<u8>,
+    finished: bool,
+}
+
+/// Re-cuts the byte stream so that no piece holds more than one line.
+///
+/// `eventsource-stream` copies the rest of its buffer after every line it consumes, so one
+/// large read holding many events costs time quadratic in its size; fed line by line it
+/// stays linear.
+/// Cuts only ever happen after `\n`, which never sits inside a UTF-8 character.
+/// Also enforces [`MAX_STREAM_BYTES`] and, when the stream ends on a complete line but
+/// without the blank line that dispatches an event, supplies that blank line.
+fn line_pieces<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, LlmError>>
+where
+    S: Stream<Item = Result<Bytes, E>>,
+    E: Into<LlmError>,
+{
+    let state = Lines {
+        inner: Box::pin(bytes),
+        pending: VecDeque::new(),
+        total: 0,
+        last_byte: None,
+        finished: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(piece) = st.pending.pop_front() {
+                return Some((Ok(piece), st));
+            }
+            if st.finished {
+                return None;
+            }
+            match st.inner.next().await {
+                Some(Ok(bytes)) => {
+                    if bytes.is_empty() {
+                        continue;
+                    }
+                    st.total = st.total.saturating_add(bytes.len());
+                    if st.total > MAX_STREAM_BYTES {
+                        st.finished = true;
+                        let err = LlmError::Malformed(format!(
+                            "the response exceeds {MAX_STREAM_BYTES} bytes"
+                        ));
+                        return Some((Err(err), st));
+                    }
+                    st.last_byte = bytes.last().copied();
+                    let mut start = 0;
+                    for (i, &b) in bytes.iter().enumerate() {
+                        if b == b'\n' {
+                            st.pending.push_back(bytes.slice(start..=i));
+                            start = i + 1;
+                        }
+                    }
+                    if start < bytes.len() {
+                        st.pending.push_back(bytes.slice(start..));
+                    }
+                }
+                Some(Err(e)) => {
+                    st.finished = true;
+                    return Some((Err(e.into()), st));
+                }
+                None => {
+                    st.finished = true;
+                    if st.last_byte == Some(b'\n') {
+                        return Some((Ok(Bytes::from_static(b"\n")), st));
+                    }
+                    return None;
+                }
+            }
+        }
+    })
+}

@@ -675,6 +675,8 @@ impl SessionManager {
             session: session.key.clone(),
             caller: item.caller(),
             content: self.input_content(item).await,
+            chat: Some(item.chat.clone()),
+            platform: self.platform(&item.chat).cloned(),
         };
         let platform = self.platform(&item.chat).cloned();
         let chat = item.chat.clone();

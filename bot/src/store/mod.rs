@@ -149,8 +149,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<StoredMessage>, StoreError>;
 
     /// The last `limit` recorded messages of a session, oldest first.
-    fn recent_messages(&self, session: &str, limit: usize)
-    -> Result<Vec<StoredMessage>, StoreError>;
+    fn recent_messages(
+        &self,
+        session: &str,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, StoreError>;
 
     /// The session's conversation history (empty when none).
     fn load_history(&self, session: &str) -> Result<Vec<Message>, StoreError>;

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::{Message, ToolDef};
+use crate::platform::{ChatRef, Platform};
 
 pub use bridge::{ToolSetBridge, ToolSetBridgeBuilder};
 pub use registry::{RegistryError, ToolRegistry};
@@ -138,7 +139,7 @@ impl MessageAppender {
 }
 
 /// What a tool knows about the call beyond its arguments.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ToolContext {
     /// The session this call belongs to (`telegram:-100123`, `console:local`).
     pub session: String,
@@ -148,6 +149,24 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
     /// Where a tool puts messages it adds to the conversation.
     pub appender: MessageAppender,
+    /// The chat of this session; `None` outside a chat (`parlor ask`).
+    pub chat: Option<ChatRef>,
+    /// The platform of that chat, for tools that post or fetch; `None` outside a chat.
+    pub platform: Option<Arc<dyn Platform>>,
+}
+
+impl std::fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("session", &self.session)
+            .field("caller", &self.caller)
+            .field("chat", &self.chat)
+            .field(
+                "platform",
+                &self.platform.as_ref().map(|p| p.name().to_owned()),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 /// A set of tools sharing state and prompts. See DESIGN.md §3 for the three prompt paths.
