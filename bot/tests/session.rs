@@ -603,3 +603,58 @@ async fn images_reach_a_vision_model_as_content_parts() {
     let json = serde_json::to_value(&parts[1]).unwrap();
     assert_eq!(json["image_url"]["url"], "data:image/png;base64,AQID");
 }
+
+#[tokio::test]
+async fn a_scheduled_input_runs_as_its_own_turn_and_reports_the_posted_ids() {
+    use parlor_bot::session::ScheduledOutcome;
+    let rig = rig(false);
+    rig.manager
+        .deliver(msg(1, "alice", "@parlor first"))
+        .await
+        .unwrap();
+    while rig.llm.user_inputs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Queued behind the running turn, between two user messages: it must not merge.
+    rig.manager
+        .deliver(msg(2, "bob", "@parlor second"))
+        .await
+        .unwrap();
+    let outcome = rig
+        .manager
+        .submit_scheduled(
+            &group(),
+            "[scheduled task] post the reminder".into(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    rig.manager
+        .deliver(msg(3, "carol", "@parlor third"))
+        .await
+        .unwrap();
+    rig.llm.release(100);
+    let outcome = tokio::time::timeout(Duration::from_secs(5), outcome)
+        .await
+        .unwrap()
+        .unwrap();
+    let ScheduledOutcome::Posted(ids) = outcome else {
+        panic!("expected a posted reply, got {outcome:?}");
+    };
+    let sent = rig.platform.wait_sent(3).await;
+    let scheduled = sent
+        .iter()
+        .position(|(_, text, _)| text.contains("[scheduled task]"))
+        .unwrap();
+    assert_eq!(ids, [format!("bot-{}", scheduled + 1)]);
+    assert_eq!(
+        sent[scheduled].2, None,
+        "a scheduled reply threads to nothing"
+    );
+    let inputs = rig.llm.user_inputs();
+    assert!(
+        inputs.contains(&"[scheduled task] post the reminder".to_owned()),
+        "{inputs:?}"
+    );
+    assert!(rig.store.pending().unwrap().is_empty());
+}

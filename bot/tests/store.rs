@@ -366,6 +366,47 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
 }
 
 #[test]
+fn collections_get_put_delete_and_scan_by_prefix() {
+    each_store(|name, store| {
+        assert_eq!(store.kv_get("memory", "a\u{1}x").unwrap(), None, "{name}");
+        store.kv_put("memory", "telegram:-1\u{1}b", "2").unwrap();
+        store.kv_put("memory", "telegram:-1\u{1}a", "1").unwrap();
+        store
+            .kv_put("memory", "telegram:-10\u{1}a", "other chat")
+            .unwrap();
+        store
+            .kv_put("clocks", "telegram:-1\u{1}a", "other space")
+            .unwrap();
+        store.kv_put("memory", "telegram:-1\u{1}a", "1b").unwrap();
+        assert_eq!(
+            store.kv_scan("memory", "telegram:-1\u{1}").unwrap(),
+            [
+                ("telegram:-1\u{1}a".to_owned(), "1b".to_owned()),
+                ("telegram:-1\u{1}b".to_owned(), "2".to_owned())
+            ],
+            "{name}"
+        );
+        assert!(
+            store.kv_delete("memory", "telegram:-1\u{1}b").unwrap(),
+            "{name}"
+        );
+        assert!(
+            !store.kv_delete("memory", "telegram:-1\u{1}b").unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            store
+                .kv_get("clocks", "telegram:-1\u{1}a")
+                .unwrap()
+                .as_deref(),
+            Some("other space"),
+            "{name}"
+        );
+        assert_eq!(store.kv_scan("memory", "").unwrap().len(), 2, "{name}");
+    });
+}
+
+#[test]
 fn meta_get_set() {
     each_store(|name, store| {
         assert_eq!(store.get_meta("telegram.offset").unwrap(), None, "{name}");

@@ -84,6 +84,37 @@ impl Default for SessionConfig {
     }
 }
 
+/// What became of a scheduled input (a clock task firing), as its submitter learns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduledOutcome {
+    /// The turn ran and its reply was posted: the platform's message ids. Only this means
+    /// "delivered".
+    Posted(Vec<String>),
+    /// The turn ran but produced nothing to post.
+    NoReply,
+    /// The turn ran but the platform did not take the reply (the reason).
+    NotDelivered(String),
+    /// The model could not be reached (the reason); the chat was told.
+    Failed(String),
+}
+
+/// Why a scheduled input was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The daemon is shutting down.
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    /// No adapter serves the target chat's platform.
+    #[error("no adapter serves platform {0:?}")]
+    NoPlatform(String),
+    /// The target chat's queue is full.
+    #[error("the chat's queue is full")]
+    QueueFull,
+    /// The input could not be stored.
+    #[error("storage failed: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
+
 /// A command the runtime answers itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Command {
@@ -145,6 +176,9 @@ struct Inner {
     config: SessionConfig,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     admin_cache: Mutex<HashMap<String, (Instant, Vec<String>)>>,
+    /// Submitters of scheduled inputs waiting for their outcome, by pending id. Not
+    /// durable: after a restart the input still runs, but nobody waits for it.
+    waiters: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<ScheduledOutcome>>>,
     tracker: TaskTracker,
     /// Cancelled when shutdown begins: no new input, no new turns.
     draining: CancellationToken,
@@ -186,6 +220,7 @@ impl SessionManager {
                 config,
                 sessions: Mutex::new(HashMap::new()),
                 admin_cache: Mutex::new(HashMap::new()),
+                waiters: Mutex::new(HashMap::new()),
                 tracker: TaskTracker::new(),
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
@@ -206,7 +241,8 @@ impl SessionManager {
     pub async fn resume(&self) -> Result<(), crate::store::StoreError> {
         for entry in self.inner.store.unsent_outbox()? {
             tracing::info!(session = %entry.session, outbox = entry.id, "resending a reply from before the restart");
-            self.send_outbox(&entry).await;
+            // Whatever happens is logged inside; the restart path has nobody to tell.
+            let _ = self.send_outbox(&entry).await;
         }
         let pending = self.inner.store.pending()?;
         if !pending.is_empty() {
@@ -246,6 +282,63 @@ impl SessionManager {
         // pending data is a few KB and the flush takes about 0.3 ms (bot/benches/store.rs),
         // less than a hop to another thread and back.
         self.inner.store.flush()
+    }
+
+    /// Queues a scheduled input (a clock task) for `chat` as its own item — never merged
+    /// with other input — and returns where its outcome will arrive. The input is stored as
+    /// pending first, so a crash before its turn commits runs it after the restart. The
+    /// receiver errs when the turn is abandoned (shutdown).
+    pub async fn submit_scheduled(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        caller: Caller,
+    ) -> Result<tokio::sync::oneshot::Receiver<ScheduledOutcome>, SubmitError> {
+        if self.inner.draining.is_cancelled() {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if self.platform(chat).is_none() {
+            return Err(SubmitError::NoPlatform(chat.platform.clone()));
+        }
+        let session = self.session(chat);
+        let pending = PendingItem {
+            id: 0,
+            session: session.key.clone(),
+            chat: chat.clone(),
+            kind: PendingKind::ClockFire,
+            caller: caller.clone(),
+            text: text.clone(),
+            reply_to: None,
+            images: Vec::new(),
+            received: Utc::now(),
+        };
+        let id = self.inner.store.add_pending(pending)?;
+        self.durable().await?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.lock_waiters().insert(id, tx);
+        let item = QueueItem {
+            kind: PendingKind::ClockFire,
+            chat: chat.clone(),
+            lines: vec![text],
+            pending_ids: vec![id],
+            reply_to: None,
+            callers: vec![caller],
+            images: Vec::new(),
+        };
+        if session.queue.push(item).is_err() {
+            self.lock_waiters().remove(&id);
+            self.inner.store.remove_pending(&[id])?;
+            return Err(SubmitError::QueueFull);
+        }
+        self.ensure_actor(&session);
+        Ok(rx)
+    }
+
+    fn lock_waiters(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, tokio::sync::oneshot::Sender<ScheduledOutcome>>>
+    {
+        self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Number of sessions in memory.
@@ -651,8 +744,28 @@ impl SessionManager {
         }
         let outcome = self.turn(session, &item, &cancel).await;
         session.state().turn_cancel = None;
-        if let Some(entry) = outcome {
-            self.send_outbox(&entry).await;
+        let report = match outcome {
+            TurnOutcome::Reply {
+                entry,
+                model_failed,
+            } => {
+                let sent = self.send_outbox(&entry).await;
+                Some(match (sent, model_failed) {
+                    (_, Some(reason)) => ScheduledOutcome::Failed(reason),
+                    (Ok(ids), None) => ScheduledOutcome::Posted(ids),
+                    (Err(reason), None) => ScheduledOutcome::NotDelivered(reason),
+                })
+            }
+            TurnOutcome::NoReply => Some(ScheduledOutcome::NoReply),
+            // Abandoned: the waiter is dropped and its submitter sees the turn cancelled.
+            TurnOutcome::Abandoned => None,
+        };
+        for id in &item.pending_ids {
+            let waiter = self.lock_waiters().remove(id);
+            if let (Some(waiter), Some(report)) = (waiter, report.clone()) {
+                // The submitter may have given up waiting; nothing to do then.
+                let _ = waiter.send(report);
+            }
         }
     }
 
@@ -662,7 +775,7 @@ impl SessionManager {
         session: &Session,
         item: &QueueItem,
         cancel: &CancellationToken,
-    ) -> Option<OutboxEntry> {
+    ) -> TurnOutcome {
         let store = &self.inner.store;
         let history = match store.load_history(&session.key) {
             Ok(h) => h,
@@ -695,12 +808,12 @@ impl SessionManager {
             () = typing => unreachable_typing(),
         };
 
-        let (new_messages, reply) = match result {
+        let (new_messages, reply, model_failed) = match result {
             Ok(turn) if turn.end == TurnEnd::Cancelled && self.inner.abort.is_cancelled() => {
                 // Shutdown: nothing is committed, the input stays pending and is answered
                 // after the restart.
                 tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
-                return None;
+                return TurnOutcome::Abandoned;
             }
             Ok(turn) => {
                 let reply = match turn.end {
@@ -710,16 +823,17 @@ impl SessionManager {
                     }
                     _ => Some(turn.reply),
                 };
-                (turn.messages, reply)
+                (turn.messages, reply, None)
             }
             Err(e) => {
                 tracing::error!(session = %session.key, error = %e, "turn failed");
+                let reason = short_reason(&e.to_string());
                 (
                     Vec::new(),
                     Some(format!(
-                        "Sorry, I could not reach the language model ({}). Please try again later.",
-                        short_reason(&e.to_string())
+                        "Sorry, I could not reach the language model ({reason}). Please try again later."
                     )),
+                    Some(reason),
                 )
             }
         };
@@ -749,24 +863,30 @@ impl SessionManager {
                     // Sending now could answer twice after a crash; the outbox sends it at
                     // the next start instead.
                     tracing::error!(session = %session.key, error = %e, "cannot flush the committed turn");
-                    return None;
+                    return TurnOutcome::Abandoned;
                 }
-                outbox
+                match outbox {
+                    Some(entry) => TurnOutcome::Reply {
+                        entry,
+                        model_failed,
+                    },
+                    None => TurnOutcome::NoReply,
+                }
             }
             Err(e) => {
                 // The input stays pending and is retried after a restart.
                 tracing::error!(session = %session.key, error = %e, "cannot commit the turn");
-                None
+                TurnOutcome::Abandoned
             }
         }
     }
 
     /// Sends a committed reply and marks it sent. A refused reply is dropped with a log line
     /// (retrying cannot help); an unreachable platform leaves it for the next start.
-    async fn send_outbox(&self, entry: &OutboxEntry) {
+    async fn send_outbox(&self, entry: &OutboxEntry) -> Result<Vec<String>, String> {
         let Some(platform) = self.platform(&entry.chat) else {
             tracing::error!(chat = %entry.chat, "no adapter for this reply's platform; it stays in the outbox");
-            return;
+            return Err(format!("no adapter for {}", entry.chat.platform));
         };
         match platform
             .send_message(&entry.chat, &entry.text, entry.reply_to.as_deref())
@@ -786,18 +906,35 @@ impl SessionManager {
                     entry.reply_to.as_deref(),
                     &sent.message_ids,
                 );
+                Ok(sent.message_ids)
             }
             Err(crate::platform::PlatformError::Unavailable(e)) => {
                 tracing::warn!(outbox = entry.id, error = %e, "platform unreachable; the reply stays in the outbox for the next start");
+                Err(format!("platform unreachable: {e}"))
             }
             Err(e) => {
                 tracing::error!(outbox = entry.id, chat = %entry.chat, error = %e, "the platform refused the reply; dropping it");
                 if let Err(e) = self.inner.store.mark_sent(entry.id, &[]) {
                     tracing::error!(outbox = entry.id, error = %e, "cannot drop the refused reply");
                 }
+                Err(e.to_string())
             }
         }
     }
+}
+
+/// How a turn ended, for the actor.
+enum TurnOutcome {
+    /// Committed with a reply to send; `model_failed` holds the reason when the reply is
+    /// the "could not reach the model" notice.
+    Reply {
+        entry: OutboxEntry,
+        model_failed: Option<String>,
+    },
+    /// Committed without a reply (stopped).
+    NoReply,
+    /// Nothing committed (shutdown, store failure): the input stays pending.
+    Abandoned,
 }
 
 fn unreachable_typing() -> Result<crate::agent::Turn, crate::agent::AgentError> {

@@ -11,5 +11,5 @@ pub mod history;
 pub mod manager;
 pub mod queue;
 
-pub use manager::{SessionConfig, SessionManager};
+pub use manager::{ScheduledOutcome, SessionConfig, SessionManager, SubmitError};
 pub use queue::{QueueItem, SessionQueue};

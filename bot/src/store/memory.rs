@@ -24,6 +24,8 @@ struct Inner {
     pending: BTreeMap<u64, PendingItem>,
     outbox: BTreeMap<u64, OutboxEntry>,
     meta: HashMap<String, String>,
+    /// Toolset collections: (space, key) -> value, in key order for prefix scans.
+    kv: BTreeMap<(String, String), String>,
     /// Last id handed out for pending items and replies.
     last_id: u64,
 }
@@ -192,6 +194,39 @@ impl Store for MemoryStore {
     fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
         self.lock().meta.insert(key.to_owned(), value.to_owned());
         Ok(())
+    }
+
+    fn kv_get(&self, space: &str, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .lock()
+            .kv
+            .get(&(space.to_owned(), key.to_owned()))
+            .cloned())
+    }
+
+    fn kv_put(&self, space: &str, key: &str, value: &str) -> Result<(), StoreError> {
+        self.lock()
+            .kv
+            .insert((space.to_owned(), key.to_owned()), value.to_owned());
+        Ok(())
+    }
+
+    fn kv_delete(&self, space: &str, key: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .lock()
+            .kv
+            .remove(&(space.to_owned(), key.to_owned()))
+            .is_some())
+    }
+
+    fn kv_scan(&self, space: &str, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .kv
+            .range((space.to_owned(), prefix.to_owned())..)
+            .take_while(|((s, k), _)| s == space && k.starts_with(prefix))
+            .map(|((_, k), v)| (k.clone(), v.clone()))
+            .collect())
     }
 
     fn flush(&self) -> Result<(), StoreError> {

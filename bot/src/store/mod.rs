@@ -186,6 +186,19 @@ pub trait Store: Send + Sync + 'static {
     /// Sets small adapter state.
     fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError>;
 
+    /// A record of a toolset's own collection (`memory`, `clocks`, `clock_runs`...): the
+    /// value as stored, or `None`. Callers store versioned JSON.
+    fn kv_get(&self, space: &str, key: &str) -> Result<Option<String>, StoreError>;
+
+    /// Inserts or replaces a record of a collection.
+    fn kv_put(&self, space: &str, key: &str, value: &str) -> Result<(), StoreError>;
+
+    /// Removes a record; `true` when it existed.
+    fn kv_delete(&self, space: &str, key: &str) -> Result<bool, StoreError>;
+
+    /// Every record of a collection whose key starts with `prefix`, in key order.
+    fn kv_scan(&self, space: &str, prefix: &str) -> Result<Vec<(String, String)>, StoreError>;
+
     /// Makes every write so far durable (on shutdown; sled also flushes periodically).
     fn flush(&self) -> Result<(), StoreError>;
 }

@@ -319,10 +319,63 @@ impl Store for SledStore {
         Ok(())
     }
 
+    fn kv_get(&self, space: &str, key: &str) -> Result<Option<String>, StoreError> {
+        let tree = self.kv_tree(space)?;
+        match tree.get(key).map_err(sled_error)? {
+            Some(bytes) => Ok(Some(kv_text(&bytes, space, key)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn kv_put(&self, space: &str, key: &str, value: &str) -> Result<(), StoreError> {
+        self.kv_tree(space)?
+            .insert(key, value.as_bytes())
+            .map_err(sled_error)?;
+        Ok(())
+    }
+
+    fn kv_delete(&self, space: &str, key: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .kv_tree(space)?
+            .remove(key)
+            .map_err(sled_error)?
+            .is_some())
+    }
+
+    fn kv_scan(&self, space: &str, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let tree = self.kv_tree(space)?;
+        tree.scan_prefix(prefix)
+            .map(|entry| {
+                let (k, v) = entry.map_err(sled_error)?;
+                let key = String::from_utf8_lossy(&k).into_owned();
+                let value = kv_text(&v, space, &key)?;
+                Ok((key, value))
+            })
+            .collect()
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(sled_error)?;
         Ok(())
     }
+}
+
+impl SledStore {
+    /// The tree of a toolset collection; sled caches opened trees, so this is a map lookup
+    /// after the first call.
+    fn kv_tree(&self, space: &str) -> Result<Tree, StoreError> {
+        if space.is_empty() || space.contains('\0') {
+            return Err(StoreError::Io(format!("invalid collection name {space:?}")));
+        }
+        self.db.open_tree(format!("kv/{space}")).map_err(sled_error)
+    }
+}
+
+fn kv_text(bytes: &[u8], space: &str, key: &str) -> Result<String, StoreError> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| StoreError::Corrupt {
+        key: format!("{space}[{key}]"),
+        reason: "not UTF-8".to_owned(),
+    })
 }
 
 /// Where the message log of a session stands: messages `first..next` are recorded.
