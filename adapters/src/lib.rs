@@ -1,1 +1,21 @@
-//! placeholder
+//! # parlor-adapters — the platform adapters
+//!
+//! Owns the code that speaks a chat platform's protocol: it turns the platform's updates into
+//! [`parlor_bot::platform::IncomingMessage`]s for the runtime's
+//! [`Inbox`](parlor_bot::platform::Inbox), and implements
+//! [`Platform`](parlor_bot::platform::Platform) so the runtime and the plugins can answer.
+//!
+//! **Invariant:** only this crate touches platform SDKs (teloxide, later serenity); it depends
+//! on `parlor-bot` for the normalized types and never on `parlor-plugins` — adapters and
+//! plugins meet at `parlor_bot::platform`, never directly.
+//!
+//! ## Layout
+//! - [`telegram`] — the Telegram Bot API adapter: long polling with acknowledgement after
+//!   durable delivery, message normalization (topics, mentions, commands, images), sending
+//!   with splitting and bounded retries.
+//! - [`console`] — the local terminal adapter behind `parlor chat`.
+
+#![warn(missing_docs)]
+
+pub mod console;
+pub mod telegram;

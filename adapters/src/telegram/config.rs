@@ -1,0 +1,159 @@
+//! The adapter's settings, with Telegram's own limits as defaults.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Telegram's public Bot API server.
+pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
+
+/// Telegram's `getFile` download limit for bots (20 MB).
+pub const TELEGRAM_MAX_DOWNLOAD_BYTES: u64 = 20 * 1024 * 1024;
+
+/// How the Telegram adapter connects and behaves.
+///
+/// `Debug` never shows the token, so the whole config may be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TelegramConfig {
+    /// The bot token from @BotFather. A secret: the daemon reads it from the environment or a
+    /// file; it is never logged (see the `Debug` impl and the error redaction).
+    pub token: String,
+    /// The Bot API server. Requests go to `{api_url}/bot{token}/{method}`; a local
+    /// `telegram-bot-api` server or a test fake can stand in for Telegram here.
+    pub api_url: String,
+    /// How long one `getUpdates` long poll may wait for updates on the server (seconds).
+    /// Longer means fewer requests while the group is quiet.
+    pub poll_timeout_secs: u32,
+    /// The HTTP timeout of every request, long polls included; `None` means
+    /// `poll_timeout_secs + 15`. Always raised to at least `poll_timeout_secs + 5`, because a
+    /// long poll that times out on our side before Telegram answers would never deliver.
+    pub request_timeout_secs: Option<u32>,
+    /// The largest image [`download_image`](parlor_bot::platform::Platform::download_image)
+    /// will fetch; bigger files are refused before (or while) downloading.
+    pub max_image_bytes: u64,
+    /// The update types asked for, as Telegram spells them (`message`, `edited_message`).
+    /// Only messages and edited messages are delivered; other types are acknowledged and
+    /// skipped. An edited message keeps its `message_id`, so the runtime's dedupe treats it
+    /// as already seen; `edited_message` is therefore off by default.
+    pub allowed_updates: Vec<String>,
+    /// Waits between retries of failed requests (network trouble, 409 conflicts).
+    pub backoff: Backoff,
+}
+
+impl TelegramConfig {
+    /// A config for `token` with every other setting at its default.
+    pub fn new(token: impl Into<String>) -> Self {
+        TelegramConfig {
+            token: token.into(),
+            api_url: DEFAULT_API_URL.to_owned(),
+            poll_timeout_secs: 30,
+            request_timeout_secs: None,
+            max_image_bytes: TELEGRAM_MAX_DOWNLOAD_BYTES,
+            allowed_updates: vec!["message".to_owned()],
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// The HTTP timeout applied to every request (see
+    /// [`request_timeout_secs`](Self::request_timeout_secs)).
+    pub fn request_timeout(&self) -> Duration {
+        let poll = u64::from(self.poll_timeout_secs);
+        let configured = self.request_timeout_secs.map_or(poll + 15, u64::from);
+        Duration::from_secs(configured.max(poll + 5))
+    }
+}
+
+impl fmt::Debug for TelegramConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TelegramConfig")
+            .field("token", &"<redacted>")
+            .field("api_url", &self.api_url)
+            .field("poll_timeout_secs", &self.poll_timeout_secs)
+            .field("request_timeout_secs", &self.request_timeout_secs)
+            .field("max_image_bytes", &self.max_image_bytes)
+            .field("allowed_updates", &self.allowed_updates)
+            .field("backoff", &self.backoff)
+            .finish()
+    }
+}
+
+/// Exponential backoff with jitter: `initial`, doubled per failure, capped at `max`, each wait
+/// jittered down by up to half so that restarts after an outage do not hit Telegram in
+/// lockstep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The wait after the first failure.
+    pub initial: Duration,
+    /// The longest wait.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait before retry number `retry` (0-based): `initial * 2^retry` capped at `max`,
+    /// then jittered into `[cap / 2, cap]`.
+    pub fn delay(&self, retry: u32) -> Duration {
+        let cap = self
+            .initial
+            .saturating_mul(2u32.saturating_pow(retry.min(31)))
+            .min(self.max);
+        let half = cap / 2;
+        let span = u64::try_from((cap - half).as_nanos()).unwrap_or(u64::MAX);
+        let jitter = if span == 0 {
+            0
+        } else {
+            random_u64() % (span + 1)
+        };
+        half + Duration::from_nanos(jitter)
+    }
+}
+
+/// Randomness good enough for jitter without a dependency: std seeds every `RandomState`
+/// differently.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(0u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_token() {
+        let config = TelegramConfig::new("123456:SECRET-token");
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
+
+    #[test]
+    fn request_timeout_exceeds_the_long_poll() {
+        let mut config = TelegramConfig::new("t");
+        assert_eq!(config.request_timeout(), Duration::from_secs(45));
+        config.request_timeout_secs = Some(10);
+        assert_eq!(config.request_timeout(), Duration::from_secs(35));
+        config.request_timeout_secs = Some(100);
+        assert_eq!(config.request_timeout(), Duration::from_secs(100));
+    }
+
+    #[test]
+    fn backoff_doubles_within_bounds_and_caps() {
+        let backoff = Backoff::default();
+        for retry in 0..40 {
+            let cap = Duration::from_secs(1)
+                .saturating_mul(2u32.saturating_pow(retry.min(31)))
+                .min(Duration::from_secs(60));
+            let delay = backoff.delay(retry);
+            assert!(delay >= cap / 2 && delay <= cap, "{retry}: {delay:?}");
+        }
+        assert!(backoff.delay(100) <= Duration::from_secs(60));
+    }
+}

@@ -1,0 +1,389 @@
+//! The Telegram adapter: Bot API long polling in, [`Platform`] out.
+//!
+//! ## Receiving
+//! [`TelegramAdapter::run`] long-polls `getUpdates` itself rather than through teloxide's
+//! `Dispatcher`/polling listener, because parlor decides when an update is acknowledged:
+//! each message is handed to the runtime's [`Inbox`](parlor_bot::platform::Inbox), and only
+//! once `deliver` returned `Ok` (the message is durably recorded) does the next
+//! `getUpdates` carry an `offset` past it. If the daemon stops or crashes before that,
+//! Telegram delivers the update again and the runtime's dedupe on `(chat, message_id)`
+//! absorbs the repeat. Updates parlor cannot represent are acknowledged and skipped.
+//!
+//! ## Normalizing ([`convert_message`])
+//! - A chat is `telegram:{chat_id}`; a forum topic is its own session
+//!   `telegram:{chat_id}/topic:{thread_id}`. Reply threads of ordinary groups carry a
+//!   `message_thread_id` too, but stay in the chat's session.
+//! - A sender is `telegram:{user_id}`; messages written "as the group" (anonymous admins)
+//!   or by a linked channel are attributed to that chat, `telegram:{sender_chat_id}`.
+//! - `mentions_bot` is set by a `mention` entity `@this_bot` (any case; entity offsets are
+//!   UTF-16 code units), a `text_mention` of the bot, or a command `/cmd@this_bot`.
+//! - **Commands.** [`IncomingMessage`](parlor_bot::platform::IncomingMessage) has no field for
+//!   "which bot a command is for", and the runtime treats a bare `/cmd` as addressed to it.
+//!   So the adapter strips `@this_bot` from our own commands (the runtime sees `/help`) and
+//!   leaves `/help@other_bot` untouched: it does not start with a bare command word, so the
+//!   runtime does not take it.
+//!
+//! ## Sending
+//! [`render`] turns the model's text into message parts (plain text split to 4096 UTF-16
+//! units today; Markdown -> Telegram HTML later, behind the same function). The first part
+//! replies to the triggering message (without failing if that message was deleted); all
+//! parts go to the topic. Every call runs under a timeout with bounded retries: Telegram's
+//! `retry_after` is honoured, network trouble is retried with backoff, other API errors map
+//! to [`PlatformError`].
+//!
+//! ## Secrets
+//! The token is part of every request URL. It is never logged: [`TelegramConfig`]'s and
+//! [`TelegramAdapter`]'s `Debug` hide it, and every error message is scrubbed of it.
+
+mod config;
+mod convert;
+mod error;
+mod poll;
+mod render;
+mod retry;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
+use teloxide::net::Download;
+use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
+use teloxide::prelude::Requester;
+use teloxide::types::{
+    AllowedUpdate, ChatAction, ChatId, FileId, MessageId, ReplyParameters, ThreadId,
+};
+use teloxide::{Bot, RequestError};
+
+pub use config::{Backoff, DEFAULT_API_URL, TELEGRAM_MAX_DOWNLOAD_BYTES, TelegramConfig};
+pub use convert::{BotIdentity, convert_message};
+pub use render::{MAX_MESSAGE_UTF16, render, split_utf16};
+
+use convert::PLATFORM;
+use error::{Failure, classify, error_chain, redact};
+use retry::{RetryPolicy, with_retries};
+
+/// A connected Telegram bot: receives with [`run`](Self::run), answers through
+/// [`Platform`]. Cloning is cheap (one `Arc`); clones share the HTTP client.
+#[derive(Clone)]
+pub struct TelegramAdapter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// teloxide's client: token, API URL and a reqwest client whose timeout exceeds the long
+    /// poll. Its `Debug` prints the token, so `TelegramAdapter` has its own.
+    bot: Bot,
+    config: TelegramConfig,
+    /// The (trimmed) token, for scrubbing it out of error messages.
+    token: String,
+    me: BotIdentity,
+    /// `config.allowed_updates`, parsed once at connect.
+    allowed_updates: Vec<AllowedUpdate>,
+}
+
+impl fmt::Debug for TelegramAdapter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TelegramAdapter")
+            .field("me", &self.inner.me)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TelegramAdapter {
+    /// Builds the client and asks Telegram who we are (`getMe`).
+    ///
+    /// Surrounding whitespace of the token (a newline from a token file) is ignored.
+    /// Errors: [`PlatformError::Unauthorized`] for a missing or wrong token;
+    /// [`PlatformError::Refused`] for an unusable config (bad `api_url`, unknown update
+    /// type); [`PlatformError::Unavailable`] when Telegram cannot be reached after retries.
+    pub async fn connect(config: TelegramConfig) -> Result<TelegramAdapter, PlatformError> {
+        let token = config.token.trim().to_owned();
+        if token.is_empty() {
+            return Err(PlatformError::Unauthorized);
+        }
+        let allowed_updates = config
+            .allowed_updates
+            .iter()
+            .map(|name| {
+                serde_json::from_value::<AllowedUpdate>(serde_json::Value::String(name.clone()))
+                    .map_err(|_| {
+                        PlatformError::Refused(format!(
+                            "unknown Telegram update type `{name}` in allowed_updates"
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // teloxide appends `/bot{token}/{method}` as path segments; a trailing slash would
+        // leave an empty segment in between.
+        let api_url = config.api_url.trim().trim_end_matches('/');
+        let api_url = api_url.parse().map_err(|error| {
+            PlatformError::Refused(format!("invalid Telegram api_url `{api_url}`: {error}"))
+        })?;
+        // teloxide's defaults (5 s connect timeout, TCP_NODELAY) with a request timeout
+        // longer than the long poll: its default 17 s would cut every quiet 30 s poll.
+        let client = teloxide::net::default_reqwest_settings()
+            .timeout(config.request_timeout())
+            .build()
+            .map_err(|error| {
+                PlatformError::Unavailable(format!("cannot build the HTTP client: {error}"))
+            })?;
+        let bot = Bot::with_client(token.clone(), client).set_api_url(api_url);
+
+        let policy = RetryPolicy::standard(config.backoff, config.request_timeout());
+        let me = with_retries("getMe", &policy, || async {
+            match bot.get_me().await {
+                Ok(me) => Ok(BotIdentity {
+                    id: me.user.id.0,
+                    username: me.user.username.clone(),
+                }),
+                Err(error) => {
+                    // `Me` requires fields (`has_main_web_app`, ...) that a future or
+                    // stand-in server may omit; id and username are all we need.
+                    if let RequestError::InvalidJson { raw, .. } = &error
+                        && let Some(me) = identity_from_raw(raw)
+                    {
+                        return Ok(me);
+                    }
+                    Err(classify(&error, &token))
+                }
+            }
+        })
+        .await?;
+        tracing::info!(bot_id = me.id, username = ?me.username, "connected to Telegram");
+        Ok(TelegramAdapter {
+            inner: Arc::new(Inner {
+                bot,
+                config,
+                token,
+                me,
+                allowed_updates,
+            }),
+        })
+    }
+
+    /// Who the bot is (`getMe`).
+    pub fn identity(&self) -> &BotIdentity {
+        &self.inner.me
+    }
+
+    /// The settings it was connected with.
+    pub fn config(&self) -> &TelegramConfig {
+        &self.inner.config
+    }
+
+    fn policy(&self) -> RetryPolicy {
+        RetryPolicy::standard(
+            self.inner.config.backoff,
+            self.inner.config.request_timeout(),
+        )
+    }
+
+    fn fail(&self, error: &RequestError) -> Failure {
+        classify(error, &self.inner.token)
+    }
+}
+
+/// `{"ok":true,"result":{"id":..,"username":..}}` read leniently.
+fn identity_from_raw(raw: &str) -> Option<BotIdentity> {
+    let value: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let result = value.get("result")?;
+    Some(BotIdentity {
+        id: result.get("id")?.as_u64()?,
+        username: result
+            .get("username")
+            .and_then(|name| name.as_str())
+            .map(str::to_owned),
+    })
+}
+
+/// Where a [`ChatRef`] points on Telegram.
+struct Target {
+    chat: ChatId,
+    thread: Option<ThreadId>,
+}
+
+impl Target {
+    fn parse(chat: &ChatRef) -> Result<Target, PlatformError> {
+        if chat.platform != PLATFORM {
+            return Err(PlatformError::Refused(format!(
+                "`{chat}` is not a Telegram chat"
+            )));
+        }
+        let id = chat.chat_id.parse::<i64>().map_err(|_| {
+            PlatformError::NotFound(format!("`{}` is not a Telegram chat id", chat.chat_id))
+        })?;
+        let thread = match &chat.thread_id {
+            None => None,
+            Some(thread) => Some(ThreadId(MessageId(thread.parse::<i32>().map_err(
+                |_| PlatformError::NotFound(format!("`{thread}` is not a Telegram topic id")),
+            )?))),
+        };
+        Ok(Target {
+            chat: ChatId(id),
+            thread,
+        })
+    }
+}
+
+#[async_trait]
+impl Platform for TelegramAdapter {
+    fn name(&self) -> &str {
+        PLATFORM
+    }
+
+    /// Sends `text` as [`render`] splits it; the first part replies to `reply_to` (and is
+    /// still sent if that message is gone), every part goes to the chat's topic. Returns the
+    /// ids of all parts. An empty text is refused (Telegram would refuse it too).
+    async fn send_message(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+    ) -> Result<SentMessage, PlatformError> {
+        let target = Target::parse(chat)?;
+        let reply_to = reply_to.and_then(|id| match id.parse::<i32>() {
+            Ok(id) => Some(MessageId(id)),
+            Err(_) => {
+                // Losing the threading is better than losing the answer.
+                tracing::warn!(%chat, reply_to = id, "not a Telegram message id; sending without reply");
+                None
+            }
+        });
+        let parts = render(text);
+        if parts.is_empty() {
+            return Err(PlatformError::Refused(
+                "the message is empty; Telegram cannot send empty text".to_owned(),
+            ));
+        }
+        let policy = self.policy();
+        let mut message_ids = Vec::with_capacity(parts.len());
+        for (index, part) in parts.iter().enumerate() {
+            let sent = with_retries("sendMessage", &policy, || {
+                let mut request = self.inner.bot.send_message(target.chat, part.as_str());
+                if let Some(thread) = target.thread {
+                    request = request.message_thread_id(thread);
+                }
+                if index == 0
+                    && let Some(reply_to) = reply_to
+                {
+                    request = request.reply_parameters(
+                        ReplyParameters::new(reply_to).allow_sending_without_reply(),
+                    );
+                }
+                async move { request.await.map_err(|error| self.fail(&error)) }
+            })
+            .await;
+            match sent {
+                Ok(message) => message_ids.push(message.id.0.to_string()),
+                Err(error) => {
+                    if index > 0 {
+                        tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off");
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(SentMessage { message_ids })
+    }
+
+    /// One `sendChatAction(typing)`, not retried: it is cosmetic and repeated by the caller.
+    async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError> {
+        let target = Target::parse(chat)?;
+        let policy = RetryPolicy::once(self.inner.config.request_timeout());
+        with_retries("sendChatAction", &policy, || {
+            let mut request = self
+                .inner
+                .bot
+                .send_chat_action(target.chat, ChatAction::Typing);
+            if let Some(thread) = target.thread {
+                request = request.message_thread_id(thread);
+            }
+            async move { request.await.map_err(|error| self.fail(&error)) }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// `getChatAdministrators` as `telegram:{user_id}`, plus `telegram:{chat_id}` itself:
+    /// only admins can write "as the group" (anonymous admins), and such messages carry
+    /// that sender id. A private chat (positive id) has no admins and costs no request.
+    async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, PlatformError> {
+        let target = Target::parse(chat)?;
+        if target.chat.0 > 0 {
+            return Ok(Vec::new());
+        }
+        let members = with_retries("getChatAdministrators", &self.policy(), || async {
+            self.inner
+                .bot
+                .get_chat_administrators(target.chat)
+                .await
+                .map_err(|error| self.fail(&error))
+        })
+        .await?;
+        let mut admins: Vec<String> = members
+            .iter()
+            .map(|member| format!("{PLATFORM}:{}", member.user.id.0))
+            .collect();
+        admins.push(format!("{PLATFORM}:{}", target.chat.0));
+        Ok(admins)
+    }
+
+    /// `getFile`, then the download, never more than `max_image_bytes`: refused up front
+    /// when the size is known, and cut off while streaming when it is not.
+    async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
+        let max = self.inner.config.max_image_bytes;
+        let too_large = |size: u64| {
+            PlatformError::Refused(format!(
+                "the image has {size} bytes or more; the limit is {max} bytes"
+            ))
+        };
+        if let Some(size) = image.size
+            && size > max
+        {
+            return Err(too_large(size));
+        }
+        let policy = self.policy();
+        let file = with_retries("getFile", &policy, || async {
+            self.inner
+                .bot
+                .get_file(FileId(image.file_id.clone()))
+                .await
+                .map_err(|error| self.fail(&error))
+        })
+        .await?;
+        // teloxide reports an unknown size as u32::MAX.
+        let known_size = (file.meta.size != u32::MAX).then_some(u64::from(file.meta.size));
+        if let Some(size) = known_size
+            && size > max
+        {
+            return Err(too_large(size));
+        }
+        with_retries("downloadFile", &policy, || async {
+            let mut stream = self.inner.bot.download_file_stream(&file.path);
+            let capacity = known_size.unwrap_or(0).min(max);
+            let mut bytes = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|error| {
+                    let message = redact(&error_chain(&error), &self.inner.token);
+                    match error.status().map(|status| status.as_u16()) {
+                        Some(404) => Failure::Fatal(PlatformError::NotFound(message)),
+                        Some(status) if status < 500 => {
+                            Failure::Fatal(PlatformError::Refused(message))
+                        }
+                        _ => Failure::Transient(message),
+                    }
+                })?;
+                let total = bytes.len() as u64 + chunk.len() as u64;
+                if total > max {
+                    return Err(Failure::Fatal(too_large(total)));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(bytes)
+        })
+        .await
+    }
+}

@@ -1,0 +1,386 @@
+//! The `getUpdates` long-poll loop, with acknowledgement only after durable delivery.
+//!
+//! Telegram acknowledges updates implicitly: a `getUpdates` call with `offset = N` confirms
+//! every update below `N`. So `offset` here only ever moves past an update once the runtime's
+//! [`Inbox::deliver`] returned `Ok` for it (or once it was found to be something parlor
+//! skips). Whatever was not delivered is fetched again by the next poll, or by the next
+//! process after a restart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parlor_bot::platform::{Inbox, InboxError, IncomingMessage, PlatformError};
+use serde_json::Value;
+use teloxide::RequestError;
+use teloxide::payloads::GetUpdatesSetters;
+use teloxide::prelude::Requester;
+use teloxide::types::{Update, UpdateKind};
+use tokio_util::sync::CancellationToken;
+
+use super::TelegramAdapter;
+use super::convert::convert_message;
+use super::error::Failure;
+
+/// How long the farewell acknowledgement at shutdown may take: shutdown must stay prompt,
+/// and a missed acknowledgement only costs a re-delivery that the runtime dedupes.
+const ACK_ON_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One element of a `getUpdates` answer.
+enum Polled {
+    Update(Box<Update>),
+    /// An element even the lenient re-parse could not read; skipped so that one malformed
+    /// update cannot stall the bot forever.
+    Broken {
+        id: Option<u32>,
+        error: String,
+    },
+}
+
+impl Polled {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Polled::Update(update) => Some(update.id.0),
+            Polled::Broken { id, .. } => *id,
+        }
+    }
+}
+
+/// How delivering one batch ended.
+enum Batch {
+    /// Every update was delivered or skipped.
+    Done,
+    /// Shutdown (ours or the inbox's): stop without acknowledging the rest.
+    Stopped,
+    /// The inbox could not store a message: back off and fetch it again.
+    StoreFailed,
+}
+
+impl TelegramAdapter {
+    /// Long-polls Telegram and delivers every message to `inbox` until `shutdown` is
+    /// cancelled; same as [`run_with_ready`](Self::run_with_ready) with no ready callback.
+    pub async fn run(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+    ) -> Result<(), PlatformError> {
+        self.run_with_ready(inbox, shutdown, || {}).await
+    }
+
+    /// Long-polls Telegram and delivers every message to `inbox` until `shutdown` is
+    /// cancelled, then returns `Ok(())` promptly (an in-flight long poll is abandoned).
+    ///
+    /// `ready` is called once, right before the first `getUpdates`: the token was accepted
+    /// at [`connect`](Self::connect) and from now on updates are received. The daemon hooks
+    /// systemd's `READY=1` onto it. (Not after the first answer: on a quiet chat that takes
+    /// a whole long-poll timeout.)
+    ///
+    /// An update is acknowledged (the next `getUpdates` offset moves past it) only after
+    /// `inbox.deliver` returned `Ok`. When the inbox answers `ShuttingDown`, the loop stops
+    /// without acknowledging; when it fails to store, the loop backs off and fetches the
+    /// same update again. Failures never end the loop except a rejected token:
+    /// - 409 Conflict (another process polls with this token, e.g. the old instance during
+    ///   a restart): logged as an error, retried with backoff;
+    /// - 429: waits exactly the `retry_after` Telegram asked for;
+    /// - network trouble, timeouts, 5xx: exponential backoff with jitter (1 s .. 60 s by
+    ///   default, see [`TelegramConfig::backoff`](super::TelegramConfig::backoff));
+    /// - 401: returns [`PlatformError::Unauthorized`].
+    ///
+    /// Every wait also ends on `shutdown`.
+    pub async fn run_with_ready<R>(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+        ready: R,
+    ) -> Result<(), PlatformError>
+    where
+        R: FnOnce() + Send,
+    {
+        let config = &self.inner.config;
+        // The next `getUpdates` offset: every update below it was delivered or skipped.
+        let mut offset: Option<i32> = None;
+        // The offset Telegram has confirmed receiving (the last successful poll's).
+        let mut acknowledged: Option<i32> = None;
+        // Consecutive failures, for the backoff.
+        let mut failures: u32 = 0;
+
+        tracing::info!(
+            username = ?self.inner.me.username,
+            poll_timeout_secs = config.poll_timeout_secs,
+            "polling Telegram for updates"
+        );
+        ready();
+
+        loop {
+            let fetched = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                fetched = self.fetch(offset, config.poll_timeout_secs, None) => fetched,
+            };
+            let wait = match fetched {
+                Ok(batch) => {
+                    acknowledged = offset;
+                    match self
+                        .deliver_batch(batch, inbox.as_ref(), &shutdown, &mut offset)
+                        .await
+                    {
+                        Batch::Done => {
+                            failures = 0;
+                            continue;
+                        }
+                        Batch::Stopped => break,
+                        Batch::StoreFailed => self.backoff(&mut failures),
+                    }
+                }
+                Err(Failure::RetryAfter(wait)) => {
+                    tracing::warn!(?wait, "Telegram rate-limits getUpdates; waiting as asked");
+                    wait
+                }
+                Err(Failure::Transient(error)) => {
+                    let wait = self.backoff(&mut failures);
+                    tracing::warn!(%error, ?wait, "polling Telegram failed; retrying");
+                    wait
+                }
+                Err(Failure::Fatal(PlatformError::Unauthorized)) => {
+                    tracing::error!("Telegram rejected the bot token; stopping");
+                    return Err(PlatformError::Unauthorized);
+                }
+                Err(Failure::Fatal(PlatformError::Conflict(description))) => {
+                    let wait = self.backoff(&mut failures);
+                    let secs = wait.as_secs_f32();
+                    if description.contains("webhook") {
+                        tracing::error!(
+                            %description,
+                            "a webhook is set for this bot token, so getUpdates cannot be used \
+                             — remove it (deleteWebhook); retrying in {secs:.1}s"
+                        );
+                    } else {
+                        tracing::error!(
+                            %description,
+                            "another process is polling with this bot token — only one parlor \
+                             (or other bot) may use a token; retrying in {secs:.1}s"
+                        );
+                    }
+                    wait
+                }
+                Err(Failure::Fatal(error)) => {
+                    let wait = self.backoff(&mut failures);
+                    tracing::error!(%error, ?wait, "Telegram refused getUpdates; retrying");
+                    wait
+                }
+            };
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+
+        if let Some(offset) = offset
+            && acknowledged != Some(offset)
+        {
+            self.acknowledge(offset).await;
+        }
+        tracing::info!("stopped polling Telegram");
+        Ok(())
+    }
+
+    /// The next backoff wait; counts the failure.
+    fn backoff(&self, failures: &mut u32) -> Duration {
+        let wait = self.inner.config.backoff.delay(*failures);
+        *failures = failures.saturating_add(1);
+        wait
+    }
+
+    /// One `getUpdates` call under the request timeout.
+    async fn fetch(
+        &self,
+        offset: Option<i32>,
+        timeout_secs: u32,
+        limit: Option<u8>,
+    ) -> Result<Vec<Polled>, Failure> {
+        let mut request = self
+            .inner
+            .bot
+            .get_updates()
+            .timeout(timeout_secs)
+            .allowed_updates(self.inner.allowed_updates.iter().copied());
+        if let Some(offset) = offset {
+            request = request.offset(offset);
+        }
+        if let Some(limit) = limit {
+            request = request.limit(limit);
+        }
+        let timeout = self.inner.config.request_timeout();
+        match tokio::time::timeout(timeout, request).await {
+            Err(_) => Err(Failure::Transient(format!(
+                "getUpdates timed out after {timeout:?}"
+            ))),
+            Ok(Ok(updates)) => Ok(updates
+                .into_iter()
+                .map(|update| Polled::Update(Box::new(update)))
+                .collect()),
+            Ok(Err(RequestError::InvalidJson { raw, source })) => match salvage(&raw) {
+                Some(batch) => {
+                    tracing::warn!(error = %source, "reading getUpdates leniently");
+                    Ok(batch)
+                }
+                None => Err(self.fail(&RequestError::InvalidJson { raw, source })),
+            },
+            Ok(Err(error)) => Err(self.fail(&error)),
+        }
+    }
+
+    /// Delivers a batch in order, moving `offset` past each update once it is delivered or
+    /// skipped.
+    async fn deliver_batch(
+        &self,
+        batch: Vec<Polled>,
+        inbox: &dyn Inbox,
+        shutdown: &CancellationToken,
+        offset: &mut Option<i32>,
+    ) -> Batch {
+        for polled in batch {
+            let update_id = polled.id();
+            match polled {
+                Polled::Update(update) => {
+                    if let Some(message) = self.incoming(&update) {
+                        let session = message.chat.session_key();
+                        let message_id = message.message_id.clone();
+                        let delivered = tokio::select! {
+                            biased;
+                            () = shutdown.cancelled() => return Batch::Stopped,
+                            delivered = inbox.deliver(message) => delivered,
+                        };
+                        match delivered {
+                            Ok(()) => {
+                                tracing::debug!(update_id = update.id.0, %session, %message_id, "delivered");
+                            }
+                            Err(InboxError::ShuttingDown) => return Batch::Stopped,
+                            Err(InboxError::Store(error)) => {
+                                tracing::error!(
+                                    update_id = update.id.0, %session, %message_id, %error,
+                                    "could not store a Telegram message; it stays unacknowledged and is fetched again"
+                                );
+                                return Batch::StoreFailed;
+                            }
+                        }
+                    }
+                }
+                Polled::Broken { id, error } => {
+                    tracing::warn!(update_id = ?id, %error, "skipping an update that cannot be read");
+                }
+            }
+            if let Some(id) = update_id {
+                let next = next_offset(id);
+                *offset = Some(offset.map_or(next, |current| current.max(next)));
+            }
+        }
+        Batch::Done
+    }
+
+    /// The message an update carries, normalized; `None` for everything parlor skips.
+    fn incoming(&self, update: &Update) -> Option<IncomingMessage> {
+        match &update.kind {
+            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
+                let incoming = convert_message(message, &self.inner.me);
+                if incoming.is_none() {
+                    tracing::debug!(
+                        update_id = update.id.0,
+                        "skipping a message without text or image"
+                    );
+                }
+                incoming
+            }
+            UpdateKind::Error(_) => {
+                tracing::warn!(
+                    update_id = update.id.0,
+                    "skipping an update teloxide cannot parse"
+                );
+                None
+            }
+            _ => {
+                tracing::debug!(update_id = update.id.0, "skipping a non-message update");
+                None
+            }
+        }
+    }
+
+    /// Confirms delivered updates before exiting, so a clean restart does not fetch them
+    /// again. `timeout=0, limit=1`: whatever this returns stays unacknowledged for the next
+    /// run.
+    async fn acknowledge(&self, offset: i32) {
+        match tokio::time::timeout(
+            ACK_ON_SHUTDOWN_TIMEOUT,
+            self.fetch(Some(offset), 0, Some(1)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => tracing::debug!(offset, "acknowledged delivered updates"),
+            _ => tracing::debug!(
+                offset,
+                "could not acknowledge at shutdown; Telegram re-delivers, the runtime dedupes"
+            ),
+        }
+    }
+}
+
+/// The offset that acknowledges update `id`.
+fn next_offset(id: u32) -> i32 {
+    i32::try_from(u64::from(id) + 1).unwrap_or(i32::MAX)
+}
+
+/// Reads a `getUpdates` answer element by element after teloxide failed on the whole, so
+/// that one unreadable update is skipped instead of failing every poll forever.
+fn salvage(raw: &str) -> Option<Vec<Polled>> {
+    let value: Value = serde_json::from_str(raw).ok()?;
+    if value.get("ok")?.as_bool()? {
+        let items = value.get("result")?.as_array()?;
+        Some(
+            items
+                .iter()
+                .map(
+                    |item| match serde_json::from_value::<Update>(item.clone()) {
+                        Ok(update) => Polled::Update(Box::new(update)),
+                        Err(error) => Polled::Broken {
+                            id: item
+                                .get("update_id")
+                                .and_then(Value::as_u64)
+                                .and_then(|id| u32::try_from(id).ok()),
+                            error: error.to_string(),
+                        },
+                    },
+                )
+                .collect(),
+        )
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn salvage_keeps_good_updates_and_skips_broken_ones() {
+        let raw = r#"{"ok":true,"result":[
+            {"update_id":5,"message":{"message_id":1,"date":1,"chat":{"id":1,"type":"private"},"text":"hi"}},
+            {"update_id":6,"message":"not an object"},
+            {"no_id":true}
+        ]}"#;
+        let batch = salvage(raw).expect("valid JSON");
+        assert_eq!(batch.len(), 3);
+        assert!(matches!(&batch[0], Polled::Update(update) if update.id.0 == 5));
+        // teloxide turns an unreadable message into `UpdateKind::Error`, keeping the id.
+        assert_eq!(batch[1].id(), Some(6));
+        assert!(matches!(&batch[2], Polled::Broken { id: None, .. }));
+        assert!(salvage(r#"{"ok":false,"description":"x"}"#).is_none());
+        assert!(salvage("<html>").is_none());
+    }
+
+    #[test]
+    fn offsets_move_past_the_update() {
+        assert_eq!(next_offset(41), 42);
+        assert_eq!(next_offset(u32::MAX), i32::MAX);
+    }
+}

@@ -1,0 +1,849 @@
+//! The Telegram adapter against `parlor_testkit::FakeTelegram`: a real HTTP Bot API fake on
+//! 127.0.0.1, spoken to through teloxide exactly as in production.
+//!
+//! Real time throughout (the fake's docs: a paused clock would end long polls early); the
+//! adapter's backoff is configured in milliseconds and long polls to one second, so only
+//! the `retry_after` test waits a real second.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use parlor_adapters::telegram::{Backoff, TelegramAdapter, TelegramConfig};
+use parlor_bot::platform::{
+    ChatKind, ChatRef, ImageRef, Inbox, InboxError, IncomingMessage, Platform, PlatformError,
+};
+use parlor_testkit::{Failure, FakeTelegram, TgUser};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "123456:TEST-secret-token";
+const GROUP: i64 = -100123;
+const WAIT: Duration = Duration::from_secs(5);
+
+fn alice() -> TgUser {
+    TgUser::new(1001, "Alice").username("alice")
+}
+
+fn config(fake: &FakeTelegram) -> TelegramConfig {
+    let mut config = TelegramConfig::new(TOKEN);
+    config.api_url = fake.api_url();
+    config.poll_timeout_secs = 1;
+    config.backoff = Backoff {
+        initial: Duration::from_millis(10),
+        max: Duration::from_millis(50),
+    };
+    config
+}
+
+async fn connect(fake: &FakeTelegram) -> TelegramAdapter {
+    TelegramAdapter::connect(config(fake))
+        .await
+        .expect("connects to the fake")
+}
+
+fn group() -> ChatRef {
+    ChatRef::new("telegram", GROUP.to_string())
+}
+
+/// What a [`TestInbox`] does with a delivery.
+enum Mode {
+    Accept,
+    /// Waits for a permit before accepting: lets a test look at the world mid-delivery.
+    Gate(tokio::sync::Semaphore),
+    FailStore,
+    ShuttingDown,
+}
+
+/// Records deliveries, in the mode the test picks.
+struct TestInbox {
+    mode: Mode,
+    attempts: AtomicUsize,
+    messages: Mutex<Vec<IncomingMessage>>,
+}
+
+impl TestInbox {
+    fn new(mode: Mode) -> Arc<Self> {
+        Arc::new(TestInbox {
+            mode,
+            attempts: AtomicUsize::new(0),
+            messages: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn messages(&self) -> Vec<IncomingMessage> {
+        self.messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn attempts(&self) -> usize {
+        self.attempts.load(Ordering::SeqCst)
+    }
+
+    async fn wait_for_messages(&self, n: usize) -> Vec<IncomingMessage> {
+        eventually(&format!("{n} delivered message(s)"), || {
+            let messages = self.messages();
+            (messages.len() >= n).then_some(messages)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Inbox for TestInbox {
+    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        match &self.mode {
+            Mode::Accept => {}
+            Mode::Gate(gate) => gate.acquire().await.expect("the gate stays open").forget(),
+            Mode::FailStore => return Err(InboxError::Store("disk full".to_owned())),
+            Mode::ShuttingDown => return Err(InboxError::ShuttingDown),
+        }
+        self.messages
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(message);
+        Ok(())
+    }
+}
+
+/// Polls `check` every 10 ms until it answers `Some`, for at most [`WAIT`].
+async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+struct Running {
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), PlatformError>>,
+}
+
+impl Running {
+    async fn stop(self) -> Result<(), PlatformError> {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(2), self.task)
+            .await
+            .expect("run() stops promptly")
+            .expect("run() does not panic")
+    }
+}
+
+fn start(adapter: &TelegramAdapter, inbox: Arc<TestInbox>) -> Running {
+    let shutdown = CancellationToken::new();
+    let adapter = adapter.clone();
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move { adapter.run(inbox, token).await });
+    Running { shutdown, task }
+}
+
+// --- connect -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn connect_asks_who_we_are() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    assert_eq!(adapter.identity().id, 4242);
+    assert_eq!(adapter.identity().username.as_deref(), Some("parlor_bot"));
+    assert_eq!(adapter.name(), "telegram");
+    assert_eq!(fake.calls("getMe"), 1);
+    let shown = format!("{adapter:?}");
+    assert!(!shown.contains("secret"), "Debug leaks the token: {shown}");
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_unauthorized_at_once() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let mut config = config(&fake);
+    config.token = "999:wrong".to_owned();
+    let result = TelegramAdapter::connect(config).await;
+    assert!(
+        matches!(result, Err(PlatformError::Unauthorized)),
+        "{result:?}"
+    );
+    assert_eq!(
+        fake.calls("getMe"),
+        0,
+        "the fake records only the right token"
+    );
+}
+
+#[tokio::test]
+async fn a_token_file_newline_is_ignored() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let mut config = config(&fake);
+    config.token = format!("{TOKEN}\n");
+    assert!(TelegramAdapter::connect(config).await.is_ok());
+}
+
+#[tokio::test]
+async fn bad_config_is_refused_before_any_request() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let mut bad_url = config(&fake);
+    bad_url.api_url = "not a url".to_owned();
+    assert!(matches!(
+        TelegramAdapter::connect(bad_url).await,
+        Err(PlatformError::Refused(message)) if message.contains("api_url")
+    ));
+    let mut bad_update = config(&fake);
+    bad_update.allowed_updates = vec!["messages".to_owned()];
+    assert!(matches!(
+        TelegramAdapter::connect(bad_update).await,
+        Err(PlatformError::Refused(message)) if message.contains("messages")
+    ));
+    let mut empty = config(&fake);
+    empty.token = "  ".to_owned();
+    assert!(matches!(
+        TelegramAdapter::connect(empty).await,
+        Err(PlatformError::Unauthorized)
+    ));
+    assert!(fake.requests().is_empty());
+}
+
+#[tokio::test]
+async fn unreachable_api_errors_never_show_the_token() {
+    // A port nobody listens on.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let mut config = TelegramConfig::new(TOKEN);
+    config.api_url = format!("http://{addr}");
+    config.backoff = Backoff {
+        initial: Duration::from_millis(5),
+        max: Duration::from_millis(10),
+    };
+    match TelegramAdapter::connect(config).await {
+        Err(PlatformError::Unavailable(message)) => {
+            assert!(!message.contains(TOKEN), "{message}");
+            assert!(message.to_lowercase().contains("connect"), "{message}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+// --- receiving ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_group_mention_is_delivered_and_acknowledged_only_afterwards() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    let message_id = fake
+        .group_message(GROUP, alice().last_name("Liddell"), "what is 2+2?")
+        .mention_bot()
+        .push();
+    let update_id = fake.pending_updates()[0]["update_id"]
+        .as_i64()
+        .expect("an update id");
+
+    let inbox = TestInbox::new(Mode::Gate(tokio::sync::Semaphore::new(0)));
+    let ready = Arc::new(AtomicBool::new(false));
+    let shutdown = CancellationToken::new();
+    let task = {
+        let (adapter, inbox, shutdown, ready) = (
+            adapter.clone(),
+            inbox.clone(),
+            shutdown.clone(),
+            ready.clone(),
+        );
+        tokio::spawn(async move {
+            adapter
+                .run_with_ready(inbox, shutdown, move || ready.store(true, Ordering::SeqCst))
+                .await
+        })
+    };
+
+    // The inbox holds the message; Telegram must not have been told it is done.
+    eventually("a delivery attempt", || {
+        (inbox.attempts() == 1).then_some(())
+    })
+    .await;
+    assert!(ready.load(Ordering::SeqCst));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        fake.acked_offset().is_none_or(|offset| offset <= update_id),
+        "acknowledged before delivery: {:?}",
+        fake.acked_offset()
+    );
+
+    let Mode::Gate(gate) = &inbox.mode else {
+        unreachable!()
+    };
+    gate.add_permits(1);
+    fake.wait_for_ack(update_id, WAIT)
+        .await
+        .expect("acknowledged after delivery");
+
+    let messages = inbox.messages();
+    assert_eq!(messages.len(), 1);
+    let message = &messages[0];
+    assert_eq!(message.chat.session_key(), "telegram:-100123");
+    assert_eq!(message.kind, ChatKind::Group);
+    assert_eq!(message.message_id, message_id.to_string());
+    assert_eq!(message.sender.id, "telegram:1001");
+    assert_eq!(message.sender.name, "Alice Liddell");
+    assert_eq!(message.sender.username.as_deref(), Some("alice"));
+    assert!(!message.sender.is_bot);
+    assert_eq!(message.text, "@parlor_bot what is 2+2?");
+    assert!(message.mentions_bot);
+    assert!(!message.reply_to_bot);
+    assert_eq!(message.reply_to, None);
+
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(2), task).await;
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+    let calls = fake.get_updates_calls();
+    assert_eq!(calls[0].timeout, Some(1));
+    assert_eq!(calls[0].allowed_updates, Some(vec!["message".to_owned()]));
+}
+
+#[tokio::test]
+async fn a_failing_inbox_gets_no_acknowledgement_and_the_next_run_receives_it_again() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.group_message(GROUP, alice(), "remember this")
+        .mention_bot()
+        .push();
+    let update_id = fake.pending_updates()[0]["update_id"]
+        .as_i64()
+        .expect("an update id");
+
+    let failing = TestInbox::new(Mode::FailStore);
+    let run = start(&adapter, failing.clone());
+    // Backs off and tries the same update again, without acknowledging it.
+    eventually("three delivery attempts", || {
+        (failing.attempts() >= 3).then_some(())
+    })
+    .await;
+    assert!(run.stop().await.is_ok());
+    assert!(
+        fake.acked_offset().is_none_or(|offset| offset <= update_id),
+        "a failed delivery was acknowledged: {:?}",
+        fake.acked_offset()
+    );
+    assert_eq!(fake.pending_updates().len(), 1);
+
+    let working = TestInbox::new(Mode::Accept);
+    let run = start(&adapter, working.clone());
+    let messages = working.wait_for_messages(1).await;
+    assert_eq!(messages[0].text, "@parlor_bot remember this");
+    fake.wait_for_ack(update_id, WAIT)
+        .await
+        .expect("acknowledged now");
+    assert!(run.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn an_inbox_shutting_down_ends_the_run_without_acknowledging() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.private_message(alice(), "hello").push();
+    let update_id = fake.pending_updates()[0]["update_id"]
+        .as_i64()
+        .expect("an update id");
+
+    let inbox = TestInbox::new(Mode::ShuttingDown);
+    let result = tokio::time::timeout(WAIT, adapter.run(inbox.clone(), CancellationToken::new()))
+        .await
+        .expect("run() ends by itself");
+    assert!(result.is_ok());
+    assert_eq!(inbox.attempts(), 1);
+    assert!(fake.acked_offset().is_none_or(|offset| offset <= update_id));
+}
+
+#[tokio::test]
+async fn what_cannot_be_represented_is_skipped_but_acknowledged() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    let skipped = [
+        // A service message (no text, no image).
+        fake.push_update(json!({"message": {
+            "message_id": 1, "date": 1_700_000_000,
+            "chat": {"id": GROUP, "type": "supergroup", "title": "t"},
+            "from": {"id": 1001, "is_bot": false, "first_name": "Alice"},
+            "new_chat_title": "renamed"
+        }})),
+        // A message teloxide cannot read at all.
+        fake.push_update(json!({"message": {"message_id": "not a number"}})),
+    ];
+    let last = fake.private_message(alice(), "still here").push();
+    let last_update = fake
+        .pending_updates()
+        .last()
+        .map(|u| u["update_id"].clone());
+    let last_update = last_update.and_then(|id| id.as_i64()).expect("pending");
+
+    let inbox = TestInbox::new(Mode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let messages = inbox.wait_for_messages(1).await;
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].message_id, last.to_string());
+    assert_eq!(messages[0].kind, ChatKind::Private);
+    assert_eq!(messages[0].chat.session_key(), "telegram:1001");
+    fake.wait_for_ack(last_update, WAIT)
+        .await
+        .expect("everything acknowledged");
+    assert!(skipped.iter().all(|id| *id < last_update));
+    assert!(run.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn commands_topics_replies_and_photos_arrive_normalized() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    let ours = fake
+        .group_message(GROUP, alice(), "")
+        .command("/help@parlor_bot")
+        .push();
+    let other = fake
+        .group_message(GROUP, alice(), "")
+        .command("/help@other_bot")
+        .push();
+    let in_topic = fake
+        .group_message(GROUP - 1, alice(), "in the topic")
+        .topic(7)
+        .push();
+    let reply = fake
+        .group_message(GROUP, alice(), "and then?")
+        .reply_to(500, true)
+        .push();
+    let photo = fake
+        .group_message(GROUP, alice(), "what is this?")
+        .mention_bot()
+        .photo("photo-1", 2048)
+        .push();
+
+    let inbox = TestInbox::new(Mode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let messages = inbox.wait_for_messages(5).await;
+    assert!(run.stop().await.is_ok());
+    let by_id = |id: i64| {
+        messages
+            .iter()
+            .find(|m| m.message_id == id.to_string())
+            .unwrap_or_else(|| panic!("message {id} delivered"))
+    };
+
+    assert_eq!(by_id(ours).text, "/help");
+    assert!(by_id(ours).mentions_bot);
+    assert_eq!(by_id(other).text, "/help@other_bot");
+    assert!(!by_id(other).mentions_bot);
+
+    let topic = by_id(in_topic);
+    assert_eq!(topic.chat.session_key(), "telegram:-100124/topic:7");
+    assert_eq!(topic.reply_to, None, "the topic root is no reply");
+
+    let reply = by_id(reply);
+    assert_eq!(
+        reply.chat.session_key(),
+        "telegram:-100123",
+        "a reply thread is no topic"
+    );
+    assert_eq!(reply.reply_to.as_deref(), Some("500"));
+    assert!(reply.reply_to_bot);
+
+    let photo = by_id(photo);
+    assert_eq!(photo.text, "@parlor_bot what is this?");
+    assert!(photo.mentions_bot);
+    assert_eq!(
+        photo.images,
+        vec![ImageRef {
+            file_id: "photo-1".to_owned(),
+            mime_type: Some("image/jpeg".to_owned()),
+            size: Some(2048),
+        }]
+    );
+}
+
+#[tokio::test]
+async fn edited_messages_are_delivered_when_asked_for() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let mut config = config(&fake);
+    config.allowed_updates = vec!["message".to_owned(), "edited_message".to_owned()];
+    let adapter = TelegramAdapter::connect(config).await.expect("connects");
+    let mut edited = fake
+        .group_message(GROUP, alice(), "fixed typo")
+        .mention_bot()
+        .build();
+    edited["edit_date"] = json!(1_700_000_100);
+    let message_id = edited["message_id"].clone();
+    fake.push_update(json!({ "edited_message": edited }));
+
+    let inbox = TestInbox::new(Mode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let messages = inbox.wait_for_messages(1).await;
+    assert!(run.stop().await.is_ok());
+    assert_eq!(json!(messages[0].message_id), json!(message_id.to_string()));
+    assert_eq!(messages[0].text, "@parlor_bot fixed typo");
+    assert_eq!(
+        fake.get_updates_calls()[0].allowed_updates,
+        Some(vec!["message".to_owned(), "edited_message".to_owned()])
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_on_get_updates_is_logged_and_polling_continues() {
+    let logs = capture::Logs::default();
+    let _guard = tracing::subscriber::set_default(logs.clone());
+
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.fail_next("getUpdates", Failure::Conflict);
+    fake.fail_next("getUpdates", Failure::Conflict);
+    fake.private_message(alice(), "still polling?").push();
+
+    let inbox = TestInbox::new(Mode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let messages = inbox.wait_for_messages(1).await;
+    assert_eq!(messages[0].text, "still polling?");
+    assert!(run.stop().await.is_ok());
+    assert!(fake.calls("getUpdates") >= 3);
+
+    let errors = logs.errors();
+    assert_eq!(
+        errors
+            .iter()
+            .filter(|line| line.contains("another process is polling with this bot token"))
+            .count(),
+        2,
+        "{errors:#?}"
+    );
+    assert!(logs.all().iter().all(|line| !line.contains(TOKEN)));
+}
+
+#[tokio::test]
+async fn retry_after_on_get_updates_is_waited_out() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.fail_next("getUpdates", Failure::RetryAfter(1));
+    fake.private_message(alice(), "patience").push();
+    let started = Instant::now();
+    let inbox = TestInbox::new(Mode::Accept);
+    let run = start(&adapter, inbox.clone());
+    inbox.wait_for_messages(1).await;
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(run.stop().await.is_ok());
+}
+
+#[tokio::test]
+async fn shutdown_ends_a_waiting_long_poll_within_a_second() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let mut config = config(&fake);
+    config.poll_timeout_secs = 30;
+    let adapter = TelegramAdapter::connect(config).await.expect("connects");
+    let run = start(&adapter, TestInbox::new(Mode::Accept));
+    fake.wait_for_calls("getUpdates", 1, WAIT)
+        .await
+        .expect("polling");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let stopping = Instant::now();
+    run.shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(1), run.task)
+        .await
+        .expect("stopped within a second");
+    assert!(matches!(result, Ok(Ok(()))));
+    assert!(stopping.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_token_revoked_while_polling_ends_the_run() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.fail_next(
+        "getUpdates",
+        Failure::Status(401, "Unauthorized".to_owned()),
+    );
+    let result = tokio::time::timeout(
+        WAIT,
+        adapter.run(TestInbox::new(Mode::Accept), CancellationToken::new()),
+    )
+    .await
+    .expect("run() ends by itself");
+    assert!(matches!(result, Err(PlatformError::Unauthorized)));
+}
+
+// --- sending -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_long_answer_is_split_and_threaded_to_the_question() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    let asked = fake
+        .group_message(GROUP, alice(), "tell me everything")
+        .mention_bot()
+        .push();
+    let text = "all work and no play makes a long answer ".repeat(225); // 9225 chars
+
+    let sent = adapter
+        .send_message(&group(), &text, Some(&asked.to_string()))
+        .await
+        .expect("sent");
+    assert_eq!(sent.message_ids.len(), 3);
+
+    let recorded = fake.sent_messages();
+    assert_eq!(recorded.len(), 3);
+    assert_eq!(recorded[0].reply_to_message_id, Some(asked));
+    assert!(
+        recorded[1..]
+            .iter()
+            .all(|m| m.reply_to_message_id.is_none())
+    );
+    assert!(recorded.iter().all(|m| m.chat_id == GROUP));
+    assert!(
+        recorded
+            .iter()
+            .all(|m| m.text.encode_utf16().count() <= 4096)
+    );
+    assert!(recorded.iter().all(|m| m.parse_mode.is_none()));
+    let ids: Vec<String> = recorded.iter().map(|m| m.message_id.to_string()).collect();
+    assert_eq!(sent.message_ids, ids);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let sent_words: Vec<&str> = recorded
+        .iter()
+        .flat_map(|m| m.text.split_whitespace())
+        .collect();
+    assert_eq!(sent_words, words);
+}
+
+#[tokio::test]
+async fn answers_go_to_the_topic_and_survive_a_deleted_original() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.forum_topic(GROUP, 7);
+    let topic = group().in_thread("7");
+    // Message 999 does not exist (deleted): the answer still goes out.
+    adapter
+        .send_message(&topic, "here you go", Some("999"))
+        .await
+        .expect("sent without the reply");
+    let sent = fake.sent_messages();
+    assert_eq!(sent[0].thread_id, Some(7));
+    assert_eq!(sent[0].text, "here you go");
+    assert_eq!(
+        sent[0].params["reply_parameters"]["allow_sending_without_reply"],
+        json!(true)
+    );
+
+    adapter.send_typing(&topic).await.expect("typing");
+    let actions = fake.chat_actions();
+    assert_eq!(actions.len(), 1);
+    assert_eq!(
+        (
+            actions[0].chat_id,
+            actions[0].action.as_str(),
+            actions[0].thread_id
+        ),
+        (GROUP, "typing", Some(7))
+    );
+}
+
+#[tokio::test]
+async fn retry_after_on_send_message_is_honoured() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.group_chat(GROUP, "Parlor test");
+    fake.fail_next("sendMessage", Failure::RetryAfter(1));
+    let started = Instant::now();
+    let sent = adapter
+        .send_message(&group(), "after the flood", None)
+        .await
+        .expect("sent on the second try");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(sent.message_ids.len(), 1);
+    assert_eq!(fake.calls("sendMessage"), 2);
+    assert_eq!(fake.sent_messages().len(), 1);
+}
+
+#[tokio::test]
+async fn send_errors_map_to_platform_errors() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    // Never seen: Telegram answers "chat not found".
+    let unknown = ChatRef::new("telegram", "-100999");
+    assert!(matches!(
+        adapter.send_message(&unknown, "hello?", None).await,
+        Err(PlatformError::NotFound(_))
+    ));
+    fake.group_chat(GROUP, "Parlor test");
+    fake.fail_next(
+        "sendMessage",
+        Failure::BadRequest("not enough rights to send text messages to the chat".to_owned()),
+    );
+    assert!(matches!(
+        adapter.send_message(&group(), "hello?", None).await,
+        Err(PlatformError::Refused(message)) if message.contains("not enough rights")
+    ));
+    assert!(matches!(
+        adapter.send_message(&group(), " \n ", None).await,
+        Err(PlatformError::Refused(_))
+    ));
+    assert!(matches!(
+        adapter
+            .send_message(&ChatRef::new("discord", "1"), "hi", None)
+            .await,
+        Err(PlatformError::Refused(_))
+    ));
+    assert!(matches!(
+        adapter
+            .send_message(&ChatRef::new("telegram", "abc"), "hi", None)
+            .await,
+        Err(PlatformError::NotFound(_))
+    ));
+}
+
+// --- admins and images -------------------------------------------------------------------
+
+#[tokio::test]
+async fn chat_admins_are_platform_qualified_and_private_chats_have_none() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.set_admins(GROUP, vec![1001, 1002]);
+    let admins = adapter.chat_admins(&group()).await.expect("admins");
+    assert_eq!(
+        admins,
+        ["telegram:1001", "telegram:1002", "telegram:-100123"],
+        "users, then the group itself (anonymous admins write as the group)"
+    );
+    let private = ChatRef::new("telegram", "1001");
+    assert!(
+        adapter
+            .chat_admins(&private)
+            .await
+            .expect("none")
+            .is_empty()
+    );
+    assert_eq!(fake.calls("getChatAdministrators"), 1);
+}
+
+#[tokio::test]
+async fn download_image_returns_the_bytes() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    fake.add_file("photo-1", bytes.clone());
+    let image = ImageRef {
+        file_id: "photo-1".to_owned(),
+        mime_type: Some("image/jpeg".to_owned()),
+        size: Some(70_000),
+    };
+    assert_eq!(
+        adapter.download_image(&image).await.expect("downloaded"),
+        bytes
+    );
+    assert_eq!(fake.downloads().len(), 1);
+
+    let missing = ImageRef {
+        file_id: "gone".to_owned(),
+        mime_type: None,
+        size: None,
+    };
+    assert!(matches!(
+        adapter.download_image(&missing).await,
+        Err(PlatformError::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn download_image_refuses_oversize_files() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let mut config = config(&fake);
+    config.max_image_bytes = 1000;
+    let adapter = TelegramAdapter::connect(config).await.expect("connects");
+    fake.add_file("big", vec![7u8; 5000]);
+
+    // The message said how big it is: refused without asking Telegram.
+    let announced = ImageRef {
+        file_id: "big".to_owned(),
+        mime_type: None,
+        size: Some(5000),
+    };
+    assert!(matches!(
+        adapter.download_image(&announced).await,
+        Err(PlatformError::Refused(message)) if message.contains("1000")
+    ));
+    assert_eq!(fake.calls("getFile"), 0);
+
+    // Size unknown in the message: getFile tells, and nothing is downloaded.
+    let unannounced = ImageRef {
+        size: None,
+        ..announced
+    };
+    assert!(matches!(
+        adapter.download_image(&unannounced).await,
+        Err(PlatformError::Refused(_))
+    ));
+    assert_eq!(fake.calls("getFile"), 1);
+    assert!(fake.downloads().is_empty());
+}
+
+/// A minimal `tracing` subscriber that keeps every event's fields as text.
+mod capture {
+    use std::fmt::{self, Write as _};
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata, Subscriber};
+
+    #[derive(Clone, Default)]
+    pub struct Logs(Arc<Mutex<Vec<(Level, String)>>>);
+
+    impl Logs {
+        fn lines(&self) -> Vec<(Level, String)> {
+            self.0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone()
+        }
+
+        pub fn errors(&self) -> Vec<String> {
+            self.lines()
+                .into_iter()
+                .filter(|(level, _)| *level == Level::ERROR)
+                .map(|(_, line)| line)
+                .collect()
+        }
+
+        pub fn all(&self) -> Vec<String> {
+            self.lines().into_iter().map(|(_, line)| line).collect()
+        }
+    }
+
+    struct Line(String);
+
+    impl Visit for Line {
+        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+            let _ = write!(self.0, "{}={value:?} ", field.name());
+        }
+    }
+
+    impl Subscriber for Logs {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut line = Line(String::new());
+            event.record(&mut line);
+            self.0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push((*event.metadata().level(), line.0));
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+}
