@@ -658,3 +658,37 @@ async fn a_scheduled_input_runs_as_its_own_turn_and_reports_the_posted_ids() {
     );
     assert!(rig.store.pending().unwrap().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn idle_sessions_leave_memory_and_come_back_from_the_store() {
+    let config = SessionConfig {
+        idle_timeout: Duration::from_secs(60),
+        ..SessionConfig::default()
+    };
+    let rig = rig_with(
+        Arc::new(MemoryStore::new()),
+        GatedLlm::new(true),
+        Arc::new(TestPlatform::default()),
+        config,
+    );
+    rig.manager
+        .deliver(msg(1, "alice", "@parlor hi"))
+        .await
+        .unwrap();
+    rig.platform.wait_sent(1).await;
+    assert_eq!(rig.manager.live_sessions(), 1);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(
+        rig.manager.live_sessions(),
+        0,
+        "the idle session left memory"
+    );
+    rig.manager
+        .deliver(msg(2, "alice", "@parlor again"))
+        .await
+        .unwrap();
+    rig.platform.wait_sent(2).await;
+    // The history came back from the store: the second request carries the first turn.
+    let requests = rig.llm.requests.lock().unwrap().clone();
+    assert_eq!(requests[1].messages.len(), 1 + 2 + 1);
+}

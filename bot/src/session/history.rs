@@ -65,3 +65,60 @@ pub fn trim_to_budget(history: &mut Vec<Message>, budget: usize) {
     }
     history.drain(..cut);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::ToolCall;
+
+    fn turn(i: usize, size: usize) -> Vec<Message> {
+        vec![
+            Message::user(format!("user {i} {}", "x".repeat(size))),
+            Message::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall::new(format!("c{i}"), "time_now", "{}")],
+            },
+            Message::tool(format!("c{i}"), "y".repeat(size)),
+            Message::assistant(format!("answer {i}")),
+        ]
+    }
+
+    #[test]
+    fn trimming_drops_whole_old_turns_and_keeps_pairs_together() {
+        let mut history: Vec<Message> = (0..10).flat_map(|i| turn(i, 400)).collect();
+        let total: usize = history.iter().map(estimate_tokens).sum();
+        trim_to_budget(&mut history, total / 2);
+        assert!(history.iter().map(estimate_tokens).sum::<usize>() <= total / 2);
+        assert!(
+            matches!(&history[0], Message::User { content } if content.text().starts_with("user 5"))
+        );
+        assert_eq!(history.len() % 4, 0, "whole turns only");
+        for pair in history.chunks(4) {
+            let Message::Assistant { tool_calls, .. } = &pair[1] else {
+                panic!("turn shape broken: {pair:?}");
+            };
+            assert!(
+                matches!(&pair[2], Message::Tool { tool_call_id, .. } if *tool_call_id == tool_calls[0].id)
+            );
+        }
+    }
+
+    #[test]
+    fn the_newest_turn_stays_even_when_it_alone_is_too_big() {
+        let mut history: Vec<Message> = (0..3).flat_map(|i| turn(i, 10_000)).collect();
+        trim_to_budget(&mut history, 10);
+        assert_eq!(history.len(), 4);
+        assert!(
+            matches!(&history[0], Message::User { content } if content.text().starts_with("user 2"))
+        );
+    }
+
+    #[test]
+    fn a_history_not_starting_with_a_user_message_is_repaired() {
+        let mut history = vec![Message::tool("orphan", "result"), Message::assistant("x")];
+        history.extend(turn(1, 10));
+        trim_to_budget(&mut history, 1_000_000);
+        assert!(matches!(history[0], Message::User { .. }));
+        assert_eq!(history.len(), 4);
+    }
+}
