@@ -692,3 +692,44 @@ async fn idle_sessions_leave_memory_and_come_back_from_the_store() {
     let requests = rig.llm.requests.lock().unwrap().clone();
     assert_eq!(requests[1].messages.len(), 1 + 2 + 1);
 }
+
+#[tokio::test]
+async fn notices_merge_while_busy_and_a_withdrawn_one_is_never_delivered() {
+    let rig = rig(false);
+    rig.manager
+        .deliver(msg(1, "alice", "@parlor start"))
+        .await
+        .unwrap();
+    while rig.llm.user_inputs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let system = parlor_bot::tool::Caller::default();
+    let a = rig
+        .manager
+        .submit_notice(&group(), "<R>a</R>".into(), system.clone())
+        .await
+        .unwrap();
+    let b = rig
+        .manager
+        .submit_notice(&group(), "<R>b</R>".into(), system.clone())
+        .await
+        .unwrap();
+    let c = rig
+        .manager
+        .submit_notice(&group(), "<R>c</R>".into(), system)
+        .await
+        .unwrap();
+    assert!(rig.manager.withdraw(&group(), b).unwrap());
+    assert!(
+        !rig.manager.withdraw(&group(), b).unwrap(),
+        "already withdrawn"
+    );
+    rig.llm.release(100);
+    rig.platform.wait_sent(2).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let inputs = rig.llm.user_inputs();
+    assert_eq!(inputs.len(), 2, "{inputs:?}");
+    assert_eq!(inputs[1], "<R>a</R>\n<R>c</R>");
+    assert!(rig.store.pending().unwrap().is_empty());
+    let _ = (a, c);
+}

@@ -334,6 +334,67 @@ impl SessionManager {
         Ok(rx)
     }
 
+    /// Queues a notice for `chat` (a background task's result) as a stackable
+    /// `task_result` item: several notices while the session is busy merge into one turn.
+    /// Stored as pending first, so it survives a crash. Returns the pending id, which
+    /// [`SessionManager::withdraw`] takes.
+    pub async fn submit_notice(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        caller: Caller,
+    ) -> Result<u64, SubmitError> {
+        if self.inner.draining.is_cancelled() {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if self.platform(chat).is_none() {
+            return Err(SubmitError::NoPlatform(chat.platform.clone()));
+        }
+        let session = self.session(chat);
+        let pending = PendingItem {
+            id: 0,
+            session: session.key.clone(),
+            chat: chat.clone(),
+            kind: PendingKind::TaskResult,
+            caller: caller.clone(),
+            text: text.clone(),
+            reply_to: None,
+            images: Vec::new(),
+            received: Utc::now(),
+        };
+        let id = self.inner.store.add_pending(pending)?;
+        self.durable().await?;
+        let item = QueueItem {
+            kind: PendingKind::TaskResult,
+            chat: chat.clone(),
+            lines: vec![text],
+            pending_ids: vec![id],
+            reply_to: None,
+            callers: vec![caller],
+            images: Vec::new(),
+        };
+        if session.queue.push(item).is_err() {
+            // The record stays pending: the notice is delivered at the next start rather
+            // than lost.
+            tracing::warn!(session = %session.key, pending = id, "queue full; the notice waits for the next start");
+            return Err(SubmitError::QueueFull);
+        }
+        self.ensure_actor(&session);
+        Ok(id)
+    }
+
+    /// Withdraws a queued input that has not started its turn yet (a task notice whose
+    /// result the model already read). `true` when it was withdrawn; `false` when it already
+    /// ran or is running (then it is delivered once, as usual).
+    pub fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, SubmitError> {
+        let session = self.session(chat);
+        if !session.queue.withdraw(pending_id) {
+            return Ok(false);
+        }
+        self.inner.store.remove_pending(&[pending_id])?;
+        Ok(true)
+    }
+
     fn lock_waiters(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<u64, tokio::sync::oneshot::Sender<ScheduledOutcome>>>

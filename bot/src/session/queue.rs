@@ -151,6 +151,31 @@ impl SessionQueue {
         self.lock().is_empty()
     }
 
+    /// Removes the input with pending id `pending_id` from a waiting item (its line goes
+    /// with it; an item left empty goes too). `false` when no waiting item holds it.
+    pub fn withdraw(&self, pending_id: u64) -> bool {
+        let mut items = self.lock();
+        for index in 0..items.len() {
+            let item = &mut items[index];
+            let Some(at) = item.pending_ids.iter().position(|&id| id == pending_id) else {
+                continue;
+            };
+            item.pending_ids.remove(at);
+            // Lines and ids are pushed in pairs, one line per input.
+            if at < item.lines.len() {
+                item.lines.remove(at);
+            }
+            if at < item.callers.len() {
+                item.callers.remove(at);
+            }
+            if item.pending_ids.is_empty() {
+                items.remove(index);
+            }
+            return true;
+        }
+        false
+    }
+
     /// Removes every waiting item and returns them (`/reset`).
     pub fn clear(&self) -> Vec<QueueItem> {
         self.lock().drain(..).collect()
