@@ -733,3 +733,20 @@ async fn notices_merge_while_busy_and_a_withdrawn_one_is_never_delivered() {
     assert!(rig.store.pending().unwrap().is_empty());
     let _ = (a, c);
 }
+
+#[tokio::test]
+async fn without_vision_the_model_is_told_an_image_was_attached() {
+    let rig = rig(true);
+    let mut m = msg(1, "alice", "@parlor look");
+    m.images = vec![ImageRef {
+        file_id: "f1".into(),
+        mime_type: None,
+        size: None,
+    }];
+    rig.manager.deliver(m).await.unwrap();
+    rig.platform.wait_sent(1).await;
+    assert_eq!(
+        rig.llm.user_inputs(),
+        ["alice: @parlor look\n[1 image attached; this model cannot see images]"]
+    );
+}

@@ -761,8 +761,16 @@ impl SessionManager {
     /// The turn's input content: the text, plus images when vision is on.
     async fn input_content(&self, item: &QueueItem) -> Content {
         let text = item.text();
-        if !self.inner.config.vision || item.images.is_empty() {
+        if item.images.is_empty() {
             return Content::Text(text);
+        }
+        if !self.inner.config.vision {
+            // The model should know a picture was part of the message, even unseen.
+            let n = item.images.len();
+            return Content::Text(format!(
+                "{text}\n[{n} image{} attached; this model cannot see images]",
+                if n == 1 { "" } else { "s" }
+            ));
         }
         let Some(platform) = self.platform(&item.chat) else {
             return Content::Text(text);
