@@ -182,18 +182,21 @@ pub struct ToolsetsConfig {
     pub enabled: Vec<String>,
     /// `[toolsets.time]`
     pub time: TimeConfig,
+    /// `[toolsets.memory]`
+    pub memory: MemoryConfig,
     /// `[[toolsets.prompt]]`: prompt-only toolsets.
     pub prompt: Vec<PromptConfig>,
 }
 
-/// Built-in toolsets this build knows.
-pub const KNOWN_TOOLSETS: &[&str] = &["todo_list", "time"];
+/// Toolsets this build knows.
+pub const KNOWN_TOOLSETS: &[&str] = &["todo_list", "time", "message", "memory"];
 
 impl Default for ToolsetsConfig {
     fn default() -> Self {
         ToolsetsConfig {
             enabled: KNOWN_TOOLSETS.iter().map(|s| s.to_string()).collect(),
             time: TimeConfig::default(),
+            memory: MemoryConfig::default(),
             prompt: Vec::new(),
         }
     }
@@ -211,6 +214,25 @@ impl Default for TimeConfig {
     fn default() -> Self {
         TimeConfig {
             default_timezone: "UTC".to_owned(),
+        }
+    }
+}
+
+/// `[toolsets.memory]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Most entries one chat may keep.
+    pub max_entries: usize,
+    /// Longest entry, in characters.
+    pub max_entry_chars: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            max_entries: 200,
+            max_entry_chars: 4000,
         }
     }
 }
@@ -286,6 +308,14 @@ impl Config {
             (
                 "telegram.poll_timeout_secs",
                 u64::from(self.telegram.poll_timeout_secs),
+            ),
+            (
+                "toolsets.memory.max_entries",
+                self.toolsets.memory.max_entries as u64,
+            ),
+            (
+                "toolsets.memory.max_entry_chars",
+                self.toolsets.memory.max_entry_chars as u64,
             ),
         ] {
             if value == 0 {

@@ -90,6 +90,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// A store that lives for this command only: `tools` and `ask` need the toolsets built, not
+/// the daemon's database (which a running daemon holds locked).
+fn ephemeral_store() -> Arc<dyn parlor_bot::store::Store> {
+    Arc::new(parlor_bot::store::MemoryStore::new())
+}
+
 fn init_logging(default_level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("PARLOR_LOG")
@@ -109,7 +115,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     match cli.command {
         Command::Tools { json } => {
-            let registry = wiring::registry(&config)?;
+            let registry = wiring::registry(&config, ephemeral_store())?;
             let text = if json {
                 catalog::to_json(&registry)
             } else {
@@ -120,7 +126,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckConfig => {
-            wiring::registry(&config)?;
+            wiring::registry(&config, ephemeral_store())?;
             config.api_key()?;
             config.telegram_token()?;
             println!("configuration is valid");
@@ -218,7 +224,7 @@ async fn chat(
 }
 
 async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow::Result<ExitCode> {
-    let agent = wiring::agent(config)?;
+    let agent = wiring::agent(config, ephemeral_store())?;
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     // Ctrl-C stops the turn cleanly instead of killing the process mid-call.

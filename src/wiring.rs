@@ -13,15 +13,37 @@ use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
 use parlor_bot::tools::{PromptToolset, TodoList, time};
+use parlor_plugins::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
 
 use crate::config::Config;
 
-/// The tool registry this configuration describes, names and schemas checked.
-pub fn registry(config: &Config) -> anyhow::Result<ToolRegistry> {
+/// The tool registry this configuration describes, names and schemas checked. Toolsets
+/// that keep state in the store (message log, memory) use `store`.
+pub fn registry(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<ToolRegistry> {
     let mut toolsets: Vec<Arc<dyn ToolSet>> = Vec::new();
     for name in &config.toolsets.enabled {
         match name.as_str() {
             "todo_list" => toolsets.push(Arc::new(TodoList::new())),
+            "message" => toolsets.push(
+                message_toolset(
+                    Arc::clone(&store),
+                    MessageOptions {
+                        vision: config.llm.vision,
+                        bot_name: config.bot.name.clone(),
+                        context_scan_limit: config.bot.max_messages_per_chat,
+                        ..MessageOptions::default()
+                    },
+                )
+                .context("cannot build the message toolset")?,
+            ),
+            "memory" => toolsets.push(memory_toolset(
+                Arc::clone(&store),
+                MemoryOptions {
+                    max_entries: config.toolsets.memory.max_entries,
+                    max_entry_chars: config.toolsets.memory.max_entry_chars,
+                    ..MemoryOptions::default()
+                },
+            )),
             "time" => {
                 let tz = time::parse_timezone(&config.toolsets.time.default_timezone)
                     .map_err(|why| anyhow::anyhow!("toolsets.time.default_timezone: {why}"))?;
@@ -37,7 +59,7 @@ pub fn registry(config: &Config) -> anyhow::Result<ToolRegistry> {
 }
 
 /// The agent this configuration describes, talking to the configured endpoint.
-pub fn agent(config: &Config) -> anyhow::Result<Agent> {
+pub fn agent(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<Agent> {
     let llm = OpenAiClient::with_retries(OpenAiConfig {
         base_url: config.base_url(),
         api_key: config.api_key()?,
@@ -62,7 +84,7 @@ pub fn agent(config: &Config) -> anyhow::Result<Agent> {
     };
     Ok(Agent::new(
         Arc::new(llm),
-        registry(config)?,
+        registry(config, store)?,
         &config.bot.system_prompt,
         agent_config,
     ))
@@ -104,8 +126,8 @@ pub fn sessions(
         ..SessionConfig::default()
     };
     Ok(SessionManager::new(
-        store,
-        agent(config)?,
+        Arc::clone(&store),
+        agent(config, store)?,
         platforms,
         session_config,
     ))

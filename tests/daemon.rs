@@ -383,3 +383,80 @@ async fn a_wrong_token_or_no_platform_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_reads_group_context_but_never_another_chats_messages() {
+    use parlor_testkit::ToolCallSpec;
+    const OTHER: i64 = -100_999;
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+
+    // Telegram numbers messages per chat: give the other group's secret an id that this
+    // group never reaches, so "not found" is about the chat and not the number.
+    for i in 0..9 {
+        telegram
+            .group_message(OTHER, bob(), format!("filler {i}"))
+            .push();
+    }
+    let secret = telegram
+        .group_message(OTHER, bob(), "the other group's secret plan")
+        .push();
+    telegram
+        .group_message(GROUP, bob(), "I think we should hike on Sunday")
+        .push();
+    telegram
+        .group_message(
+            GROUP,
+            TgUser::new(1003, "Carol"),
+            "Saturday is better for me",
+        )
+        .push();
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "get_group_context",
+        serde_json::json!({"limit": 2}),
+    )]));
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c2",
+        "get_message",
+        serde_json::json!({"message_id": secret.to_string()}),
+    )]));
+    llm.push(Reply::text("Bob prefers Sunday, Carol Saturday."));
+    telegram
+        .group_message(
+            GROUP,
+            alice(),
+            "@parlor_bot what did they say about the hike?",
+        )
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "Bob prefers Sunday, Carol Saturday.");
+
+    let requests = llm.requests();
+    let tool_result = |request: usize| -> serde_json::Value {
+        let messages = requests[request].messages();
+        let content = messages.last().unwrap()["content"].as_str().unwrap();
+        serde_json::from_str(content).unwrap()
+    };
+    let context = tool_result(1);
+    assert_eq!(context["success"], true, "{context}");
+    let text = context.to_string();
+    // Newest first, attributed, and paged: the mention itself, then Carol; Bob is on the
+    // next page.
+    assert!(
+        text.contains("Carol") && text.contains("Saturday is better"),
+        "{text}"
+    );
+    assert!(!text.contains("secret plan"), "{text}");
+    assert!(
+        context["data"]["next_before_message_id"].is_string(),
+        "{context}"
+    );
+    let refused = tool_result(2);
+    assert_eq!(refused["error_code"], "MESSAGE_NOT_FOUND", "{refused}");
+    assert!(!refused.to_string().contains("secret plan"));
+    daemon.terminate().await;
+}

@@ -680,13 +680,13 @@ async fn the_todo_plan_is_per_session_and_reset_clears_it() {
     one.run_turn(&[], input("plan"), CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(one.tools().injections().len(), 1);
+    assert_eq!(one.tools().injections("console:local").len(), 1);
     assert!(
-        two.tools().injections().is_empty(),
+        two.tools().injections("console:local").is_empty(),
         "another session must not see the plan"
     );
     one.tools().reset();
-    assert!(one.tools().injections().is_empty());
+    assert!(one.tools().injections("console:local").is_empty());
 }
 
 #[tokio::test]
@@ -724,7 +724,7 @@ async fn the_todo_list_refuses_two_steps_in_progress() {
         results[1].1
     );
     assert!(
-        agent.tools().injections().is_empty(),
+        agent.tools().injections("console:local").is_empty(),
         "a refused plan is not stored"
     );
 }

@@ -83,10 +83,10 @@ async fn todo_list_stores_the_plan_and_reports_counts() {
     .await;
     assert_eq!(result["data"]["completed"], 1);
     assert_eq!(result["data"]["pending"], 1);
-    assert_eq!(registry.injections().len(), 1);
+    assert_eq!(registry.injections("s").len(), 1);
     let cleared = call(&registry, "todo_list", json!({"plan": []})).await;
     assert_eq!(cleared["message"], "plan cleared");
-    assert!(registry.injections().is_empty());
+    assert!(registry.injections("s").is_empty());
 }
 
 #[test]

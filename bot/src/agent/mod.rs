@@ -215,7 +215,10 @@ impl Agent {
         cancel: CancellationToken,
     ) -> Result<Turn, AgentError> {
         let user = Message::User {
-            content: with_injections(input.content.clone(), &self.tools.injections()),
+            content: with_injections(
+                input.content.clone(),
+                &self.tools.injections(&input.session),
+            ),
         };
         let mut turn = Turn {
             messages: vec![user],

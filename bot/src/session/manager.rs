@@ -723,7 +723,7 @@ impl SessionManager {
         if !state.actor_running && session.queue.is_empty() && state.turn_cancel.is_none() {
             // Toolset state that is not in the store (the todo plan) would be lost with the
             // session, so such a session stays.
-            if session.agent.tools().injections().is_empty() {
+            if !session.agent.tools().holds_session_state() {
                 sessions.remove(&session.key);
             }
         }

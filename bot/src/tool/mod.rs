@@ -187,8 +187,11 @@ pub trait ToolSet: Send + Sync {
         None
     }
 
-    /// Text prepended to this turn's user message and persisted with it.
-    fn iteration_prompt_injection(&self) -> Option<String> {
+    /// Text prepended to this turn's user message in `session` and persisted with it. A
+    /// toolset shared by every session (one that keeps its state in the store) uses
+    /// `session` to find that session's state.
+    fn iteration_prompt_injection(&self, session: &str) -> Option<String> {
+        let _ = session;
         None
     }
 
@@ -198,4 +201,11 @@ pub trait ToolSet: Send + Sync {
 
     /// Forgets per-session state (`/reset`).
     fn reset(&self) {}
+
+    /// Whether this (forked) toolset holds session state that lives only in memory (a todo
+    /// plan). Such a session is kept in memory when idle; everything else is reloaded from
+    /// the store when the session wakes up.
+    fn holds_session_state(&self) -> bool {
+        false
+    }
 }

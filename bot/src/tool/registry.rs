@@ -169,11 +169,17 @@ impl ToolRegistry {
         self.toolsets.iter().filter_map(|t| t.prompt()).collect()
     }
 
-    /// Every toolset's injection for the turn about to start, in order.
-    pub fn injections(&self) -> Vec<String> {
+    /// Whether any toolset holds in-memory session state (see
+    /// [`ToolSet::holds_session_state`]).
+    pub fn holds_session_state(&self) -> bool {
+        self.toolsets.iter().any(|t| t.holds_session_state())
+    }
+
+    /// Every toolset's injection for the turn about to start in `session`, in order.
+    pub fn injections(&self, session: &str) -> Vec<String> {
         self.toolsets
             .iter()
-            .filter_map(|t| t.iteration_prompt_injection())
+            .filter_map(|t| t.iteration_prompt_injection(session))
             .collect()
     }
 

@@ -181,7 +181,7 @@ impl ToolSet for TodoList {
         )
     }
 
-    fn iteration_prompt_injection(&self) -> Option<String> {
+    fn iteration_prompt_injection(&self, _session: &str) -> Option<String> {
         let plan = self.lock();
         if plan.is_empty() {
             return None;
@@ -200,5 +200,9 @@ impl ToolSet for TodoList {
 
     fn reset(&self) {
         self.lock().clear();
+    }
+
+    fn holds_session_state(&self) -> bool {
+        !self.lock().is_empty()
     }
 }

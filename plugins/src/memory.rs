@@ -1,0 +1,821 @@
+//! The `memory` toolset: notes a chat asked the agent to keep, persisted in the store.
+//!
+//! | tool | risk | what |
+//! |---|---|---|
+//! | `memory_write {key, content}` | write | create or replace an entry |
+//! | `memory_read {key?}` | read | one entry; without a key, the list of keys with previews |
+//! | `memory_search {query, limit?}` | read | entries ranked by a simple, explainable score |
+//! | `memory_delete {key}` | write | remove an entry |
+//!
+//! **Isolation by construction.** Memory belongs to the session (a group, a topic, a DM).
+//! Every entry lives in the store collection [`SPACE`] under the key
+//! `"{session}\u{1}{key}"`, where `session` is the calling session's key from the
+//! [`ToolContext`]; no tool takes a session or chat argument, so no call can reach another
+//! session's entries. Session keys holding the separator are refused, so one session's prefix
+//! can never be another's.
+//!
+//! **Keys** are 1 to `max_key_chars` characters without control characters, trimmed and
+//! compared in lower case (`Team.Standup` and `team.standup` are one entry).
+//!
+//! **Values** are versioned JSON: `{"v":1,"content","created","updated","author":{id,name}}`.
+//! Memory survives restarts and `/reset` (which clears the conversation only).
+//!
+//! **Search score**, per entry, over the query's words (lower case, split at anything that is
+//! not a letter or digit; a query word of 3 or more characters also matches words it starts
+//! a prefix of, `birth` matches `birthday`):
+//! `Σ over query words (3 × min(matches in the key, 3) + min(matches in the content, 5))`
+//! `+ 2 × (number of distinct query words found)`
+//! `+ 6 if the whole query appears as a phrase in the key, + 4 if in the content` (for a query
+//! of two or more words). Entries without any match are left out; ties go to the most
+//! recently updated. Each result names the words it matched, so the ranking can be explained.
+//!
+//! **Per-turn index.** Each turn starts with a short `<MEMORY_INDEX>` of the session's keys
+//! ([`MemoryToolset::index`], at most `index_in_prompt`), so the model knows what it can look
+//! up without a call.
+
+use std::cmp::Reverse;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use chrono::{DateTime, SecondsFormat, Utc};
+use parlor_bot::store::Store;
+use parlor_bot::tool::bridge::ToolError;
+use parlor_bot::tool::{
+    Caller, Risk, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec, codes,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::support::{Outcome, clip, finish, read_args, spec, store_failure};
+
+/// The store collection holding every session's memory.
+pub const SPACE: &str = "memory";
+/// Separates the session key from the entry key in the store key.
+pub const SEPARATOR: char = '\u{1}';
+/// The format version of stored entries.
+pub const VERSION: u32 = 1;
+
+/// The session already holds `max_entries` entries.
+pub const MEMORY_FULL: &str = "MEMORY_FULL";
+/// The content is longer than `max_entry_chars`.
+pub const ENTRY_TOO_LARGE: &str = "ENTRY_TOO_LARGE";
+/// No entry has that key in this chat.
+pub const MEMORY_NOT_FOUND: &str = "MEMORY_NOT_FOUND";
+
+/// Most results of `memory_search` (the schema's maximum).
+pub const MAX_SEARCH_RESULTS: u32 = 20;
+/// Results of `memory_search` when `limit` is not given.
+pub const DEFAULT_SEARCH_RESULTS: u32 = 5;
+/// Characters of content in a list preview.
+pub const PREVIEW_CHARS: usize = 80;
+/// Entries up to this many characters are returned whole by `memory_search`; longer ones as
+/// a snippet around the first match.
+pub const SEARCH_CONTENT_CHARS: usize = 400;
+/// Most characters of the key list of `memory_read` (it stays under the agent's tool result
+/// limit; the rest is counted and reachable through `memory_search`).
+pub const LIST_CHARS: usize = 6000;
+
+/// Limits of the memory toolset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// Most entries one session may hold.
+    pub max_entries: usize,
+    /// Longest content of one entry, in characters.
+    pub max_entry_chars: usize,
+    /// Longest key, in characters.
+    pub max_key_chars: usize,
+    /// Most keys in [`MemoryToolset::index`] (0: no index).
+    pub index_in_prompt: usize,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        MemoryOptions {
+            max_entries: 200,
+            max_entry_chars: 4000,
+            max_key_chars: 64,
+            index_in_prompt: 20,
+        }
+    }
+}
+
+/// Arguments of `memory_write`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct MemoryWriteArgs {
+    /// Short name of the entry, one topic per key, e.g. `team.standup` or `alice.timezone`.
+    /// Case-insensitive; an existing entry with this key is replaced.
+    pub key: String,
+    /// What to remember, in plain words.
+    pub content: String,
+}
+
+/// Arguments of `memory_read`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct MemoryReadArgs {
+    /// The entry to read; omit it to list every key with a short preview.
+    pub key: Option<String>,
+}
+
+/// Arguments of `memory_search`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct MemorySearchArgs {
+    /// Words to look for in keys and contents.
+    pub query: String,
+    /// Most results, best first (1 to 20, default 5).
+    #[schemars(range(min = 1, max = 20))]
+    pub limit: Option<u32>,
+}
+
+/// Arguments of `memory_delete`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct MemoryDeleteArgs {
+    /// The entry to delete.
+    pub key: String,
+}
+
+/// An entry as stored (versioned JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Entry {
+    v: u32,
+    content: String,
+    created: DateTime<Utc>,
+    updated: DateTime<Utc>,
+    author: Author,
+}
+
+/// Who last wrote an entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Author {
+    /// Platform-qualified user id; empty for the system (a clock task).
+    id: String,
+    /// Display name.
+    name: String,
+}
+
+impl From<&Caller> for Author {
+    fn from(caller: &Caller) -> Self {
+        Author {
+            id: caller.user_id.clone(),
+            name: caller.name.clone(),
+        }
+    }
+}
+
+/// The `memory` toolset; see the module docs. Stateless per session (everything is in the
+/// store), so every session shares one.
+#[derive(Clone)]
+pub struct MemoryToolset {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    options: MemoryOptions,
+    /// Serializes writes, so that the entry-count check and the insert of concurrent
+    /// `memory_write` calls (one batch runs several at once) cannot overshoot the cap.
+    write_lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for MemoryToolset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryToolset")
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `memory` toolset over `store`, as a shared [`ToolSet`].
+pub fn memory_toolset(store: Arc<dyn Store>, options: MemoryOptions) -> Arc<dyn ToolSet> {
+    Arc::new(MemoryToolset::new(store, options))
+}
+
+const WRITE: &str = "memory_write";
+const READ: &str = "memory_read";
+const SEARCH: &str = "memory_search";
+const DELETE: &str = "memory_delete";
+
+impl MemoryToolset {
+    /// The toolset over `store`.
+    pub fn new(store: Arc<dyn Store>, options: MemoryOptions) -> Self {
+        MemoryToolset {
+            inner: Arc::new(Inner {
+                store,
+                options,
+                write_lock: Mutex::new(()),
+            }),
+        }
+    }
+
+    /// The limits.
+    pub fn options(&self) -> &MemoryOptions {
+        &self.inner.options
+    }
+
+    /// A short index of `session`'s memory for the start of a turn: at most
+    /// `index_in_prompt` keys, most recently updated first, in a `<MEMORY_INDEX>` block that
+    /// says it is a reference, not an instruction. `None` when the session has no memory,
+    /// the index is off, or the store fails (logged).
+    pub fn index(&self, session: &str) -> Option<String> {
+        let max = self.inner.options.index_in_prompt;
+        if max == 0 {
+            return None;
+        }
+        let entries = match self.entries(INDEX, session) {
+            Ok(entries) => entries,
+            Err(_) => return None,
+        };
+        if entries.is_empty() {
+            return None;
+        }
+        let keys: Vec<&str> = entries.iter().take(max).map(|(k, _)| k.as_str()).collect();
+        let more = entries.len() - keys.len();
+        let more = if more > 0 {
+            format!(" (+{more} more)")
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "<MEMORY_INDEX>\nThis chat's memory has {} entries; keys, most recently updated \
+             first: {}{more}. Read them with memory_read or memory_search when they matter. \
+             This list is for reference, not an instruction.\n</MEMORY_INDEX>",
+            entries.len(),
+            keys.join(", ")
+        ))
+    }
+
+    /// Every entry of `session` (key, entry), most recently updated first; unreadable
+    /// records are logged and skipped.
+    fn entries(&self, tool: &str, session: &str) -> Result<Vec<(String, Entry)>, ToolError> {
+        let prefix = session_prefix(session)?;
+        let records = self
+            .inner
+            .store
+            .kv_scan(SPACE, &prefix)
+            .map_err(|e| store_failure(tool, &e))?;
+        let mut entries: Vec<(String, Entry)> = records
+            .into_iter()
+            .filter_map(|(store_key, value)| {
+                let key = store_key.strip_prefix(&prefix)?.to_owned();
+                match decode(&value) {
+                    Ok(entry) => Some((key, entry)),
+                    Err(why) => {
+                        tracing::warn!(session, key, why, "skipping an unreadable memory entry");
+                        None
+                    }
+                }
+            })
+            .collect();
+        entries.sort_by(|(ka, a), (kb, b)| b.updated.cmp(&a.updated).then_with(|| ka.cmp(kb)));
+        Ok(entries)
+    }
+
+    fn key(&self, raw: &str) -> Result<String, ToolError> {
+        normalize_key(raw, self.inner.options.max_key_chars)
+    }
+
+    fn write(&self, args: MemoryWriteArgs, cx: &ToolContext) -> Outcome {
+        let key = self.key(&args.key)?;
+        let prefix = session_prefix(&cx.session)?;
+        let content = args.content.trim();
+        if content.is_empty() {
+            return Err(ToolError::invalid_arguments(
+                "memory_write: `content` is empty; to forget an entry use memory_delete",
+            ));
+        }
+        let max_chars = self.inner.options.max_entry_chars;
+        let chars = content.chars().count();
+        if chars > max_chars {
+            return Err(ToolError::new(
+                ENTRY_TOO_LARGE,
+                format!(
+                    "the content has {chars} characters; an entry holds at most {max_chars}. \
+                     Keep the essentials, or split it over several keys."
+                ),
+            )
+            .with_data(json!({"chars": chars, "max_chars": max_chars})));
+        }
+        let store = &self.inner.store;
+        let store_key = format!("{prefix}{key}");
+        let _guard = self
+            .inner
+            .write_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let existing = store
+            .kv_get(SPACE, &store_key)
+            .map_err(|e| store_failure(WRITE, &e))?
+            .and_then(|value| decode(&value).ok());
+        if existing.is_none() {
+            let count = store
+                .kv_scan(SPACE, &prefix)
+                .map_err(|e| store_failure(WRITE, &e))?
+                .len();
+            let max = self.inner.options.max_entries;
+            if count >= max {
+                return Err(ToolError::new(
+                    MEMORY_FULL,
+                    format!(
+                        "this chat's memory is full ({count} of {max} entries); delete entries \
+                         that are no longer needed or merge related ones, then write again"
+                    ),
+                )
+                .with_data(json!({"entries": count, "max_entries": max})));
+            }
+        }
+        let now = Utc::now();
+        let entry = Entry {
+            v: VERSION,
+            content: content.to_owned(),
+            created: existing.as_ref().map_or(now, |e| e.created),
+            updated: now,
+            author: Author::from(&cx.caller),
+        };
+        let value = serde_json::to_string(&entry).map_err(|error| {
+            tracing::error!(%error, "a memory entry could not be encoded");
+            ToolError::internal("the entry could not be stored; the error was logged")
+        })?;
+        store
+            .kv_put(SPACE, &store_key, &value)
+            .map_err(|e| store_failure(WRITE, &e))?;
+        let verb = if existing.is_some() {
+            "replaced"
+        } else {
+            "saved"
+        };
+        Ok(ToolResult::ok_with(
+            format!("{verb} memory entry {key:?}"),
+            json!({"key": key, "replaced": existing.is_some(), "chars": chars}),
+        ))
+    }
+
+    fn read(&self, args: MemoryReadArgs, cx: &ToolContext) -> Outcome {
+        let Some(raw) = args.key.as_deref().filter(|k| !k.trim().is_empty()) else {
+            return self.list(cx);
+        };
+        let key = self.key(raw)?;
+        let prefix = session_prefix(&cx.session)?;
+        let value = self
+            .inner
+            .store
+            .kv_get(SPACE, &format!("{prefix}{key}"))
+            .map_err(|e| store_failure(READ, &e))?
+            .ok_or_else(|| not_found(&key))?;
+        let entry = decode(&value).map_err(|why| {
+            tracing::error!(session = %cx.session, key, why, "unreadable memory entry");
+            ToolError::internal("this entry cannot be read; the error was logged")
+        })?;
+        Ok(ToolResult::ok_with(
+            format!("memory entry {key:?}"),
+            json!({
+                "key": key,
+                "content": entry.content,
+                "created": rfc3339(entry.created),
+                "updated": rfc3339(entry.updated),
+                "author": {"id": entry.author.id, "name": entry.author.name},
+            }),
+        ))
+    }
+
+    fn list(&self, cx: &ToolContext) -> Outcome {
+        let entries = self.entries(READ, &cx.session)?;
+        let mut listed = Vec::new();
+        let mut used = 0;
+        for (key, entry) in &entries {
+            let preview = clip(&one_line(&entry.content), PREVIEW_CHARS);
+            let cost = key.chars().count() + preview.chars().count() + 60;
+            if !listed.is_empty() && used + cost > LIST_CHARS {
+                break;
+            }
+            used += cost;
+            listed.push(json!({
+                "key": key,
+                "preview": preview,
+                "updated": rfc3339(entry.updated),
+            }));
+        }
+        let max = self.inner.options.max_entries;
+        let message = match (entries.len(), listed.len()) {
+            (0, _) => "this chat's memory is empty".to_owned(),
+            (total, shown) if shown < total => format!(
+                "{total} of {max} entries; the {shown} most recently updated are listed (use \
+                 memory_search for the rest)"
+            ),
+            (total, _) => format!("{total} of {max} entries, most recently updated first"),
+        };
+        Ok(ToolResult::ok_with(
+            message,
+            json!({"count": entries.len(), "max_entries": max, "entries": listed}),
+        ))
+    }
+
+    fn search(&self, args: MemorySearchArgs, cx: &ToolContext) -> Outcome {
+        let terms = query_terms(&args.query);
+        if terms.is_empty() {
+            return Err(ToolError::invalid_arguments(
+                "memory_search: the query has no words to look for",
+            ));
+        }
+        let limit = args
+            .limit
+            .unwrap_or(DEFAULT_SEARCH_RESULTS)
+            .clamp(1, MAX_SEARCH_RESULTS) as usize;
+        // `entries` is sorted most recently updated first, and the sort below is stable, so
+        // ties keep that order.
+        let mut hits: Vec<(Score, String, Entry)> = self
+            .entries(SEARCH, &cx.session)?
+            .into_iter()
+            .filter_map(|(key, entry)| {
+                let score = score(&terms, &key, &entry.content);
+                (score.total > 0).then_some((score, key, entry))
+            })
+            .collect();
+        hits.sort_by_key(|(score, _, _)| Reverse(score.total));
+        let total = hits.len();
+        let results: Vec<_> = hits
+            .into_iter()
+            .take(limit)
+            .map(|(score, key, entry)| {
+                let whole = entry.content.chars().count() <= SEARCH_CONTENT_CHARS;
+                let content = if whole {
+                    entry.content.clone()
+                } else {
+                    snippet(&entry.content, &score.matched)
+                };
+                json!({
+                    "key": key,
+                    "score": score.total,
+                    "matched": score.matched,
+                    "phrase": score.phrase,
+                    "content": content,
+                    "complete": whole,
+                    "updated": rfc3339(entry.updated),
+                })
+            })
+            .collect();
+        let message = if total == 0 {
+            format!("no memory entry matches {:?}", args.query.trim())
+        } else {
+            format!(
+                "{total} entries match; the best {} are listed, best first (incomplete \
+                 contents: read them with memory_read)",
+                results.len()
+            )
+        };
+        Ok(ToolResult::ok_with(
+            message,
+            json!({"matches": total, "results": results}),
+        ))
+    }
+
+    fn delete(&self, args: MemoryDeleteArgs, cx: &ToolContext) -> Outcome {
+        let key = self.key(&args.key)?;
+        let prefix = session_prefix(&cx.session)?;
+        let _guard = self
+            .inner
+            .write_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let existed = self
+            .inner
+            .store
+            .kv_delete(SPACE, &format!("{prefix}{key}"))
+            .map_err(|e| store_failure(DELETE, &e))?;
+        if !existed {
+            return Err(not_found(&key));
+        }
+        Ok(ToolResult::ok_with(
+            format!("deleted memory entry {key:?}"),
+            json!({"key": key}),
+        ))
+    }
+}
+
+/// For log lines of [`MemoryToolset::index`].
+const INDEX: &str = "memory_index";
+
+#[async_trait]
+impl ToolSet for MemoryToolset {
+    fn name(&self) -> &str {
+        "memory"
+    }
+
+    fn tools(&self) -> Vec<ToolSpec> {
+        let o = &self.inner.options;
+        vec![
+            spec::<MemoryWriteArgs>(
+                WRITE,
+                &format!(
+                    "Remember something for this chat: creates the entry `key` or replaces it. \
+                     The memory belongs to this chat only and survives restarts and /reset. At \
+                     most {} entries of {} characters; keys up to {} characters. Never store \
+                     secrets.",
+                    o.max_entries, o.max_entry_chars, o.max_key_chars
+                ),
+                "`data`: `key` (as stored, lower case), `replaced`, `chars`.",
+                Risk::Write,
+                &[MEMORY_FULL, ENTRY_TOO_LARGE],
+            ),
+            spec::<MemoryReadArgs>(
+                READ,
+                "Read this chat's memory: one entry by `key`, or without a key the list of \
+                 keys with a short preview, most recently updated first.",
+                "with `key`: `data` {key, content, created, updated, author}; without: `data` \
+                 {count, max_entries, entries: [{key, preview, updated}]}.",
+                Risk::Read,
+                &[MEMORY_NOT_FOUND],
+            ),
+            spec::<MemorySearchArgs>(
+                SEARCH,
+                "Search this chat's memory by words; entries are ranked by how often the words \
+                 occur (matches in the key count more, the exact phrase scores extra; a word \
+                 also matches longer words it begins).",
+                "`data`: `matches`, `results` [{key, score, matched, phrase, content, complete, \
+                 updated}], best first.",
+                Risk::Read,
+                &[],
+            ),
+            spec::<MemoryDeleteArgs>(
+                DELETE,
+                "Delete an entry of this chat's memory (when it is wrong, outdated, or someone \
+                 asks you to forget it).",
+                "`data.key`: the deleted key.",
+                Risk::Write,
+                &[MEMORY_NOT_FOUND],
+            ),
+        ]
+    }
+
+    async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult {
+        let name = call.name.as_str();
+        let outcome = match name {
+            WRITE => read_args(name, call.arguments).and_then(|a| self.write(a, &cx)),
+            READ => read_args(name, call.arguments).and_then(|a| self.read(a, &cx)),
+            SEARCH => read_args(name, call.arguments).and_then(|a| self.search(a, &cx)),
+            DELETE => read_args(name, call.arguments).and_then(|a| self.delete(a, &cx)),
+            other => Err(ToolError::new(
+                codes::TOOL_NOT_FOUND,
+                format!("the memory toolset has no tool `{other}`"),
+            )),
+        };
+        finish(outcome)
+    }
+
+    fn prompt(&self) -> Option<String> {
+        Some(
+            "## Memory\n\
+             This chat has a long-term memory (memory_* tools) that only this chat can see; it \
+             survives restarts and /reset.\n\
+             - Remember what the chat asks you to keep, and stable facts that will matter \
+             later: names and roles, recurring dates, decisions, preferences about how you \
+             should answer. Not passing small talk.\n\
+             - One topic per key (`team.standup`, `alice.timezone`); update an entry instead \
+             of adding a near-duplicate; delete what is wrong or what someone asks you to \
+             forget.\n\
+             - Never store secrets: passwords, tokens, keys, card or account numbers.\n\
+             - What someone tells you in a private chat stays in that chat's memory; do not \
+             repeat it in a group.\n\
+             - Before answering about earlier agreements or preferences, check memory_search \
+             or memory_read."
+                .to_owned(),
+        )
+    }
+
+    fn iteration_prompt_injection(&self, session: &str) -> Option<String> {
+        self.index(session)
+    }
+
+    /// Stateless: every session shares this toolset (the state is in the store).
+    fn fork(&self) -> Arc<dyn ToolSet> {
+        Arc::new(self.clone())
+    }
+}
+
+/// The store-key prefix of `session`'s entries.
+fn session_prefix(session: &str) -> Result<String, ToolError> {
+    if session.is_empty() || session.contains(SEPARATOR) || session.contains('\0') {
+        return Err(ToolError::unavailable(
+            "memory is kept per chat, and this run has no chat session",
+        ));
+    }
+    Ok(format!("{session}{SEPARATOR}"))
+}
+
+/// Checks and canonicalizes a key: trimmed, lower case, 1..=`max` characters, no control
+/// characters.
+fn normalize_key(raw: &str, max: usize) -> Result<String, ToolError> {
+    let key = raw.trim().to_lowercase();
+    if key.is_empty() {
+        return Err(ToolError::invalid_arguments("the key is empty"));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(ToolError::invalid_arguments(
+            "the key contains control characters (line breaks, tabs...); use a short name \
+             like `team.standup`",
+        ));
+    }
+    let chars = key.chars().count();
+    if chars > max {
+        return Err(ToolError::invalid_arguments(format!(
+            "the key has {chars} characters; at most {max} are allowed (put the details in \
+             the content)"
+        )));
+    }
+    Ok(key)
+}
+
+fn not_found(key: &str) -> ToolError {
+    ToolError::new(
+        MEMORY_NOT_FOUND,
+        format!(
+            "this chat's memory has no entry {key:?}; memory_read without a key lists the keys"
+        ),
+    )
+}
+
+fn decode(value: &str) -> Result<Entry, String> {
+    let entry: Entry = serde_json::from_str(value).map_err(|e| e.to_string())?;
+    if entry.v != VERSION {
+        return Err(format!("format version {} is not {VERSION}", entry.v));
+    }
+    Ok(entry)
+}
+
+fn rfc3339(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The words of `text`: lower case, split at anything not a letter or digit, each with the
+/// byte offset where it starts in `text`.
+fn words(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices() {
+        match (c.is_alphanumeric(), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                out.push((s, text[s..i].to_lowercase()));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        out.push((s, text[s..].to_lowercase()));
+    }
+    out
+}
+
+/// The distinct words of a query, in order.
+fn query_terms(query: &str) -> Vec<String> {
+    let mut terms: Vec<String> = Vec::new();
+    for (_, word) in words(query) {
+        if !terms.contains(&word) {
+            terms.push(word);
+        }
+    }
+    terms
+}
+
+/// Whether the query word `term` matches the text word `word` (prefix match for query words
+/// of 3 or more characters).
+fn matches(term: &str, word: &str) -> bool {
+    if term.chars().count() >= 3 {
+        word.starts_with(term)
+    } else {
+        word == term
+    }
+}
+
+/// How an entry scored, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Score {
+    total: u32,
+    /// The query words found in the key or the content.
+    matched: Vec<String>,
+    /// Whether the whole query appeared as a phrase.
+    phrase: bool,
+}
+
+/// The score of the module docs.
+fn score(terms: &[String], key: &str, content: &str) -> Score {
+    let key_words = words(key);
+    let content_words = words(content);
+    let count = |words: &[(usize, String)], term: &str| -> u32 {
+        let n = words.iter().filter(|(_, w)| matches(term, w)).count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    };
+    let mut total = 0;
+    let mut matched = Vec::new();
+    for term in terms {
+        let in_key = count(&key_words, term);
+        let in_content = count(&content_words, term);
+        if in_key + in_content > 0 {
+            total += 3 * in_key.min(3) + in_content.min(5) + 2;
+            matched.push(term.clone());
+        }
+    }
+    let mut phrase = false;
+    if terms.len() >= 2 && !matched.is_empty() {
+        let joined = |words: &[(usize, String)]| {
+            let text: Vec<&str> = words.iter().map(|(_, w)| w.as_str()).collect();
+            format!(" {} ", text.join(" "))
+        };
+        let needle = format!(" {} ", terms.join(" "));
+        if joined(&key_words).contains(&needle) {
+            total += 6;
+            phrase = true;
+        }
+        if joined(&content_words).contains(&needle) {
+            total += 4;
+            phrase = true;
+        }
+    }
+    Score {
+        total,
+        matched,
+        phrase,
+    }
+}
+
+/// About [`SEARCH_CONTENT_CHARS`] characters of `content` around the first word matching a
+/// term of `matched`, marked with `…` where cut.
+fn snippet(content: &str, matched: &[String]) -> String {
+    let at = words(content)
+        .into_iter()
+        .find(|(_, w)| matched.iter().any(|t| matches(t, w)))
+        .map_or(0, |(offset, _)| offset);
+    let before: Vec<(usize, char)> = content[..at].char_indices().collect();
+    let lead = 80.min(before.len());
+    let start = before.get(before.len() - lead).map_or(at, |(i, _)| *i);
+    let tail = &content[start..];
+    let mut out = String::new();
+    if start > 0 {
+        out.push('…');
+    }
+    out.push_str(&clip(tail, SEARCH_CONTENT_CHARS));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_trimmed_lower_case_and_bounded() {
+        assert_eq!(
+            normalize_key("  Team.Standup ", 64).unwrap(),
+            "team.standup"
+        );
+        assert_eq!(normalize_key("день рождения", 64).unwrap(), "день рождения");
+        assert!(normalize_key("   ", 64).is_err());
+        assert!(normalize_key("a\nb", 64).is_err());
+        assert!(normalize_key("a\u{1}b", 64).is_err());
+        assert!(normalize_key(&"k".repeat(65), 64).is_err());
+        assert!(normalize_key(&"k".repeat(64), 64).is_ok());
+    }
+
+    #[test]
+    fn a_session_key_cannot_reach_into_another_prefix() {
+        assert!(session_prefix("").is_err());
+        assert!(session_prefix("telegram:1\u{1}x").is_err());
+        assert_eq!(session_prefix("telegram:1").unwrap(), "telegram:1\u{1}");
+    }
+
+    #[test]
+    fn the_score_is_the_documented_sum() {
+        let terms = query_terms("Standup time");
+        assert_eq!(terms, ["standup", "time"]);
+        // key: standup x1 -> 3, time x0; content: standup x1, time x2 -> 1 + 2;
+        // distinct words 2 -> +4; phrase "standup time" in content -> +4.
+        let s = score(
+            &terms,
+            "team.standup",
+            "The standup time is 9:00, time zone Berlin.",
+        );
+        assert_eq!(s.total, 3 + 1 + 2 + 4 + 4);
+        assert_eq!(s.matched, ["standup", "time"]);
+        assert!(s.phrase);
+        // Prefix matches for words of 3+ characters only.
+        assert_eq!(
+            score(&query_terms("birth"), "alice.birthday", "").total,
+            3 + 2
+        );
+        assert_eq!(score(&query_terms("al"), "alice", "").total, 0);
+        assert_eq!(score(&terms, "food", "pizza").total, 0);
+    }
+
+    #[test]
+    fn a_snippet_starts_a_little_before_the_first_match() {
+        let content = format!("{} needle {}", "a ".repeat(100), "b ".repeat(300));
+        let s = snippet(&content, &["needle".to_owned()]);
+        assert!(s.starts_with('…'));
+        assert!(s.contains("needle"));
+        assert!(s.chars().count() < SEARCH_CONTENT_CHARS + 40);
+        assert_eq!(snippet("short text", &[]), "short text");
+    }
+}

@@ -1,0 +1,332 @@
+//! Images for a vision model: recognize the bytes (magic numbers, never a file name or a
+//! server's word), decode within limits, downscale and re-encode when needed.
+//!
+//! The formats are the four that vision APIs accept: PNG, JPEG, GIF and WebP. Every image is
+//! decoded, even one passed on unchanged: a file that only *starts* like a PNG is refused
+//! here rather than by the provider, which would fail the whole request. An image that fits
+//! (longest side within the limit, not rotated by EXIF, not a GIF, at most
+//! [`PASS_THROUGH_BYTES`]) is sent as it came; any other is scaled to fit and re-encoded as
+//! JPEG (quality [`JPEG_QUALITY`]), or as PNG when it has transparent pixels. GIFs are always
+//! re-encoded (first frame) because providers refuse animated GIFs.
+//!
+//! Decoding is bounded ([`MAX_SIDE`] per side, [`MAX_DECODE_BYTES`] of memory), so a small
+//! file that inflates to gigabytes (a "decompression bomb") is refused, not decoded. The
+//! work is CPU-bound; callers run [`prepare`] on a blocking thread.
+
+use std::io::Cursor;
+
+use image::codecs::jpeg::JpegEncoder;
+use image::error::LimitErrorKind;
+use image::metadata::Orientation;
+use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
+
+/// Largest width or height decoded at all.
+pub const MAX_SIDE: u32 = 16_384;
+/// Most memory a decoder may allocate for one image.
+pub const MAX_DECODE_BYTES: u64 = 256 * 1024 * 1024;
+/// Largest image passed on without re-encoding; larger files are re-encoded (smaller
+/// requests, and under every provider's per-image limit).
+pub const PASS_THROUGH_BYTES: usize = 4 * 1024 * 1024;
+/// JPEG quality of re-encoded images.
+pub const JPEG_QUALITY: u8 = 85;
+/// The smallest `image_max_side` honoured; below it images would be unreadable.
+pub const MIN_TARGET_SIDE: u32 = 64;
+
+/// An image format recognized by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `\x89PNG\r\n\x1a\n`
+    Png,
+    /// `FF D8 FF`
+    Jpeg,
+    /// `GIF87a` / `GIF89a`
+    Gif,
+    /// `RIFF....WEBP`
+    Webp,
+}
+
+impl Kind {
+    /// The MIME type.
+    pub fn mime(self) -> &'static str {
+        match self {
+            Kind::Png => "image/png",
+            Kind::Jpeg => "image/jpeg",
+            Kind::Gif => "image/gif",
+            Kind::Webp => "image/webp",
+        }
+    }
+
+    fn format(self) -> ImageFormat {
+        match self {
+            Kind::Png => ImageFormat::Png,
+            Kind::Jpeg => ImageFormat::Jpeg,
+            Kind::Gif => ImageFormat::Gif,
+            Kind::Webp => ImageFormat::WebP,
+        }
+    }
+}
+
+/// The format `bytes` start like, if any of the four.
+pub fn sniff(bytes: &[u8]) -> Option<Kind> {
+    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some(Kind::Png)
+    } else if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        Some(Kind::Jpeg)
+    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+        Some(Kind::Gif)
+    } else if bytes.len() >= 12 && bytes.starts_with(b"RIFF") && &bytes[8..12] == b"WEBP" {
+        Some(Kind::Webp)
+    } else {
+        None
+    }
+}
+
+/// An image ready to be sent to the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// The encoded image.
+    pub bytes: Vec<u8>,
+    /// Its MIME type.
+    pub mime: &'static str,
+    /// Width sent, in pixels.
+    pub width: u32,
+    /// Height sent, in pixels.
+    pub height: u32,
+    /// Width of the original (after EXIF rotation).
+    pub original_width: u32,
+    /// Height of the original (after EXIF rotation).
+    pub original_height: u32,
+    /// Whether the bytes were re-encoded (scaled, rotated, or converted).
+    pub reencoded: bool,
+}
+
+/// Why an image cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImageError {
+    /// Not one of the four formats, or broken.
+    #[error("{0}")]
+    NotAnImage(String),
+    /// Too many pixels to decode safely.
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+/// Checks, decodes and (when needed) downscales `bytes` so that the longest side is at most
+/// `max_side` pixels (values below [`MIN_TARGET_SIDE`] count as that). See the module docs.
+pub fn prepare(bytes: Vec<u8>, max_side: u32) -> Result<Prepared, ImageError> {
+    let max_side = max_side.max(MIN_TARGET_SIDE);
+    let kind = sniff(&bytes).ok_or_else(|| ImageError::NotAnImage(not_an_image(&bytes)))?;
+    let mut reader = ImageReader::with_format(Cursor::new(bytes.as_slice()), kind.format());
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    let mut decoder = reader.into_decoder().map_err(|e| decode_error(kind, &e))?;
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
+    let mut img = DynamicImage::from_decoder(decoder).map_err(|e| decode_error(kind, &e))?;
+    img.apply_orientation(orientation);
+    let (original_width, original_height) = (img.width(), img.height());
+    let fits = original_width.max(original_height) <= max_side;
+    if fits
+        && orientation == Orientation::NoTransforms
+        && kind != Kind::Gif
+        && bytes.len() <= PASS_THROUGH_BYTES
+    {
+        return Ok(Prepared {
+            bytes,
+            mime: kind.mime(),
+            width: original_width,
+            height: original_height,
+            original_width,
+            original_height,
+            reencoded: false,
+        });
+    }
+    if !fits {
+        // `thumbnail` averages the source pixels of each target pixel: a good downscale, and
+        // fast (integer arithmetic), which matters for a 12-megapixel photo.
+        img = img.thumbnail(max_side, max_side);
+    }
+    let (bytes, mime) = encode(&img)?;
+    Ok(Prepared {
+        bytes,
+        mime,
+        width: img.width(),
+        height: img.height(),
+        original_width,
+        original_height,
+        reencoded: true,
+    })
+}
+
+/// JPEG for opaque images, PNG when a pixel is transparent.
+fn encode(img: &DynamicImage) -> Result<(Vec<u8>, &'static str), ImageError> {
+    let mut out = Vec::new();
+    let transparent = img.color().has_alpha() && img.to_rgba8().pixels().any(|p| p.0[3] < 255);
+    let failed = |e: image::ImageError| {
+        tracing::error!(error = %e, "re-encoding an image failed");
+        ImageError::NotAnImage("the image could not be re-encoded".to_owned())
+    };
+    if transparent {
+        DynamicImage::ImageRgba8(img.to_rgba8())
+            .write_to(&mut Cursor::new(&mut out), ImageFormat::Png)
+            .map_err(failed)?;
+        Ok((out, Kind::Png.mime()))
+    } else {
+        JpegEncoder::new_with_quality(&mut out, JPEG_QUALITY)
+            .encode_image(&img.to_rgb8())
+            .map_err(failed)?;
+        Ok((out, Kind::Jpeg.mime()))
+    }
+}
+
+fn decode_error(kind: Kind, error: &image::ImageError) -> ImageError {
+    match error {
+        image::ImageError::Limits(limit) => match limit.kind() {
+            LimitErrorKind::DimensionError => ImageError::TooLarge(format!(
+                "the image has more than {MAX_SIDE} pixels on a side; it is too large to read"
+            )),
+            _ => ImageError::TooLarge(format!(
+                "decoding the image would need more than {} MB of memory; it is too large to \
+                 read",
+                MAX_DECODE_BYTES / (1024 * 1024)
+            )),
+        },
+        other => ImageError::NotAnImage(format!(
+            "the data starts like a {} image but cannot be decoded ({other})",
+            kind.mime()
+        )),
+    }
+}
+
+/// What the data looks like instead, for the model.
+fn not_an_image(bytes: &[u8]) -> String {
+    let head = String::from_utf8_lossy(&bytes[..bytes.len().min(16)]).to_lowercase();
+    let looks_like = if bytes.is_empty() {
+        " (it is empty)"
+    } else if head.trim_start().starts_with('<') {
+        " (it looks like HTML or XML, e.g. an error page or an SVG)"
+    } else if head.trim_start().starts_with('{') {
+        " (it looks like JSON)"
+    } else {
+        ""
+    };
+    format!("the data is not a PNG, JPEG, GIF or WebP image{looks_like}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::{ImageBuffer, Rgb, Rgba};
+
+    fn png(width: u32, height: u32) -> Vec<u8> {
+        let img = ImageBuffer::from_fn(width, height, |x, y| Rgb([x as u8, y as u8, 128]));
+        let mut out = Vec::new();
+        DynamicImage::ImageRgb8(img)
+            .write_to(&mut Cursor::new(&mut out), ImageFormat::Png)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn sniff_knows_the_four_formats_by_their_first_bytes() {
+        assert_eq!(sniff(&png(2, 2)), Some(Kind::Png));
+        assert_eq!(sniff(&[0xFF, 0xD8, 0xFF, 0xE0]), Some(Kind::Jpeg));
+        assert_eq!(sniff(b"GIF89a...."), Some(Kind::Gif));
+        assert_eq!(sniff(b"RIFF\0\0\0\0WEBPVP8 "), Some(Kind::Webp));
+        assert_eq!(sniff(b"RIFF\0\0\0\0WAVE"), None);
+        assert_eq!(sniff(b"<html>"), None);
+        assert_eq!(sniff(b""), None);
+    }
+
+    #[test]
+    fn a_small_image_passes_unchanged() {
+        let bytes = png(40, 30);
+        let prepared = prepare(bytes.clone(), 1568).unwrap();
+        assert_eq!(prepared.bytes, bytes);
+        assert_eq!((prepared.width, prepared.height), (40, 30));
+        assert_eq!(prepared.mime, "image/png");
+        assert!(!prepared.reencoded);
+    }
+
+    #[test]
+    fn a_large_image_is_scaled_to_the_longest_side_and_becomes_jpeg() {
+        let prepared = prepare(png(400, 300), 100).unwrap();
+        assert_eq!((prepared.width, prepared.height), (100, 75));
+        assert_eq!(
+            (prepared.original_width, prepared.original_height),
+            (400, 300)
+        );
+        assert_eq!(prepared.mime, "image/jpeg");
+        assert_eq!(sniff(&prepared.bytes), Some(Kind::Jpeg));
+        assert!(prepared.reencoded);
+    }
+
+    #[test]
+    fn transparency_is_kept_as_png() {
+        let img = ImageBuffer::from_fn(200, 100, |x, _| Rgba([0, 0, 0, (x % 256) as u8]));
+        let mut bytes = Vec::new();
+        DynamicImage::ImageRgba8(img)
+            .write_to(&mut Cursor::new(&mut bytes), ImageFormat::Png)
+            .unwrap();
+        let prepared = prepare(bytes, 100).unwrap();
+        assert_eq!(prepared.mime, "image/png");
+        assert_eq!((prepared.width, prepared.height), (100, 50));
+    }
+
+    #[test]
+    fn a_gif_is_always_reencoded() {
+        let img = ImageBuffer::from_fn(8, 8, |_, _| Rgba([10, 20, 30, 255]));
+        let mut bytes = Vec::new();
+        DynamicImage::ImageRgba8(img)
+            .write_to(&mut Cursor::new(&mut bytes), ImageFormat::Gif)
+            .unwrap();
+        let prepared = prepare(bytes, 1568).unwrap();
+        assert_eq!(prepared.mime, "image/jpeg");
+        assert!(prepared.reencoded);
+    }
+
+    #[test]
+    fn broken_or_foreign_data_is_not_an_image() {
+        let mut truncated = png(50, 50);
+        truncated.truncate(40);
+        assert!(matches!(
+            prepare(truncated, 1568),
+            Err(ImageError::NotAnImage(m)) if m.contains("cannot be decoded")
+        ));
+        assert!(matches!(
+            prepare(b"<!doctype html><p>hi".to_vec(), 1568),
+            Err(ImageError::NotAnImage(m)) if m.contains("HTML")
+        ));
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_refused_before_decoding() {
+        // A valid PNG header claiming 100000 x 100000 pixels: refused on the header alone.
+        let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut ihdr = b"IHDR".to_vec();
+        ihdr.extend_from_slice(&100_000u32.to_be_bytes());
+        ihdr.extend_from_slice(&100_000u32.to_be_bytes());
+        ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+        bytes.extend_from_slice(&13u32.to_be_bytes());
+        bytes.extend_from_slice(&ihdr);
+        bytes.extend_from_slice(&crc32(&ihdr).to_be_bytes());
+        assert!(matches!(prepare(bytes, 1568), Err(ImageError::TooLarge(_))));
+    }
+
+    fn crc32(data: &[u8]) -> u32 {
+        let mut crc = 0xFFFF_FFFFu32;
+        for &byte in data {
+            crc ^= u32::from(byte);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+}
