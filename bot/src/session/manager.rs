@@ -599,7 +599,7 @@ impl SessionManager {
                     "Mention me or reply to one of my messages to talk to me.\n\n\
                      Commands:\n/help — this text\n/status — what I am doing\n\
                      /stop — stop my current answer\n/reset — forget this chat's conversation \
-                     (admins in groups)\n\nTools I can use:\n{}",
+                     and plan; its memory stays (admins in groups)\n\nTools I can use:\n{}",
                     if tools.is_empty() {
                         "none".to_owned()
                     } else {
