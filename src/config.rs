@@ -22,6 +22,8 @@ pub struct Config {
     pub llm: LlmConfig,
     /// `[telegram]`: the Telegram adapter.
     pub telegram: TelegramSection,
+    /// `[discord]`: the Discord adapter.
+    pub discord: DiscordSection,
     /// `[toolsets]`: which toolsets are on, and their settings.
     pub toolsets: ToolsetsConfig,
 }
@@ -174,6 +176,22 @@ impl Default for TelegramSection {
     }
 }
 
+/// `[discord]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscordSection {
+    /// The bot token from the Developer Portal; `DISCORD_BOT_TOKEN` when unset. Prefer the
+    /// environment or `token_file`.
+    pub token: Option<String>,
+    /// File holding the token.
+    pub token_file: Option<PathBuf>,
+    /// Base URL REST calls go to instead of Discord's (a proxy, or tests); the gateway URL
+    /// is then asked from it too.
+    pub api_url: Option<String>,
+    /// Whether replies may ping `@everyone`, `@here` and roles.
+    pub allow_mass_mentions: bool,
+}
+
 /// `[toolsets]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -287,6 +305,12 @@ impl Config {
         let api_url = &self.telegram.api_url;
         if !api_url.starts_with("http://") && !api_url.starts_with("https://") {
             bail!("telegram.api_url must start with http:// or https://, got {api_url:?}");
+        }
+        if let Some(api_url) = &self.discord.api_url
+            && !api_url.starts_with("http://")
+            && !api_url.starts_with("https://")
+        {
+            bail!("discord.api_url must start with http:// or https://, got {api_url:?}");
         }
         for (name, value) in [
             ("llm.request_timeout_secs", self.llm.request_timeout_secs),
@@ -403,6 +427,17 @@ impl Config {
             return Ok(Some(token.trim().to_owned()));
         }
         Ok(env("TELEGRAM_BOT_TOKEN"))
+    }
+
+    /// The Discord token from `token_file`, `token` or `DISCORD_BOT_TOKEN`.
+    pub fn discord_token(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.discord.token_file {
+            return read_secret(path, "discord.token_file").map(Some);
+        }
+        if let Some(token) = &self.discord.token {
+            return Ok(Some(token.trim().to_owned()));
+        }
+        Ok(env("DISCORD_BOT_TOKEN"))
     }
 
     /// Where the database lives.

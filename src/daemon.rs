@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use parlor_adapters::discord::{DiscordAdapter, DiscordConfig};
 use parlor_adapters::telegram::{TelegramAdapter, TelegramConfig};
 use parlor_bot::platform::{Inbox, Platform};
 use tokio::task::JoinSet;
@@ -17,23 +18,47 @@ use crate::{systemd, wiring};
 
 /// Runs the daemon until a signal arrives or an adapter fails for good.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let token = config.telegram_token()?.context(
-        "no chat platform is configured: set TELEGRAM_BOT_TOKEN (or [telegram] token_file). \
-         To try parlor without one, run `parlor chat`",
-    )?;
+    let telegram_token = config.telegram_token()?;
+    let discord_token = config.discord_token()?;
+    if telegram_token.is_none() && discord_token.is_none() {
+        anyhow::bail!(
+            "no chat platform is configured: set TELEGRAM_BOT_TOKEN or DISCORD_BOT_TOKEN (or \
+             [telegram] / [discord] token_file). To try parlor without one, run `parlor chat`"
+        );
+    }
     let store = wiring::store(&config)?;
-    let telegram = TelegramAdapter::connect(TelegramConfig {
-        api_url: config.telegram.api_url.clone(),
-        poll_timeout_secs: config.telegram.poll_timeout_secs,
-        ..TelegramConfig::new(token)
-    })
-    .await
-    .context("cannot connect to Telegram")?;
-    let manager = wiring::sessions(
-        &config,
-        store,
-        vec![Arc::new(telegram.clone()) as Arc<dyn Platform>],
-    )?;
+    let telegram = match telegram_token {
+        Some(token) => Some(
+            TelegramAdapter::connect(TelegramConfig {
+                api_url: config.telegram.api_url.clone(),
+                poll_timeout_secs: config.telegram.poll_timeout_secs,
+                ..TelegramConfig::new(token)
+            })
+            .await
+            .context("cannot connect to Telegram")?,
+        ),
+        None => None,
+    };
+    let discord = match discord_token {
+        Some(token) => Some(
+            DiscordAdapter::connect(DiscordConfig {
+                api_url: config.discord.api_url.clone(),
+                allow_mass_mentions: config.discord.allow_mass_mentions,
+                ..DiscordConfig::new(token)
+            })
+            .await
+            .context("cannot connect to Discord")?,
+        ),
+        None => None,
+    };
+    let mut platforms: Vec<Arc<dyn Platform>> = Vec::new();
+    if let Some(telegram) = &telegram {
+        platforms.push(Arc::new(telegram.clone()));
+    }
+    if let Some(discord) = &discord {
+        platforms.push(Arc::new(discord.clone()));
+    }
+    let manager = wiring::sessions(&config, store, platforms)?;
     manager
         .resume()
         .await
@@ -41,14 +66,30 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    {
+    // READY once every adapter is receiving.
+    let readiness = Arc::new(Readiness::new(
+        usize::from(telegram.is_some()) + usize::from(discord.is_some()),
+    ));
+    if let Some(telegram) = telegram {
         let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
         let shutdown = shutdown.clone();
+        let readiness = Arc::clone(&readiness);
         tasks.spawn(async move {
             telegram
-                .run_with_ready(inbox, shutdown, systemd::ready)
+                .run_with_ready(inbox, shutdown, move || readiness.one_ready())
                 .await
                 .context("the Telegram adapter stopped")
+        });
+    }
+    if let Some(discord) = discord {
+        let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
+        let shutdown = shutdown.clone();
+        let readiness = Arc::clone(&readiness);
+        tasks.spawn(async move {
+            discord
+                .run_with_ready(inbox, shutdown, move || readiness.one_ready())
+                .await
+                .context("the Discord adapter stopped")
         });
     }
     if let Some(interval) = systemd::watchdog_interval() {
@@ -85,6 +126,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     result
+}
+
+/// Counts adapters down to systemd's READY=1.
+struct Readiness {
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl Readiness {
+    fn new(adapters: usize) -> Self {
+        Readiness {
+            waiting: std::sync::atomic::AtomicUsize::new(adapters),
+        }
+    }
+
+    fn one_ready(&self) {
+        if self
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            systemd::ready();
+        }
+    }
 }
 
 async fn wait_for_signal() -> &'static str {

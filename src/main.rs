@@ -129,6 +129,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             wiring::registry(&config, ephemeral_store())?;
             config.api_key()?;
             config.telegram_token()?;
+            config.discord_token()?;
             println!("configuration is valid");
             Ok(ExitCode::SUCCESS)
         }

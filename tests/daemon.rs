@@ -460,3 +460,117 @@ async fn the_model_reads_group_context_but_never_another_chats_messages() {
     assert!(!refused.to_string().contains("secret plan"));
     daemon.terminate().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telegram_and_discord_are_served_together() {
+    use parlor_testkit::{DiscordUser, FakeDiscord};
+    const DISCORD_TOKEN: &str = "discord-test-token";
+    const GUILD: u64 = 900;
+    const CHANNEL: u64 = 901;
+    let llm = FakeLlm::start().await;
+    echo(&llm);
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let discord = FakeDiscord::start(DISCORD_TOKEN).await;
+    discord.guild(GUILD, 1);
+    discord.text_channel(GUILD, CHANNEL);
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &telegram, "");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[discord]\napi_url = \"{}\"\n", discord.api_url()));
+    std::fs::write(&path, text).unwrap();
+
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
+        .arg("--config")
+        .arg(&path)
+        .arg("run")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("TELEGRAM_BOT_TOKEN", TOKEN)
+        .env("DISCORD_BOT_TOKEN", DISCORD_TOKEN)
+        .env("OPENAI_BASE_URL", llm.base_url())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    discord.wait_for_ready(WAIT).await.unwrap();
+    telegram
+        .wait_for_calls("getUpdates", 1, WAIT)
+        .await
+        .unwrap();
+
+    let dana = DiscordUser::new(77, "dana");
+    let asked = discord
+        .message(CHANNEL, &dana, "hello from discord @everyone")
+        .guild(GUILD)
+        .mention_bot()
+        .push();
+    telegram
+        .private_message(alice(), "hello from telegram")
+        .push();
+    let sent = discord.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].channel_id, CHANNEL.to_string());
+    assert_eq!(sent[0].reply_to(), Some(asked));
+    assert!(
+        sent[0].content.contains("hello from discord"),
+        "{}",
+        sent[0].content
+    );
+    assert!(!sent[0].pings_everyone(), "{:?}", sent[0].allowed_mentions);
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "echo <Alice: hello from telegram>");
+    child.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_formatted_reply_arrives_as_valid_messages_with_entities() {
+    let llm = FakeLlm::start().await;
+    let mut reply = String::from(
+        "## Results\n\nHere is the **code**:\n\n```rust\nfn main() {\n    println!(\"hi\");\n}\n```\n\n| name | score |\n|---|---:|\n| alice | 10 |\n| bob | 7 |\n\n",
+    );
+    // 10,000 characters as the reader sees them (the Markdown source is longer).
+    while reply.chars().count() < 17_000 {
+        reply.push_str(
+            "Some *long* explanation with a [link](https://example.com/docs) and `inline code`. ",
+        );
+    }
+    llm.push(Reply::text(reply));
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+    let asked = telegram.private_message(alice(), "explain").push();
+    telegram.wait_for_sent(3, WAIT).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = telegram.sent_messages();
+    let visible: usize = sent.iter().map(|p| p.text.chars().count()).sum();
+    assert!(visible >= 10_000, "{visible}");
+    assert!(sent.len() >= 3, "10,000 characters need several messages");
+    assert_eq!(sent[0].reply_to_message_id, Some(asked));
+    let mut kinds = std::collections::BTreeSet::new();
+    for part in &sent {
+        assert_eq!(part.parse_mode, None, "entities, never parse_mode");
+        let units = part.text.encode_utf16().count();
+        assert!(units <= 4096 && units > 0, "{units}");
+        for entity in part.params["entities"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            let offset = entity["offset"].as_u64().unwrap() as usize;
+            let length = entity["length"].as_u64().unwrap() as usize;
+            assert!(
+                length > 0 && offset + length <= units,
+                "{entity} in a part of {units}"
+            );
+            kinds.insert(entity["type"].as_str().unwrap().to_owned());
+        }
+    }
+    for kind in ["bold", "italic", "code", "pre", "text_link"] {
+        assert!(kinds.contains(kind), "no {kind} entity in {kinds:?}");
+    }
+    assert!(
+        sent[0].text.contains("alice │") || sent[0].text.contains("alice "),
+        "the table is there: {}",
+        sent[0].text
+    );
+    daemon.terminate().await;
+}

@@ -113,7 +113,9 @@ impl Platform for ConsolePlatform {
         _reply_to: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         let id = self.next_id();
-        self.print(&format!("{}: {}", self.bot_name, text.trim_end()));
+        // Markdown as a terminal shows it best: bullets, aligned tables, links with URLs.
+        let rendered = parlor_bot::render::plain::render(text);
+        self.print(&format!("{}: {}", self.bot_name, rendered.trim_end()));
         *self.last_sent.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.clone());
         Ok(SentMessage {
             message_ids: vec![id],

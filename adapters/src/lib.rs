@@ -13,9 +13,14 @@
 //! - [`telegram`] — the Telegram Bot API adapter: long polling with acknowledgement after
 //!   durable delivery, message normalization (topics, mentions, commands, images), sending
 //!   with splitting and bounded retries.
+//! - [`discord`] — the Discord adapter (serenity): gateway with resume, normalization (one
+//!   session per channel/thread/DM, mentions, replies, commands, images), sending in parts of
+//!   at most 2000 characters with explicit `allowed_mentions`, paced per channel and honouring
+//!   429s, admins from role permissions.
 //! - [`console`] — the local terminal adapter behind `parlor chat`.
 
 #![warn(missing_docs)]
 
 pub mod console;
+pub mod discord;
 pub mod telegram;

@@ -15,10 +15,13 @@
 //! - [`agent`] — prompt assembly (static prompt, per-turn injections, schemas) and the
 //!   iteration loop that runs tool calls concurrently, bounded and in order.
 //! - [`tools`] — built-in toolsets: `todo_list`, `time`, prompt-only.
+//! - [`render`] — Markdown replies for each platform: pulldown-cmark into a small document
+//!   tree, then Telegram text + entities, Discord Markdown or plain text, split into parts.
 
 pub mod agent;
 pub mod llm;
 pub mod platform;
+pub mod render;
 pub mod session;
 pub mod store;
 pub mod tool;

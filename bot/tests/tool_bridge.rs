@@ -282,7 +282,7 @@ fn tools_lists_specs_with_metadata() {
     let tools = toolset();
     assert_eq!(tools.name(), "demo");
     assert_eq!(tools.prompt().as_deref(), Some("Demo tools."));
-    assert_eq!(tools.iteration_prompt_injection(), None);
+    assert_eq!(tools.iteration_prompt_injection("console:local"), None);
     let summary: Vec<Value> = tools
         .tools()
         .iter()

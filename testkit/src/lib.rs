@@ -6,7 +6,10 @@
 //!   server (streaming SSE and plain JSON) that records every request;
 //! - [`telegram`]: [`FakeTelegram`], a fake Bot API (long polling with
 //!   offsets, sending, files, administrators, scripted 429/409 failures) that
-//!   the real teloxide client can talk to.
+//!   the real teloxide client can talk to;
+//! - [`discord`]: [`FakeDiscord`], a fake Discord REST API (`/api/v10/...`) and
+//!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
+//!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to.
 //!
 //! Rules for this crate:
 //! - It is only ever a **dev-dependency**. Non-test code must never depend on
@@ -19,9 +22,15 @@
 //!   fails instead of hanging.
 #![warn(missing_docs)]
 
+pub mod discord;
 pub mod llm;
 pub mod telegram;
 
+pub use discord::{
+    DEFAULT_GUILD_ID, DiscordFailure, DiscordMessageBuilder, DiscordRequest, DiscordSent,
+    DiscordTyping, DiscordUser, DiscordWaitTimeout, FakeDiscord, discord_fixture,
+    discord_fixture_names,
+};
 pub use llm::{
     DEFAULT_USAGE, FakeLlm, RecordedRequest, Reply, ToolCallSpec, WaitTimeout, last_user_text,
 };

@@ -24,8 +24,9 @@
 //!   runtime does not take it.
 //!
 //! ## Sending
-//! [`render`] turns the model's text into message parts (plain text split to 4096 UTF-16
-//! units today; Markdown -> Telegram HTML later, behind the same function). The first part
+//! [`render`] turns the model's Markdown into message parts: plain text plus explicit
+//! entities, at most 4096 UTF-16 units each, never a `parse_mode` (so no reply can be refused
+//! for bad markup). The first part
 //! replies to the triggering message (without failing if that message was deleted); all
 //! parts go to the topic. Every call runs under a timeout with bounded retries: Telegram's
 //! `retry_after` is honoured, network trouble is retried with backoff, other API errors map
@@ -58,7 +59,7 @@ use teloxide::{Bot, RequestError};
 
 pub use config::{Backoff, DEFAULT_API_URL, TELEGRAM_MAX_DOWNLOAD_BYTES, TelegramConfig};
 pub use convert::{BotIdentity, convert_message};
-pub use render::{MAX_MESSAGE_UTF16, render, split_utf16};
+pub use render::{MAX_MESSAGE_UTF16, RenderedPart, render};
 
 use convert::PLATFORM;
 use error::{Failure, classify, error_chain, redact};
@@ -234,7 +235,7 @@ impl Platform for TelegramAdapter {
         PLATFORM
     }
 
-    /// Sends `text` as [`render`] splits it; the first part replies to `reply_to` (and is
+    /// Sends `text` (Markdown) as [`render`] renders and splits it; the first part replies to `reply_to` (and is
     /// still sent if that message is gone), every part goes to the chat's topic. Returns the
     /// ids of all parts. An empty text is refused (Telegram would refuse it too).
     async fn send_message(
@@ -262,7 +263,11 @@ impl Platform for TelegramAdapter {
         let mut message_ids = Vec::with_capacity(parts.len());
         for (index, part) in parts.iter().enumerate() {
             let sent = with_retries("sendMessage", &policy, || {
-                let mut request = self.inner.bot.send_message(target.chat, part.as_str());
+                let mut request = self
+                    .inner
+                    .bot
+                    .send_message(target.chat, part.text.as_str())
+                    .entities(part.entities.clone());
                 if let Some(thread) = target.thread {
                     request = request.message_thread_id(thread);
                 }

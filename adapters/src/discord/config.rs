@@ -1,0 +1,75 @@
+//! The Discord adapter's settings.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Discord's attachment size limit for bots without boosts (25 MiB); a sensible cap for
+/// images the model may look at.
+pub const DISCORD_MAX_IMAGE_BYTES: u64 = 25 * 1024 * 1024;
+
+/// How the Discord adapter connects and behaves.
+///
+/// `Debug` never shows the token, so the whole config may be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DiscordConfig {
+    /// The bot token (Developer Portal -> Bot -> Token). A secret: never logged.
+    pub token: String,
+    /// Where REST calls go instead of `https://discord.com` (a proxy, or a test fake); the
+    /// gateway URL is then whatever `GET {api_url}/api/v10/gateway` answers. `None`: Discord.
+    pub api_url: Option<String>,
+    /// Whether replies may ping `@everyone`, `@here` and roles. Off by default: only user
+    /// mentions written as `<@id>` ping.
+    pub allow_mass_mentions: bool,
+    /// The largest image [`download_image`](parlor_bot::platform::Platform::download_image)
+    /// fetches.
+    pub max_image_bytes: u64,
+    /// The limit on each REST request.
+    pub request_timeout: Duration,
+    /// Messages parlor sends to one channel per [`send_window`](Self::send_window)
+    /// (Discord allows 5 per 5 s per channel; serenity's own limiter is off when `api_url`
+    /// is set, so parlor paces itself).
+    pub sends_per_window: usize,
+    /// See [`sends_per_window`](Self::sends_per_window).
+    pub send_window: Duration,
+}
+
+impl DiscordConfig {
+    /// A config for `token` with every other setting at its default.
+    pub fn new(token: impl Into<String>) -> Self {
+        DiscordConfig {
+            token: token.into(),
+            api_url: None,
+            allow_mass_mentions: false,
+            max_image_bytes: DISCORD_MAX_IMAGE_BYTES,
+            request_timeout: Duration::from_secs(30),
+            sends_per_window: 5,
+            send_window: Duration::from_secs(5),
+        }
+    }
+}
+
+impl fmt::Debug for DiscordConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DiscordConfig")
+            .field("token", &"<redacted>")
+            .field("api_url", &self.api_url)
+            .field("allow_mass_mentions", &self.allow_mass_mentions)
+            .field("max_image_bytes", &self.max_image_bytes)
+            .field("request_timeout", &self.request_timeout)
+            .field("sends_per_window", &self.sends_per_window)
+            .field("send_window", &self.send_window)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_the_token() {
+        let shown = format!("{:?}", DiscordConfig::new("MTIz.SECRET.token"));
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
+}

@@ -1,0 +1,280 @@
+//! The gateway loop: serenity's client in a task, messages delivered in order by one consumer.
+//!
+//! serenity dispatches every event on a task of its own, so its `EventHandler` only forwards
+//! what it gets into a channel; one loop here converts and delivers, so a slow store slows
+//! intake instead of piling up concurrent deliveries. Messages that arrive together are
+//! delivered in snowflake (= time) order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parlor_bot::platform::{Inbox, InboxError, PlatformError};
+use serenity::Client;
+use serenity::all::{GatewayIntents, HttpBuilder};
+use serenity::client::{Context, EventHandler};
+use serenity::gateway::GatewayError;
+use serenity::model::channel::Message;
+use serenity::model::gateway::Ready;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::DiscordAdapter;
+use super::convert::convert_message;
+
+/// Attempts to store one message before it is given up (the gateway cannot redeliver it).
+const DELIVERY_ATTEMPTS: u32 = 5;
+
+/// What the event handler forwards.
+enum Item {
+    Ready { session: String },
+    Resumed,
+    Message(Box<Message>),
+}
+
+struct Forward {
+    tx: mpsc::UnboundedSender<Item>,
+}
+
+#[serenity::async_trait]
+impl EventHandler for Forward {
+    async fn message(&self, _ctx: Context, message: Message) {
+        let _ = self.tx.send(Item::Message(Box::new(message)));
+    }
+
+    async fn ready(&self, _ctx: Context, ready: Ready) {
+        let _ = self.tx.send(Item::Ready {
+            session: ready.session_id,
+        });
+    }
+
+    async fn resume(&self, _ctx: Context, _event: serenity::model::event::ResumedEvent) {
+        let _ = self.tx.send(Item::Resumed);
+    }
+}
+
+/// How one run of the serenity client ended.
+enum Ended {
+    Shutdown,
+    Failed(PlatformError),
+    Retry(String),
+}
+
+impl DiscordAdapter {
+    /// Connects to the gateway and delivers every message to `inbox` until `shutdown` is
+    /// cancelled; same as [`run_with_ready`](Self::run_with_ready) without a ready callback.
+    pub async fn run(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+    ) -> Result<(), PlatformError> {
+        self.run_with_ready(inbox, shutdown, || {}).await
+    }
+
+    /// Connects to the gateway (URL from `GET /api/v10/gateway`, at `api_url` when set) and
+    /// delivers every message to `inbox` until `shutdown` is cancelled, then closes the
+    /// connection and returns `Ok(())`.
+    ///
+    /// `ready` is called once, at the first `READY` (the gateway accepted the token and the
+    /// intents; messages flow from now on). serenity resumes or re-identifies by itself after
+    /// a disconnect; if its client stops anyway (the gateway unreachable), it is rebuilt with
+    /// backoff. Returns [`PlatformError::Unauthorized`] when the gateway rejects the token and
+    /// [`PlatformError::Refused`] when the intents are not allowed (enable *Message Content
+    /// Intent* in the Developer Portal). When the inbox answers `ShuttingDown` the loop stops;
+    /// a store failure is retried a few times, then the message is logged as lost.
+    pub async fn run_with_ready<R>(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+        ready: R,
+    ) -> Result<(), PlatformError>
+    where
+        R: FnOnce() + Send,
+    {
+        let mut ready = Some(ready);
+        let mut failures = 0u32;
+        loop {
+            let started = tokio::time::Instant::now();
+            match self.run_client(&inbox, &shutdown, &mut ready).await {
+                Ended::Shutdown => return Ok(()),
+                Ended::Failed(error) => return Err(error),
+                Ended::Retry(why) => {
+                    if started.elapsed() > Duration::from_secs(60) {
+                        failures = 0;
+                    }
+                    let wait = Duration::from_secs(1)
+                        .saturating_mul(2u32.saturating_pow(failures.min(6)))
+                        .min(Duration::from_secs(60));
+                    failures += 1;
+                    tracing::warn!(error = %why, ?wait, "the Discord gateway client stopped; reconnecting");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run_client<R>(
+        &self,
+        inbox: &Arc<dyn Inbox>,
+        shutdown: &CancellationToken,
+        ready: &mut Option<R>,
+    ) -> Ended
+    where
+        R: FnOnce() + Send,
+    {
+        let config = &self.inner.config;
+        let mut http = HttpBuilder::new(&self.inner.token);
+        if let Some(url) = &config.api_url {
+            // serenity honours the proxy only with its rate limiter off; parlor paces its own
+            // REST calls (see `rest.rs`), serenity itself only asks for the gateway URL.
+            http = http
+                .proxy(url.trim().trim_end_matches('/'))
+                .ratelimiter_disabled(true);
+        }
+        let intents = GatewayIntents::GUILD_MESSAGES
+            | GatewayIntents::DIRECT_MESSAGES
+            | GatewayIntents::MESSAGE_CONTENT;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let built = serenity::client::ClientBuilder::new_with_http(http.build(), intents)
+            .event_handler(Forward { tx })
+            .await;
+        let mut client: Client = match built {
+            Ok(client) => client,
+            Err(error) => return Ended::Retry(self.inner.rest.redact(&error.to_string())),
+        };
+        let shards = client.shard_manager.clone();
+        let mut running = tokio::spawn(async move { client.start().await });
+
+        let ended = loop {
+            let item = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break Ended::Shutdown,
+                finished = &mut running => {
+                    // Deliver what the client received before it stopped.
+                    let batch: Vec<Item> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+                    if !self.handle_batch(batch, ready, inbox.as_ref(), shutdown).await {
+                        break Ended::Shutdown;
+                    }
+                    break self.client_ended(finished);
+                }
+                item = rx.recv() => item,
+            };
+            let Some(item) = item else {
+                // The handler is gone: the client stopped; `running` tells why.
+                break self.client_ended((&mut running).await);
+            };
+            // Take whatever else is already waiting, to deliver it in order.
+            let mut batch = vec![item];
+            batch.extend(std::iter::from_fn(|| rx.try_recv().ok()));
+            if !self
+                .handle_batch(batch, ready, inbox.as_ref(), shutdown)
+                .await
+            {
+                break Ended::Shutdown;
+            }
+        };
+        // When the client already ended, its shards are gone: asking them to shut down would
+        // only wait out serenity's 5 s confirmation timeout.
+        if !running.is_finished() {
+            shards.shutdown_all().await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), &mut running).await;
+            running.abort();
+        }
+        ended
+    }
+
+    /// Handles forwarded items: `ready` at the first READY, messages delivered in id order.
+    /// False when the runtime is shutting down.
+    async fn handle_batch<R>(
+        &self,
+        batch: Vec<Item>,
+        ready: &mut Option<R>,
+        inbox: &dyn Inbox,
+        shutdown: &CancellationToken,
+    ) -> bool
+    where
+        R: FnOnce() + Send,
+    {
+        let mut messages = Vec::new();
+        for item in batch {
+            match item {
+                Item::Ready { session } => {
+                    tracing::info!(session = %session, "Discord gateway ready");
+                    if let Some(ready) = ready.take() {
+                        ready();
+                    }
+                }
+                Item::Resumed => tracing::info!("Discord gateway session resumed"),
+                Item::Message(message) => messages.push(*message),
+            }
+        }
+        messages.sort_by_key(|message| message.id.get());
+        self.deliver_all(messages, inbox, shutdown).await
+    }
+
+    fn client_ended(
+        &self,
+        finished: Result<Result<(), serenity::Error>, tokio::task::JoinError>,
+    ) -> Ended {
+        match finished {
+            Ok(Ok(())) => Ended::Retry("the gateway client stopped".to_owned()),
+            Ok(Err(serenity::Error::Gateway(GatewayError::InvalidAuthentication))) => {
+                Ended::Failed(PlatformError::Unauthorized)
+            }
+            Ok(Err(serenity::Error::Gateway(
+                GatewayError::DisallowedGatewayIntents | GatewayError::InvalidGatewayIntents,
+            ))) => Ended::Failed(PlatformError::Refused(
+                "Discord refused the gateway intents; enable the Message Content intent for \
+                 the bot in the Developer Portal"
+                    .to_owned(),
+            )),
+            Ok(Err(error)) => Ended::Retry(self.inner.rest.redact(&error.to_string())),
+            Err(join) => Ended::Retry(format!("the gateway task ended: {join}")),
+        }
+    }
+
+    /// Converts and delivers; false when the runtime is shutting down.
+    async fn deliver_all(
+        &self,
+        messages: Vec<Message>,
+        inbox: &dyn Inbox,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        for message in messages {
+            self.learn(&message);
+            let id = message.id.get();
+            if self.seen(id) {
+                continue;
+            }
+            let Some(incoming) = convert_message(&message, &self.inner.me) else {
+                continue;
+            };
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match inbox.deliver(incoming.clone()).await {
+                    Ok(()) => {
+                        self.mark_delivered(id);
+                        break;
+                    }
+                    Err(InboxError::ShuttingDown) => return false,
+                    Err(InboxError::Store(error)) => {
+                        if attempt >= DELIVERY_ATTEMPTS {
+                            tracing::error!(chat = %incoming.chat, message_id = id, %error, "could not store a Discord message; it is lost");
+                            break;
+                        }
+                        let wait = Duration::from_millis(200) * 2u32.pow(attempt);
+                        tracing::warn!(chat = %incoming.chat, message_id = id, %error, ?wait, "could not store a Discord message; retrying");
+                        tokio::select! {
+                            () = shutdown.cancelled() => return false,
+                            () = tokio::time::sleep(wait) => {}
+                        }
+                    }
+                }
+            }
+        }
+        true
+    }
+}

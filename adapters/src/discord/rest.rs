@@ -1,0 +1,388 @@
+//! Discord REST calls with parlor's own pacing and retries.
+//!
+//! serenity's `Http` is not used for REST: with a proxy (`api_url`) its rate limiter must be
+//! off, and its error for a 429 keeps only the status and Discord's `code`/`message` (the
+//! `retry_after` of the body and the `Retry-After` header are dropped). So requests go through
+//! reqwest here, to `{base}/api/v10{path}` with `Authorization: Bot {token}`, and every call
+//! runs under a timeout with bounded retries: a 429's `retry_after` is honoured, network
+//! trouble and 5xx are retried with backoff, other answers map to [`PlatformError`].
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use parlor_bot::platform::PlatformError;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// What a failed attempt calls for.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Discord's rate limit: wait this long, then the same request may succeed.
+    RetryAfter(Duration),
+    /// Network or server trouble (or our timeout): retry with backoff.
+    Transient(String),
+    /// Retrying cannot help.
+    Fatal(PlatformError),
+}
+
+/// How patiently a call is retried.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RetryPolicy {
+    pub rate_limited_attempts: u32,
+    pub transient_attempts: u32,
+    /// A longer `retry_after` is returned as [`PlatformError::RateLimited`] at once.
+    pub max_retry_after: Duration,
+    pub attempt_timeout: Duration,
+}
+
+impl RetryPolicy {
+    pub(crate) fn standard(attempt_timeout: Duration) -> Self {
+        RetryPolicy {
+            rate_limited_attempts: 5,
+            transient_attempts: 3,
+            max_retry_after: Duration::from_secs(60),
+            attempt_timeout,
+        }
+    }
+
+    pub(crate) fn once(attempt_timeout: Duration) -> Self {
+        RetryPolicy {
+            rate_limited_attempts: 1,
+            transient_attempts: 1,
+            max_retry_after: Duration::ZERO,
+            attempt_timeout,
+        }
+    }
+}
+
+/// The wait before transient retry `retry` (0-based): 500 ms doubled, at most 10 s.
+fn backoff(retry: u32) -> Duration {
+    Duration::from_millis(500)
+        .saturating_mul(2u32.saturating_pow(retry.min(16)))
+        .min(Duration::from_secs(10))
+}
+
+/// Runs `attempt` until it succeeds, fails fatally, or the budget is spent.
+pub(crate) async fn with_retries<T, F, Fut>(
+    what: &'static str,
+    policy: &RetryPolicy,
+    mut attempt: F,
+) -> Result<T, PlatformError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Failure>>,
+{
+    let mut rate_limited = 0u32;
+    let mut transient = 0u32;
+    loop {
+        let failure = match tokio::time::timeout(policy.attempt_timeout, attempt()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(failure)) => failure,
+            Err(_) => Failure::Transient(format!(
+                "{what} timed out after {:?}",
+                policy.attempt_timeout
+            )),
+        };
+        match failure {
+            Failure::Fatal(error) => return Err(error),
+            Failure::RetryAfter(wait) => {
+                rate_limited += 1;
+                if rate_limited >= policy.rate_limited_attempts || wait > policy.max_retry_after {
+                    return Err(PlatformError::RateLimited(wait));
+                }
+                tracing::warn!(what, ?wait, "rate limited by Discord; waiting as asked");
+                tokio::time::sleep(wait).await;
+            }
+            Failure::Transient(message) => {
+                transient += 1;
+                if transient >= policy.transient_attempts {
+                    return Err(PlatformError::Unavailable(message));
+                }
+                let wait = backoff(transient - 1);
+                tracing::warn!(what, ?wait, error = %message, "Discord request failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// A REST client for one bot: base URL, token, reqwest client.
+pub(crate) struct Rest {
+    client: reqwest::Client,
+    /// `https://discord.com` or the configured `api_url`, without a trailing slash.
+    base: String,
+    /// `Bot {token}`.
+    authorization: String,
+    token: String,
+}
+
+impl Rest {
+    pub(crate) fn new(base: &str, token: &str) -> Result<Rest, PlatformError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| {
+                PlatformError::Unavailable(format!("cannot build the HTTP client: {e}"))
+            })?;
+        Ok(Rest {
+            client,
+            base: base.trim().trim_end_matches('/').to_owned(),
+            authorization: format!("Bot {token}"),
+            token: token.to_owned(),
+        })
+    }
+
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub(crate) fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// `text` without the token.
+    pub(crate) fn redact(&self, text: &str) -> String {
+        if self.token.is_empty() {
+            text.to_owned()
+        } else {
+            text.replace(&self.token, "<token>")
+        }
+    }
+
+    /// One attempt: `method {base}/api/v10{path}` with an optional JSON body. `Ok` carries
+    /// the JSON answer (`Null` for an empty one).
+    pub(crate) async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, Failure> {
+        let url = format!("{}/api/v10{path}", self.base);
+        let mut request = self
+            .client
+            .request(method, &url)
+            .header("authorization", &self.authorization)
+            .header(
+                "user-agent",
+                concat!(
+                    "DiscordBot (https://github.com/parlor, ",
+                    env!("CARGO_PKG_VERSION"),
+                    ")"
+                ),
+            );
+        request = match body {
+            Some(body) => request.json(body),
+            None => request.header("content-length", "0"),
+        };
+        let response = request
+            .send()
+            .await
+            .map_err(|e| Failure::Transient(self.redact(&error_chain(&e))))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| Failure::Transient(self.redact(&error_chain(&e))))?;
+        let json: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                Value::String(String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned())
+            })
+        };
+        if status.is_success() {
+            return Ok(json);
+        }
+        Err(classify(status, &headers, &json, path))
+    }
+}
+
+/// Maps an unsuccessful answer to what to do about it.
+pub(crate) fn classify(
+    status: StatusCode,
+    headers: &reqwest::header::HeaderMap,
+    body: &Value,
+    path: &str,
+) -> Failure {
+    let message = match body {
+        Value::Object(map) => {
+            let text = map.get("message").and_then(Value::as_str).unwrap_or("");
+            match map.get("code").and_then(Value::as_u64) {
+                Some(code) if code != 0 => format!("{text} (code {code})"),
+                _ => text.to_owned(),
+            }
+        }
+        Value::String(text) => text.clone(),
+        _ => String::new(),
+    };
+    let message = format!("{path}: {} {message}", status.as_u16());
+    match status.as_u16() {
+        429 => Failure::RetryAfter(retry_after(headers, body)),
+        401 => Failure::Fatal(PlatformError::Unauthorized),
+        403 => Failure::Fatal(PlatformError::Refused(message)),
+        404 => Failure::Fatal(PlatformError::NotFound(message)),
+        500..=599 => Failure::Transient(message),
+        _ => Failure::Fatal(PlatformError::Refused(message)),
+    }
+}
+
+/// A 429's wait: the body's `retry_after` (seconds, fractional), else the
+/// `X-RateLimit-Reset-After` or `Retry-After` header, else one second.
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap, body: &Value) -> Duration {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let secs = body
+        .get("retry_after")
+        .and_then(Value::as_f64)
+        .or_else(|| header("x-ratelimit-reset-after"))
+        .or_else(|| header("retry-after"))
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(1.0);
+    Duration::from_secs_f64(secs.min(3600.0))
+}
+
+/// The error and its sources, `: `-separated.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// At most `max` sends per `window` per channel: parlor's own pacing, since serenity's limiter
+/// is off.
+pub(crate) struct SendLimiter {
+    max: usize,
+    window: Duration,
+    sent: Mutex<HashMap<u64, VecDeque<Instant>>>,
+}
+
+impl SendLimiter {
+    pub(crate) fn new(max: usize, window: Duration) -> Self {
+        SendLimiter {
+            max: max.max(1),
+            window,
+            sent: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits until `channel` may send, and takes the slot.
+    pub(crate) async fn acquire(&self, channel: u64) {
+        loop {
+            let wait = {
+                let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+                let now = Instant::now();
+                // Forget quiet channels so the map stays small.
+                if sent.len() > 1024 {
+                    sent.retain(|_, times| {
+                        times
+                            .back()
+                            .is_some_and(|t| now.duration_since(*t) < self.window)
+                    });
+                }
+                let times = sent.entry(channel).or_default();
+                while times
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) >= self.window)
+                {
+                    times.pop_front();
+                }
+                if times.len() < self.max {
+                    times.push_back(now);
+                    return;
+                }
+                times
+                    .front()
+                    .map_or(Duration::ZERO, |t| self.window - now.duration_since(*t))
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::header::{HeaderMap, HeaderValue};
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn retry_after_prefers_the_body() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", HeaderValue::from_static("3"));
+        assert_eq!(
+            retry_after(&headers, &json!({"retry_after": 0.25})),
+            Duration::from_millis(250)
+        );
+        assert_eq!(retry_after(&headers, &json!({})), Duration::from_secs(3));
+        assert_eq!(
+            retry_after(&HeaderMap::new(), &Value::Null),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn statuses_map_to_platform_errors() {
+        let headers = HeaderMap::new();
+        let body = json!({"message": "Unknown Channel", "code": 10003});
+        assert!(matches!(
+            classify(StatusCode::NOT_FOUND, &headers, &body, "/x"),
+            Failure::Fatal(PlatformError::NotFound(m)) if m.contains("Unknown Channel")
+        ));
+        assert!(matches!(
+            classify(StatusCode::UNAUTHORIZED, &headers, &body, "/x"),
+            Failure::Fatal(PlatformError::Unauthorized)
+        ));
+        assert!(matches!(
+            classify(StatusCode::BAD_GATEWAY, &headers, &body, "/x"),
+            Failure::Transient(_)
+        ));
+        assert!(matches!(
+            classify(StatusCode::BAD_REQUEST, &headers, &body, "/x"),
+            Failure::Fatal(PlatformError::Refused(_))
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_limiter_paces_a_channel_and_not_others() {
+        let limiter = SendLimiter::new(2, Duration::from_secs(5));
+        let start = Instant::now();
+        limiter.acquire(1).await;
+        limiter.acquire(1).await;
+        limiter.acquire(2).await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        limiter.acquire(1).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_honour_retry_after_then_give_up() {
+        let policy = RetryPolicy::standard(Duration::from_secs(10));
+        let start = Instant::now();
+        let mut calls = 0;
+        let result: Result<(), _> = with_retries("t", &policy, || {
+            calls += 1;
+            async { Err(Failure::RetryAfter(Duration::from_millis(300))) }
+        })
+        .await;
+        assert!(matches!(result, Err(PlatformError::RateLimited(_))));
+        assert_eq!(calls, 5);
+        assert_eq!(start.elapsed(), Duration::from_millis(1200));
+    }
+}
