@@ -2,6 +2,7 @@
 //! toolset), `time` and prompt-only toolsets.
 
 pub mod prompt;
+pub mod terminal;
 pub mod time;
 pub mod todo;
 
