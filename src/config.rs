@@ -24,6 +24,8 @@ pub struct Config {
     pub telegram: TelegramSection,
     /// `[discord]`: the Discord adapter.
     pub discord: DiscordSection,
+    /// `[terminal]`: the shell toolset (off by default).
+    pub terminal: TerminalSection,
     /// `[toolsets]`: which toolsets are on, and their settings.
     pub toolsets: ToolsetsConfig,
 }
@@ -192,6 +194,75 @@ pub struct DiscordSection {
     pub allow_mass_mentions: bool,
 }
 
+/// `[terminal]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TerminalSection {
+    /// Whether the `shell` / `task_*` tools exist at all.
+    pub enabled: bool,
+    /// Who may use them: `admins`, `everyone` or `off`.
+    pub policy: TerminalPolicy,
+    /// Per-chat overrides, by session key (`telegram:-100123`).
+    pub chat_policies: std::collections::BTreeMap<String, TerminalPolicy>,
+    /// Default limit of a foreground command.
+    pub timeout_secs: u64,
+    /// Longest limit the model may ask for a foreground command.
+    pub max_timeout_secs: u64,
+    /// Background tasks running at once per chat.
+    pub max_background_per_session: usize,
+    /// Background tasks running at once in total.
+    pub max_background_total: usize,
+    /// A background task running longer is killed (`timed_out`).
+    pub max_task_hours: u64,
+    /// `none`, or `bwrap` (bubblewrap: read-only system, writable workspace).
+    pub sandbox: SandboxKind,
+    /// With `bwrap`: whether commands may use the network.
+    pub sandbox_network: bool,
+    /// Environment variables passed to commands besides PATH, HOME, LANG, LC_ALL, TERM, TZ,
+    /// USER, LOGNAME. Never put a secret's name here.
+    pub extra_env: Vec<String>,
+}
+
+/// Who may use the terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TerminalPolicy {
+    /// Admins only.
+    Admins,
+    /// Every member.
+    Everyone,
+    /// Nobody.
+    Off,
+}
+
+/// How commands are isolated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxKind {
+    /// Plain processes.
+    None,
+    /// bubblewrap.
+    Bwrap,
+}
+
+impl Default for TerminalSection {
+    fn default() -> Self {
+        TerminalSection {
+            enabled: false,
+            policy: TerminalPolicy::Admins,
+            chat_policies: Default::default(),
+            timeout_secs: 60,
+            max_timeout_secs: 600,
+            max_background_per_session: 3,
+            max_background_total: 10,
+            max_task_hours: 6,
+            sandbox: SandboxKind::None,
+            sandbox_network: false,
+            extra_env: Vec::new(),
+        }
+    }
+}
+
 /// `[toolsets]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -333,6 +404,9 @@ impl Config {
                 "telegram.poll_timeout_secs",
                 u64::from(self.telegram.poll_timeout_secs),
             ),
+            ("terminal.timeout_secs", self.terminal.timeout_secs),
+            ("terminal.max_timeout_secs", self.terminal.max_timeout_secs),
+            ("terminal.max_task_hours", self.terminal.max_task_hours),
             (
                 "toolsets.memory.max_entries",
                 self.toolsets.memory.max_entries as u64,
@@ -344,6 +418,20 @@ impl Config {
         ] {
             if value == 0 {
                 bail!("{name} must be at least 1");
+            }
+        }
+        if self.terminal.timeout_secs > self.terminal.max_timeout_secs {
+            bail!("terminal.timeout_secs must not exceed terminal.max_timeout_secs");
+        }
+        for name in &self.terminal.extra_env {
+            let upper = name.to_uppercase();
+            if ["KEY", "TOKEN", "SECRET", "PASSWORD"]
+                .iter()
+                .any(|s| upper.contains(s))
+            {
+                bail!(
+                    "terminal.extra_env must not pass secrets to commands; {name:?} looks like one"
+                );
             }
         }
         if self.llm.tool_result_max_chars < 200 {

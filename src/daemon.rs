@@ -58,11 +58,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(discord) = &discord {
         platforms.push(Arc::new(discord.clone()));
     }
-    let manager = wiring::sessions(&config, store, platforms)?;
-    manager
-        .resume()
-        .await
-        .context("cannot resume from the store")?;
+    let runtime = wiring::runtime(&config, store, platforms)?;
+    runtime.resume().await?;
+    let manager = runtime.sessions.clone();
 
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -116,7 +114,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     systemd::stopping();
     shutdown.cancel();
-    manager
+    runtime
         .shutdown(Duration::from_secs(config.bot.shutdown_grace_secs))
         .await;
     while let Some(ended) = tasks.join_next().await {

@@ -115,7 +115,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     match cli.command {
         Command::Tools { json } => {
-            let registry = wiring::registry(&config, ephemeral_store())?;
+            let registry = wiring::catalog_registry(&config)?;
             let text = if json {
                 catalog::to_json(&registry)
             } else {
@@ -126,7 +126,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckConfig => {
-            wiring::registry(&config, ephemeral_store())?;
+            wiring::catalog_registry(&config)?;
             config.api_key()?;
             config.telegram_token()?;
             config.discord_token()?;
@@ -164,15 +164,13 @@ async fn chat(
     }
     let store = wiring::store(&config)?;
     let platform = ConsolePlatform::new(Box::new(std::io::stdout()), &config.bot.name);
-    let manager = wiring::sessions(
+    let runtime = wiring::runtime(
         &config,
         store,
         vec![Arc::new(platform.clone()) as Arc<dyn Platform>],
     )?;
-    manager
-        .resume()
-        .await
-        .context("cannot resume from the store")?;
+    runtime.resume().await?;
+    let manager = runtime.sessions.clone();
     let options = ConsoleOptions {
         bot_name: config.bot.name.clone(),
         default_speaker: speaker,
@@ -225,7 +223,8 @@ async fn chat(
 }
 
 async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow::Result<ExitCode> {
-    let agent = wiring::agent(config, ephemeral_store())?;
+    // `ask` runs outside any chat: no terminal (its notices would have nowhere to go).
+    let agent = wiring::agent(config, ephemeral_store(), None)?;
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     // Ctrl-C stops the turn cleanly instead of killing the process mid-call.

@@ -2,6 +2,7 @@
 //! agent, the store and the session manager. Kept apart from `main` so the tests build
 //! exactly what the binary builds.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,16 +11,24 @@ use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::{OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager};
-use parlor_bot::store::{SledStore, Store, StoreOptions};
+use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
+use parlor_bot::tools::terminal::{
+    LateNotifier, Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
+};
 use parlor_bot::tools::{PromptToolset, TodoList, time};
 use parlor_plugins::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
 
-use crate::config::Config;
+use crate::config::{Config, SandboxKind, TerminalPolicy};
 
 /// The tool registry this configuration describes, names and schemas checked. Toolsets
-/// that keep state in the store (message log, memory) use `store`.
-pub fn registry(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<ToolRegistry> {
+/// that keep state in the store (message log, memory) use `store`; the terminal toolsets
+/// come from `terminal` when it is enabled.
+pub fn registry(
+    config: &Config,
+    store: Arc<dyn Store>,
+    terminal: Option<&Arc<TerminalService>>,
+) -> anyhow::Result<ToolRegistry> {
     let mut toolsets: Vec<Arc<dyn ToolSet>> = Vec::new();
     for name in &config.toolsets.enabled {
         match name.as_str() {
@@ -52,14 +61,85 @@ pub fn registry(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<ToolRe
             other => anyhow::bail!("unknown toolset {other:?}"),
         }
     }
+    if let Some(terminal) = terminal {
+        toolsets.push(Arc::new(terminal_toolset(Arc::clone(terminal))));
+    }
     for p in &config.toolsets.prompt {
         toolsets.push(Arc::new(PromptToolset::new(&p.name, &p.prompt)));
     }
     ToolRegistry::new(toolsets).context("the toolsets cannot be registered")
 }
 
+/// The tool registry for the catalog (`parlor tools`, `check-config`, `ask`): the same
+/// toolsets, over an in-memory store, with a terminal service (when enabled) that works in a
+/// scratch directory, so a running daemon's files are never touched.
+pub fn catalog_registry(config: &Config) -> anyhow::Result<ToolRegistry> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let scratch = std::env::temp_dir().join(format!("parlor-catalog-{}", std::process::id()));
+    let terminal = terminal(
+        config,
+        Arc::clone(&store),
+        Arc::new(LateNotifier::new()),
+        scratch,
+    );
+    registry(config, store, terminal.as_ref())
+}
+
+/// The terminal service when `[terminal] enabled`, working under `data_dir`, posting its
+/// completion notices through `notifier`.
+pub fn terminal(
+    config: &Config,
+    store: Arc<dyn Store>,
+    notifier: Arc<dyn Notifier>,
+    data_dir: PathBuf,
+) -> Option<Arc<TerminalService>> {
+    let t = &config.terminal;
+    if !t.enabled {
+        return None;
+    }
+    let policy = |p: TerminalPolicy| match p {
+        TerminalPolicy::Admins => Policy::Admins,
+        TerminalPolicy::Everyone => Policy::Everyone,
+        TerminalPolicy::Off => Policy::Off,
+    };
+    let defaults = TerminalConfig::default();
+    let mut env_allow = defaults.env_allow.clone();
+    env_allow.extend(t.extra_env.iter().cloned());
+    Some(TerminalService::new(
+        store,
+        notifier,
+        TerminalConfig {
+            enabled: true,
+            policy: policy(t.policy),
+            chat_policies: t
+                .chat_policies
+                .iter()
+                .map(|(chat, p)| (chat.clone(), policy(*p)))
+                .collect(),
+            data_dir,
+            foreground_timeout: Duration::from_secs(t.timeout_secs),
+            max_foreground_timeout: Duration::from_secs(t.max_timeout_secs),
+            max_background_per_session: t.max_background_per_session,
+            max_background_total: t.max_background_total,
+            max_task_runtime: Duration::from_secs(t.max_task_hours * 3600),
+            env_allow,
+            sandbox: match t.sandbox {
+                SandboxKind::None => Sandbox::None,
+                SandboxKind::Bwrap => Sandbox::Bwrap {
+                    network: t.sandbox_network,
+                },
+            },
+            ..defaults
+        },
+    ))
+}
+
 /// The agent this configuration describes, talking to the configured endpoint.
-pub fn agent(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<Agent> {
+pub fn agent(
+    config: &Config,
+    store: Arc<dyn Store>,
+    terminal: Option<&Arc<TerminalService>>,
+) -> anyhow::Result<Agent> {
     let llm = OpenAiClient::with_retries(OpenAiConfig {
         base_url: config.base_url(),
         api_key: config.api_key()?,
@@ -77,14 +157,22 @@ pub fn agent(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<Agent> {
         model: config.model(),
         max_iterations: config.llm.max_iterations,
         max_concurrent_tool_calls: config.llm.max_concurrent_tool_calls,
-        tool_timeout: Duration::from_secs(config.llm.tool_timeout_secs),
+        // A shell command may run up to its own limit; the agent's limit must not cut it first
+        // (the terminal returns the partial output itself).
+        tool_timeout: Duration::from_secs(config.llm.tool_timeout_secs.max(
+            if terminal.is_some() {
+                config.terminal.max_timeout_secs + 10
+            } else {
+                0
+            },
+        )),
         tool_result_max_chars: config.llm.tool_result_max_chars,
         temperature: config.llm.temperature,
         parallel_tool_calls: config.llm.parallel_tool_calls,
     };
     Ok(Agent::new(
         Arc::new(llm),
-        registry(config, store)?,
+        registry(config, store, terminal)?,
         &config.bot.system_prompt,
         agent_config,
     ))
@@ -106,12 +194,47 @@ pub fn store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(store))
 }
 
-/// The session layer over `platforms`.
-pub fn sessions(
+/// The running runtime: sessions, and the services that live beside them.
+pub struct Runtime {
+    /// The session layer (the adapters' inbox).
+    pub sessions: SessionManager,
+    /// The terminal service, when enabled.
+    pub terminal: Option<Arc<TerminalService>>,
+}
+
+impl Runtime {
+    /// After a restart: re-queues pending input, resends unsent replies, and tells chats
+    /// about terminal tasks a crash interrupted.
+    pub async fn resume(&self) -> anyhow::Result<()> {
+        self.sessions
+            .resume()
+            .await
+            .context("cannot resume from the store")?;
+        if let Some(terminal) = &self.terminal {
+            terminal
+                .recover()
+                .await
+                .context("cannot recover terminal tasks")?;
+        }
+        Ok(())
+    }
+
+    /// Drains: terminal processes are killed first (nothing outlives the daemon), then the
+    /// sessions get `grace` to finish their turns.
+    pub async fn shutdown(&self, grace: Duration) {
+        if let Some(terminal) = &self.terminal {
+            terminal.shutdown().await;
+        }
+        self.sessions.shutdown(grace).await;
+    }
+}
+
+/// The runtime over `platforms`, with its store.
+pub fn runtime(
     config: &Config,
     store: Arc<dyn Store>,
     platforms: Vec<Arc<dyn Platform>>,
-) -> anyhow::Result<SessionManager> {
+) -> anyhow::Result<Runtime> {
     let session_config = SessionConfig {
         bot_name: config.bot.name.clone(),
         admins: config.bot.admins.clone(),
@@ -125,10 +248,21 @@ pub fn sessions(
         vision: config.llm.vision,
         ..SessionConfig::default()
     };
-    Ok(SessionManager::new(
+    // The terminal posts notices into sessions that need its toolset first: a late-bound
+    // notifier breaks the cycle.
+    let late = Arc::new(LateNotifier::new());
+    let terminal = terminal(
+        config,
         Arc::clone(&store),
-        agent(config, store)?,
+        Arc::clone(&late) as Arc<dyn Notifier>,
+        config.data_dir(),
+    );
+    let sessions = SessionManager::new(
+        Arc::clone(&store),
+        agent(config, store, terminal.as_ref())?,
         platforms,
         session_config,
-    ))
+    );
+    late.set(Arc::new(sessions.clone()));
+    Ok(Runtime { sessions, terminal })
 }

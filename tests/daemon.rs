@@ -574,3 +574,76 @@ async fn a_long_formatted_reply_arrives_as_valid_messages_with_entities() {
     );
     daemon.terminate().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
+    use parlor_testkit::ToolCallSpec;
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "shell",
+        serde_json::json!({
+            "command": "sleep 1; echo 'build <ok> & done'",
+            "run_in_background": true,
+            "description": "release build"
+        }),
+    )]));
+    llm.push(Reply::text(
+        "Started the build; I will tell you when it is done.",
+    ));
+    llm.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        if last.contains("<TERMINAL_TASK_RESULT>") {
+            Reply::text(format!("The build finished:\n{last}"))
+        } else {
+            Reply::text("unexpected")
+        }
+    });
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(
+        &config(
+            dir.path(),
+            &telegram,
+            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\n",
+        ),
+        &llm,
+        &telegram,
+    )
+    .await;
+    let asked = telegram
+        .group_message(GROUP, alice(), "@parlor_bot build the release and tell us")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(
+        sent[0].text,
+        "Started the build; I will tell you when it is done."
+    );
+    assert_eq!(sent[0].reply_to_message_id, Some(asked));
+    // Nobody writes; the result arrives by itself.
+    let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
+    assert_eq!(sent[1].chat_id, GROUP);
+    assert!(
+        sent[1].text.starts_with("The build finished:"),
+        "{}",
+        sent[1].text
+    );
+    assert!(
+        sent[1].text.contains("<status>completed</status>"),
+        "{}",
+        sent[1].text
+    );
+    // The notice the model read carried the output XML-escaped.
+    let notice = llm
+        .requests()
+        .iter()
+        .filter_map(|r| r.last_user_text())
+        .find(|t| t.contains("<TERMINAL_TASK_RESULT>"))
+        .unwrap();
+    assert!(notice.contains("build &lt;ok&gt; &amp; done"), "{notice}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(telegram.sent_messages().len(), 2, "the result arrives once");
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+}
