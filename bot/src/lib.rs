@@ -14,11 +14,13 @@
 //!   [`tool::ToolResult`] JSON, the registry and the catalog.
 //! - [`agent`] — prompt assembly (static prompt, per-turn injections, schemas) and the
 //!   iteration loop that runs tool calls concurrently, bounded and in order.
+//! - [`clock`] — clock tasks (cron, one-shot, interval), the service firing them, `clock_*`.
 //! - [`tools`] — built-in toolsets: `todo_list`, `time`, prompt-only.
 //! - [`render`] — Markdown replies for each platform: pulldown-cmark into a small document
 //!   tree, then Telegram text + entities, Discord Markdown or plain text, split into parts.
 
 pub mod agent;
+pub mod clock;
 pub mod llm;
 pub mod platform;
 pub mod render;
