@@ -273,12 +273,14 @@ pub struct ToolsetsConfig {
     pub time: TimeConfig,
     /// `[toolsets.memory]`
     pub memory: MemoryConfig,
+    /// `[toolsets.clock]`
+    pub clock: ClockConfig,
     /// `[[toolsets.prompt]]`: prompt-only toolsets.
     pub prompt: Vec<PromptConfig>,
 }
 
 /// Toolsets this build knows.
-pub const KNOWN_TOOLSETS: &[&str] = &["todo_list", "time", "message", "memory"];
+pub const KNOWN_TOOLSETS: &[&str] = &["todo_list", "time", "message", "memory", "clock"];
 
 impl Default for ToolsetsConfig {
     fn default() -> Self {
@@ -286,6 +288,7 @@ impl Default for ToolsetsConfig {
             enabled: KNOWN_TOOLSETS.iter().map(|s| s.to_string()).collect(),
             time: TimeConfig::default(),
             memory: MemoryConfig::default(),
+            clock: ClockConfig::default(),
             prompt: Vec::new(),
         }
     }
@@ -303,6 +306,28 @@ impl Default for TimeConfig {
     fn default() -> Self {
         TimeConfig {
             default_timezone: "UTC".to_owned(),
+        }
+    }
+}
+
+/// `[toolsets.clock]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClockConfig {
+    /// Enabled clock tasks one chat may have.
+    pub max_tasks_per_chat: usize,
+    /// Shortest interval between two fires of a task, in seconds.
+    pub min_interval_secs: u64,
+    /// A fire whose turn has not posted within this long is logged `timed_out`.
+    pub run_timeout_secs: u64,
+}
+
+impl Default for ClockConfig {
+    fn default() -> Self {
+        ClockConfig {
+            max_tasks_per_chat: 20,
+            min_interval_secs: 60,
+            run_timeout_secs: 600,
         }
     }
 }
@@ -405,6 +430,18 @@ impl Config {
                 u64::from(self.telegram.poll_timeout_secs),
             ),
             ("terminal.timeout_secs", self.terminal.timeout_secs),
+            (
+                "toolsets.clock.max_tasks_per_chat",
+                self.toolsets.clock.max_tasks_per_chat as u64,
+            ),
+            (
+                "toolsets.clock.min_interval_secs",
+                self.toolsets.clock.min_interval_secs,
+            ),
+            (
+                "toolsets.clock.run_timeout_secs",
+                self.toolsets.clock.run_timeout_secs,
+            ),
             ("terminal.max_timeout_secs", self.terminal.max_timeout_secs),
             ("terminal.max_task_hours", self.terminal.max_task_hours),
             (

@@ -224,7 +224,7 @@ async fn chat(
 
 async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow::Result<ExitCode> {
     // `ask` runs outside any chat: no terminal (its notices would have nowhere to go).
-    let agent = wiring::agent(config, ephemeral_store(), None)?;
+    let agent = wiring::agent(config, ephemeral_store(), None, None)?;
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     // Ctrl-C stops the turn cleanly instead of killing the process mid-call.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig};
+use parlor_bot::clock::{ClockHandle, ClockOptions, ClockService};
 use parlor_bot::llm::{OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager};
@@ -19,6 +20,8 @@ use parlor_bot::tools::terminal::{
 use parlor_bot::tools::{PromptToolset, TodoList, time};
 use parlor_plugins::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::config::{Config, SandboxKind, TerminalPolicy};
 
 /// The tool registry this configuration describes, names and schemas checked. Toolsets
@@ -28,6 +31,7 @@ pub fn registry(
     config: &Config,
     store: Arc<dyn Store>,
     terminal: Option<&Arc<TerminalService>>,
+    clock: Option<&ClockHandle>,
 ) -> anyhow::Result<ToolRegistry> {
     let mut toolsets: Vec<Arc<dyn ToolSet>> = Vec::new();
     for name in &config.toolsets.enabled {
@@ -45,6 +49,15 @@ pub fn registry(
                 )
                 .context("cannot build the message toolset")?,
             ),
+            "clock" => {
+                // The handle exists whenever "clock" is enabled (see `clock_handle`).
+                if let Some(handle) = clock {
+                    toolsets.push(Arc::new(
+                        parlor_bot::clock::toolset(handle.clone())
+                            .context("cannot build the clock toolset")?,
+                    ));
+                }
+            }
             "memory" => toolsets.push(memory_toolset(
                 Arc::clone(&store),
                 MemoryOptions {
@@ -82,7 +95,29 @@ pub fn catalog_registry(config: &Config) -> anyhow::Result<ToolRegistry> {
         Arc::new(LateNotifier::new()),
         scratch,
     );
-    registry(config, store, terminal.as_ref())
+    let clock = clock_handle(config, Arc::clone(&store))?;
+    registry(config, store, terminal.as_ref(), clock.as_ref())
+}
+
+/// The clock tasks over `store`, when the `clock` toolset is enabled.
+pub fn clock_handle(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<Option<ClockHandle>> {
+    if !config.toolsets.enabled.iter().any(|t| t == "clock") {
+        return Ok(None);
+    }
+    let default_timezone = time::parse_timezone(&config.toolsets.time.default_timezone)
+        .map_err(|why| anyhow::anyhow!("toolsets.time.default_timezone: {why}"))?;
+    let c = &config.toolsets.clock;
+    Ok(Some(ClockHandle::new(
+        store,
+        ClockOptions {
+            default_timezone,
+            max_tasks_per_chat: c.max_tasks_per_chat,
+            min_interval: Duration::from_secs(c.min_interval_secs),
+            run_timeout: Duration::from_secs(c.run_timeout_secs),
+            global_admins: config.bot.admins.clone(),
+            ..ClockOptions::default()
+        },
+    )))
 }
 
 /// The terminal service when `[terminal] enabled`, working under `data_dir`, posting its
@@ -139,6 +174,7 @@ pub fn agent(
     config: &Config,
     store: Arc<dyn Store>,
     terminal: Option<&Arc<TerminalService>>,
+    clock: Option<&ClockHandle>,
 ) -> anyhow::Result<Agent> {
     let llm = OpenAiClient::with_retries(OpenAiConfig {
         base_url: config.base_url(),
@@ -172,7 +208,7 @@ pub fn agent(
     };
     Ok(Agent::new(
         Arc::new(llm),
-        registry(config, store, terminal)?,
+        registry(config, store, terminal, clock)?,
         &config.bot.system_prompt,
         agent_config,
     ))
@@ -200,6 +236,9 @@ pub struct Runtime {
     pub sessions: SessionManager,
     /// The terminal service, when enabled.
     pub terminal: Option<Arc<TerminalService>>,
+    /// The clock service's task, when the clock is enabled; it stops with `clock_stop`.
+    clock: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    clock_stop: CancellationToken,
 }
 
 impl Runtime {
@@ -225,7 +264,15 @@ impl Runtime {
         if let Some(terminal) = &self.terminal {
             terminal.shutdown().await;
         }
+        // No new fires; a fire already waiting on its turn logs how that turn ended.
+        self.clock_stop.cancel();
         self.sessions.shutdown(grace).await;
+        let clock = self.clock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(task) = clock
+            && let Err(e) = task.await
+        {
+            tracing::error!(error = %e, "the clock service failed");
+        }
     }
 }
 
@@ -257,12 +304,24 @@ pub fn runtime(
         Arc::clone(&late) as Arc<dyn Notifier>,
         config.data_dir(),
     );
+    let clock = clock_handle(config, Arc::clone(&store))?;
     let sessions = SessionManager::new(
         Arc::clone(&store),
-        agent(config, store, terminal.as_ref())?,
+        agent(config, store, terminal.as_ref(), clock.as_ref())?,
         platforms,
         session_config,
     );
     late.set(Arc::new(sessions.clone()));
-    Ok(Runtime { sessions, terminal })
+    let clock_stop = CancellationToken::new();
+    // Fires start only once the runtime runs, after `resume`: spawned here, it waits for
+    // its first due time like any other.
+    let clock = clock.map(|handle| {
+        tokio::spawn(ClockService::with_handle(handle, sessions.clone()).run(clock_stop.clone()))
+    });
+    Ok(Runtime {
+        sessions,
+        terminal,
+        clock: std::sync::Mutex::new(clock),
+        clock_stop,
+    })
 }

@@ -647,3 +647,62 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
     let (status, log) = daemon.terminate().await;
     assert!(status.success(), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_schedules_a_task_in_one_group_that_posts_into_another() {
+    use parlor_testkit::ToolCallSpec;
+    const TEAM: i64 = -100_555;
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(
+        &config(dir.path(), &telegram, "admins = [\"telegram:1001\"]\n"),
+        &llm,
+        &telegram,
+    )
+    .await;
+    // The bot knows the team group from its messages.
+    telegram.group_message(TEAM, bob(), "morning all").push();
+    let due = chrono::Utc::now() + chrono::Duration::seconds(3);
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "clock_create",
+        serde_json::json!({
+            "name": "standup",
+            "schedule": due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            "content": "Post the stand-up reminder.",
+            "target_chat": format!("telegram:{TEAM}"),
+        }),
+    )]));
+    llm.push(Reply::text("Scheduled."));
+    llm.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        if last.contains("Scheduled task") {
+            Reply::text("Stand-up in 5 minutes!")
+        } else {
+            Reply::text("unexpected")
+        }
+    });
+    telegram
+        .group_message(
+            GROUP,
+            alice(),
+            "@parlor_bot remind the team group about stand-up",
+        )
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].chat_id, GROUP);
+    assert_eq!(sent[0].text, "Scheduled.");
+    let created = llm.requests()[1].messages().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(created.contains("\"success\":true"), "{created}");
+
+    let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
+    assert_eq!(sent[1].chat_id, TEAM, "the reminder goes to the team group");
+    assert_eq!(sent[1].text, "Stand-up in 5 minutes!");
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+}
