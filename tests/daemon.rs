@@ -706,3 +706,69 @@ async fn an_admin_schedules_a_task_in_one_group_that_posts_into_another() {
     let (status, log) = daemon.terminate().await;
     assert!(status.success(), "{log}");
 }
+
+/// Turns `llm.vision` on in a config written by [`config`].
+fn with_vision(path: PathBuf) -> PathBuf {
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("[llm]\n", "[llm]\nvision = true\n")).unwrap();
+    path
+}
+
+/// A valid 1×1 PNG.
+const PNG_1X1: &[u8] = &[
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
+    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
+    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
+    use parlor_testkit::ToolCallSpec;
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    telegram.add_file("photo-1", PNG_1X1.to_vec());
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(
+        &with_vision(config(dir.path(), &telegram, "")),
+        &llm,
+        &telegram,
+    )
+    .await;
+    let photo = telegram
+        .group_message(GROUP, bob(), "our summit picture")
+        .photo("photo-1", PNG_1X1.len() as u64)
+        .push();
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "load_image",
+        serde_json::json!({"message_id": photo.to_string()}),
+    )]));
+    llm.push(Reply::text("A tiny picture."));
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot what is on bob's picture?")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "A tiny picture.");
+    let second = &llm.requests()[1];
+    let image = second
+        .messages()
+        .iter()
+        .rev()
+        .find_map(|m| {
+            m["content"]
+                .as_array()?
+                .iter()
+                .find_map(|part| part["image_url"]["url"].as_str().map(str::to_owned))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no image part after load_image: {:#}",
+                serde_json::Value::Array(second.messages().to_vec())
+            )
+        });
+    assert!(image.starts_with("data:image/png;base64,"), "{image}");
+    daemon.terminate().await;
+}
