@@ -772,3 +772,60 @@ async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
     assert!(image.starts_with("data:image/png;base64,"), "{image}");
     daemon.terminate().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_survives_a_restart_and_stays_in_its_group() {
+    use parlor_testkit::ToolCallSpec;
+    const B: i64 = -100_777;
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &telegram, "");
+    let first = start(&config, &llm, &telegram).await;
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "memory_write",
+        serde_json::json!({"key": "hike.day", "content": "The group hikes on Sundays."}),
+    )]));
+    llm.push(Reply::text("Noted."));
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot remember: we hike on Sundays")
+        .mention_bot()
+        .push();
+    telegram.wait_for_sent(1, WAIT).await.unwrap();
+    first.terminate().await;
+
+    let second = start(&config, &llm, &telegram).await;
+    for chat in [GROUP, B] {
+        llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+            "r",
+            "memory_read",
+            serde_json::json!({"key": "hike.day"}),
+        )]));
+        llm.push(Reply::text("checked"));
+        telegram
+            .group_message(chat, bob(), "@parlor_bot when do we hike?")
+            .mention_bot()
+            .push();
+        let n = if chat == GROUP { 2 } else { 3 };
+        telegram.wait_for_sent(n, WAIT).await.unwrap();
+    }
+    let results: Vec<serde_json::Value> = llm
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            let last = r.messages().last()?.clone();
+            (last["role"] == "tool" && last["tool_call_id"] == "r")
+                .then(|| serde_json::from_str(last["content"].as_str()?).ok())?
+        })
+        .collect();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0]["success"], true, "{}", results[0]);
+    assert!(results[0].to_string().contains("hikes on Sundays"));
+    assert_eq!(
+        results[1]["error_code"], "MEMORY_NOT_FOUND",
+        "{}",
+        results[1]
+    );
+    second.terminate().await;
+}
