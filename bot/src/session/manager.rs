@@ -284,6 +284,46 @@ impl SessionManager {
         self.inner.store.flush()
     }
 
+    /// Stores a system input for `chat` as pending (flushed) and returns its session and
+    /// the queue item to push: the common first half of scheduled inputs and notices.
+    async fn store_input(
+        &self,
+        chat: &ChatRef,
+        kind: PendingKind,
+        text: String,
+        caller: Caller,
+    ) -> Result<(Arc<Session>, QueueItem), SubmitError> {
+        if self.inner.draining.is_cancelled() {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if self.platform(chat).is_none() {
+            return Err(SubmitError::NoPlatform(chat.platform.clone()));
+        }
+        let session = self.session(chat);
+        let id = self.inner.store.add_pending(PendingItem {
+            id: 0,
+            session: session.key.clone(),
+            chat: chat.clone(),
+            kind,
+            caller: caller.clone(),
+            text: text.clone(),
+            reply_to: None,
+            images: Vec::new(),
+            received: Utc::now(),
+        })?;
+        self.durable().await?;
+        let item = QueueItem {
+            kind,
+            chat: chat.clone(),
+            lines: vec![text],
+            pending_ids: vec![id],
+            reply_to: None,
+            callers: vec![caller],
+            images: Vec::new(),
+        };
+        Ok((session, item))
+    }
+
     /// Queues a scheduled input (a clock task) for `chat` as its own item — never merged
     /// with other input — and returns where its outcome will arrive. The input is stored as
     /// pending first, so a crash before its turn commits runs it after the restart. The
@@ -294,37 +334,12 @@ impl SessionManager {
         text: String,
         caller: Caller,
     ) -> Result<tokio::sync::oneshot::Receiver<ScheduledOutcome>, SubmitError> {
-        if self.inner.draining.is_cancelled() {
-            return Err(SubmitError::ShuttingDown);
-        }
-        if self.platform(chat).is_none() {
-            return Err(SubmitError::NoPlatform(chat.platform.clone()));
-        }
-        let session = self.session(chat);
-        let pending = PendingItem {
-            id: 0,
-            session: session.key.clone(),
-            chat: chat.clone(),
-            kind: PendingKind::ClockFire,
-            caller: caller.clone(),
-            text: text.clone(),
-            reply_to: None,
-            images: Vec::new(),
-            received: Utc::now(),
-        };
-        let id = self.inner.store.add_pending(pending)?;
-        self.durable().await?;
+        let (session, item) = self
+            .store_input(chat, PendingKind::ClockFire, text, caller)
+            .await?;
+        let id = item.pending_ids[0];
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.lock_waiters().insert(id, tx);
-        let item = QueueItem {
-            kind: PendingKind::ClockFire,
-            chat: chat.clone(),
-            lines: vec![text],
-            pending_ids: vec![id],
-            reply_to: None,
-            callers: vec![caller],
-            images: Vec::new(),
-        };
         if session.queue.push(item).is_err() {
             self.lock_waiters().remove(&id);
             self.inner.store.remove_pending(&[id])?;
@@ -344,35 +359,10 @@ impl SessionManager {
         text: String,
         caller: Caller,
     ) -> Result<u64, SubmitError> {
-        if self.inner.draining.is_cancelled() {
-            return Err(SubmitError::ShuttingDown);
-        }
-        if self.platform(chat).is_none() {
-            return Err(SubmitError::NoPlatform(chat.platform.clone()));
-        }
-        let session = self.session(chat);
-        let pending = PendingItem {
-            id: 0,
-            session: session.key.clone(),
-            chat: chat.clone(),
-            kind: PendingKind::TaskResult,
-            caller: caller.clone(),
-            text: text.clone(),
-            reply_to: None,
-            images: Vec::new(),
-            received: Utc::now(),
-        };
-        let id = self.inner.store.add_pending(pending)?;
-        self.durable().await?;
-        let item = QueueItem {
-            kind: PendingKind::TaskResult,
-            chat: chat.clone(),
-            lines: vec![text],
-            pending_ids: vec![id],
-            reply_to: None,
-            callers: vec![caller],
-            images: Vec::new(),
-        };
+        let (session, item) = self
+            .store_input(chat, PendingKind::TaskResult, text, caller)
+            .await?;
+        let id = item.pending_ids[0];
         if session.queue.push(item).is_err() {
             // The record stays pending: the notice is delivered at the next start rather
             // than lost.
