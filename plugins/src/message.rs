@@ -39,7 +39,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use chrono::{SecondsFormat, Utc};
+use chrono::SecondsFormat;
 use parlor_bot::llm::{Content, ContentPart, ImageUrl, Message};
 use parlor_bot::platform::{ImageRef, Platform, PlatformError, Sender};
 use parlor_bot::store::{Store, StoredMessage};
@@ -562,20 +562,13 @@ impl MessageToolset {
         ids: &[String],
     ) {
         let Some(first) = ids.first() else { return };
-        let message = StoredMessage {
-            message_id: first.clone(),
-            sender: Sender {
-                id: format!("{}:self", platform.name()),
-                name: self.inner.options.bot_name.clone(),
-                username: None,
-                is_bot: true,
-            },
-            text: text.to_owned(),
-            time: Utc::now(),
-            reply_to: reply_to.map(str::to_owned),
-            images: Vec::new(),
-            from_self: true,
-        };
+        let message = StoredMessage::from_bot(
+            platform.name(),
+            &self.inner.options.bot_name,
+            first,
+            text,
+            reply_to,
+        );
         if let Err(error) = self.inner.store.record_message(&cx.session, &message) {
             tracing::warn!(session = %cx.session, %error, "could not record a sent message");
         }

@@ -555,20 +555,13 @@ impl SessionManager {
     /// Records the bot's own message in the chat log, so context shows both sides.
     fn record_own(&self, chat: &ChatRef, text: &str, reply_to: Option<&str>, ids: &[String]) {
         let Some(first) = ids.first() else { return };
-        let message = StoredMessage {
-            message_id: first.clone(),
-            sender: Sender {
-                id: format!("{}:self", chat.platform),
-                name: self.inner.config.bot_name.clone(),
-                username: None,
-                is_bot: true,
-            },
-            text: text.to_owned(),
-            time: Utc::now(),
-            reply_to: reply_to.map(str::to_owned),
-            images: Vec::new(),
-            from_self: true,
-        };
+        let message = StoredMessage::from_bot(
+            &chat.platform,
+            &self.inner.config.bot_name,
+            first,
+            text,
+            reply_to,
+        );
         if let Err(e) = self
             .inner
             .store

@@ -65,6 +65,33 @@ pub struct StoredMessage {
     pub from_self: bool,
 }
 
+impl StoredMessage {
+    /// A message the bot itself posted on `platform` under `bot_name`, as the log keeps it,
+    /// so that context shows both sides of the conversation.
+    pub fn from_bot(
+        platform: &str,
+        bot_name: &str,
+        message_id: &str,
+        text: &str,
+        reply_to: Option<&str>,
+    ) -> Self {
+        StoredMessage {
+            message_id: message_id.to_owned(),
+            sender: Sender {
+                id: format!("{platform}:self"),
+                name: bot_name.to_owned(),
+                username: None,
+                is_bot: true,
+            },
+            text: text.to_owned(),
+            time: Utc::now(),
+            reply_to: reply_to.map(str::to_owned),
+            images: Vec::new(),
+            from_self: true,
+        }
+    }
+}
+
 /// What kind of input a pending item is; the session queue merges items of the same kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
