@@ -12,6 +12,7 @@
 //! - [`tool`] — the [`tool::ToolSet`] trait, the [`tool::ToolSetBridge`] that turns typed
 //!   async functions into tools, schema generation and argument validation, the stable
 //!   [`tool::ToolResult`] JSON, the registry and the catalog.
+//! - [`backoff`] — exponential backoff with jitter for every retrying client.
 //! - [`agent`] — prompt assembly (static prompt, per-turn injections, schemas) and the
 //!   iteration loop that runs tool calls concurrently, bounded and in order.
 //! - [`clock`] — clock tasks (cron, one-shot, interval), the service firing them, `clock_*`.
@@ -20,6 +21,7 @@
 //!   tree, then Telegram text + entities, Discord Markdown or plain text, split into parts.
 
 pub mod agent;
+pub mod backoff;
 pub mod clock;
 pub mod llm;
 pub mod platform;

@@ -3,6 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
+/// Waits between retries of failed requests (shared with the other clients).
+pub use parlor_bot::backoff::Backoff;
+
 /// Telegram's public Bot API server.
 pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
 
@@ -74,52 +77,6 @@ impl fmt::Debug for TelegramConfig {
             .field("backoff", &self.backoff)
             .finish()
     }
-}
-
-/// Exponential backoff with jitter: `initial`, doubled per failure, capped at `max`, each wait
-/// jittered down by up to half so that restarts after an outage do not hit Telegram in
-/// lockstep.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// The wait after the first failure.
-    pub initial: Duration,
-    /// The longest wait.
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait before retry number `retry` (0-based): `initial * 2^retry` capped at `max`,
-    /// then jittered into `[cap / 2, cap]`.
-    pub fn delay(&self, retry: u32) -> Duration {
-        let cap = self
-            .initial
-            .saturating_mul(2u32.saturating_pow(retry.min(31)))
-            .min(self.max);
-        let half = cap / 2;
-        let span = u64::try_from((cap - half).as_nanos()).unwrap_or(u64::MAX);
-        let jitter = if span == 0 {
-            0
-        } else {
-            random_u64() % (span + 1)
-        };
-        half + Duration::from_nanos(jitter)
-    }
-}
-
-/// Randomness good enough for jitter without a dependency: std seeds every `RandomState`
-/// differently.
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(0u8)
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! Retrying lives outside the HTTP client so that every backend (and every test double)
 //! gets the same policy, and so that the client itself stays one request, one answer.
 
-use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::wire::{ChatRequest, Completion};
 use super::{LlmBackend, LlmError};
+use crate::backoff::Backoff;
 
 /// How often and how patiently a failed request is retried.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,19 +42,11 @@ impl RetryPolicy {
     /// at `max_backoff`, then jittered down by up to half so that many sessions hitting the
     /// same outage do not retry in lockstep. Always within `[cap / 2, cap]`.
     pub fn backoff(&self, retry: u32) -> Duration {
-        let factor = 2u32.saturating_pow(retry.min(31));
-        let cap = self
-            .initial_backoff
-            .saturating_mul(factor)
-            .min(self.max_backoff);
-        let half = cap / 2;
-        let span = u64::try_from((cap - half).as_nanos()).unwrap_or(u64::MAX);
-        let jitter = if span == 0 {
-            0
-        } else {
-            random_u64() % (span + 1)
-        };
-        half + Duration::from_nanos(jitter)
+        Backoff {
+            initial: self.initial_backoff,
+            max: self.max_backoff,
+        }
+        .delay(retry)
     }
 
     /// The wait before retry number `retry` after `error`: the server's `Retry-After` when it
@@ -68,12 +60,6 @@ impl RetryPolicy {
             _ => self.backoff(retry),
         }
     }
-}
-
-/// Randomness good enough for jitter without a dependency: std seeds every `RandomState`
-/// differently.
-fn random_u64() -> u64 {
-    RandomState::new().hash_one(0u8)
 }
 
 /// An [`LlmBackend`] that retries its inner backend when the error
