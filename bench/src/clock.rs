@@ -1,0 +1,250 @@
+//! The clock row: 10,000 one-shot tasks in-process (`parlor_bot::clock`), on a
+//! `MemoryStore`, fired through a `SessionManager` whose model answers at once and whose
+//! platform only counts posts. Lateness is `ClockRun::started - ClockRun::due`: when the
+//! service handed the fire to the session, against when it was due.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{SecondsFormat, TimeDelta, Utc};
+use parlor_bot::agent::{Agent, AgentConfig};
+use parlor_bot::clock::{ClockHandle, ClockOptions, ClockService, MissedPolicy, NewClock};
+use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError};
+use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
+use parlor_bot::session::{SessionConfig, SessionManager};
+use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::tool::{Caller, Role, ToolRegistry};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// Tasks scheduled.
+pub const TASKS: usize = 10_000;
+/// Chats they fire into.
+const CHATS: usize = 1_000;
+/// Due times spread evenly over this window...
+const WINDOW: Duration = Duration::from_secs(20);
+/// ...which starts this long after the tasks are created.
+const LEAD: Duration = Duration::from_secs(4);
+/// Tasks created through `ClockHandle::create` before the rest are seeded.
+const REAL_CREATES: usize = 300;
+/// The store space of clock tasks.
+const TASKS_SPACE: &str = parlor_bot::clock::handle::TASKS;
+
+struct Instant0;
+
+#[async_trait]
+impl LlmBackend for Instant0 {
+    async fn stream(
+        &self,
+        _request: &ChatRequest,
+        _cancel: &CancellationToken,
+    ) -> Result<Completion, LlmError> {
+        Ok(Completion {
+            content: "done".into(),
+            ..Completion::default()
+        })
+    }
+}
+
+#[derive(Default)]
+struct Counting {
+    posts: AtomicUsize,
+}
+
+#[async_trait]
+impl Platform for Counting {
+    fn name(&self) -> &str {
+        "bench"
+    }
+    async fn send_message(
+        &self,
+        _chat: &ChatRef,
+        _text: &str,
+        _reply_to: Option<&str>,
+    ) -> Result<SentMessage, PlatformError> {
+        let n = self.posts.fetch_add(1, Ordering::SeqCst);
+        Ok(SentMessage {
+            message_ids: vec![n.to_string()],
+        })
+    }
+    async fn send_typing(&self, _chat: &ChatRef) -> Result<(), PlatformError> {
+        Ok(())
+    }
+    async fn chat_admins(&self, _chat: &ChatRef) -> Result<Vec<String>, PlatformError> {
+        Ok(Vec::new())
+    }
+    async fn download_image(&self, _image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
+        Err(PlatformError::NotFound("no images".into()))
+    }
+}
+
+/// What the clock phase measured.
+pub struct ClockFigures {
+    /// Tasks in the store.
+    pub created: usize,
+    /// How long the first `REAL_CREATES` creates took.
+    pub create_time: Duration,
+    /// How long one create took with 9,999 tasks there.
+    pub last_create: Duration,
+    /// Fires handed to sessions before the deadline.
+    pub fired: usize,
+    /// Lateness of those, sorted, in ms.
+    pub lateness_ms: Vec<f64>,
+    /// Bench-process RSS growth while the tasks were created (store records and all).
+    pub rss_delta: i64,
+    /// Posts the sessions made.
+    pub posts: usize,
+    /// The error, if the phase could not run.
+    pub error: Option<String>,
+}
+
+/// Runs the clock phase; `rss` reads this process's RSS in bytes.
+pub async fn run(rss: impl Fn() -> u64) -> ClockFigures {
+    let store = Arc::new(MemoryStore::new());
+    let options = ClockOptions {
+        max_tasks_per_chat: TASKS,
+        ..ClockOptions::default()
+    };
+    let handle = ClockHandle::new(store.clone() as Arc<dyn Store>, options);
+    let platform = Arc::new(Counting::default());
+    let registry = match ToolRegistry::new(vec![]) {
+        Ok(r) => r,
+        Err(e) => return failed(format!("tool registry: {e}")),
+    };
+    let agent = Agent::new(
+        Arc::new(Instant0),
+        registry,
+        "bench",
+        AgentConfig::default(),
+    );
+    let sessions = SessionManager::new(
+        store.clone() as Arc<dyn Store>,
+        agent,
+        vec![platform.clone() as Arc<dyn Platform>],
+        SessionConfig {
+            turns_per_minute: 100_000,
+            queue_capacity: 64,
+            ..SessionConfig::default()
+        },
+    );
+
+    let rss0 = rss();
+    let first_due = Utc::now() + TimeDelta::from_std(LEAD).unwrap_or_default();
+    let step = WINDOW.as_secs_f64() / TASKS as f64;
+    let due_of = |i: usize| first_due + TimeDelta::microseconds((i as f64 * step * 1e6) as i64);
+    let new_task = |i: usize| {
+        let chat = ChatRef::new("bench", format!("-{}", 1 + i % CHATS));
+        NewClock {
+            name: format!("task {i}"),
+            schedule: due_of(i).to_rfc3339_opts(SecondsFormat::Micros, true),
+            content: format!("scheduled text {i}"),
+            timezone: None,
+            target: chat.clone(),
+            creator: Caller {
+                user_id: "bench:admin".into(),
+                name: "Admin".into(),
+                role: Role::Admin,
+            },
+            created_in: chat.session_key(),
+            missed: MissedPolicy::Skip,
+        }
+    };
+    // The first REAL_CREATES through `ClockHandle::create`; creating is O(tasks) (the
+    // per-chat cap scans and decodes every task), so the rest are written straight into the
+    // store in the same record format, copied from a created one; the last task again goes
+    // through `create`, to time one create at 10,000 tasks.
+    let t0 = Instant::now();
+    for i in 0..REAL_CREATES {
+        if let Err(e) = handle.create(new_task(i)) {
+            return failed(format!("creating task {i}: {e}"));
+        }
+    }
+    let create_time = t0.elapsed();
+    let template: Value = match store.kv_get(TASKS_SPACE, "1") {
+        Ok(Some(text)) => serde_json::from_str(&text).unwrap_or_default(),
+        _ => return failed("the first task is not in the store".into()),
+    };
+    for i in REAL_CREATES..TASKS - 1 {
+        let n = new_task(i);
+        let mut record = template.clone();
+        let id = i as u64 + 1;
+        record["id"] = id.into();
+        record["name"] = n.name.into();
+        record["schedule"] = n.schedule.into();
+        record["content"] = n.content.into();
+        record["target"] = serde_json::to_value(&n.target).unwrap_or_default();
+        record["created_in"] = n.created_in.into();
+        record["next_fire"] = serde_json::to_value(due_of(i)).unwrap_or_default();
+        if let Err(e) = store.kv_put(TASKS_SPACE, &id.to_string(), &record.to_string()) {
+            return failed(format!("seeding task {i}: {e}"));
+        }
+    }
+    if let Err(e) = store.kv_put("clock_meta", "next_task", &(TASKS - 1).to_string()) {
+        return failed(format!("seeding the task counter: {e}"));
+    }
+    let t1 = Instant::now();
+    if let Err(e) = handle.create(new_task(TASKS - 1)) {
+        return failed(format!("creating the last task: {e}"));
+    }
+    let last_create = t1.elapsed();
+    let created = handle.tasks().map(|t| t.len()).unwrap_or_default();
+    let rss_delta = rss() as i64 - rss0 as i64;
+
+    let shutdown = CancellationToken::new();
+    let service = tokio::spawn(
+        ClockService::with_handle(handle.clone(), sessions.clone()).run(shutdown.clone()),
+    );
+    // Wait for the window to pass, then up to 20 s more for stragglers.
+    let end = first_due + TimeDelta::from_std(WINDOW).unwrap_or_default();
+    let until_end = (end - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(until_end).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut lateness = Vec::new();
+    loop {
+        lateness.clear();
+        let tasks = handle.tasks().unwrap_or_default();
+        for task in &tasks {
+            if let Ok(runs) = handle.runs(task.id, 1)
+                && let Some(run) = runs.first()
+            {
+                let late = (run.started - run.due)
+                    .num_microseconds()
+                    .unwrap_or(i64::MAX);
+                lateness.push(late as f64 / 1000.0);
+            }
+        }
+        if lateness.len() >= created || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    lateness.sort_by(f64::total_cmp);
+    shutdown.cancel();
+    sessions.shutdown(Duration::from_secs(1)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(15), service).await;
+    ClockFigures {
+        created,
+        create_time,
+        last_create,
+        fired: lateness.len(),
+        lateness_ms: lateness,
+        rss_delta,
+        posts: platform.posts.load(Ordering::SeqCst),
+        error: None,
+    }
+}
+
+fn failed(error: String) -> ClockFigures {
+    ClockFigures {
+        created: 0,
+        create_time: Duration::ZERO,
+        last_create: Duration::ZERO,
+        fired: 0,
+        lateness_ms: Vec::new(),
+        rss_delta: 0,
+        posts: 0,
+        error: Some(error),
+    }
+}
