@@ -41,6 +41,9 @@ use crate::llm::Message;
 /// The schema version written into every value.
 const VERSION: u64 = 1;
 
+/// Bytes sled may keep in its page cache.
+const CACHE_CAPACITY: u64 = 32 * 1024 * 1024;
+
 /// Tunables shared by both store backends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreOptions {
@@ -107,7 +110,13 @@ impl SledStore {
     pub fn open(dir: &Path, options: StoreOptions) -> Result<SledStore, StoreError> {
         let start = Instant::now();
         let db = loop {
-            match sled::Config::new().path(dir).open() {
+            // sled's default page cache may grow to 1 GiB; a chat daemon's working set is a
+            // few hot chats, and RSS is one of parlor's targets (README, Benchmarks).
+            match sled::Config::new()
+                .path(dir)
+                .cache_capacity(CACHE_CAPACITY)
+                .open()
+            {
                 Ok(db) => break db,
                 Err(e) => match open_error(dir, e) {
                     StoreError::Locked(_) if start.elapsed() < options.lock_timeout => {
