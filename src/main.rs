@@ -236,7 +236,7 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
     let caller = Caller {
         user_id: format!("console:{name}"),
         name: name.clone(),
-        role: if admin { Role::Admin } else { Role::Member },
+        role: if admin { Role::Operator } else { Role::Member },
     };
     let input = TurnInput::text("console:local", caller, format!("{name}: {text}"));
     let result = agent.run_turn(&[], input, cancel).await;

@@ -145,7 +145,7 @@ pub async fn run(rss: impl Fn() -> u64) -> ClockFigures {
             creator: Caller {
                 user_id: "bench:admin".into(),
                 name: "Admin".into(),
-                role: Role::Admin,
+                role: Role::ChatAdmin,
             },
             created_in: chat.session_key(),
             missed: MissedPolicy::Skip,

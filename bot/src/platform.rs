@@ -164,6 +164,22 @@ pub trait Platform: Send + Sync {
         reply_to: Option<&str>,
     ) -> Result<SentMessage, PlatformError>;
 
+    /// Sends a committed reply: like [`Platform::send_message`], with `key`, unique to this
+    /// reply (its outbox id), so that a platform with idempotent sends (Discord's `nonce`
+    /// with `enforce_nonce`) turns a retry of a send it already accepted into a no-op.
+    /// The outbox retries until the platform answers, so a timed-out send is sent again:
+    /// without such a key (Telegram) that may show the reply twice.
+    async fn send_reply(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+        key: &str,
+    ) -> Result<SentMessage, PlatformError> {
+        let _ = key;
+        self.send_message(chat, text, reply_to).await
+    }
+
     /// Shows "typing..." in `chat` for a few seconds.
     async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError>;
 

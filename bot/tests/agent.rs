@@ -519,7 +519,7 @@ async fn dangerous_tools_need_an_admin() {
     );
 
     let admin = Caller {
-        role: Role::Admin,
+        role: Role::Operator,
         ..member()
     };
     let turn = agent

@@ -21,7 +21,7 @@ fn alice() -> Caller {
     Caller {
         user_id: "test:alice".into(),
         name: "Alice".into(),
-        role: Role::Admin,
+        role: Role::ChatAdmin,
     }
 }
 

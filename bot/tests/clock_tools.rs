@@ -185,7 +185,7 @@ async fn an_admin_asks_in_group_a_and_the_reply_arrives_in_group_b() {
 #[tokio::test(start_paused = true)]
 async fn a_member_may_look_but_not_schedule_change_or_delete() {
     let w = world().await;
-    let admin = cx(&w, &group_a(), "alice", Role::Admin);
+    let admin = cx(&w, &group_a(), "alice", Role::ChatAdmin);
     let member = cx(&w, &group_a(), "bob", Role::Member);
     let created = call(
         &w,
@@ -247,13 +247,13 @@ async fn another_chat_must_be_known_and_administered_by_the_creator() {
     assert_eq!(code(&r), "PERMISSION_DENIED");
 
     // Erin is an admin of A but not of B.
-    let erin = cx(&w, &group_a(), "erin", Role::Admin);
+    let erin = cx(&w, &group_a(), "erin", Role::ChatAdmin);
     let r = call(&w, &erin, "clock_create", args("test:-200")).await;
     assert_eq!(code(&r), "PERMISSION_DENIED");
     assert!(r.message.contains("test:-200"), "{}", r.message);
 
     // A chat the bot never saw.
-    let alice = cx(&w, &group_a(), "alice", Role::Admin);
+    let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
     let r = call(&w, &alice, "clock_create", args("test:-300")).await;
     assert_eq!(code(&r), "UNKNOWN_CHAT");
     let r = call(&w, &alice, "clock_create", args("group B")).await;
@@ -269,7 +269,7 @@ async fn another_chat_must_be_known_and_administered_by_the_creator() {
     assert_eq!(data(&r)["target_chat"], "test:-100");
 
     // A global admin needs no chat rights in B (but the bot must know B).
-    let carol = cx(&w, &group_a(), "carol", Role::Admin);
+    let carol = cx(&w, &group_a(), "carol", Role::ChatAdmin);
     let r = call(&w, &carol, "clock_create", args("test:-200")).await;
     assert!(r.success, "{r:?}");
     let r = call(&w, &carol, "clock_create", args("test:-300")).await;
@@ -304,7 +304,7 @@ async fn bad_input_gets_a_precise_error() {
         ..o
     })
     .await;
-    let alice = cx(&w, &group_a(), "alice", Role::Admin);
+    let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
     let create = |schedule: &str| json!({"name": "n", "schedule": schedule, "content": "c"});
     for (schedule, reason) in [
         ("61 * * * *", "not a valid cron expression"),
@@ -374,7 +374,7 @@ async fn bad_input_gets_a_precise_error() {
 #[tokio::test(start_paused = true)]
 async fn success_shows_the_next_three_fire_times_in_the_task_zone() {
     let w = world().await;
-    let alice = cx(&w, &group_a(), "alice", Role::Admin);
+    let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
     let r = call(
         &w,
         &alice,
@@ -423,7 +423,7 @@ async fn success_shows_the_next_three_fire_times_in_the_task_zone() {
 async fn a_chat_sees_and_changes_only_its_own_tasks() {
     let w = world().await;
     let group_c = ChatRef::new("test", "-300");
-    let alice_a = cx(&w, &group_a(), "alice", Role::Admin);
+    let alice_a = cx(&w, &group_a(), "alice", Role::ChatAdmin);
     let r = call(
         &w,
         &alice_a,
@@ -434,7 +434,7 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
     let id = data(&r)["id"].as_u64().unwrap();
 
     // Group C sees nothing of it.
-    let c_admin = cx(&w, &group_c, "zed", Role::Admin);
+    let c_admin = cx(&w, &group_c, "zed", Role::ChatAdmin);
     let r = call(&w, &c_admin, "clock_list", json!({})).await;
     assert_eq!(data(&r)["clocks"], json!([]));
     for (tool, args) in [
@@ -450,7 +450,7 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
     assert_eq!(code(&r), "CLOCK_NOT_FOUND");
 
     // An admin of A who is not an admin of B cannot change what is posted in B...
-    let erin_a = cx(&w, &group_a(), "erin", Role::Admin);
+    let erin_a = cx(&w, &group_a(), "erin", Role::ChatAdmin);
     let r = call(
         &w,
         &erin_a,
@@ -460,7 +460,7 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
     .await;
     assert_eq!(code(&r), "PERMISSION_DENIED");
     // ...but may delete it from A, where it was created; an admin of B may change it.
-    let dora_b = cx(&w, &group_b(), "dora", Role::Admin);
+    let dora_b = cx(&w, &group_b(), "dora", Role::ChatAdmin);
     let r = call(
         &w,
         &dora_b,
@@ -478,7 +478,7 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
 #[tokio::test(start_paused = true)]
 async fn update_pauses_resumes_retimes_and_retargets() {
     let w = world().await;
-    let alice = cx(&w, &group_a(), "alice", Role::Admin);
+    let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
     let r = call(
         &w,
         &alice,

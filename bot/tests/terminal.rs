@@ -102,7 +102,7 @@ fn cx_as(role: Role, user: &str) -> ToolContext {
 }
 
 fn admin() -> ToolContext {
-    cx_as(Role::Admin, "test:alice")
+    cx_as(Role::Operator, "test:alice")
 }
 
 async fn call(tools: &dyn ToolSet, cx: &ToolContext, name: &str, args: Value) -> ToolResult {

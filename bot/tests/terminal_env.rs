@@ -43,7 +43,7 @@ fn env_inside_the_shell_and_tasks_shows_no_secret() {
             caller: Caller {
                 user_id: "test:alice".into(),
                 name: "alice".into(),
-                role: Role::Admin,
+                role: Role::Operator,
             },
             chat: Some(chat.clone()),
             ..ToolContext::default()

@@ -72,7 +72,7 @@ fn cx() -> ToolContext {
         caller: Caller {
             user_id: "console:alice".to_owned(),
             name: "Alice".to_owned(),
-            role: Role::Admin,
+            role: Role::Operator,
         },
         cancel: CancellationToken::new(),
         appender: MessageAppender::default(),

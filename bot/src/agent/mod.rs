@@ -71,6 +71,8 @@ pub struct TurnInput {
     pub chat: Option<ChatRef>,
     /// The chat's platform, handed to tools; `None` outside a chat.
     pub platform: Option<Arc<dyn Platform>>,
+    /// Resolves roles in other chats, handed to tools; `None` outside the daemon.
+    pub roles: Option<Arc<dyn crate::tool::RoleResolver>>,
 }
 
 impl std::fmt::Debug for TurnInput {
@@ -93,6 +95,7 @@ impl TurnInput {
             content: Content::Text(text.into()),
             chat: None,
             platform: None,
+            roles: None,
         }
     }
 }
@@ -346,6 +349,7 @@ impl Agent {
             appender: appender.clone(),
             chat: input.chat.clone(),
             platform: input.platform.clone(),
+            roles: input.roles.clone(),
         };
         self.observer.on_event(&AgentEvent::ToolStarted {
             session: &input.session,

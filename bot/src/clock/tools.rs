@@ -255,7 +255,7 @@ fn current_chat(cx: &ToolContext) -> Result<ChatRef, ToolError> {
 }
 
 fn require_admin(cx: &ToolContext, what: &str) -> Result<(), ToolError> {
-    if cx.caller.role == Role::Admin {
+    if cx.caller.role >= Role::ChatAdmin {
         Ok(())
     } else {
         Err(ToolError::permission_denied(format!(

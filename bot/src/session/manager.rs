@@ -496,7 +496,7 @@ impl SessionManager {
     /// The sender's role: config admins, then the chat's own administrators (cached).
     async fn role_of(&self, sender: &Sender, chat: &ChatRef, kind: ChatKind) -> Role {
         if self.is_config_admin(&sender.id) {
-            return Role::Admin;
+            return Role::Operator;
         }
         if kind == ChatKind::Private {
             return Role::Member;
@@ -514,7 +514,11 @@ impl SessionManager {
                 .map(|(_, ids)| ids.contains(&sender.id))
         };
         if let Some(is_admin) = cached {
-            return if is_admin { Role::Admin } else { Role::Member };
+            return if is_admin {
+                Role::ChatAdmin
+            } else {
+                Role::Member
+            };
         }
         let Some(platform) = self.platform(chat) else {
             return Role::Member;
@@ -527,7 +531,11 @@ impl SessionManager {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(key, (Instant::now(), ids));
-                if is_admin { Role::Admin } else { Role::Member }
+                if is_admin {
+                    Role::ChatAdmin
+                } else {
+                    Role::Member
+                }
             }
             Ok(Err(e)) => {
                 tracing::warn!(chat = %chat, error = %e, "cannot read the chat's administrators; treating the sender as a member");
@@ -601,7 +609,7 @@ impl SessionManager {
                 }
             }
             Command::Reset => {
-                if message.kind == ChatKind::Group && role != Role::Admin {
+                if message.kind == ChatKind::Group && role < Role::ChatAdmin {
                     "Only an admin can reset this chat.".to_owned()
                 } else {
                     match self.reset(&session).await {
@@ -842,6 +850,7 @@ impl SessionManager {
             content: self.input_content(item).await,
             chat: Some(item.chat.clone()),
             platform: self.platform(&item.chat).cloned(),
+            roles: None,
         };
         let platform = self.platform(&item.chat).cloned();
         let chat = item.chat.clone();

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use crate::platform::{ChatRef, ImageRef};
 use crate::store::PendingKind;
-use crate::tool::{Caller, Role};
+use crate::tool::Caller;
 
 /// Most lines one merged item holds; a longer burst starts a new item (which counts
 /// against the queue's capacity), so one turn's input stays readable and bounded.
@@ -45,14 +45,14 @@ impl QueueItem {
     }
 
     /// The caller the turn runs as: the single sender, or — for a merged burst — a caller
-    /// that is an admin only when every contributor is, so a member cannot borrow an admin's
+    /// with the least role of all contributors, so a member cannot borrow an admin's
     /// rights by speaking in the same burst.
     pub fn caller(&self) -> Caller {
         match self.callers.as_slice() {
             [] => Caller::default(),
             [one] => one.clone(),
             many => {
-                let all_admin = many.iter().all(|c| c.role == Role::Admin);
+                let least = many.iter().map(|c| c.role).min().unwrap_or_default();
                 let first = &many[0];
                 if many.iter().all(|c| c.user_id == first.user_id) {
                     return first.clone();
@@ -60,7 +60,7 @@ impl QueueItem {
                 Caller {
                     user_id: String::new(),
                     name: "several members".to_owned(),
-                    role: if all_admin { Role::Admin } else { Role::Member },
+                    role: least,
                 }
             }
         }

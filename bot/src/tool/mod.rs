@@ -91,15 +91,58 @@ pub struct ToolInvocation {
     pub arguments: serde_json::Value,
 }
 
-/// The caller's standing in the chat, as the platform and the config say.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// The caller's standing, as data: a tool's spec names the least role it needs and
+/// [`ToolRegistry::call`] compares. Ordered: `Member < ChatAdmin < Operator`.
+///
+/// Anyone can create a group, add the bot and be that group's admin, so a chat admin is
+/// never an operator: only the config's `bot.admins` are.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum Role {
     /// A member of the chat.
     #[default]
     Member,
-    /// An admin (from the config, or the chat's own administrators).
-    Admin,
+    /// An administrator of this chat by the platform's word; rights in this chat only.
+    /// (`admin` is how records written before roles were split name it.)
+    #[serde(alias = "admin")]
+    ChatAdmin,
+    /// One of the config's `bot.admins`: runs the daemon and may reach the host.
+    Operator,
+}
+
+impl Role {
+    /// The snake_case name used in the catalog, `/help` and the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Member => "member",
+            Role::ChatAdmin => "chat_admin",
+            Role::Operator => "operator",
+        }
+    }
+}
+
+/// Why a role could not be resolved.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RoleError {
+    /// The platform could not say (unreachable, timed out); try again later.
+    #[error("the platform could not tell who administers {chat}: {reason}")]
+    Unavailable {
+        /// The chat asked about.
+        chat: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Resolves a user's role in any chat: operators from the config, chat admins from the
+/// platform (cached, with a timeout). The session layer implements it; the registry asks it
+/// when a tool acts on another chat than the caller's.
+#[async_trait]
+pub trait RoleResolver: Send + Sync {
+    /// The role of `user_id` (platform-qualified) in `chat`.
+    async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError>;
 }
 
 /// Who is talking to the agent in this turn.
@@ -153,6 +196,9 @@ pub struct ToolContext {
     pub chat: Option<ChatRef>,
     /// The platform of that chat, for tools that post or fetch; `None` outside a chat.
     pub platform: Option<Arc<dyn Platform>>,
+    /// Resolves the caller's role in other chats (a clock task firing elsewhere); `None`
+    /// outside the daemon, where only the caller's own role is known.
+    pub roles: Option<Arc<dyn RoleResolver>>,
 }
 
 impl std::fmt::Debug for ToolContext {

@@ -208,7 +208,7 @@ impl ToolRegistry {
         if let Err(why) = entry.validator.validate(&arguments) {
             return ToolResult::err(codes::INVALID_ARGUMENTS, format!("{name}: {why}"));
         }
-        if entry.spec.risk == Risk::Dangerous && cx.caller.role != Role::Admin {
+        if entry.spec.risk == Risk::Dangerous && cx.caller.role < Role::Operator {
             return ToolResult::err(
                 codes::PERMISSION_DENIED,
                 format!("{name} can change things outside this chat, so only an admin may use it"),

@@ -339,7 +339,8 @@ impl TerminalService {
             )),
             Policy::Everyone => Ok(()),
             Policy::Admins
-                if cx.caller.role == Role::Admin || (read_only && cx.caller.user_id.is_empty()) =>
+                if cx.caller.role == Role::Operator
+                    || (read_only && cx.caller.user_id.is_empty()) =>
             {
                 Ok(())
             }
