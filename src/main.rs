@@ -238,7 +238,17 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
         name: name.clone(),
         role: if admin { Role::Operator } else { Role::Member },
     };
-    let input = TurnInput::text("console:local", caller, format!("{name}: {text}"));
+    let line = parlor_bot::session::attribute(
+        &parlor_bot::platform::Sender {
+            id: caller.user_id.clone(),
+            name: name.clone(),
+            username: None,
+            is_bot: false,
+        },
+        &text,
+        usize::MAX,
+    );
+    let input = TurnInput::text("console:local", caller, line);
     let result = agent.run_turn(&[], input, cancel).await;
     watcher.abort();
     let turn = result.context("the turn failed")?;

@@ -206,10 +206,16 @@ pub fn agent(
         temperature: config.llm.temperature,
         parallel_tool_calls: config.llm.parallel_tool_calls,
     };
+    // How input lines are attributed is the session layer's, so it goes with every prompt.
+    let prompt = format!(
+        "{}\n\n{}",
+        config.bot.system_prompt.trim_end(),
+        parlor_bot::session::ATTRIBUTION_PROMPT
+    );
     Ok(Agent::new(
         Arc::new(llm),
         registry(config, store, terminal, clock)?,
-        &config.bot.system_prompt,
+        &prompt,
         agent_config,
     ))
 }

@@ -276,7 +276,7 @@ async fn ask_runs_a_whole_turn_with_a_tool_call_through_the_real_binary() {
     assert!(offered.iter().any(|t| t == "time_now"), "{offered:?}");
     assert_eq!(
         first.last_user_text().as_deref(),
-        Some("alice: what time is it in Tokyo?")
+        Some("alice (console:alice): what time is it in Tokyo?")
     );
     let request_schema = openai_validator("CreateChatCompletionRequest");
     for request in &requests {
@@ -361,7 +361,10 @@ async fn chat_plays_a_group_with_only_an_llm_endpoint_configured() {
     .await;
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("parlor: echo <alice: hi @parlor>"), "{text}");
+    assert!(
+        text.contains("parlor: echo <alice (console:alice): hi @parlor>"),
+        "{text}"
+    );
     assert!(text.contains("Session console:local"), "{text}");
     assert_eq!(fake.request_count(), 1, "only the mention starts a turn");
     assert_eq!(fake.requests()[0].model(), Some("env-model"));
@@ -375,9 +378,14 @@ async fn chat_plays_a_group_with_only_an_llm_endpoint_configured() {
         .iter()
         .filter_map(|m| m["content"].as_str().map(str::to_owned))
         .collect();
-    assert!(texts.iter().any(|t| t == "alice: hi @parlor"), "{texts:?}");
     assert!(
-        stdout(&out).contains("parlor: echo <you: what did I say?>"),
+        texts
+            .iter()
+            .any(|t| t == "alice (console:alice): hi @parlor"),
+        "{texts:?}"
+    );
+    assert!(
+        stdout(&out).contains("parlor: echo <you (console:you): what did I say?>"),
         "{}",
         stdout(&out)
     );

@@ -142,7 +142,10 @@ async fn a_mention_gets_a_threaded_reply_and_chatter_is_only_recorded() {
     let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
     assert_eq!(sent[0].chat_id, GROUP);
     assert_eq!(sent[0].reply_to_message_id, Some(mention));
-    assert_eq!(sent[0].text, "echo <Alice: @parlor_bot what did bob say?>");
+    assert_eq!(
+        sent[0].text,
+        "echo <Alice (telegram:1001): @parlor_bot what did bob say?>"
+    );
     assert_eq!(llm.request_count(), 1, "bob's message started no turn");
     assert!(
         telegram.chat_actions().iter().any(|a| a.chat_id == GROUP),
@@ -165,7 +168,7 @@ async fn a_mention_gets_a_threaded_reply_and_chatter_is_only_recorded() {
         [
             "lovely weather today",
             "@parlor_bot what did bob say?",
-            "echo <Alice: @parlor_bot what did bob say?>"
+            "echo <Alice (telegram:1001): @parlor_bot what did bob say?>"
         ]
     );
     assert!(store.pending().unwrap().is_empty());
@@ -213,7 +216,10 @@ async fn a_burst_during_a_slow_turn_becomes_at_most_two_more_turns() {
         .join("\n");
     for i in 0..20 {
         assert!(
-            later.contains(&format!("Member{i}: @parlor_bot question {i}")),
+            later.contains(&format!(
+                "Member{i} (telegram:{}): @parlor_bot question {i}",
+                2000 + i
+            )),
             "Member{i} is missing from {later}"
         );
     }
@@ -291,7 +297,7 @@ async fn after_kill_9_a_pending_mention_is_answered_once() {
     echo(&llm2);
     let second = start(&config, &llm2, &telegram).await;
     let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
-    assert_eq!(sent[0].text, "echo <Alice: first question>");
+    assert_eq!(sent[0].text, "echo <Alice (telegram:1001): first question>");
     // Nothing more: no second answer to the same question after another hard restart.
     // (The kill waits a moment: between Telegram accepting a reply and the outbox marking
     // it sent there is one HTTP round trip in which a kill -9 makes the reply go out again
@@ -328,7 +334,7 @@ async fn sigterm_drains_a_running_turn_into_pending_and_the_restart_answers_it()
     echo(&llm2);
     let second = start(&config, &llm2, &telegram).await;
     let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
-    assert_eq!(sent[0].text, "echo <Bob: are you there?>");
+    assert_eq!(sent[0].text, "echo <Bob (telegram:1002): are you there?>");
     second.terminate().await;
 }
 
@@ -343,7 +349,7 @@ async fn conflicts_and_rate_limits_from_telegram_are_survived_and_reported() {
     telegram.fail_next("sendMessage", parlor_testkit::Failure::RetryAfter(1));
     telegram.private_message(alice(), "hello").push();
     let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
-    assert_eq!(sent[0].text, "echo <Alice: hello>");
+    assert_eq!(sent[0].text, "echo <Alice (telegram:1001): hello>");
     let (_, log) = daemon.terminate().await;
     assert!(log.contains("another process is polling"), "{log}");
 }
@@ -517,7 +523,10 @@ async fn telegram_and_discord_are_served_together() {
     );
     assert!(!sent[0].pings_everyone(), "{:?}", sent[0].allowed_mentions);
     let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
-    assert_eq!(sent[0].text, "echo <Alice: hello from telegram>");
+    assert_eq!(
+        sent[0].text,
+        "echo <Alice (telegram:1001): hello from telegram>"
+    );
     child.kill().await.unwrap();
 }
 

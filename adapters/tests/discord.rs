@@ -237,7 +237,9 @@ async fn a_mention_gets_a_reply_in_the_channel_and_chatter_is_only_recorded() {
     );
     // Rendered by the Discord renderer (Markdown characters such as `_` escaped).
     assert!(
-        sent[0].content.starts_with("echo: Alice: @parlor"),
+        sent[0]
+            .content
+            .starts_with("echo: Alice (discord:500000000000000001): @parlor"),
         "{:?}",
         sent[0].content
     );

@@ -209,15 +209,19 @@ async fn a_mention_gets_a_threaded_reply_and_other_messages_are_only_recorded() 
         .unwrap();
     let sent = rig.platform.wait_sent(1).await;
     assert_eq!(sent[0].0, group());
-    assert_eq!(sent[0].1, "reply: alice: hi @parlor");
+    assert_eq!(sent[0].1, "reply: alice (test:alice): hi @parlor");
     assert_eq!(sent[0].2.as_deref(), Some("2"), "threaded to the mention");
-    assert_eq!(rig.llm.user_inputs(), ["alice: hi @parlor"]);
+    assert_eq!(rig.llm.user_inputs(), ["alice (test:alice): hi @parlor"]);
 
     let log = rig.store.recent_messages("test:-100", 10).unwrap();
     let texts: Vec<&str> = log.iter().map(|m| m.text.as_str()).collect();
     assert_eq!(
         texts,
-        ["nice weather", "hi @parlor", "reply: alice: hi @parlor"]
+        [
+            "nice weather",
+            "hi @parlor",
+            "reply: alice (test:alice): hi @parlor"
+        ]
     );
     assert!(log[2].from_self);
     let history = rig.store.load_history("test:-100").unwrap();
@@ -279,7 +283,7 @@ async fn a_burst_during_a_slow_turn_becomes_one_turn_with_every_sender() {
     let merged = inputs[1..].join("\n");
     for i in 0..20 {
         assert!(
-            merged.contains(&format!("user{i}: @parlor question {i}")),
+            merged.contains(&format!("user{i} (test:user{i}): @parlor question {i}")),
             "user{i} missing in {merged}"
         );
     }
@@ -448,7 +452,10 @@ async fn after_a_crash_pending_inputs_resume_once_and_unsent_replies_go_out() {
         .await
         .unwrap();
     let sent = second.platform.wait_sent(1).await;
-    assert_eq!(sent[0].1, "reply: alice: @parlor are you there?");
+    assert_eq!(
+        sent[0].1,
+        "reply: alice (test:alice): @parlor are you there?"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(second.platform.sent().len(), 1, "answered once");
     assert_eq!(llm2.user_inputs().len(), 1);
@@ -488,7 +495,7 @@ async fn a_reply_the_platform_could_not_take_is_sent_after_restart() {
     );
     second.manager.resume().await.unwrap();
     let sent = second.platform.wait_sent(1).await;
-    assert_eq!(sent[0].1, "reply: alice: @parlor hi");
+    assert_eq!(sent[0].1, "reply: alice (test:alice): @parlor hi");
     assert_eq!(sent[0].2.as_deref(), Some("1"));
     assert!(store.unsent_outbox().unwrap().is_empty());
     assert_eq!(
@@ -706,17 +713,17 @@ async fn notices_merge_while_busy_and_a_withdrawn_one_is_never_delivered() {
     let system = parlor_bot::tool::Caller::default();
     let a = rig
         .manager
-        .submit_notice(&group(), "<R>a</R>".into(), system.clone())
+        .submit_notice(&group(), "<R>a</R>".into(), system.clone(), Vec::new())
         .await
         .unwrap();
     let b = rig
         .manager
-        .submit_notice(&group(), "<R>b</R>".into(), system.clone())
+        .submit_notice(&group(), "<R>b</R>".into(), system.clone(), Vec::new())
         .await
         .unwrap();
     let c = rig
         .manager
-        .submit_notice(&group(), "<R>c</R>".into(), system)
+        .submit_notice(&group(), "<R>c</R>".into(), system, Vec::new())
         .await
         .unwrap();
     assert!(rig.manager.withdraw(&group(), b).unwrap());
@@ -747,6 +754,6 @@ async fn without_vision_the_model_is_told_an_image_was_attached() {
     rig.platform.wait_sent(1).await;
     assert_eq!(
         rig.llm.user_inputs(),
-        ["alice: @parlor look\n[1 image attached; this model cannot see images]"]
+        ["alice (test:alice): @parlor look\n[1 image attached; this model cannot see images]"]
     );
 }

@@ -9,8 +9,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use parlor_bot::llm::{Content, ContentPart, ImageUrl, Message, ToolCall};
 use parlor_bot::platform::{ChatRef, ImageRef, Sender};
 use parlor_bot::store::{
-    MemoryStore, OutboxEntry, PendingItem, PendingKind, SledStore, Store, StoreError, StoreOptions,
-    StoredMessage, TurnCommit,
+    Inbound, Intake, KvWrite, MemoryStore, OutboxEntry, PendingItem, PendingKind, SledStore, Store,
+    StoreError, StoreOptions, StoredMessage, TurnCommit,
 };
 use parlor_bot::tool::{Caller, Role};
 
@@ -68,6 +68,7 @@ fn pending_item(session: &str, text: &str) -> PendingItem {
             size: Some(1234),
         }],
         received: time(5),
+        private: false,
     }
 }
 
@@ -79,6 +80,9 @@ fn reply(session: &str, text: &str) -> OutboxEntry {
         text: text.to_owned(),
         reply_to: Some("41".to_owned()),
         created: time(9),
+        sent_ids: Vec::new(),
+        done_at: None,
+        failed: None,
     }
 }
 
@@ -295,7 +299,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
         let outbox_id = store
             .commit_turn(TurnCommit {
                 session: A.to_owned(),
-                history: rich_history(),
+                history: Some(rich_history()),
                 answered: vec![p1, p2],
                 reply: Some(reply(A, "done")),
             })
@@ -315,7 +319,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
         let none = store
             .commit_turn(TurnCommit {
                 session: B.to_owned(),
-                history: vec![Message::user("alice: other")],
+                history: Some(vec![Message::user("alice: other")]),
                 answered: vec![other],
                 reply: None,
             })
@@ -335,7 +339,7 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
             let id = store
                 .commit_turn(TurnCommit {
                     session: session.to_owned(),
-                    history: Vec::new(),
+                    history: Some(Vec::new()),
                     answered: Vec::new(),
                     reply: Some(reply(session, text)),
                 })
@@ -362,6 +366,115 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
             .unwrap();
         store.mark_sent(ids[2], &[]).unwrap();
         assert!(texts(store).is_empty(), "{name}");
+        // The platform's ids stay on the record of the sent reply.
+        let sent = store.sent_reply(ids[0]).unwrap().expect("kept");
+        assert_eq!(sent.sent_ids, ["556", "557"], "{name}");
+        assert!(sent.done_at.is_some() && sent.failed.is_none(), "{name}");
+        assert_eq!(store.sent_reply(ids[1]).unwrap().unwrap().sent_ids, ["555"]);
+    });
+}
+
+#[test]
+fn a_refused_reply_leaves_the_outbox_with_its_reason() {
+    each_store(|name, store| {
+        let id = store
+            .commit_turn(TurnCommit {
+                session: A.to_owned(),
+                history: None,
+                answered: Vec::new(),
+                reply: Some(reply(A, "r")),
+            })
+            .unwrap()
+            .expect("queued");
+        store.mark_failed(id, "chat not found").unwrap();
+        assert!(store.unsent_outbox().unwrap().is_empty(), "{name}");
+        let done = store.sent_reply(id).unwrap().expect("kept");
+        assert_eq!(done.failed.as_deref(), Some("chat not found"), "{name}");
+        assert!(done.sent_ids.is_empty(), "{name}");
+    });
+}
+
+#[test]
+fn a_commit_without_history_leaves_the_history_alone() {
+    each_store(|name, store| {
+        store.save_history(A, &rich_history()).unwrap();
+        let id = store.add_pending(pending_item(A, "/reset")).unwrap();
+        store
+            .commit_turn(TurnCommit {
+                session: A.to_owned(),
+                history: None,
+                answered: vec![id],
+                reply: Some(reply(A, "only admins")),
+            })
+            .unwrap();
+        assert_eq!(store.load_history(A).unwrap(), rich_history(), "{name}");
+        assert!(store.pending().unwrap().is_empty(), "{name}");
+        assert_eq!(store.unsent_outbox().unwrap().len(), 1, "{name}");
+    });
+}
+
+#[test]
+fn record_inbound_records_and_makes_pending_together_or_not_at_all() {
+    each_store(|name, store| {
+        let first = store
+            .record_inbound(A, &msg("1"), Intake::Pending(pending_item(A, "hi")))
+            .unwrap();
+        let Inbound::Recorded(Some(id)) = first else {
+            panic!("{name}: {first:?}");
+        };
+        assert_eq!(store.pending().unwrap()[0].id, id, "{name}");
+        assert_eq!(store.get_message(A, "1").unwrap(), Some(msg("1")), "{name}");
+        // A redelivery writes nothing: no second pending record.
+        let again = store
+            .record_inbound(A, &msg("1"), Intake::Pending(pending_item(A, "hi")))
+            .unwrap();
+        assert_eq!(again, Inbound::Duplicate, "{name}");
+        assert_eq!(store.pending().unwrap().len(), 1, "{name}");
+        // A command's answer is queued with its record.
+        let answered = store
+            .record_inbound(A, &msg("2"), Intake::Reply(reply(A, "help text")))
+            .unwrap();
+        let Inbound::Recorded(Some(out)) = answered else {
+            panic!("{name}: {answered:?}");
+        };
+        assert_eq!(store.unsent_outbox().unwrap()[0].id, out, "{name}");
+        assert_eq!(
+            store.record_inbound(A, &msg("3"), Intake::Record).unwrap(),
+            Inbound::Recorded(None),
+            "{name}"
+        );
+        assert_eq!(store.recent_messages(A, 10).unwrap().len(), 3, "{name}");
+    });
+}
+
+#[test]
+fn add_pending_with_writes_the_toolset_records_too() {
+    each_store(|name, store| {
+        store.kv_put("tasks", "gone", "old").unwrap();
+        let id = store
+            .add_pending_with(
+                pending_item(A, "notice"),
+                vec![
+                    KvWrite {
+                        space: "tasks".to_owned(),
+                        key: "t1".to_owned(),
+                        value: Some("{\"notified\":true}".to_owned()),
+                    },
+                    KvWrite {
+                        space: "tasks".to_owned(),
+                        key: "gone".to_owned(),
+                        value: None,
+                    },
+                ],
+            )
+            .unwrap();
+        assert_eq!(store.pending().unwrap()[0].id, id, "{name}");
+        assert_eq!(
+            store.kv_get("tasks", "t1").unwrap().as_deref(),
+            Some("{\"notified\":true}"),
+            "{name}"
+        );
+        assert_eq!(store.kv_get("tasks", "gone").unwrap(), None, "{name}");
     });
 }
 
@@ -467,7 +580,7 @@ fn sled_state_survives_a_restart() {
         let outbox_id = store
             .commit_turn(TurnCommit {
                 session: A.to_owned(),
-                history: rich_history(),
+                history: Some(rich_history()),
                 answered: vec![p1],
                 reply: Some(reply(A, "hello")),
             })

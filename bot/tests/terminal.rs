@@ -57,7 +57,12 @@ impl Recorder {
 
 #[async_trait]
 impl Notifier for Recorder {
-    async fn notify(&self, chat: &ChatRef, text: String) -> Result<u64, NotifyError> {
+    async fn notify(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        _also: Vec<parlor_bot::store::KvWrite>,
+    ) -> Result<u64, NotifyError> {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(NotifyError::ShuttingDown);
         }

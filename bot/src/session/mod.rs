@@ -1,15 +1,38 @@
 //! Sessions (DESIGN.md §4): one agent session per chat, each an actor with a bounded, typed
-//! queue, running one turn at a time.
+//! queue, running one item at a time.
 //!
+//! # Layout, along the path of a message
+//! - [`inbox`]: `Inbox::deliver` — allow-lists, then one store transaction that records the
+//!   message (the dedupe key) and makes it pending or queues its immediate answer; then the
+//!   push onto the session's queue. Nothing in it waits on the network.
+//! - [`policy`]: who is served, what is addressed to the bot, and the attribution of input
+//!   lines, which no member's text can forge.
+//! - [`commands`]: `/help`, `/status`, `/stop` (answered at intake) and `/reset` (queued).
 //! - [`queue`]: the stacking queue in front of each session.
+//! - [`manager`]: [`SessionManager`], the single owner of the live sessions, and the
+//!   public entry points (scheduled inputs, notices, resume, shutdown).
+//! - [`actor`]: the per-chat actor — rate limit, role resolution, eviction when idle.
+//! - [`roles`]: operators from the config, chat admins from the platform (cached, with a
+//!   timeout), and the [`RoleResolver`](crate::tool::RoleResolver) tools use.
+//! - [`turn`]: one item — the agent's turn or `/reset` — committed in one transaction.
 //! - [`history`]: the token-budget trim by whole turns.
-//! - [`manager`]: [`SessionManager`], the runtime's [`Inbox`](crate::platform::Inbox):
-//!   group policy, commands, admins, the per-chat rate limit, exactly-once delivery through
-//!   the store's pending records and outbox, resume after a restart, and draining shutdown.
+//! - [`outbox`]: one lane per chat sending committed replies in order, retrying until the
+//!   platform takes them or refuses them for good.
+//!
+//! After a crash, [`SessionManager::resume`] re-queues every pending record (its turn never
+//! committed) and hands every unsent reply to its lane.
 
+mod actor;
+mod commands;
 pub mod history;
+mod inbox;
 pub mod manager;
+mod outbox;
+pub mod policy;
 pub mod queue;
+mod roles;
+mod turn;
 
-pub use manager::{ScheduledOutcome, SessionConfig, SessionManager, SubmitError};
+pub use manager::{ScheduledOutcome, SessionConfig, SessionManager, SessionStats, SubmitError};
+pub use policy::{ATTRIBUTION_PROMPT, attribute};
 pub use queue::{QueueItem, SessionQueue};

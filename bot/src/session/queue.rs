@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use tokio::sync::Notify;
 
 use crate::platform::{ChatRef, ImageRef};
-use crate::store::PendingKind;
+use crate::store::{PendingItem, PendingKind};
 use crate::tool::Caller;
 
 /// Most lines one merged item holds; a longer burst starts a new item (which counts
@@ -33,9 +33,25 @@ pub struct QueueItem {
     pub callers: Vec<Caller>,
     /// Images attached to any of the merged messages.
     pub images: Vec<ImageRef>,
+    /// Whether the chat is a direct message (nobody there is a chat admin).
+    pub private: bool,
 }
 
 impl QueueItem {
+    /// The queue item of one stored input.
+    pub fn from_pending(item: PendingItem) -> Self {
+        QueueItem {
+            kind: item.kind,
+            chat: item.chat,
+            lines: vec![item.text],
+            pending_ids: vec![item.id],
+            reply_to: item.reply_to,
+            callers: vec![item.caller],
+            images: item.images,
+            private: item.private,
+        }
+    }
+
     /// Whether items of this kind merge while the session is busy.
     pub fn stackable(&self) -> bool {
         matches!(
@@ -115,20 +131,33 @@ impl SessionQueue {
             let mut items = self.lock();
             let full = items.len() >= self.capacity;
             match items.back_mut() {
-                Some(tail)
-                    if item.stackable()
-                        && tail.kind == item.kind
-                        && tail.chat == item.chat
-                        && tail.lines.len() + item.lines.len() <= MAX_LINES_PER_ITEM =>
-                {
-                    tail.merge(item);
-                }
+                Some(tail) if Self::merges(tail, &item) => tail.merge(item),
                 _ if full => return Err(QueueFull(Box::new(item))),
                 _ => items.push_back(item),
             }
         }
         self.notify.notify_one();
         Ok(())
+    }
+
+    /// Whether [`SessionQueue::push`] would take `item` now.
+    pub fn can_take(&self, item: &QueueItem) -> bool {
+        let items = self.lock();
+        items.len() < self.capacity || items.back().is_some_and(|tail| Self::merges(tail, item))
+    }
+
+    /// Puts a control item (a command) before every waiting turn; it may exceed the
+    /// capacity by the few commands a chat sends at once.
+    pub fn push_front(&self, item: QueueItem) {
+        self.lock().push_front(item);
+        self.notify.notify_one();
+    }
+
+    fn merges(tail: &QueueItem, item: &QueueItem) -> bool {
+        item.stackable()
+            && tail.kind == item.kind
+            && tail.chat == item.chat
+            && tail.lines.len() + item.lines.len() <= MAX_LINES_PER_ITEM
     }
 
     /// Takes the next item, if any.

@@ -6,7 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::sled_store::{StoreOptions, check_session};
-use super::{OutboxEntry, PendingItem, Store, StoreError, StoredMessage, TurnCommit};
+use super::{
+    Inbound, Intake, KvWrite, OutboxEntry, PendingItem, Store, StoreError, StoredMessage,
+    TurnCommit,
+};
 use crate::llm::Message;
 
 /// The [`Store`] in memory. One mutex guards everything, so every method is atomic.
@@ -23,6 +26,8 @@ struct Inner {
     history: HashMap<String, Vec<Message>>,
     pending: BTreeMap<u64, PendingItem>,
     outbox: BTreeMap<u64, OutboxEntry>,
+    /// Replies sent or given up on, with what became of them.
+    outbox_done: BTreeMap<u64, OutboxEntry>,
     meta: HashMap<String, String>,
     /// Toolset collections: (space, key) -> value, in key order for prefix scans.
     kv: BTreeMap<(String, String), String>,
@@ -64,6 +69,21 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    fn finish_outbox(&self, outbox_id: u64, finish: impl Fn(&mut OutboxEntry)) {
+        let mut inner = self.lock();
+        if let Some(mut entry) = inner.outbox.remove(&outbox_id) {
+            finish(&mut entry);
+            entry.done_at = Some(chrono::Utc::now());
+            let cutoff = chrono::Utc::now() - chrono::Duration::days(super::SENT_KEEP_DAYS);
+            inner
+                .outbox_done
+                .retain(|_, e| e.done_at.is_some_and(|t| t >= cutoff));
+            inner.outbox_done.insert(outbox_id, entry);
+        }
+    }
+}
+
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
@@ -71,12 +91,17 @@ impl Default for MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn record_message(&self, session: &str, message: &StoredMessage) -> Result<bool, StoreError> {
+    fn record_inbound(
+        &self,
+        session: &str,
+        message: &StoredMessage,
+        intake: Intake,
+    ) -> Result<Inbound, StoreError> {
         check_session(session)?;
         let mut inner = self.lock();
         let log = inner.logs.entry(session.to_owned()).or_default();
         if log.ids.contains_key(&message.message_id) {
-            return Ok(false);
+            return Ok(Inbound::Duplicate);
         }
         let seq = log.next;
         log.next += 1;
@@ -90,7 +115,21 @@ impl Store for MemoryStore {
                 log.ids.remove(&old.message_id);
             }
         }
-        Ok(true)
+        Ok(Inbound::Recorded(match intake {
+            Intake::Record => None,
+            Intake::Pending(mut item) => {
+                let id = inner.next_id();
+                item.id = id;
+                inner.pending.insert(id, item);
+                Some(id)
+            }
+            Intake::Reply(mut entry) => {
+                let id = inner.next_id();
+                entry.id = id;
+                inner.outbox.insert(id, entry);
+                Some(id)
+            }
+        }))
     }
 
     fn get_message(
@@ -138,11 +177,22 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    fn add_pending(&self, mut item: PendingItem) -> Result<u64, StoreError> {
+    fn add_pending_with(
+        &self,
+        mut item: PendingItem,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, StoreError> {
         let mut inner = self.lock();
         let id = inner.next_id();
         item.id = id;
         inner.pending.insert(id, item);
+        for write in also {
+            let key = (write.space, write.key);
+            match write.value {
+                Some(value) => inner.kv.insert(key, value),
+                None => inner.kv.remove(&key),
+            };
+        }
         Ok(id)
     }
 
@@ -160,7 +210,9 @@ impl Store for MemoryStore {
 
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
         let mut inner = self.lock();
-        inner.history.insert(commit.session, commit.history);
+        if let Some(history) = commit.history {
+            inner.history.insert(commit.session, history);
+        }
         for id in &commit.answered {
             inner.pending.remove(id);
         }
@@ -177,14 +229,17 @@ impl Store for MemoryStore {
     }
 
     fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
-        let removed = self.lock().outbox.remove(&outbox_id);
-        tracing::debug!(
-            outbox_id,
-            ?platform_ids,
-            was_queued = removed.is_some(),
-            "reply marked sent"
-        );
+        self.finish_outbox(outbox_id, |e| e.sent_ids = platform_ids.to_vec());
         Ok(())
+    }
+
+    fn mark_failed(&self, outbox_id: u64, reason: &str) -> Result<(), StoreError> {
+        self.finish_outbox(outbox_id, |e| e.failed = Some(reason.to_owned()));
+        Ok(())
+    }
+
+    fn sent_reply(&self, outbox_id: u64) -> Result<Option<OutboxEntry>, StoreError> {
+        Ok(self.lock().outbox_done.get(&outbox_id).cloned())
     }
 
     fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError> {

@@ -2,11 +2,19 @@
 //! session history, addressed inputs waiting for a turn (pending), replies waiting to be
 //! sent (outbox) and small adapter state (poll offsets).
 //!
-//! The trait is what makes "never lose, never repeat" checkable: an addressed message is
-//! [`Store::add_pending`] before its turn runs; the turn's history, the removal of its pending
-//! items and its reply in the outbox land in one atomic [`Store::commit_turn`]; the reply is
-//! marked sent with the platform's id afterwards. After a crash, `pending` is resumed and
-//! `unsent_outbox` is sent again.
+//! The trait is what makes "never lose, never repeat" checkable, one logical step per
+//! transaction:
+//! - intake: [`Store::record_inbound`] records a message in the chat log (the dedupe key)
+//!   *and* makes it pending (or queues its immediate answer) in one transaction, so a kill
+//!   can never leave a message recorded (deduped) but not pending;
+//! - a system input (a task notice) is [`Store::add_pending_with`] together with the
+//!   toolset record saying it was told;
+//! - a turn's history, the removal of its pending items and its reply in the outbox land in
+//!   one [`Store::commit_turn`];
+//! - the reply is [`Store::mark_sent`] with the platform's message ids, which stay on the
+//!   outbox row ([`Store::sent_reply`]).
+//!
+//! After a crash, `pending` is resumed and `unsent_outbox` is sent again.
 //!
 //! Implementations: [`SledStore`] (sled 0.34, the default) and [`MemoryStore`] (tests,
 //! ephemeral runs). Every value is versioned JSON so that later versions can read it.
@@ -23,6 +31,9 @@ use crate::tool::Caller;
 
 pub use memory::MemoryStore;
 pub use sled_store::{SledStore, StoreOptions};
+
+/// How long the record of a sent (or given-up) reply is kept.
+pub const SENT_KEEP_DAYS: i64 = 7;
 
 /// Why the store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +113,8 @@ pub enum PendingKind {
     TaskResult,
     /// A clock task fired.
     ClockFire,
+    /// `/reset`: checked (chat admins only in groups) and carried out by the chat's actor.
+    Reset,
 }
 
 /// An input that must get a turn, recorded before the turn runs.
@@ -127,9 +140,13 @@ pub struct PendingItem {
     pub images: Vec<ImageRef>,
     /// When it arrived.
     pub received: DateTime<Utc>,
+    /// Whether it came from a direct message (where nobody is a chat admin).
+    #[serde(default)]
+    pub private: bool,
 }
 
-/// A reply waiting to be sent (or sent, once `sent_ids` is set).
+/// A reply waiting to be sent, or — once [`Store::mark_sent`] or [`Store::mark_failed`] —
+/// the record of what became of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutboxEntry {
     /// Unique; assigned by [`Store::commit_turn`].
@@ -145,6 +162,65 @@ pub struct OutboxEntry {
     pub reply_to: Option<String>,
     /// When the turn committed.
     pub created: DateTime<Utc>,
+    /// The platform's ids of the messages the reply became, once sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sent_ids: Vec<String>,
+    /// When it was sent or given up on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_at: Option<DateTime<Utc>>,
+    /// Why the platform refused it for good (chat gone, bot removed), when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+}
+
+impl OutboxEntry {
+    /// A reply to `chat` (session `session`), to be given an id by the store.
+    pub fn new(session: &str, chat: &ChatRef, text: String, reply_to: Option<String>) -> Self {
+        OutboxEntry {
+            id: 0,
+            session: session.to_owned(),
+            chat: chat.clone(),
+            text,
+            reply_to,
+            created: Utc::now(),
+            sent_ids: Vec::new(),
+            done_at: None,
+            failed: None,
+        }
+    }
+}
+
+/// What intake does with a message besides recording it, in the same transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Intake {
+    /// Only record it (chatter, a bot's message).
+    Record,
+    /// Record it and make it pending: it must get a turn (`id` is assigned by the store).
+    Pending(PendingItem),
+    /// Record it and queue this answer (a command answered at once, an overflow notice;
+    /// `id` is assigned by the store).
+    Reply(OutboxEntry),
+}
+
+/// What [`Store::record_inbound`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inbound {
+    /// The message was recorded before: nothing was written.
+    Duplicate,
+    /// Recorded; the id of the pending item or the queued reply, when the intake had one.
+    Recorded(Option<u64>),
+}
+
+/// A write to a toolset collection that must land together with another write (see
+/// [`Store::add_pending_with`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvWrite {
+    /// The collection.
+    pub space: String,
+    /// The record's key.
+    pub key: String,
+    /// The new value; `None` removes the record.
+    pub value: Option<String>,
 }
 
 /// Everything a finished turn writes, applied atomically by [`Store::commit_turn`].
@@ -152,8 +228,9 @@ pub struct OutboxEntry {
 pub struct TurnCommit {
     /// Session key.
     pub session: String,
-    /// The session's whole history after the turn (already trimmed).
-    pub history: Vec<Message>,
+    /// The session's whole history after the turn (already trimmed); `None` leaves it as
+    /// it is (an input answered without a turn, such as a refused command).
+    pub history: Option<Vec<Message>>,
     /// Pending items this turn answered.
     pub answered: Vec<u64>,
     /// The reply to send, if any (`id` is ignored and assigned by the store).
@@ -166,7 +243,9 @@ pub trait Store: Send + Sync + 'static {
     /// Records a chat message. Returns `false` (and changes nothing) when this
     /// `(session, message_id)` is already recorded: the inbound dedupe. The log of each
     /// session is bounded; the oldest messages are dropped first.
-    fn record_message(&self, session: &str, message: &StoredMessage) -> Result<bool, StoreError>;
+    fn record_message(&self, session: &str, message: &StoredMessage) -> Result<bool, StoreError> {
+        Ok(self.record_inbound(session, message, Intake::Record)? != Inbound::Duplicate)
+    }
 
     /// One recorded message of a session.
     fn get_message(
@@ -188,8 +267,24 @@ pub trait Store: Send + Sync + 'static {
     /// Replaces a session's history (trimming, `/reset`).
     fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError>;
 
+    /// Records an inbound message in the chat log and, in the same transaction, makes it
+    /// pending or queues its answer (see [`Intake`]). A message already recorded changes
+    /// nothing and is [`Inbound::Duplicate`].
+    fn record_inbound(
+        &self,
+        session: &str,
+        message: &StoredMessage,
+        intake: Intake,
+    ) -> Result<Inbound, StoreError>;
+
     /// Records an addressed input before its turn; returns the id assigned to it.
-    fn add_pending(&self, item: PendingItem) -> Result<u64, StoreError>;
+    fn add_pending(&self, item: PendingItem) -> Result<u64, StoreError> {
+        self.add_pending_with(item, Vec::new())
+    }
+
+    /// Records an input before its turn together with toolset records (a task row saying
+    /// its notice was queued), atomically; returns the id assigned to the input.
+    fn add_pending_with(&self, item: PendingItem, also: Vec<KvWrite>) -> Result<u64, StoreError>;
 
     /// Every pending item, in arrival order.
     fn pending(&self) -> Result<Vec<PendingItem>, StoreError>;
@@ -204,8 +299,16 @@ pub trait Store: Send + Sync + 'static {
     /// Replies committed but not yet marked sent, oldest first.
     fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError>;
 
-    /// Marks a reply sent, with the platform's message ids; it leaves the outbox.
+    /// Marks a reply sent, with the platform's message ids: it leaves the unsent outbox and
+    /// its record keeps the ids (for a week; older records are pruned).
     fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError>;
+
+    /// Gives a reply up for good (the platform refused it: chat gone, bot removed), with
+    /// the reason, kept on its record like a sent one.
+    fn mark_failed(&self, outbox_id: u64, reason: &str) -> Result<(), StoreError>;
+
+    /// The record of a reply that was sent or given up on.
+    fn sent_reply(&self, outbox_id: u64) -> Result<Option<OutboxEntry>, StoreError>;
 
     /// Small adapter state (poll offsets, caches).
     fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError>;

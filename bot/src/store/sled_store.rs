@@ -12,7 +12,8 @@
 //! | `message_heads` | session                              | `{"v":1,"first":N,"next":M}`            |
 //! | `history`       | session                              | `{"v":1,"messages":[...]}`              |
 //! | `pending`       | id (u64 big-endian)                  | `{"v":1, ...PendingItem}`               |
-//! | `outbox`        | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}`               |
+//! | `outbox`        | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (unsent)      |
+//! | `outbox_done`   | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (sent/failed) |
 //! | `meta`          | key                                  | `{"v":1,"value":"..."}`                 |
 //!
 //! `seq` is dense per session (`first..next` are the recorded messages), so the log of a
@@ -35,7 +36,10 @@ use sled::transaction::{
 };
 use sled::{Batch, Db, IVec, Tree};
 
-use super::{OutboxEntry, PendingItem, Store, StoreError, StoredMessage, TurnCommit};
+use super::{
+    Inbound, Intake, KvWrite, OutboxEntry, PendingItem, SENT_KEEP_DAYS, Store, StoreError,
+    StoredMessage, TurnCommit,
+};
 use crate::llm::Message;
 
 /// The schema version written into every value.
@@ -86,6 +90,7 @@ pub struct SledStore {
     history: Tree,
     pending: Tree,
     outbox: Tree,
+    outbox_done: Tree,
     meta: Tree,
     bound: u64,
 }
@@ -135,6 +140,7 @@ impl SledStore {
             history: tree("history")?,
             pending: tree("pending")?,
             outbox: tree("outbox")?,
+            outbox_done: tree("outbox_done")?,
             meta: tree("meta")?,
             db,
             bound: options.bound(),
@@ -150,33 +156,65 @@ impl SledStore {
 }
 
 impl Store for SledStore {
-    fn record_message(&self, session: &str, message: &StoredMessage) -> Result<bool, StoreError> {
+    fn record_inbound(
+        &self,
+        session: &str,
+        message: &StoredMessage,
+        intake: Intake,
+    ) -> Result<Inbound, StoreError> {
         check_session(session)?;
         let value = encode(message)?;
         let id_key = message_id_key(session, &message.message_id);
         let bound = self.bound;
-        let result = (&self.messages, &self.message_ids, &self.message_heads).transaction(
-            |(log, ids, heads)| {
-                if ids.get(&id_key)?.is_some() {
-                    return Ok(false);
+        // Ids are taken before the transaction (a retried or refused one only wastes one),
+        // and the value is encoded once.
+        let extra = match intake {
+            Intake::Record => None,
+            Intake::Pending(mut item) => {
+                let id = self.db.generate_id().map_err(sled_error)?;
+                item.id = id;
+                Some((0usize, id, encode(&item)?))
+            }
+            Intake::Reply(mut entry) => {
+                let id = self.db.generate_id().map_err(sled_error)?;
+                entry.id = id;
+                Some((1usize, id, encode(&entry)?))
+            }
+        };
+        let trees = [
+            &self.messages,
+            &self.message_ids,
+            &self.message_heads,
+            &self.pending,
+            &self.outbox,
+        ];
+        let result = trees[..].transaction(|t| {
+            let (log, ids, heads) = (&t[0], &t[1], &t[2]);
+            if ids.get(&id_key)?.is_some() {
+                return Ok(Inbound::Duplicate);
+            }
+            let mut head: Head = match heads.get(session)? {
+                Some(bytes) => decode(&bytes, || format!("message_heads[{session}]"))
+                    .map_err(ConflictableTransactionError::Abort)?,
+                None => Head::default(),
+            };
+            let seq = head.next;
+            log.insert(message_key(session, seq), value.as_slice())?;
+            ids.insert(id_key.as_slice(), encode_abort(&SeqRecord { seq })?)?;
+            head.next = seq.saturating_add(1);
+            while head.next.saturating_sub(head.first) > bound {
+                drop_oldest(session, head.first, log, ids)?;
+                head.first += 1;
+            }
+            heads.insert(session, encode_abort(&head)?)?;
+            match &extra {
+                Some((which, id, value)) => {
+                    t[3 + which].insert(&id.to_be_bytes(), value.as_slice())?;
+                    Ok(Inbound::Recorded(Some(*id)))
                 }
-                let mut head: Head = match heads.get(session)? {
-                    Some(bytes) => decode(&bytes, || format!("message_heads[{session}]"))
-                        .map_err(ConflictableTransactionError::Abort)?,
-                    None => Head::default(),
-                };
-                let seq = head.next;
-                log.insert(message_key(session, seq), value.as_slice())?;
-                ids.insert(id_key.as_slice(), encode_abort(&SeqRecord { seq })?)?;
-                head.next = seq.saturating_add(1);
-                while head.next.saturating_sub(head.first) > bound {
-                    drop_oldest(session, head.first, log, ids)?;
-                    head.first += 1;
-                }
-                heads.insert(session, encode_abort(&head)?)?;
-                Ok(true)
-            },
-        );
+                None => Ok(Inbound::Recorded(None)),
+            }
+        });
         transaction_result(result)
     }
 
@@ -242,12 +280,44 @@ impl Store for SledStore {
         Ok(())
     }
 
-    fn add_pending(&self, mut item: PendingItem) -> Result<u64, StoreError> {
+    fn add_pending_with(
+        &self,
+        mut item: PendingItem,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, StoreError> {
         let id = self.db.generate_id().map_err(sled_error)?;
         item.id = id;
-        self.pending
-            .insert(id.to_be_bytes(), encode(&item)?)
-            .map_err(sled_error)?;
+        let value = encode(&item)?;
+        if also.is_empty() {
+            self.pending
+                .insert(id.to_be_bytes(), value)
+                .map_err(sled_error)?;
+            return Ok(id);
+        }
+        let mut trees = vec![self.pending.clone()];
+        let mut index = Vec::with_capacity(also.len());
+        for write in &also {
+            let tree = self.kv_tree(&write.space)?;
+            let at = match trees.iter().position(|t| t.name() == tree.name()) {
+                Some(at) => at,
+                None => {
+                    trees.push(tree);
+                    trees.len() - 1
+                }
+            };
+            index.push(at);
+        }
+        let result = trees[..].transaction(|t| {
+            t[0].insert(&id.to_be_bytes(), value.as_slice())?;
+            for (write, &at) in also.iter().zip(&index) {
+                match &write.value {
+                    Some(v) => t[at].insert(write.key.as_bytes(), v.as_bytes())?,
+                    None => t[at].remove(write.key.as_bytes())?,
+                };
+            }
+            Ok(())
+        });
+        transaction_result::<()>(result)?;
         Ok(id)
     }
 
@@ -264,9 +334,10 @@ impl Store for SledStore {
     }
 
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
-        let history = encode(&HistoryRef {
-            messages: &commit.history,
-        })?;
+        let history = match &commit.history {
+            Some(messages) => Some(encode(&HistoryRef { messages })?),
+            None => None,
+        };
         let reply = match commit.reply {
             Some(mut entry) => {
                 // Assigned before the transaction: a failed commit only wastes an id.
@@ -280,7 +351,9 @@ impl Store for SledStore {
         let answered = &commit.answered;
         let result = (&self.history, &self.pending, &self.outbox).transaction(
             |(history_tree, pending, outbox)| {
-                history_tree.insert(session, history.as_slice())?;
+                if let Some(history) = &history {
+                    history_tree.insert(session, history.as_slice())?;
+                }
                 for id in answered {
                     pending.remove(&id.to_be_bytes())?;
                 }
@@ -299,17 +372,22 @@ impl Store for SledStore {
     }
 
     fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
-        let removed = self
-            .outbox
-            .remove(outbox_id.to_be_bytes())
-            .map_err(sled_error)?;
-        tracing::debug!(
-            outbox_id,
-            ?platform_ids,
-            was_queued = removed.is_some(),
-            "reply marked sent"
-        );
-        Ok(())
+        self.finish_outbox(outbox_id, |entry| entry.sent_ids = platform_ids.to_vec())
+    }
+
+    fn mark_failed(&self, outbox_id: u64, reason: &str) -> Result<(), StoreError> {
+        self.finish_outbox(outbox_id, |entry| entry.failed = Some(reason.to_owned()))
+    }
+
+    fn sent_reply(&self, outbox_id: u64) -> Result<Option<OutboxEntry>, StoreError> {
+        match self
+            .outbox_done
+            .get(outbox_id.to_be_bytes())
+            .map_err(sled_error)?
+        {
+            Some(bytes) => decode(&bytes, || format!("outbox_done[{outbox_id}]")).map(Some),
+            None => Ok(None),
+        }
     }
 
     fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError> {
@@ -370,6 +448,43 @@ impl Store for SledStore {
 }
 
 impl SledStore {
+    /// Moves an unsent reply to the done records, changed by `finish`, in one transaction;
+    /// then prunes records done more than [`SENT_KEEP_DAYS`] ago (oldest ids first).
+    fn finish_outbox(
+        &self,
+        outbox_id: u64,
+        finish: impl Fn(&mut OutboxEntry),
+    ) -> Result<(), StoreError> {
+        let key = outbox_id.to_be_bytes();
+        let result = (&self.outbox, &self.outbox_done).transaction(|(outbox, done)| {
+            let Some(bytes) = outbox.remove(&key)? else {
+                return Ok(());
+            };
+            let mut entry: OutboxEntry = decode(&bytes, || format!("outbox[{outbox_id}]"))
+                .map_err(ConflictableTransactionError::Abort)?;
+            finish(&mut entry);
+            entry.done_at = Some(chrono::Utc::now());
+            done.insert(&key, encode_abort(&entry)?)?;
+            Ok(())
+        });
+        transaction_result::<()>(result)?;
+        let cutoff = chrono::Utc::now() - chrono::Duration::days(SENT_KEEP_DAYS);
+        // Ids grow with time, so the oldest records come first; a few per call keep it cheap.
+        for entry in self.outbox_done.iter().take(8) {
+            let (key, bytes) = entry.map_err(sled_error)?;
+            let old = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("done_at")?.as_str().map(str::to_owned))
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
+                .is_none_or(|t| t < cutoff);
+            if !old {
+                break;
+            }
+            self.outbox_done.remove(key).map_err(sled_error)?;
+        }
+        Ok(())
+    }
+
     /// The tree of a toolset collection; sled caches opened trees, so this is a map lookup
     /// after the first call.
     fn kv_tree(&self, space: &str) -> Result<Tree, StoreError> {

@@ -43,7 +43,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::platform::ChatRef;
 use crate::session::{SessionManager, SubmitError};
-use crate::store::Store;
+use crate::store::{KvWrite, Store};
 use crate::tool::schema::schema_for;
 use crate::tool::{Caller, Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
 
@@ -171,8 +171,14 @@ pub enum NotifyError {
 /// Where completion notices go: the [`SessionManager`] in the daemon, a recorder in tests.
 #[async_trait]
 pub trait Notifier: Send + Sync {
-    /// Queues `text` for `chat` as a stackable task result; returns its pending id.
-    async fn notify(&self, chat: &ChatRef, text: String) -> Result<u64, NotifyError>;
+    /// Queues `text` for `chat` as a stackable task result, stored together with `also`
+    /// (the task rows saying they were told) in one transaction; returns its pending id.
+    async fn notify(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, NotifyError>;
     /// Withdraws a queued notice that has not started its turn; `true` when withdrawn.
     fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError>;
 }
@@ -196,8 +202,13 @@ fn submit_error(e: SubmitError) -> NotifyError {
 
 #[async_trait]
 impl Notifier for SessionManager {
-    async fn notify(&self, chat: &ChatRef, text: String) -> Result<u64, NotifyError> {
-        self.submit_notice(chat, text, notice_caller())
+    async fn notify(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, NotifyError> {
+        self.submit_notice(chat, text, notice_caller(), also)
             .await
             .map_err(submit_error)
     }
@@ -225,9 +236,14 @@ impl LateNotifier {
 
 #[async_trait]
 impl Notifier for LateNotifier {
-    async fn notify(&self, chat: &ChatRef, text: String) -> Result<u64, NotifyError> {
+    async fn notify(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, NotifyError> {
         match self.0.get() {
-            Some(n) => n.notify(chat, text).await,
+            Some(n) => n.notify(chat, text, also).await,
             None => Err(NotifyError::Failed("no notifier wired yet".to_owned())),
         }
     }

@@ -20,7 +20,7 @@ use super::{
     NotifyError, ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes, sys,
 };
 use crate::platform::ChatRef;
-use crate::store::StoreError;
+use crate::store::{KvWrite, StoreError};
 use crate::tool::{ToolContext, ToolResult};
 
 /// Characters of output a completion notice carries.
@@ -119,6 +119,20 @@ pub(crate) struct Running {
     pgid: u32,
     stop: CancellationToken,
     done: CancellationToken,
+}
+
+/// The store write of a task row, for [`Store::kv_put`] or to go with a notice.
+fn row_write(row: &TaskRecord) -> Result<KvWrite, StoreError> {
+    let key = key(&row.session, &row.id);
+    let text = serde_json::to_string(row).map_err(|e| StoreError::Corrupt {
+        key: key.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(KvWrite {
+        space: TASKS_SPACE.to_owned(),
+        key,
+        value: Some(text),
+    })
 }
 
 fn key(session: &str, id: &str) -> String {
@@ -268,12 +282,12 @@ impl TerminalService {
     }
 
     fn save(&self, row: &TaskRecord) -> Result<(), StoreError> {
-        let key = key(&row.session, &row.id);
-        let text = serde_json::to_string(row).map_err(|e| StoreError::Corrupt {
-            key: key.clone(),
-            reason: e.to_string(),
-        })?;
-        self.store.kv_put(TASKS_SPACE, &key, &text)
+        let write = row_write(row)?;
+        self.store.kv_put(
+            &write.space,
+            &write.key,
+            write.value.as_deref().unwrap_or_default(),
+        )
     }
 
     fn save_logged(&self, row: &TaskRecord) {
@@ -471,8 +485,16 @@ impl TerminalService {
                     // never hides it.
                     self.save_logged(&row);
                     let text = notice_block(&row, None);
-                    match tokio::time::timeout(NOTIFY_TIMEOUT, self.notifier.notify(&chat, text))
-                        .await
+                    // "Told" lands with the notice itself: a kill can neither lose the
+                    // notice nor, after the restart, tell it again.
+                    let mut told = row.clone();
+                    told.notified = true;
+                    let also = row_write(&told).into_iter().collect();
+                    match tokio::time::timeout(
+                        NOTIFY_TIMEOUT,
+                        self.notifier.notify(&chat, text, also),
+                    )
+                    .await
                     {
                         Ok(Ok(pending)) => {
                             row.notice_pending_id = Some(pending);
@@ -686,8 +708,19 @@ impl TerminalService {
                 })
                 .collect::<Vec<_>>()
                 .join("\n");
-            let told = match tokio::time::timeout(NOTIFY_TIMEOUT, self.notifier.notify(&chat, text))
-                .await
+            let also = rows
+                .iter()
+                .map(|row| {
+                    let mut told = row.clone();
+                    told.notified = true;
+                    row_write(&told)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let told = match tokio::time::timeout(
+                NOTIFY_TIMEOUT,
+                self.notifier.notify(&chat, text, also),
+            )
+            .await
             {
                 Ok(Ok(pending)) => Some(Some(pending)),
                 Ok(Err(NotifyError::ShuttingDown)) => None,

@@ -1,0 +1,136 @@
+//! The session actor: one task per chat with work to do. It takes queued items one at a
+//! time, waits for the chat's rate limit, resolves the callers' roles, runs the item
+//! ([`super::turn`]) and, when the queue stays empty for `idle_timeout`, evicts its session
+//! under the owner lock (see [`super::manager`]).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::manager::{Session, SessionManager};
+
+impl SessionManager {
+    /// Starts the session's actor unless one is running. Called with the sessions' owner
+    /// lock held (intake, submissions, resume), so it cannot race with eviction.
+    pub(super) fn ensure_actor(&self, session: &Arc<Session>) {
+        {
+            let mut state = session.state();
+            if state.actor_running || self.inner.draining.is_cancelled() {
+                return;
+            }
+            state.actor_running = true;
+        }
+        let manager = self.clone();
+        let session = Arc::clone(session);
+        self.inner
+            .tracker
+            .spawn(async move { manager.actor(session).await });
+    }
+
+    /// The actor: runs queued items one at a time until the queue stays empty for
+    /// `idle_timeout` or shutdown begins.
+    async fn actor(self, session: Arc<Session>) {
+        let counters = &self.inner.counters;
+        counters.actors_started.fetch_add(1, Ordering::Relaxed);
+        counters.actors_running.fetch_add(1, Ordering::Relaxed);
+        let fresh = self
+            .inner
+            .active_actors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(session.key.clone());
+        if !fresh {
+            counters.double_actors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(session = %session.key, "a second actor started for one chat");
+        }
+        self.actor_loop(&session).await;
+        if fresh {
+            self.inner
+                .active_actors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&session.key);
+        }
+        counters.actors_running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    async fn actor_loop(&self, session: &Arc<Session>) {
+        loop {
+            if self.inner.draining.is_cancelled() {
+                break;
+            }
+            let Some(mut item) = session.queue.pop() else {
+                let idle = tokio::time::sleep(self.inner.config.idle_timeout);
+                tokio::select! {
+                    () = session.queue.notified() => continue,
+                    () = idle => {}
+                    () = self.inner.draining.cancelled() => break,
+                }
+                if self.evict_if_idle(session) {
+                    return;
+                }
+                continue;
+            };
+            if item.kind != crate::store::PendingKind::Reset && !self.rate_limit(session).await {
+                // Shutdown while waiting: the item stays pending in the store.
+                break;
+            }
+            self.resolve_roles(&mut item).await;
+            self.run_item(session, item).await;
+        }
+        session.state().actor_running = false;
+    }
+
+    /// Ends the actor and drops the session from memory if nothing arrived meanwhile;
+    /// history and log stay in the store. Under the owner lock, so no push can land on it
+    /// after the check.
+    fn evict_if_idle(&self, session: &Arc<Session>) -> bool {
+        let mut sessions = self.lock_sessions();
+        let mut state = session.state();
+        if !session.queue.is_empty() {
+            return false;
+        }
+        state.actor_running = false;
+        // Toolset state that is not in the store would be lost with the session, so such
+        // a session stays (its actor still ends; the next push starts a new one).
+        if !session.agent.tools().holds_session_state()
+            && sessions
+                .get(&session.key)
+                .is_some_and(|live| Arc::ptr_eq(live, session))
+        {
+            sessions.remove(&session.key);
+        }
+        true
+    }
+
+    /// Waits until the chat may start another turn; `false` when shutdown began meanwhile.
+    async fn rate_limit(&self, session: &Session) -> bool {
+        let per_minute = self.inner.config.turns_per_minute.max(1);
+        loop {
+            let wait = {
+                let mut state = session.state();
+                let now = Instant::now();
+                while state
+                    .recent_turns
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
+                {
+                    state.recent_turns.pop_front();
+                }
+                if state.recent_turns.len() < per_minute {
+                    state.recent_turns.push_back(now);
+                    return true;
+                }
+                let oldest = state.recent_turns.front().copied().unwrap_or(now);
+                Duration::from_secs(60).saturating_sub(now.duration_since(oldest))
+            };
+            tracing::info!(session = %session.key, ?wait, "rate limit: waiting before the next turn");
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.inner.draining.cancelled() => return false,
+            }
+        }
+    }
+}

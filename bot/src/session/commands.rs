@@ -1,0 +1,90 @@
+//! The commands the runtime answers itself: `/help`, `/status` and `/stop` are answered at
+//! intake (their text needs no network; the answer goes through the outbox), `/reset` is
+//! queued for the chat's actor, which checks the sender's role and carries it out.
+
+use super::manager::{Session, SessionManager};
+use crate::tool::catalog;
+
+/// A command of ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Command {
+    Help,
+    Reset,
+    Stop,
+    Status,
+}
+
+impl Command {
+    /// `/help`, `/help@this_bot` (the adapter strips our own suffix) → a command; anything
+    /// else (`/help@other_bot`, `/weather`) is not ours.
+    pub(super) fn parse(text: &str) -> Option<Command> {
+        let word = text.split_whitespace().next()?;
+        match word {
+            "/help" | "/start" => Some(Command::Help),
+            "/reset" => Some(Command::Reset),
+            "/stop" => Some(Command::Stop),
+            "/status" => Some(Command::Status),
+            _ => None,
+        }
+    }
+}
+
+impl SessionManager {
+    /// The answer to `/help`: the commands and the tools with the role each needs.
+    pub(super) fn help_text(&self) -> String {
+        let tools = catalog::to_help(self.inner.template.tools());
+        format!(
+            "Mention me or reply to one of my messages to talk to me.\n\n\
+             Commands:\n/help — this text\n/status — what I am doing\n\
+             /stop — stop my current answer\n/reset — forget this chat's conversation \
+             and plan, after the current answer; its memory stays (chat admins in groups)\n\n\
+             Tools I can use:\n{}",
+            if tools.is_empty() {
+                "none".to_owned()
+            } else {
+                tools
+            }
+        )
+    }
+
+    /// The answer to `/status` for the chat of `key` (its live session, if any).
+    pub(super) fn status_text(&self, key: &str, session: Option<&Session>) -> String {
+        let (running, turns, queued) = match session {
+            Some(s) => {
+                let state = s.state();
+                (state.turn_cancel.is_some(), state.turns, s.queue.len())
+            }
+            None => (false, 0, 0),
+        };
+        let history = self
+            .inner
+            .store
+            .load_history(key)
+            .map(|h| h.len())
+            .unwrap_or(0);
+        format!(
+            "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
+             Turns since start: {turns}\nModel: {}\nTools: {}\nUp for {} min",
+            if running {
+                "Working on an answer."
+            } else {
+                "Idle."
+            },
+            self.inner.template.config().model,
+            self.inner.template.tools().names().len(),
+            self.inner.started.elapsed().as_secs() / 60
+        )
+    }
+
+    /// `/stop`: the answer to send and the running turn's token, to cancel once the
+    /// command is recorded (a redelivered `/stop` must not cut a later turn short).
+    pub(super) fn stop(
+        &self,
+        session: Option<&Session>,
+    ) -> (String, Option<tokio_util::sync::CancellationToken>) {
+        match session.and_then(|s| s.state().turn_cancel.clone()) {
+            Some(token) => ("Stopped.".to_owned(), Some(token)),
+            None => ("I am not working on anything.".to_owned(), None),
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Intake: [`Inbox::deliver`] records, dedupes, makes pending and enqueues, and returns.
+//! It never waits on the network and never takes a turn's lock: roles are resolved in the
+//! chat's actor, answers go out through the outbox lanes.
+//!
+//! Each message is one store transaction — the chat-log record (which is also the dedupe
+//! key) together with its pending record, or with its immediate answer — flushed before
+//! `deliver` returns for anything addressed, so a kill at any moment either leaves no trace
+//! (the platform delivers it again) or leaves it pending (it is answered after the restart).
+
+use async_trait::async_trait;
+
+use super::commands::Command;
+use super::manager::SessionManager;
+use super::policy::{self, Addressed};
+use super::queue::QueueItem;
+use crate::platform::{ChatKind, Inbox, InboxError, IncomingMessage};
+use crate::store::{Inbound, Intake, OutboxEntry, PendingItem, PendingKind, StoredMessage};
+use crate::tool::{Caller, Role};
+
+/// Told to a chat whose queue is full, instead of silently dropping the message.
+const OVERFLOW_NOTICE: &str =
+    "I have too many messages waiting in this chat; please ask again in a minute.";
+
+fn store_error(e: crate::store::StoreError) -> InboxError {
+    InboxError::Store(e.to_string())
+}
+
+#[async_trait]
+impl Inbox for SessionManager {
+    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
+        self.intake(message)
+    }
+}
+
+impl SessionManager {
+    /// The whole of intake, synchronous: nothing in it may wait.
+    fn intake(&self, message: IncomingMessage) -> Result<(), InboxError> {
+        if self.inner.draining.is_cancelled() {
+            return Err(InboxError::ShuttingDown);
+        }
+        let config = &self.inner.config;
+        if !policy::allowed(config, &message) {
+            tracing::debug!(chat = %message.chat, sender = %message.sender.id, "message outside the allow-lists ignored");
+            return Ok(());
+        }
+        let key = message.chat.session_key();
+        let stored = StoredMessage {
+            message_id: message.message_id.clone(),
+            sender: message.sender.clone(),
+            text: message.text.clone(),
+            time: message.time,
+            reply_to: message.reply_to.clone(),
+            images: message.images.clone(),
+            from_self: false,
+        };
+        let reply_to = Some(message.message_id.clone());
+        match policy::addressed(config, &message) {
+            Addressed::No => {
+                // Context only: sled writes it out within half a second by itself; a kill
+                // before then loses chatter, never an addressed message.
+                self.inner
+                    .store
+                    .record_inbound(&key, &stored, Intake::Record)
+                    .map_err(store_error)?;
+                Ok(())
+            }
+            Addressed::Command(command @ (Command::Help | Command::Status | Command::Stop)) => {
+                let session = self.live_session(&key);
+                let (text, cancel) = match command {
+                    Command::Help => (self.help_text(), None),
+                    Command::Status => (self.status_text(&key, session.as_deref()), None),
+                    _ => self.stop(session.as_deref()),
+                };
+                let answer = OutboxEntry::new(&key, &message.chat, text, reply_to);
+                let fresh = self.record_and_answer(&key, &stored, answer)?;
+                if let (true, Some(cancel)) = (fresh, cancel) {
+                    cancel.cancel();
+                }
+                Ok(())
+            }
+            Addressed::Command(Command::Reset) => {
+                self.record_and_queue(&message, &stored, PendingKind::Reset, String::new())
+            }
+            Addressed::Turn => {
+                let line =
+                    policy::attribute(&message.sender, &message.text, config.max_input_chars);
+                self.record_and_queue(&message, &stored, PendingKind::UserMessage, line)
+            }
+        }
+    }
+
+    /// Records a command and queues its answer, in one transaction; sends nothing itself.
+    /// `false` when the message was a duplicate (nothing written).
+    fn record_and_answer(
+        &self,
+        key: &str,
+        stored: &StoredMessage,
+        answer: OutboxEntry,
+    ) -> Result<bool, InboxError> {
+        let mut entry = answer.clone();
+        match self
+            .inner
+            .store
+            .record_inbound(key, stored, Intake::Reply(answer))
+            .map_err(store_error)?
+        {
+            Inbound::Duplicate => {
+                tracing::debug!(session = %key, message = %stored.message_id, "duplicate delivery ignored");
+                Ok(false)
+            }
+            Inbound::Recorded(id) => {
+                self.durable().map_err(store_error)?;
+                entry.id = id.unwrap_or_default();
+                self.enqueue_reply(entry);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Records an addressed message as pending and queues it on its session: the record,
+    /// the capacity check, the push and the actor's start under the sessions' owner lock.
+    /// A full queue is told (the answer recorded with the message), never a silent drop.
+    fn record_and_queue(
+        &self,
+        message: &IncomingMessage,
+        stored: &StoredMessage,
+        kind: PendingKind,
+        line: String,
+    ) -> Result<(), InboxError> {
+        let key = message.chat.session_key();
+        let private = message.kind == ChatKind::Private;
+        // Operators are known from the config; chat admins are looked up by the actor.
+        let role = if policy::is_operator(&self.inner.config, &message.sender.id) {
+            Role::Operator
+        } else {
+            Role::Member
+        };
+        let pending = PendingItem {
+            id: 0,
+            session: key.clone(),
+            chat: message.chat.clone(),
+            kind,
+            caller: Caller {
+                user_id: message.sender.id.clone(),
+                name: message.sender.name.clone(),
+                role,
+            },
+            text: line,
+            reply_to: Some(message.message_id.clone()),
+            images: message.images.clone(),
+            received: chrono::Utc::now(),
+            private,
+        };
+        let mut item = QueueItem::from_pending(pending.clone());
+
+        let mut sessions = self.lock_sessions();
+        let session = self.session_in(&mut sessions, &key);
+        if kind != PendingKind::Reset && !session.queue.can_take(&item) {
+            drop(sessions);
+            let notice = OutboxEntry::new(
+                &key,
+                &message.chat,
+                OVERFLOW_NOTICE.to_owned(),
+                Some(message.message_id.clone()),
+            );
+            tracing::warn!(session = %key, message = %message.message_id, "queue full; the sender is told to ask again");
+            return self.record_and_answer(&key, stored, notice).map(drop);
+        }
+        let id = match self
+            .inner
+            .store
+            .record_inbound(&key, stored, Intake::Pending(pending))
+            .map_err(store_error)?
+        {
+            Inbound::Duplicate => {
+                tracing::debug!(session = %key, message = %message.message_id, "duplicate delivery ignored");
+                return Ok(());
+            }
+            Inbound::Recorded(id) => id.unwrap_or_default(),
+        };
+        self.durable().map_err(store_error)?;
+        item.pending_ids = vec![id];
+        if kind == PendingKind::Reset {
+            session.queue.push_front(item);
+        } else if let Err(full) = session.queue.push(item) {
+            // Checked above under the same lock; kept for the next start if it happens.
+            tracing::error!(session = %key, ids = ?full.0.pending_ids, "queue refused a checked item; it stays pending");
+        }
+        self.ensure_actor(&session);
+        Ok(())
+    }
+}

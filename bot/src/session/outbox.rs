@@ -1,0 +1,190 @@
+//! The outbox lanes: every reply, command answer and notice is a durable outbox row first,
+//! and one lane per chat sends that chat's rows in order. A lane keeps trying — backing off
+//! on outages, waiting out `retry_after` — for as long as the daemon runs, and gives a row up
+//! only when the platform refuses it for good (chat gone, bot removed: logged as an error
+//! for the operator). One chat's rate limit or outage holds only its own lane.
+//!
+//! Each send carries the row's id as an idempotency key ([`Platform::send_reply`]), so
+//! where the platform supports it a retried send that was in fact accepted is not doubled.
+//! On shutdown a lane stops at the end of the grace period; its rows stay unsent and are
+//! sent after the next start.
+//!
+//! [`Platform::send_reply`]: crate::platform::Platform::send_reply
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::manager::{ScheduledOutcome, SessionManager};
+use crate::backoff::Backoff;
+use crate::platform::PlatformError;
+use crate::store::{OutboxEntry, StoredMessage};
+
+/// The longest a single send may take; the adapters retry inside it.
+const SEND_TIMEOUT: Duration = Duration::from_secs(300);
+/// Waits between failed sends: up to five minutes, for outages of hours.
+const BACKOFF: Backoff = Backoff {
+    initial: Duration::from_secs(2),
+    max: Duration::from_secs(300),
+};
+
+/// The lanes of every chat with replies to send.
+#[derive(Default)]
+pub(super) struct Lanes {
+    lanes: Mutex<HashMap<String, VecDeque<OutboxEntry>>>,
+}
+
+impl Lanes {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<OutboxEntry>>> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether no lane has anything to send.
+    pub(super) fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+/// What became of one row.
+enum Sent {
+    /// Sent or given up: the lane moves on.
+    Done,
+    /// Shutdown: the row stays unsent for the next start.
+    Abandoned,
+}
+
+impl SessionManager {
+    /// Hands a committed (durable) row to its chat's lane, starting the lane if it is idle.
+    pub(super) fn enqueue_reply(&self, entry: OutboxEntry) {
+        let key = entry.session.clone();
+        let start = {
+            let mut lanes = self.inner.lanes.lock();
+            let lane = lanes.entry(key.clone()).or_default();
+            lane.push_back(entry);
+            // A lane with one row was idle: the task of a busy lane pops only after a send.
+            lane.len() == 1
+        };
+        if start {
+            let manager = self.clone();
+            self.inner
+                .tracker
+                .spawn(async move { manager.run_lane(key).await });
+        }
+    }
+
+    /// Sends the lane's rows in order until it is empty (then it is removed, under the
+    /// same lock that `enqueue_reply` takes) or shutdown aborts it.
+    async fn run_lane(self, key: String) {
+        loop {
+            let next = self
+                .inner
+                .lanes
+                .lock()
+                .get(&key)
+                .and_then(|lane| lane.front().cloned());
+            let Some(entry) = next else { return };
+            if let Sent::Abandoned = self.send_row(&entry).await {
+                return;
+            }
+            let mut lanes = self.inner.lanes.lock();
+            if let Some(lane) = lanes.get_mut(&key) {
+                lane.pop_front();
+                if lane.is_empty() {
+                    lanes.remove(&key);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends one row, retrying until the platform takes it or refuses it for good.
+    async fn send_row(&self, entry: &OutboxEntry) -> Sent {
+        let Some(platform) = self.platform(&entry.chat).cloned() else {
+            tracing::error!(chat = %entry.chat, outbox = entry.id, "no adapter serves this reply's platform; it stays in the outbox");
+            return Sent::Abandoned;
+        };
+        let key = format!("o{}", entry.id);
+        let mut failures: u32 = 0;
+        loop {
+            let attempt = tokio::time::timeout(
+                SEND_TIMEOUT,
+                platform.send_reply(&entry.chat, &entry.text, entry.reply_to.as_deref(), &key),
+            );
+            let result = tokio::select! {
+                biased;
+                () = self.inner.abort.cancelled() => return Sent::Abandoned,
+                result = attempt => result,
+            };
+            let wait = match result {
+                Ok(Ok(sent)) => {
+                    self.sent(entry, &sent.message_ids);
+                    return Sent::Done;
+                }
+                Ok(Err(PlatformError::Refused(why) | PlatformError::NotFound(why))) => {
+                    tracing::error!(outbox = entry.id, chat = %entry.chat, reason = %why, "the platform refused the reply for good; giving it up (is the bot still in this chat?)");
+                    self.given_up(entry, &why);
+                    return Sent::Done;
+                }
+                Ok(Err(PlatformError::RateLimited(after))) => after.max(Duration::from_secs(1)),
+                Ok(Err(e)) => {
+                    if failures < 3 || failures % 20 == 0 {
+                        tracing::warn!(outbox = entry.id, chat = %entry.chat, error = %e, failures, "could not send; the reply stays in the outbox and is retried");
+                    }
+                    BACKOFF.delay(failures)
+                }
+                Err(_) => {
+                    tracing::warn!(outbox = entry.id, chat = %entry.chat, "a send timed out; retrying");
+                    BACKOFF.delay(failures)
+                }
+            };
+            failures = failures.saturating_add(1);
+            tokio::select! {
+                biased;
+                () = self.inner.abort.cancelled() => return Sent::Abandoned,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// The platform took the row: mark it sent (durably), log the bot's own message, tell
+    /// the waiters.
+    fn sent(&self, entry: &OutboxEntry, ids: &[String]) {
+        let store = &self.inner.store;
+        if let Err(e) = store.mark_sent(entry.id, ids).and_then(|()| self.durable()) {
+            tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
+        }
+        if let Some(first) = ids.first() {
+            let message = StoredMessage::from_bot(
+                &entry.chat.platform,
+                &self.inner.config.bot_name,
+                first,
+                &entry.text,
+                entry.reply_to.as_deref(),
+            );
+            if let Err(e) = store.record_message(&entry.session, &message) {
+                tracing::warn!(chat = %entry.chat, error = %e, "could not record the bot's own message");
+            }
+        }
+        self.report(entry.id, ScheduledOutcome::Posted(ids.to_vec()));
+    }
+
+    fn given_up(&self, entry: &OutboxEntry, why: &str) {
+        if let Err(e) = self
+            .inner
+            .store
+            .mark_failed(entry.id, why)
+            .and_then(|()| self.durable())
+        {
+            tracing::error!(outbox = entry.id, error = %e, "cannot record the refused reply");
+        }
+        self.report(entry.id, ScheduledOutcome::NotDelivered(why.to_owned()));
+    }
+
+    fn report(&self, outbox_id: u64, outcome: ScheduledOutcome) {
+        let waiters = self.lock_waiters().by_outbox.remove(&outbox_id);
+        for waiter in waiters.into_iter().flatten() {
+            // The submitter may have given up waiting.
+            let _ = waiter.send(outcome.clone());
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Roles, resolved where waiting is harmless: in the chat's actor before a turn, and for
+//! tools through [`RoleResolver`]. Operators come from the config; chat admins from the
+//! platform's list of the chat's administrators, cached per chat with a timeout on the
+//! lookup, so one slow platform call stalls only the chat that needs it.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+// tokio's clock, so the cache follows paused time in tests.
+use tokio::time::Instant;
+
+use super::manager::SessionManager;
+use super::policy::is_operator;
+use super::queue::QueueItem;
+use crate::platform::ChatRef;
+use crate::tool::{Role, RoleError, RoleResolver};
+
+/// How long reading a chat's administrators may take.
+const ADMINS_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl SessionManager {
+    /// The caller roles of a queued item, completed: intake only knows operators, so every
+    /// other caller of a group chat is looked up here. A lookup that fails leaves a member.
+    pub(super) async fn resolve_roles(&self, item: &mut QueueItem) {
+        if item.private {
+            return;
+        }
+        for caller in &mut item.callers {
+            if caller.role != Role::Member || caller.user_id.is_empty() {
+                continue;
+            }
+            match self.role_in(&caller.user_id, &item.chat).await {
+                Ok(role) => caller.role = role,
+                Err(e) => {
+                    tracing::warn!(chat = %item.chat, error = %e, "treating the sender as a member")
+                }
+            }
+        }
+    }
+
+    /// The chat's administrators, from the cache or the platform.
+    async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, RoleError> {
+        // Admins are per chat, not per forum topic.
+        let key = format!("{}:{}", chat.platform, chat.chat_id);
+        let ttl = self.inner.config.admin_cache_ttl;
+        let cached = self
+            .inner
+            .admin_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .filter(|(at, _)| at.elapsed() < ttl)
+            .map(|(_, ids)| ids.clone());
+        if let Some(ids) = cached {
+            return Ok(ids);
+        }
+        let unavailable = |reason: String| RoleError::Unavailable {
+            chat: chat.to_string(),
+            reason,
+        };
+        let Some(platform) = self.platform(chat) else {
+            return Err(unavailable(format!("no adapter serves {}", chat.platform)));
+        };
+        let ids = match tokio::time::timeout(ADMINS_TIMEOUT, platform.chat_admins(chat)).await {
+            Ok(Ok(ids)) => ids,
+            Ok(Err(e)) => return Err(unavailable(e.to_string())),
+            Err(_) => return Err(unavailable("the lookup timed out".to_owned())),
+        };
+        self.inner
+            .admin_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, (Instant::now(), ids.clone()));
+        Ok(ids)
+    }
+}
+
+#[async_trait]
+impl RoleResolver for SessionManager {
+    async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError> {
+        if is_operator(&self.inner.config, user_id) {
+            return Ok(Role::Operator);
+        }
+        if user_id.is_empty() {
+            return Ok(Role::Member);
+        }
+        let admins = self.chat_admins(chat).await?;
+        Ok(if admins.iter().any(|a| a == user_id) {
+            Role::ChatAdmin
+        } else {
+            Role::Member
+        })
+    }
+}

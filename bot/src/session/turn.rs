@@ -1,0 +1,273 @@
+//! One queued item, carried out by the chat's actor: a turn of the agent (input content,
+//! typing indicator, the agent loop, history trim), or `/reset`. Either ends in one
+//! [`Store::commit_turn`](crate::store::Store::commit_turn) — history, the removal of the
+//! pending records and the reply in the outbox together — flushed, after which the reply
+//! is handed to the outbox lane of the chat.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::history::trim_to_budget;
+use super::manager::{ScheduledOutcome, Session, SessionManager};
+use super::queue::QueueItem;
+use crate::agent::{Turn, TurnEnd, TurnInput};
+use crate::llm::{Content, ContentPart, ImageUrl};
+use crate::store::{OutboxEntry, PendingKind, TurnCommit};
+use crate::tool::{Role, RoleResolver};
+
+/// What a turn wants committed.
+struct Outcome {
+    history: Option<Vec<crate::llm::Message>>,
+    reply: Option<String>,
+    /// The reason, when the reply is the "could not reach the model" notice.
+    model_failed: Option<String>,
+}
+
+impl SessionManager {
+    /// Runs one item and commits it; hands the reply to the outbox and tells any waiter.
+    pub(super) async fn run_item(&self, session: &Arc<Session>, item: QueueItem) {
+        let cancel = self.inner.abort.child_token();
+        {
+            let mut state = session.state();
+            state.turn_cancel = Some(cancel.clone());
+            state.turns += 1;
+        }
+        let outcome = if item.kind == PendingKind::Reset {
+            self.reset(session, &item).await
+        } else {
+            self.turn(session, &item, &cancel).await
+        };
+        session.state().turn_cancel = None;
+        let Some(outcome) = outcome else {
+            // Abandoned (shutdown, store failure): the input stays pending; the waiter is
+            // dropped and its submitter sees the turn cancelled.
+            self.drop_waiters(&item.pending_ids);
+            return;
+        };
+        let mut answered = item.pending_ids.clone();
+        if item.kind == PendingKind::Reset && outcome.history.is_some() {
+            // Everything queued before the reset goes with the conversation.
+            answered.extend(
+                session
+                    .queue
+                    .clear()
+                    .into_iter()
+                    .flat_map(|i| i.pending_ids),
+            );
+        }
+        let reply = outcome
+            .reply
+            .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
+        let commit = TurnCommit {
+            session: session.key.clone(),
+            history: outcome.history,
+            answered: answered.clone(),
+            reply: reply.clone(),
+        };
+        let committed = self
+            .inner
+            .store
+            .commit_turn(commit)
+            .and_then(|id| self.durable().map(|()| id));
+        let outbox_id = match committed {
+            Ok(id) => id,
+            Err(e) => {
+                // The input stays pending and runs again after a restart; replying now could
+                // answer twice after a crash.
+                tracing::error!(session = %session.key, error = %e, "cannot commit the turn");
+                self.drop_waiters(&answered);
+                return;
+            }
+        };
+        let report = match (&outcome.model_failed, outbox_id) {
+            (Some(reason), _) => Some(ScheduledOutcome::Failed(reason.clone())),
+            (None, None) => Some(ScheduledOutcome::NoReply),
+            // Reported by the outbox lane once the platform took it (or refused it).
+            (None, Some(_)) => None,
+        };
+        {
+            let mut waiters = self.lock_waiters();
+            for id in &answered {
+                let Some(waiter) = waiters.by_pending.remove(id) else {
+                    continue;
+                };
+                match (&report, outbox_id) {
+                    // The submitter may have given up waiting; nothing to do then.
+                    (Some(report), _) => drop(waiter.send(report.clone())),
+                    (None, Some(outbox)) => {
+                        waiters.by_outbox.entry(outbox).or_default().push(waiter)
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        if let (Some(mut entry), Some(id)) = (reply, outbox_id) {
+            entry.id = id;
+            self.enqueue_reply(entry);
+        }
+    }
+
+    fn drop_waiters(&self, ids: &[u64]) {
+        let mut waiters = self.lock_waiters();
+        for id in ids {
+            waiters.by_pending.remove(id);
+        }
+    }
+
+    /// `/reset`: a chat admin (anyone in a DM) clears the conversation, the queue and the
+    /// toolsets' session state; memory stays. Runs between turns, so nothing is half done.
+    async fn reset(&self, session: &Session, item: &QueueItem) -> Option<Outcome> {
+        let caller = item.caller();
+        if !item.private && caller.role < Role::ChatAdmin {
+            return Some(Outcome {
+                history: None,
+                reply: Some("Only an admin can reset this chat.".to_owned()),
+                model_failed: None,
+            });
+        }
+        session.agent.tools().reset();
+        Some(Outcome {
+            history: Some(Vec::new()),
+            reply: Some("Done: I forgot this chat's conversation and plans.".to_owned()),
+            model_failed: None,
+        })
+    }
+
+    /// Runs the agent on one item; `None` when it was abandoned by shutdown.
+    async fn turn(
+        &self,
+        session: &Session,
+        item: &QueueItem,
+        cancel: &CancellationToken,
+    ) -> Option<Outcome> {
+        let store = &self.inner.store;
+        let history = match store.load_history(&session.key) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::error!(session = %session.key, error = %e, "cannot load history; starting fresh for this turn");
+                Vec::new()
+            }
+        };
+        let platform = self.platform(&item.chat).cloned();
+        let input = TurnInput {
+            session: session.key.clone(),
+            caller: item.caller(),
+            content: self.input_content(item).await,
+            chat: Some(item.chat.clone()),
+            platform: platform.clone(),
+            roles: Some(Arc::new(self.clone()) as Arc<dyn RoleResolver>),
+        };
+        let chat = item.chat.clone();
+        let typing = async move {
+            let Some(platform) = platform else {
+                return std::future::pending::<()>().await;
+            };
+            loop {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), platform.send_typing(&chat)).await;
+                tokio::time::sleep(Duration::from_secs(4)).await;
+            }
+        };
+        let result: Result<Turn, _> = tokio::select! {
+            result = session.agent.run_turn(&history, input, cancel.clone()) => result,
+            () = typing => return None,
+        };
+        let (new_messages, reply, model_failed) = match result {
+            Ok(turn) if turn.end == TurnEnd::Cancelled && self.inner.abort.is_cancelled() => {
+                tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
+                return None;
+            }
+            Ok(turn) => {
+                let reply = match turn.end {
+                    TurnEnd::Cancelled => None,
+                    _ if turn.reply.trim().is_empty() => {
+                        Some("(I have no answer to that.)".to_owned())
+                    }
+                    _ => Some(turn.reply),
+                };
+                (turn.messages, reply, None)
+            }
+            Err(e) => {
+                tracing::error!(session = %session.key, error = %e, "turn failed");
+                let reason = short_reason(&e.to_string());
+                (
+                    Vec::new(),
+                    Some(format!(
+                        "Sorry, I could not reach the language model ({reason}). Please try again later."
+                    )),
+                    Some(reason),
+                )
+            }
+        };
+        let mut history = history;
+        history.extend(new_messages);
+        trim_to_budget(&mut history, self.inner.config.history_tokens);
+        Some(Outcome {
+            history: Some(history),
+            reply,
+            model_failed,
+        })
+    }
+
+    /// The turn's input content: the text, plus images when vision is on.
+    async fn input_content(&self, item: &QueueItem) -> Content {
+        let text = item.text();
+        if item.images.is_empty() {
+            return Content::Text(text);
+        }
+        if !self.inner.config.vision {
+            // The model should know a picture was part of the message, even unseen.
+            let n = item.images.len();
+            return Content::Text(format!(
+                "{text}\n[{n} image{} attached; this model cannot see images]",
+                if n == 1 { "" } else { "s" }
+            ));
+        }
+        let Some(platform) = self.platform(&item.chat) else {
+            return Content::Text(text);
+        };
+        let mut parts = vec![ContentPart::Text { text }];
+        for image in item.images.iter().take(4) {
+            match tokio::time::timeout(Duration::from_secs(60), platform.download_image(image))
+                .await
+            {
+                Ok(Ok(bytes)) => {
+                    let mime = image.mime_type.as_deref().unwrap_or("image/jpeg");
+                    parts.push(ContentPart::ImageUrl {
+                        image_url: ImageUrl {
+                            url: format!("data:{mime};base64,{}", base64_encode(&bytes)),
+                            detail: None,
+                        },
+                    });
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, file = %image.file_id, "image download failed");
+                    parts.push(ContentPart::Text {
+                        text: "[an attached image could not be loaded]".to_owned(),
+                    });
+                }
+                Err(_) => parts.push(ContentPart::Text {
+                    text: "[an attached image took too long to load]".to_owned(),
+                }),
+            }
+        }
+        Content::Parts(parts)
+    }
+}
+
+/// The first line of an error, capped, for a chat notice (the full error is in the log).
+fn short_reason(error: &str) -> String {
+    let line = error.lines().next().unwrap_or("unknown error");
+    let mut out: String = line.chars().take(160).collect();
+    if line.chars().count() > 160 {
+        out.push('…');
+    }
+    out
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
