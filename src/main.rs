@@ -159,7 +159,7 @@ async fn chat(
     use parlor_bot::platform::{Inbox, Platform};
 
     if admin {
-        // Every console member is an admin: the console is the operator's own terminal.
+        // Every console member is an operator: the console is the operator's own terminal.
         config.bot.admins.push(format!("{}:*", console::PLATFORM));
     }
     let store = wiring::store(&config)?;
@@ -212,7 +212,8 @@ async fn chat(
             () = shutdown.cancelled() => {}
         }
     }
-    manager
+    // The daemon's own path: terminal process groups, the clock service, then the sessions.
+    runtime
         .shutdown(std::time::Duration::from_secs(
             config.bot.shutdown_grace_secs,
         ))
