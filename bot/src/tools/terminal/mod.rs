@@ -732,6 +732,8 @@ impl ToolSet for TerminalToolset {
                     `data.cut_chars`. Background: `data.task_id`, `data.status` (running)."
                     .to_owned(),
                 risk: Risk::Write,
+                role: Role::Member,
+                role_in_chat_arg: None,
                 failure_codes: vec![codes::TASK_LIMIT.to_owned()],
             },
             ToolSpec {
@@ -749,6 +751,8 @@ impl ToolSet for TerminalToolset {
                     `data.cut_chars`."
                     .to_owned(),
                 risk: Risk::Write,
+                role: Role::Member,
+                role_in_chat_arg: None,
                 failure_codes: vec![codes::TASK_NOT_FOUND.to_owned()],
             },
             ToolSpec {
@@ -761,6 +765,8 @@ impl ToolSet for TerminalToolset {
                 parameters: schema_for::<TaskStopArgs>(),
                 result: "`data.task_id`, `data.status`.".to_owned(),
                 risk: Risk::Write,
+                role: Role::Member,
+                role_in_chat_arg: None,
                 failure_codes: vec![codes::TASK_NOT_FOUND.to_owned()],
             },
             ToolSpec {
@@ -774,6 +780,8 @@ impl ToolSet for TerminalToolset {
                     started, ended}]."
                     .to_owned(),
                 risk: Risk::Write,
+                role: Role::Member,
+                role_in_chat_arg: None,
                 failure_codes: Vec::new(),
             },
         ]
