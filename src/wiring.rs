@@ -132,8 +132,7 @@ pub fn terminal(
         return None;
     }
     let policy = |p: TerminalPolicy| match p {
-        TerminalPolicy::Admins => Policy::Admins,
-        TerminalPolicy::Everyone => Policy::Everyone,
+        TerminalPolicy::Operators => Policy::Operators,
         TerminalPolicy::Off => Policy::Off,
     };
     let defaults = TerminalConfig::default();
