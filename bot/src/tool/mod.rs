@@ -275,7 +275,7 @@ impl ToolContext {
     }
 
     /// The caller's name for a refusal.
-    fn caller_name(&self) -> &str {
+    pub(crate) fn caller_name(&self) -> &str {
         if self.caller.name.is_empty() {
             "the sender"
         } else {

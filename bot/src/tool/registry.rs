@@ -251,11 +251,7 @@ impl ToolRegistry {
                      do not try again",
                     needed.as_str(),
                     needed.who(),
-                    if cx.caller.name.is_empty() {
-                        "the sender"
-                    } else {
-                        cx.caller.name.as_str()
-                    },
+                    cx.caller_name(),
                     cx.caller.role.who()
                 ),
             );
