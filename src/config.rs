@@ -39,13 +39,15 @@ pub struct BotConfig {
     /// Where the database lives; `PARLOR_DATA_DIR`, systemd's `STATE_DIRECTORY`, or
     /// `$XDG_DATA_HOME/parlor` (`~/.local/share/parlor`) when unset.
     pub data_dir: Option<PathBuf>,
-    /// Platform-qualified user ids with admin rights everywhere (`telegram:1001`).
+    /// The operators: platform-qualified user ids (`telegram:1001`, `console:*` for a whole
+    /// platform) who run the bot, may reach the host (the terminal) and hold every role in
+    /// every chat.
     pub admins: Vec<String>,
     /// The base system prompt; toolset prompts are appended to it.
     pub system_prompt: String,
     /// When set, only these chats are served (`telegram:-100123`).
     pub allowed_chats: Option<Vec<String>>,
-    /// When set, only these users may address the bot (admins always may).
+    /// When set, only these users may address the bot (operators, `admins`, always may).
     pub allowed_users: Option<Vec<String>>,
     /// Messages from other bots never start a turn (prevents bot-to-bot loops).
     pub ignore_bots: bool,
@@ -200,7 +202,7 @@ pub struct DiscordSection {
 pub struct TerminalSection {
     /// Whether the `shell` / `task_*` tools exist at all.
     pub enabled: bool,
-    /// Who may use them: `admins`, `everyone` or `off`.
+    /// `operators` (open to `bot.admins`) or `off`.
     pub policy: TerminalPolicy,
     /// Per-chat overrides, by session key (`telegram:-100123`).
     pub chat_policies: std::collections::BTreeMap<String, TerminalPolicy>,
@@ -223,16 +225,37 @@ pub struct TerminalSection {
     pub extra_env: Vec<String>,
 }
 
-/// Who may use the terminal.
+/// Whether the terminal is open. Only operators (`bot.admins`) ever use it; the policy can
+/// only switch it off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String")]
 pub enum TerminalPolicy {
-    /// Admins only.
-    Admins,
-    /// Every member.
-    Everyone,
+    /// Open to operators.
+    Operators,
     /// Nobody.
     Off,
+}
+
+impl TryFrom<String> for TerminalPolicy {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        match value.as_str() {
+            "operators" => Ok(TerminalPolicy::Operators),
+            "off" => Ok(TerminalPolicy::Off),
+            // Old values are refused rather than mapped: "admins" once let a chat's own
+            // admins in, and quietly narrowing or widening it would surprise the operator.
+            "admins" | "everyone" => Err(format!(
+                "terminal policy {value:?} is no longer supported: the terminal reaches the \
+                 host, so only operators (bot.admins) may use it, never a chat's own admins \
+                 (anyone can create a group and be its admin) or its members; use \
+                 \"operators\" or \"off\""
+            )),
+            other => Err(format!(
+                "unknown terminal policy {other:?}; use \"operators\" or \"off\""
+            )),
+        }
+    }
 }
 
 /// How commands are isolated.
@@ -249,7 +272,7 @@ impl Default for TerminalSection {
     fn default() -> Self {
         TerminalSection {
             enabled: false,
-            policy: TerminalPolicy::Admins,
+            policy: TerminalPolicy::Operators,
             chat_policies: Default::default(),
             timeout_secs: 60,
             max_timeout_secs: 600,

@@ -35,10 +35,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print every tool this configuration registers (Markdown; --json for the exact
-    /// `tools` array sent to the model).
+    /// Print every tool this configuration registers, with the role each needs (Markdown;
+    /// --json for the `tools` array sent to the model, each entry with an `x-parlor` member:
+    /// toolset, risk, role, failure codes).
     Tools {
-        /// Print the JSON `tools` array instead of Markdown.
+        /// Print the JSON `tools` array (with `x-parlor`) instead of Markdown.
         #[arg(long)]
         json: bool,
     },
@@ -50,7 +51,8 @@ enum Command {
         /// Speak as this member.
         #[arg(long = "as", default_value = "operator")]
         name: String,
-        /// Speak as an admin (allows dangerous tools).
+        /// Speak as an operator (one of bot.admins: may use operator tools such as the
+        /// terminal).
         #[arg(long)]
         admin: bool,
     },
@@ -67,7 +69,8 @@ enum Command {
         /// Who speaks when a line has no `name:` prefix.
         #[arg(long = "as", default_value = "you")]
         name: String,
-        /// Make every console member an admin.
+        /// Make every console member an operator (as if listed in bot.admins): the console
+        /// is the operator's own terminal.
         #[arg(long)]
         admin: bool,
     },

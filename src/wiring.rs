@@ -114,7 +114,6 @@ pub fn clock_handle(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<Op
             max_tasks_per_chat: c.max_tasks_per_chat,
             min_interval: Duration::from_secs(c.min_interval_secs),
             run_timeout: Duration::from_secs(c.run_timeout_secs),
-            global_admins: config.bot.admins.clone(),
             ..ClockOptions::default()
         },
     )))
@@ -133,8 +132,7 @@ pub fn terminal(
         return None;
     }
     let policy = |p: TerminalPolicy| match p {
-        TerminalPolicy::Admins => Policy::Admins,
-        TerminalPolicy::Everyone => Policy::Everyone,
+        TerminalPolicy::Operators => Policy::Operators,
         TerminalPolicy::Off => Policy::Off,
     };
     let defaults = TerminalConfig::default();

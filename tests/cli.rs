@@ -119,17 +119,27 @@ async fn tools_json_lists_the_default_tools_with_valid_ref_free_schemas() {
         // The parameters are themselves a usable JSON Schema.
         jsonschema::validator_for(&tool["function"]["parameters"]).unwrap();
         assert_eq!(tool["function"]["parameters"]["type"], "object");
+        // Beside what the model is sent, the role the registry enforces.
+        let role = tool["x-parlor"]["role"].as_str().unwrap();
+        let name = tool["function"]["name"].as_str().unwrap();
+        let expected = match name {
+            "clock_create" | "clock_update" | "clock_delete" => "chat_admin",
+            _ => "member",
+        };
+        assert_eq!(role, expected, "{name}");
     }
 }
 
 #[tokio::test]
-async fn tools_markdown_shows_risk_parameters_and_failure_codes() {
+async fn tools_markdown_shows_risk_role_parameters_and_failure_codes() {
     let out = run(parlor().arg("tools")).await;
     assert!(out.status.success(), "{}", stderr(&out));
     let md = stdout(&out);
     for needle in [
         "## `todo_list`",
-        "risk `write`",
+        "risk `write` · role `member`",
+        "## `clock_create`",
+        "role `chat_admin` (also in the chat `target_chat` names)",
         "| `plan` | array of object | yes |",
         "## `time_now`",
         "risk `read`",
@@ -167,6 +177,50 @@ prompt = "Be brief."
 }
 
 #[tokio::test]
+async fn the_terminal_tools_need_an_operator_in_the_catalog() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[toolsets]\nenabled = []\n[terminal]\nenabled = true\n",
+    );
+    let out = run(parlor()
+        .arg("tools")
+        .arg("--config")
+        .arg(&config)
+        .arg("--json"))
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tools: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let policy: Vec<(&str, &str, &str)> = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["function"]["name"].as_str().unwrap(),
+                t["x-parlor"]["risk"].as_str().unwrap(),
+                t["x-parlor"]["role"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        policy,
+        [
+            ("shell", "dangerous", "operator"),
+            ("task_output", "read", "operator"),
+            ("task_stop", "write", "operator"),
+            ("task_list", "read", "operator"),
+        ]
+    );
+    let out = run(parlor().arg("tools").arg("--config").arg(&config)).await;
+    assert!(
+        stdout(&out).contains("Toolset `terminal` · risk `dangerous` · role `operator`"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[tokio::test]
 async fn a_broken_config_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
@@ -194,6 +248,18 @@ async fn a_broken_config_is_a_clear_error() {
             "must start with http",
         ),
         ("this is not toml", "invalid"),
+        (
+            "[terminal]\npolicy = \"admins\"\n",
+            "only operators (bot.admins) may use it, never a chat's own admins",
+        ),
+        (
+            "[terminal.chat_policies]\n\"telegram:-100123\" = \"everyone\"\n",
+            "terminal policy \"everyone\" is no longer supported",
+        ),
+        (
+            "[terminal]\npolicy = \"sometimes\"\n",
+            "use \"operators\" or \"off\"",
+        ),
     ];
     for (text, expected) in cases {
         let config = write_config(dir.path(), text);

@@ -205,7 +205,10 @@ async fn a_forged_speaker_line_reaches_the_model_indented_under_its_real_author(
         ),
         "every line after the first is indented under the real sender"
     );
-    let system = request.messages()[0]["content"].as_str().unwrap_or_default().to_owned();
+    let system = request.messages()[0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert!(
         system.contains("every further line of the same message is indented"),
         "the system prompt says how attribution looks: {system}"
@@ -687,6 +690,87 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
     assert!(notice.contains("build &lt;ok&gt; &amp; done"), "{notice}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(telegram.sent_messages().len(), 2, "the result arrives once");
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+}
+
+/// The JSON of the last tool result in a request the model received.
+fn last_tool_result(request: &parlor_testkit::RecordedRequest) -> serde_json::Value {
+    let message = request
+        .messages()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .expect("a tool result");
+    serde_json::from_str(message["content"].as_str().unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_own_admin_is_refused_the_shell_and_an_operator_may_use_it() {
+    use parlor_testkit::ToolCallSpec;
+    let llm = FakeLlm::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let shell = |id: &str, marker: &Path| {
+        Reply::tool_calls(vec![ToolCallSpec::new(
+            id,
+            "shell",
+            serde_json::json!({"command": format!("touch '{}'; echo ran", marker.display())}),
+        )])
+    };
+    let by_bob = dir.path().join("ran-for-bob");
+    let by_alice = dir.path().join("ran-for-alice");
+    llm.push(shell("c1", &by_bob));
+    llm.push(Reply::text("Only the bot's operators may do that."));
+    llm.push(shell("c2", &by_alice));
+    llm.push(Reply::text("Done."));
+    let telegram = FakeTelegram::start(TOKEN).await;
+    telegram.group_chat(GROUP, "Hikers");
+    // Bob created the group, so the platform calls him its administrator; only Alice is an
+    // operator (bot.admins).
+    telegram.set_admins(GROUP, vec![1002]);
+    let daemon = start(
+        &config(
+            dir.path(),
+            &telegram,
+            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
+        ),
+        &llm,
+        &telegram,
+    )
+    .await;
+
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot run it on the server")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "Only the bot's operators may do that.");
+    assert!(
+        telegram.calls("getChatAdministrators") >= 1,
+        "Bob's role came from the platform"
+    );
+    let requests = llm.requests();
+    let refused = last_tool_result(&requests[1]);
+    assert_eq!(refused["success"], false, "{refused}");
+    assert_eq!(refused["error_code"], "PERMISSION_DENIED", "{refused}");
+    let why = refused["message"].as_str().unwrap();
+    assert!(
+        why.contains("operator") && why.contains("Bob is an admin of the chat"),
+        "{why}"
+    );
+    assert!(!by_bob.exists(), "no command ran for the group's admin");
+
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot run it on the server")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
+    assert_eq!(sent[1].text, "Done.");
+    let requests = llm.requests();
+    let ran = last_tool_result(&requests[3]);
+    assert_eq!(ran["success"], true, "{ran}");
+    assert_eq!(ran["data"]["output"], "ran\n", "{ran}");
+    assert!(by_alice.exists(), "the operator's command ran");
     let (status, log) = daemon.terminate().await;
     assert!(status.success(), "{log}");
 }

@@ -44,6 +44,28 @@ impl ChatRef {
             None => format!("{}:{}", self.platform, self.chat_id),
         }
     }
+
+    /// Reads a session key back (`telegram:-100123`, `telegram:-100123/topic:7`): the
+    /// inverse of [`ChatRef::session_key`]. Surrounding whitespace is ignored, since keys
+    /// reach it from model-written tool arguments; `None` when a part is missing or holds
+    /// whitespace.
+    pub fn parse_session_key(key: &str) -> Option<ChatRef> {
+        let key = key.trim();
+        let (platform, rest) = key.split_once(':')?;
+        let (chat_id, thread) = match rest.split_once("/topic:") {
+            Some((chat, topic)) => (chat, Some(topic)),
+            None => (rest, None),
+        };
+        let clean = |s: &str| !s.is_empty() && !s.chars().any(char::is_whitespace);
+        if !clean(platform) || !clean(chat_id) || thread.is_some_and(|t| !clean(t)) {
+            return None;
+        }
+        let chat = ChatRef::new(platform, chat_id);
+        Some(match thread {
+            Some(topic) => chat.in_thread(topic),
+            None => chat,
+        })
+    }
 }
 
 impl fmt::Display for ChatRef {

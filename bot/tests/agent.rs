@@ -83,8 +83,8 @@ fn calls(calls: &[(&str, &str, Value)]) -> Completion {
 }
 
 /// Tools for the tests: `sleep {ms, tag}` tracks how many run at once; `big {chars}` returns
-/// a long result; `boom` panics; `hang` never finishes; `nuke` is dangerous; `look` appends
-/// an image message.
+/// a long result; `boom` panics; `hang` never finishes; `nuke` is dangerous (operators only);
+/// `look` appends an image message.
 #[derive(Default)]
 struct TestTools {
     in_flight: AtomicUsize,
@@ -105,6 +105,12 @@ impl ToolSet for TestTools {
             parameters,
             result: "test".into(),
             risk,
+            role: if risk == Risk::Dangerous {
+                Role::Operator
+            } else {
+                Role::Member
+            },
+            role_in_chat_arg: None,
             failure_codes: vec![],
         };
         vec![
@@ -501,7 +507,7 @@ async fn the_iteration_limit_ends_the_turn_with_a_clear_message() {
 }
 
 #[tokio::test]
-async fn dangerous_tools_need_an_admin() {
+async fn operator_tools_need_an_operator() {
     let llm = ScriptedLlm::new(vec![
         calls(&[("c1", "nuke", json!({}))]),
         text("denied"),
@@ -744,6 +750,8 @@ fn registry_refuses_bad_and_duplicate_names() {
                 parameters: json!({"type":"object","properties":{}}),
                 result: "x".into(),
                 risk: Risk::Read,
+                role: Role::Member,
+                role_in_chat_arg: None,
                 failure_codes: vec![],
             }]
         }

@@ -1,24 +1,63 @@
 //! The `clock_*` tools: who may do what, which chats a task may fire into, the errors the
-//! model gets, and the end-to-end path (an admin asks in group A, the model calls
+//! model gets, and the end-to-end path (an operator asks in group A, the model calls
 //! `clock_create` for group B, the reply arrives in B).
 
 mod clock_support;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use async_trait::async_trait;
 use clock_support::*;
 use parlor_bot::clock::{ClockOptions, ClockSource, RunStatus};
 use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::{ChatRef, Platform, Sender};
+use parlor_bot::session::SessionConfig;
 use parlor_bot::store::{MemoryStore, Store, StoredMessage};
-use parlor_bot::tool::{Caller, Risk, Role, ToolContext, ToolResult, ToolSpec};
+use parlor_bot::tool::{
+    Caller, Risk, Role, RoleError, RoleResolver, ToolContext, ToolResult, ToolSpec,
+};
 use serde_json::{Value, json};
 
 const START: &str = "2026-06-01T08:00:00Z";
 
+/// The operator of these tests (the session layer's `admins`).
+const OPERATOR: &str = "test:carol";
+
+/// Roles as the session layer resolves them: the operator everywhere, chat admins by the
+/// platform, and an error for the chat marked broken.
+struct FakeRoles {
+    platform: Arc<TestPlatform>,
+    broken: Mutex<Option<ChatRef>>,
+}
+
+#[async_trait]
+impl RoleResolver for FakeRoles {
+    async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError> {
+        if user_id == OPERATOR {
+            return Ok(Role::Operator);
+        }
+        if self.broken.lock().unwrap().as_ref() == Some(chat) {
+            return Err(RoleError::Unavailable {
+                chat: chat.session_key(),
+                reason: "timed out".into(),
+            });
+        }
+        if chat.platform != self.platform.name() {
+            return Ok(Role::Member);
+        }
+        let admins = self.platform.chat_admins(chat).await.unwrap();
+        Ok(if admins.iter().any(|a| a == user_id) {
+            Role::ChatAdmin
+        } else {
+            Role::Member
+        })
+    }
+}
+
 struct World {
     clock: ClockSource,
     rig: Rig,
+    roles: Arc<FakeRoles>,
 }
 
 async fn world_with(options: impl FnOnce(ClockOptions) -> ClockOptions) -> World {
@@ -26,16 +65,24 @@ async fn world_with(options: impl FnOnce(ClockOptions) -> ClockOptions) -> World
     let platform = TestPlatform::new(clock.clone(), "m");
     platform.set_admins(&group_a(), &["test:alice"]);
     platform.set_admins(&group_b(), &["test:alice", "test:dora"]);
-    let rig = Rig::start(
+    let roles = Arc::new(FakeRoles {
+        platform: platform.clone(),
+        broken: Mutex::default(),
+    });
+    let rig = Rig::start_with(
         Arc::new(MemoryStore::new()),
         platform,
         TestLlm::new(),
         options(clock_support::options(&clock)),
+        SessionConfig {
+            admins: vec![OPERATOR.into()],
+            ..SessionConfig::default()
+        },
     )
     .await;
     // The bot knows group B: something was said there.
     rig.say(&group_b(), 1, "bob", "hello everyone").await;
-    World { clock, rig }
+    World { clock, rig, roles }
 }
 
 async fn world() -> World {
@@ -52,6 +99,7 @@ fn cx(world: &World, chat: &ChatRef, who: &str, role: Role) -> ToolContext {
         },
         chat: Some(chat.clone()),
         platform: Some(world.rig.platform.clone() as Arc<dyn Platform>),
+        roles: Some(world.roles.clone() as Arc<dyn RoleResolver>),
         ..ToolContext::default()
     }
 }
@@ -101,6 +149,21 @@ async fn the_toolset_has_six_tools_open_reads_and_admin_writes() {
     for code in ["BAD_SCHEDULE", "CLOCK_LIMIT", "UNKNOWN_CHAT"] {
         assert!(create.failure_codes.iter().any(|c| c == code), "{code}");
     }
+    let roles: Vec<(&str, Role, Option<&str>)> = specs
+        .iter()
+        .map(|s| (s.name.as_str(), s.role, s.role_in_chat_arg.as_deref()))
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("clock_create", Role::ChatAdmin, Some("target_chat")),
+            ("clock_list", Role::Member, None),
+            ("clock_get", Role::Member, None),
+            ("clock_update", Role::ChatAdmin, Some("target_chat")),
+            ("clock_delete", Role::ChatAdmin, None),
+            ("clock_log", Role::Member, None),
+        ]
+    );
     let prompt = w.rig.registry.prompts().join("\n");
     assert!(
         prompt.contains("clock_create") && prompt.contains("UTC") && prompt.contains("next three"),
@@ -109,7 +172,7 @@ async fn the_toolset_has_six_tools_open_reads_and_admin_writes() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_admin_asks_in_group_a_and_the_reply_arrives_in_group_b() {
+async fn an_operator_asks_in_group_a_and_the_reply_arrives_in_group_b() {
     let w = world().await;
     w.rig.llm.script_tool_call(
         "clock_create",
@@ -124,7 +187,7 @@ async fn an_admin_asks_in_group_a_and_the_reply_arrives_in_group_b() {
         .say(
             &group_a(),
             2,
-            "alice",
+            "carol",
             "@parlor say good morning in B in 30 s",
         )
         .await;
@@ -146,7 +209,7 @@ async fn an_admin_asks_in_group_a_and_the_reply_arrives_in_group_b() {
     assert_eq!(b_posts.len(), 1);
     assert_eq!(
         b_posts[0].text,
-        "reply: [Scheduled task \"hello-b\" (clock 1), created by alice] Say good morning to group B."
+        "reply: [Scheduled task \"hello-b\" (clock 1), created by carol] Say good morning to group B."
     );
     assert_eq!(b_posts[0].wall, utc("2026-06-01T08:00:30Z"));
     assert_eq!(
@@ -235,11 +298,9 @@ async fn a_member_may_look_but_not_schedule_change_or_delete() {
 
 #[tokio::test(start_paused = true)]
 async fn another_chat_must_be_known_and_administered_by_the_creator() {
-    let w = world_with(|o| ClockOptions {
-        global_admins: vec!["test:carol".into()],
-        ..o
-    })
-    .await;
+    let w = world().await;
+    let group_c = ChatRef::new("test", "-300");
+    w.rig.platform.set_admins(&group_c, &["test:alice"]);
     let args = |target: &str| json!({"name": "x", "schedule": "every 1h", "content": "x", "target_chat": target});
     // Dora administers B but is a member of A, where creating needs an admin.
     let dora_in_a = cx(&w, &group_a(), "dora", Role::Member);
@@ -252,7 +313,7 @@ async fn another_chat_must_be_known_and_administered_by_the_creator() {
     assert_eq!(code(&r), "PERMISSION_DENIED");
     assert!(r.message.contains("test:-200"), "{}", r.message);
 
-    // A chat the bot never saw.
+    // A chat the bot never saw, even when the caller administers it: not a question of role.
     let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
     let r = call(&w, &alice, "clock_create", args("test:-300")).await;
     assert_eq!(code(&r), "UNKNOWN_CHAT");
@@ -268,14 +329,14 @@ async fn another_chat_must_be_known_and_administered_by_the_creator() {
     let r = call(&w, &erin, "clock_create", args("test:-100")).await;
     assert_eq!(data(&r)["target_chat"], "test:-100");
 
-    // A global admin needs no chat rights in B (but the bot must know B).
-    let carol = cx(&w, &group_a(), "carol", Role::ChatAdmin);
+    // An operator holds every role in every chat (but the bot must know the chat).
+    let carol = cx(&w, &group_a(), "carol", Role::Operator);
     let r = call(&w, &carol, "clock_create", args("test:-200")).await;
     assert!(r.success, "{r:?}");
     let r = call(&w, &carol, "clock_create", args("test:-300")).await;
     assert_eq!(code(&r), "UNKNOWN_CHAT");
 
-    // A chat of another platform: only a global admin (its admins cannot be checked here).
+    // A chat of another platform: nobody there is an admin of ours; an operator may.
     let elsewhere = StoredMessage {
         message_id: "1".into(),
         sender: Sender {
@@ -295,6 +356,21 @@ async fn another_chat_must_be_known_and_administered_by_the_creator() {
     assert_eq!(code(&r), "PERMISSION_DENIED");
     let r = call(&w, &carol, "clock_create", args("other:9")).await;
     assert!(r.success, "{r:?}");
+
+    // When the roles in B cannot be read, the model is told to try later.
+    *w.roles.broken.lock().unwrap() = Some(group_b());
+    let r = call(&w, &alice, "clock_create", args("test:-200")).await;
+    assert_eq!(code(&r), "UNAVAILABLE", "{r:?}");
+    *w.roles.broken.lock().unwrap() = None;
+
+    // Without a resolver only an operator may aim at another chat.
+    let alone = |cx: ToolContext| ToolContext { roles: None, ..cx };
+    let r = call(&w, &alone(alice.clone()), "clock_create", args("test:-200")).await;
+    assert_eq!(code(&r), "PERMISSION_DENIED");
+    let r = call(&w, &alone(carol.clone()), "clock_create", args("test:-200")).await;
+    assert!(r.success, "{r:?}");
+    let tasks = w.rig.handle.tasks().unwrap().len();
+    assert_eq!(tasks, 5, "only the allowed creates made tasks");
 }
 
 #[tokio::test(start_paused = true)]
@@ -459,6 +535,19 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
     )
     .await;
     assert_eq!(code(&r), "PERMISSION_DENIED");
+    assert!(r.message.contains("test:-200"), "{}", r.message);
+    // ...nor can Alice, who administers B, while B's roles cannot be read...
+    *w.roles.broken.lock().unwrap() = Some(group_b());
+    let r = call(
+        &w,
+        &alice_a,
+        "clock_update",
+        json!({"id": id, "content": "changed"}),
+    )
+    .await;
+    assert_eq!(code(&r), "UNAVAILABLE", "{r:?}");
+    *w.roles.broken.lock().unwrap() = None;
+    assert_eq!(w.rig.handle.task(id).unwrap().unwrap().content, "hi B");
     // ...but may delete it from A, where it was created; an admin of B may change it.
     let dora_b = cx(&w, &group_b(), "dora", Role::ChatAdmin);
     let r = call(

@@ -929,9 +929,18 @@ async fn eviction_racing_delivery_never_makes_two_actors_for_one_chat() {
                     .await
                     .unwrap();
                 // Varying pauses let the actor drain and evict just as the next
-                // message arrives.
+                // message arrives; the first sender also waits for the actor to end now
+                // and then, so that many evictions happen while the other one sends.
                 for _ in 0..(i * 7 + lane) % 40 {
                     tokio::task::yield_now().await;
+                }
+                if lane == 0 && i % 10 == 0 {
+                    for _ in 0..100_000 {
+                        if rig.manager.stats().actors_running == 0 {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
                 }
             }
         }));

@@ -1,6 +1,7 @@
 //! The terminal toolset with real processes: the persistent shell, timeouts that leave no
 //! orphan, output caps, background tasks and their notices (a recording notifier, and a
-//! real SessionManager), task_output/task_stop, policy, the sandbox refusal and restarts.
+//! real SessionManager), task_output/task_stop, roles and policy, the sandbox refusal and
+//! restarts.
 
 use std::os::unix::process::CommandExt;
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,7 @@ use parlor_bot::platform::{
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::tool::{
-    Caller, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet,
+    Caller, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet,
 };
 use parlor_bot::tools::TodoList;
 use parlor_bot::tools::terminal::{
@@ -31,10 +32,12 @@ use tokio_util::sync::CancellationToken;
 // ---------------------------------------------------------------------------------------
 // Rig
 
-/// Records notices; `withdraw` succeeds for ids not marked delivered.
+/// Records notices (and the caller each would run as); `withdraw` succeeds for ids not
+/// marked delivered.
 #[derive(Default)]
 struct Recorder {
     notices: Mutex<Vec<(ChatRef, String, u64)>>,
+    callers: Mutex<Vec<Caller>>,
     withdrawn: Mutex<Vec<u64>>,
     delivered: Mutex<Vec<u64>>,
     shutting_down: std::sync::atomic::AtomicBool,
@@ -61,11 +64,13 @@ impl Notifier for Recorder {
         &self,
         chat: &ChatRef,
         text: String,
+        caller: Caller,
         _also: Vec<parlor_bot::store::KvWrite>,
     ) -> Result<u64, NotifyError> {
         if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(NotifyError::ShuttingDown);
         }
+        self.callers.lock().unwrap().push(caller);
         let mut notices = self.notices.lock().unwrap();
         let id = notices.len() as u64 + 100;
         notices.push((chat.clone(), text, id));
@@ -446,6 +451,11 @@ async fn a_background_notice_arrives_once_escaped_and_capped() {
     let notices = rig.notes.wait_notices(1).await;
     let (chat, text, pending) = &notices[0];
     assert_eq!(chat, &group());
+    assert_eq!(
+        rig.notes.callers.lock().unwrap()[0],
+        admin().caller,
+        "the notice turn runs as the operator who started the task"
+    );
     assert!(text.starts_with("<TERMINAL_TASK_RESULT>\n"), "{text}");
     assert!(
         text.contains(&format!(
@@ -591,38 +601,51 @@ async fn limits_and_max_runtime() {
 // Policy and sandbox
 
 #[tokio::test]
-async fn policy_is_enforced_by_the_toolset() {
-    let member = cx_as(Role::Member, "test:bob");
+async fn every_terminal_tool_needs_an_operator_and_the_registry_says_so() {
     let rig = rig();
-    for (tool, args) in [
-        ("shell", json!({"command": "echo hi"})),
-        ("task_list", json!({})),
-        ("task_output", json!({"task_id": "x"})),
-        ("task_stop", json!({"task_id": "x"})),
-    ] {
-        let r = call(&*rig.tools, &member, tool, args).await;
-        assert_eq!(r.code(), Some("PERMISSION_DENIED"), "{tool}: {r:?}");
-        assert!(r.message.contains("only admins"), "{r:?}");
+    let registry = ToolRegistry::new(vec![rig.tools.clone()]).unwrap();
+    for (_, spec) in registry.specs() {
+        assert_eq!(spec.role, Role::Operator, "{}", spec.name);
+        assert!(
+            spec.description.contains("Operators"),
+            "{}",
+            spec.description
+        );
     }
-    // A task-result turn (the system caller) may read, not run.
+    let shell = registry.specs().find(|(_, s)| s.name == "shell").unwrap().1;
+    assert_eq!(shell.risk, Risk::Dangerous, "the shell reaches the host");
+
+    let workspace = rig.service.workspace(&group().session_key());
+    let chat_admin = cx_as(Role::ChatAdmin, "test:carol");
+    let member = cx_as(Role::Member, "test:bob");
     let system = cx_as(Role::Member, "");
-    let r = call(&*rig.tools, &system, "task_list", json!({})).await;
-    assert!(r.success, "{r:?}");
-    let r = call(&*rig.tools, &system, "shell", json!({"command": "true"})).await;
-    assert_eq!(r.code(), Some("PERMISSION_DENIED"));
+    for cx in [&chat_admin, &member, &system] {
+        for (tool, args) in [
+            ("shell", json!({"command": "touch ran"})),
+            ("task_list", json!({})),
+            ("task_output", json!({"task_id": "x"})),
+            ("task_stop", json!({"task_id": "x"})),
+        ] {
+            let r = registry
+                .call(&ToolCall::new("1", tool, args.to_string()), cx.clone())
+                .await;
+            assert_eq!(r.code(), Some("PERMISSION_DENIED"), "{tool}: {r:?}");
+            assert!(r.message.contains("operator"), "{r:?}");
+        }
+    }
+    assert!(!workspace.join("ran").exists(), "no command ran");
+    let r = registry
+        .call(
+            &ToolCall::new("2", "shell", r#"{"command":"echo hi"}"#),
+            admin(),
+        )
+        .await;
+    assert_eq!(output(&r), "hi\n", "{r:?}");
+}
 
-    let everyone = rig_with(|c| c.policy = Policy::Everyone);
-    let r = call(
-        &*everyone.tools,
-        &member,
-        "shell",
-        json!({"command": "echo hi"}),
-    )
-    .await;
-    assert_eq!(output(&r), "hi\n");
-
+#[tokio::test]
+async fn off_and_disabled_are_enforced_by_the_toolset() {
     let off_here = rig_with(|c| {
-        c.policy = Policy::Everyone;
         c.chat_policies.insert(group().session_key(), Policy::Off);
     });
     let r = call(
@@ -769,6 +792,7 @@ fn running_row(id: &str, pgid: u32, log: std::path::PathBuf) -> TaskRecord {
         description: Some("old job".into()),
         started_by: "test:alice".into(),
         started_by_name: "alice".into(),
+        started_by_role: Role::Operator,
         status: TaskStatus::Running,
         exit_code: None,
         signal: None,
@@ -842,6 +866,7 @@ async fn a_restart_marks_running_tasks_interrupted_kills_leftovers_and_tells_onc
     );
     assert!(notices[0].1.contains("building &lt;x&gt; &amp; y"));
     assert!(notices[0].1.contains("restarted"));
+    assert_eq!(rig.notes.callers.lock().unwrap()[0], admin().caller);
     let mut gone = false;
     for _ in 0..300 {
         if orphan.try_wait().unwrap().is_some() {
@@ -855,6 +880,50 @@ async fn a_restart_marks_running_tasks_interrupted_kills_leftovers_and_tells_onc
     let third = TerminalService::new(rig.store.clone(), rig.notes.clone(), cfg);
     assert_eq!(third.recover().await.unwrap(), 0);
     assert_eq!(rig.notes.notices().len(), 1, "told once");
+}
+
+#[tokio::test]
+async fn a_recovery_notice_about_several_starters_runs_with_the_least_of_their_roles() {
+    let rig = rig();
+    let log = rig.service.config().data_dir.join("done.log");
+    std::fs::write(&log, "done\n").unwrap();
+    let ended = |id: &str| TaskRecord {
+        status: TaskStatus::Completed,
+        exit_code: Some(0),
+        ended: Some(Utc::now()),
+        ..running_row(id, 0, log.clone())
+    };
+    let by_alice = ended("task-a");
+    // A row written before roles were stored reads as a member's.
+    let mut by_bob: Value = serde_json::to_value(TaskRecord {
+        started_by: "test:bob".into(),
+        started_by_name: "bob".into(),
+        ..ended("task-b")
+    })
+    .unwrap();
+    by_bob.as_object_mut().unwrap().remove("started_by_role");
+    for (id, row) in [
+        ("task-a", serde_json::to_value(&by_alice).unwrap()),
+        ("task-b", by_bob),
+    ] {
+        rig.store
+            .kv_put(
+                TASKS_SPACE,
+                &format!("{}|{id}", group().session_key()),
+                &row.to_string(),
+            )
+            .unwrap();
+    }
+    let next = TerminalService::new(
+        rig.store.clone(),
+        rig.notes.clone(),
+        rig.service.config().clone(),
+    );
+    next.recover().await.unwrap();
+    assert_eq!(rig.notes.notices().len(), 1, "one notice for the chat");
+    let caller = rig.notes.callers.lock().unwrap()[0].clone();
+    assert_eq!(caller.user_id, "", "two starters: nobody's identity");
+    assert_eq!(caller.role, Role::Member, "the least of their roles");
 }
 
 #[tokio::test]
@@ -1125,8 +1194,9 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
     service.shutdown().await;
 }
 
-/// A model that starts a background job when addressed, says so, and reports the job's
-/// result when it arrives.
+/// A model that starts a background job when addressed, says so, and when the job's notice
+/// arrives reads the job with `task_output` (which needs an operator: the notice turn runs
+/// as the one who started it) and reports what it read.
 struct ScriptedLlm {
     requests: Mutex<Vec<ChatRequest>>,
 }
@@ -1146,11 +1216,14 @@ impl LlmBackend for ScriptedLlm {
         Ok(match request.messages.last() {
             Some(Message::User { content }) if content.text().contains("TERMINAL_TASK_RESULT") => {
                 let text = content.text();
-                reply(format!(
-                    "The build is done: {} / {}",
-                    between(&text, "<status>", "</status>"),
-                    between(&text, "<output>", "</output>").trim()
-                ))
+                Completion {
+                    tool_calls: vec![ToolCall::new(
+                        "call-2",
+                        "task_output",
+                        json!({"task_id": between(&text, "<task_id>", "</task_id>")}).to_string(),
+                    )],
+                    ..Completion::default()
+                }
             }
             Some(Message::User { .. }) => Completion {
                 tool_calls: vec![ToolCall::new(
@@ -1161,8 +1234,16 @@ impl LlmBackend for ScriptedLlm {
                 ..Completion::default()
             },
             Some(Message::Tool { content, .. }) => {
-                assert!(content.contains("task_id"), "{content}");
-                reply("Started the build; I will report back.".to_owned())
+                let result: Value = serde_json::from_str(content).unwrap();
+                assert_eq!(result["success"], true, "{content}");
+                match result["data"]["status"].as_str() {
+                    Some("running") => reply("Started the build; I will report back.".to_owned()),
+                    status => reply(format!(
+                        "The build is done: {} / {}",
+                        status.unwrap_or("?"),
+                        result["data"]["output"].as_str().unwrap_or_default().trim()
+                    )),
+                }
             }
             other => panic!("unexpected last message {other:?}"),
         })
@@ -1170,7 +1251,7 @@ impl LlmBackend for ScriptedLlm {
 }
 
 #[tokio::test]
-async fn an_admins_request_starts_a_job_and_its_result_arrives_in_the_group_by_itself() {
+async fn an_operators_job_reports_back_and_its_notice_turn_may_read_it_with_task_output() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
     let platform = Arc::new(TestPlatform::default());

@@ -122,6 +122,7 @@ fn toolset() -> ToolSetBridge {
             },
         )
         .risk(Risk::Dangerous)
+        .role(Role::Operator)
         .add_function("boom", "Panics.", |_: NoArgs| async move {
             if true {
                 panic!("secret token sk-12345 leaked in panic");
@@ -290,6 +291,8 @@ fn tools_lists_specs_with_metadata() {
             json!({
                 "name": spec.name,
                 "risk": spec.risk.as_str(),
+                "role": spec.role.as_str(),
+                "role_in_chat_arg": spec.role_in_chat_arg,
                 "failure_codes": spec.failure_codes,
                 "result": spec.result,
             })
@@ -303,37 +306,49 @@ fn tools_lists_specs_with_metadata() {
             ],
             "name": "echo",
             "result": "`{\"text\": string}`, the repeated text",
-            "risk": "read"
+            "risk": "read",
+            "role": "member",
+            "role_in_chat_arg": null
           },
           {
             "failure_codes": [],
             "name": "show_image",
             "result": "see message",
-            "risk": "write"
+            "risk": "write",
+            "role": "member",
+            "role_in_chat_arg": null
           },
           {
             "failure_codes": [],
             "name": "wait",
             "result": "see message",
-            "risk": "read"
+            "risk": "read",
+            "role": "member",
+            "role_in_chat_arg": null
           },
           {
             "failure_codes": [],
             "name": "whoami",
             "result": "see message",
-            "risk": "dangerous"
+            "risk": "dangerous",
+            "role": "operator",
+            "role_in_chat_arg": null
           },
           {
             "failure_codes": [],
             "name": "boom",
             "result": "see message",
-            "risk": "read"
+            "risk": "read",
+            "role": "member",
+            "role_in_chat_arg": null
           },
           {
             "failure_codes": [],
             "name": "unit",
             "result": "see message",
-            "risk": "read"
+            "risk": "read",
+            "role": "member",
+            "role_in_chat_arg": null
           }
         ]"#]]
     .assert_eq(&serde_json::to_string_pretty(&summary).expect("serializable"));
@@ -407,6 +422,13 @@ fn bad_names_descriptions_and_misplaced_metadata_fail_the_build() {
         .build()
         .unwrap_err();
     expect!["toolset `bad`: `.risk()` was called before any tool was added"]
+        .assert_eq(&error.to_string());
+    let error = ToolSetBridge::builder("bad")
+        .role(Role::Operator)
+        .add_function("ok", "Fine.", |_: NoArgs| async { ToolResult::ok("") })
+        .build()
+        .unwrap_err();
+    expect!["toolset `bad`: `.role()` was called before any tool was added"]
         .assert_eq(&error.to_string());
 
     // A root that is not an object (a bare string argument) is refused at build time.

@@ -98,16 +98,17 @@ fn prompt_only_toolsets_add_prompt_but_no_tools() {
 
 #[test]
 fn catalog_markdown_snapshot() {
-    expect![[r#"
+    expect![[r##"
         # Tools
 
         Every tool answers `{"success": true, "message", "data"}` or `{"success": false, "error_code", "message", "data"}`.
         Any tool may fail with the shared codes: `TOOL_NOT_FOUND`, `INVALID_ARGUMENTS`, `PERMISSION_DENIED`, `TIMEOUT`, `CANCELLED`, `RATE_LIMITED`, `UNAVAILABLE`, `INTERNAL`.
-        Risk: `read` only reads; `write` changes this chat's own state; `dangerous` acts outside the chat and is refused to non-admins.
+        Risk: `read` only reads; `write` changes state the bot keeps; `dangerous` reaches the host.
+        Role, the least a caller needs (anyone else gets `PERMISSION_DENIED`): `member` is anyone in the chat; `chat_admin` an administrator of the chat, by the platform; `operator` one of the config's `bot.admins`. A chat admin is never an operator.
 
         ## `todo_list`
 
-        Toolset `todo_list` · risk `write`
+        Toolset `todo_list` · risk `write` · role `member`
 
         Keep a step-by-step plan for work that takes several steps. Each call replaces the whole plan (send every step, in order, with its status); at most one step may be in_progress. Send an empty plan to clear it. Skip it for simple one-step requests.
 
@@ -122,7 +123,7 @@ fn catalog_markdown_snapshot() {
 
         ## `time_now`
 
-        Toolset `time` · risk `read`
+        Toolset `time` · risk `read` · role `member`
 
         Get the current date, time and weekday in a time zone. Use it whenever the answer depends on today's date or the time of day.
 
@@ -133,11 +134,11 @@ fn catalog_markdown_snapshot() {
         Result: `data`: `timezone`, `datetime` (RFC 3339), `date`, `time`, `weekday`, `utc_offset`, `unix`.
 
         Failure codes: `UNKNOWN_TIMEZONE` and the shared ones.
-    "#]]
+    "##]]
     .assert_eq(&catalog::to_markdown(&registry()));
     expect![[r#"
-        • todo_list — Keep a step-by-step plan for work that takes several steps.
-        • time_now — Get the current date, time and weekday in a time zone."#]]
+        • todo_list — Keep a step-by-step plan for work that takes several steps. (everyone)
+        • time_now — Get the current date, time and weekday in a time zone. (everyone)"#]]
     .assert_eq(&catalog::to_help(&registry()));
 }
 

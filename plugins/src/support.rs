@@ -4,7 +4,7 @@
 use parlor_bot::store::StoreError;
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::schema::schema_for;
-use parlor_bot::tool::{Risk, ToolResult, ToolSpec};
+use parlor_bot::tool::{Risk, Role, ToolResult, ToolSpec};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -17,7 +17,9 @@ pub(crate) fn finish(outcome: Outcome) -> ToolResult {
     outcome.unwrap_or_else(ToolResult::from)
 }
 
-/// The spec of a tool whose arguments are `A`.
+/// The spec of a tool whose arguments are `A`. Every tool of these toolsets acts on the
+/// caller's own chat only, so each is open to every member ([`Role::Member`]) and names no
+/// other chat.
 pub(crate) fn spec<A: JsonSchema>(
     name: &str,
     description: &str,
@@ -31,6 +33,8 @@ pub(crate) fn spec<A: JsonSchema>(
         parameters: schema_for::<A>(),
         result: result.to_owned(),
         risk,
+        role: Role::Member,
+        role_in_chat_arg: None,
         failure_codes: failure_codes.iter().map(|c| (*c).to_owned()).collect(),
     }
 }

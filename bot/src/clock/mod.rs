@@ -1,4 +1,4 @@
-//! Clock tasks (DESIGN.md §5): admins schedule a text that fires into a chat — a cron
+//! Clock tasks (DESIGN.md §5): chat admins schedule a text that fires into a chat — a cron
 //! expression, a one-shot date-time or `every <duration>`, in an IANA time zone — and the
 //! target chat's session runs it as a turn whose reply is posted there.
 //!
@@ -135,10 +135,6 @@ pub struct ClockOptions {
     /// After shutdown, how long runs still waiting for their turn are given before they are
     /// logged `cancelled`.
     pub shutdown_grace: Duration,
-    /// Platform-qualified ids of the config's global admins (`telegram:1001`, or
-    /// `console:*` for a whole platform): they may target any chat the bot knows, without
-    /// being an administrator there.
-    pub global_admins: Vec<String>,
     /// Where wall time comes from.
     pub clock: ClockSource,
 }
@@ -152,21 +148,7 @@ impl Default for ClockOptions {
             min_interval: Duration::from_secs(60),
             late_tolerance: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
-            global_admins: Vec::new(),
             clock: ClockSource::system(),
         }
-    }
-}
-
-impl ClockOptions {
-    /// Whether `user_id` is a global admin by [`ClockOptions::global_admins`].
-    pub fn is_global_admin(&self, user_id: &str) -> bool {
-        if user_id.is_empty() {
-            return false;
-        }
-        let platform = user_id.split(':').next().unwrap_or_default();
-        self.global_admins
-            .iter()
-            .any(|a| a == user_id || a.strip_suffix(":*") == Some(platform))
     }
 }

@@ -1,22 +1,18 @@
 //! The `clock` toolset: `clock_create`, `clock_list`, `clock_get`, `clock_update`,
 //! `clock_delete`, `clock_log`.
 //!
-//! Policy, enforced here and not left to the model:
-//! - Create, update and delete need the caller to be an admin *in this chat* (the role the
-//!   session gives the caller: config admins and the chat's own administrators). These tools
-//!   are `write` risk, not `dangerous`: the registry's dangerous gate looks at the role
-//!   only, while the rule here is more specific (rights over another target chat too) and
-//!   its refusal says what is missing. List, get and log stay open to members.
+//! Policy, enforced by the program and not left to the model:
+//! - Roles are data in the specs, checked by the registry: create, update and delete need
+//!   [`Role::ChatAdmin`] in this chat; list, get and log are open to every member. Create
+//!   and update name `target_chat` as their `role_in_chat_arg`, so a task can only be aimed
+//!   at another chat by someone who administers that chat too (an operator administers
+//!   every chat). Changing a task that already fires into another chat needs the same
+//!   there ([`ToolContext::require_role_in`], as only the task says where it fires);
+//!   deleting one only needs an admin here.
 //! - A task may fire into another chat only when the bot knows that chat (it has recorded
-//!   messages or history there) and the caller may post there: a global admin
-//!   ([`ClockOptions::global_admins`](super::ClockOptions)), or an administrator of that
-//!   chat by the platform's `chat_admins` (same platform as this chat). The same rights are
-//!   needed to change a task that fires into another chat; deleting one only needs an admin
-//!   here.
+//!   messages or history there): `UNKNOWN_CHAT` otherwise, whatever the caller's role.
 //! - A chat sees the tasks created in it or firing into it; any other id is
-//!   `CLOCK_NOT_FOUND`. List, get and log are open to every member.
-
-use std::time::Duration;
+//!   `CLOCK_NOT_FOUND`.
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
@@ -30,6 +26,9 @@ use super::task::{ClockRun, ClockTask, MissedPolicy};
 use crate::platform::ChatRef;
 use crate::tool::bridge::{BridgeError, ToolError};
 use crate::tool::{Risk, Role, ToolContext, ToolResult, ToolSetBridge};
+
+/// The role that may create, change and delete clock tasks (here, and in a target chat).
+const CHANGE_ROLE: Role = Role::ChatAdmin;
 use crate::tools::time::{UNKNOWN_TIMEZONE, parse_timezone};
 
 /// A schedule that cannot be used; the message says why.
@@ -44,8 +43,6 @@ pub const UNKNOWN_CHAT: &str = "UNKNOWN_CHAT";
 /// Log entries `clock_log` returns by default, and at most.
 const LOG_DEFAULT: usize = 10;
 const LOG_MAX: usize = 50;
-/// How long reading a chat's administrators may take.
-const ADMINS_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Arguments of `clock_create`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -123,14 +120,17 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
             "clock_create",
             "Schedule a clock task: at the given times, the content is given to the assistant \
              of the target chat (this one by default) as a scheduled task, and its reply is \
-             posted there. Admins only. Returns the task with its next three fire times in its \
-             time zone: check them against what was asked.",
+             posted there. Chat admins only, and another target chat needs its admin too. \
+             Returns the task with its next three fire times in its time zone: check them \
+             against what was asked.",
             move |args: CreateArgs, cx: ToolContext| {
                 let h = h1.clone();
                 async move { answer(create(&h, args, &cx).await) }
             },
         )
         .risk(Risk::Write)
+        .role(CHANGE_ROLE)
+        .role_in_chat_arg("target_chat")
         .failure_codes(&[BAD_SCHEDULE, UNKNOWN_TIMEZONE, CLOCK_LIMIT, UNKNOWN_CHAT])
         .result_doc(
             "`data`: the task (`id`, `name`, `schedule`, `timezone`, `content`, \
@@ -161,14 +161,17 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
         .add_function_with_context(
             "clock_update",
             "Change a clock task of this chat: name, schedule, content, time zone, target \
-             chat, missed-run policy, or pause/resume it with enabled. Admins only. Returns \
-             the task with its next three fire times.",
+             chat, missed-run policy, or pause/resume it with enabled. Chat admins only; a \
+             task firing into another chat, or a new target chat, needs that chat's admin \
+             too. Returns the task with its next three fire times.",
             move |args: UpdateArgs, cx: ToolContext| {
                 let h = h4.clone();
                 async move { answer(update(&h, args, &cx).await) }
             },
         )
         .risk(Risk::Write)
+        .role(CHANGE_ROLE)
+        .role_in_chat_arg("target_chat")
         .failure_codes(&[
             CLOCK_NOT_FOUND,
             BAD_SCHEDULE,
@@ -179,13 +182,14 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
         .result_doc("`data`: the task as clock_create returns it, and `now`.")
         .add_function_with_context(
             "clock_delete",
-            "Delete a clock task of this chat and its run log. Admins only.",
+            "Delete a clock task of this chat and its run log. Chat admins only.",
             move |args: IdArgs, cx: ToolContext| {
                 let h = h5.clone();
                 async move { answer(delete(&h, args.id, &cx)) }
             },
         )
         .risk(Risk::Write)
+        .role(CHANGE_ROLE)
         .failure_codes(&[CLOCK_NOT_FOUND])
         .result_doc("`data`: `id` and `name` of the deleted task.")
         .add_function_with_context(
@@ -216,8 +220,8 @@ fn prompt(tz: Tz) -> String {
          at a set time. Cron times and date-times without an offset are read in the task's \
          time zone ({} unless you pass timezone); when unsure of today's date, look it up \
          first. The result shows the next three fire times in that zone: check them against \
-         what was asked and fix the task if they are wrong. Only admins may create, change or \
-         delete clock tasks. A message starting with \"[Scheduled task\" is a clock task \
+         what was asked and fix the task if they are wrong. Only chat admins may create, change \
+         or delete clock tasks. A message starting with \"[Scheduled task\" is a clock task \
          firing: carry out its text; your reply is posted in this chat.",
         tz.name()
     )
@@ -254,16 +258,6 @@ fn current_chat(cx: &ToolContext) -> Result<ChatRef, ToolError> {
     })
 }
 
-fn require_admin(cx: &ToolContext, what: &str) -> Result<(), ToolError> {
-    if cx.caller.role >= Role::ChatAdmin {
-        Ok(())
-    } else {
-        Err(ToolError::permission_denied(format!(
-            "only an admin of this chat may {what} clock tasks"
-        )))
-    }
-}
-
 /// The task `id` if this chat may see it.
 fn visible(handle: &ClockHandle, id: u64, here: &ChatRef) -> Result<ClockTask, ToolError> {
     match handle.task(id).map_err(clock_error)? {
@@ -272,37 +266,17 @@ fn visible(handle: &ClockHandle, id: u64, here: &ChatRef) -> Result<ClockTask, T
     }
 }
 
-/// Parses a session key (`telegram:-100123`, `telegram:-100123/topic:7`).
-fn parse_chat_key(key: &str) -> Option<ChatRef> {
-    let key = key.trim();
-    let (platform, rest) = key.split_once(':')?;
-    let (chat_id, thread) = match rest.split_once("/topic:") {
-        Some((chat, topic)) => (chat, Some(topic)),
-        None => (rest, None),
-    };
-    let clean = |s: &str| !s.is_empty() && !s.chars().any(char::is_whitespace);
-    if !clean(platform) || !clean(chat_id) || thread.is_some_and(|t| !clean(t)) {
-        return None;
-    }
-    let chat = ChatRef::new(platform, chat_id);
-    Some(match thread {
-        Some(topic) => chat.in_thread(topic),
-        None => chat,
-    })
-}
-
 /// The chat a task should fire into: `key`, or this chat. Another chat must be known to
-/// the bot and the caller must have rights there (see the module docs).
-async fn resolve_target(
+/// the bot; the caller's role there was checked by the registry (`role_in_chat_arg`).
+fn resolve_target(
     handle: &ClockHandle,
     key: Option<&str>,
     here: &ChatRef,
-    cx: &ToolContext,
 ) -> Result<ChatRef, ToolError> {
     let Some(key) = key.map(str::trim).filter(|k| !k.is_empty()) else {
         return Ok(here.clone());
     };
-    let Some(target) = parse_chat_key(key) else {
+    let Some(target) = ChatRef::parse_session_key(key) else {
         return Err(ToolError::invalid_arguments(format!(
             "{key:?} is not a chat key; write it like \"telegram:-100123\" (platform:chat id)"
         )));
@@ -328,41 +302,7 @@ async fn resolve_target(
             ),
         ));
     }
-    check_rights_over(handle, &target, cx).await?;
     Ok(target)
-}
-
-/// Whether the caller may make a task post into `target` (another chat than this one).
-async fn check_rights_over(
-    handle: &ClockHandle,
-    target: &ChatRef,
-    cx: &ToolContext,
-) -> Result<(), ToolError> {
-    let user = &cx.caller.user_id;
-    if handle.options().is_global_admin(user) {
-        return Ok(());
-    }
-    let denied = || {
-        ToolError::permission_denied(format!(
-            "you are not an administrator of {target}, so you cannot schedule into it"
-        ))
-    };
-    let Some(platform) = cx.platform.as_ref().filter(|p| p.name() == target.platform) else {
-        return Err(denied());
-    };
-    match tokio::time::timeout(ADMINS_TIMEOUT, platform.chat_admins(target)).await {
-        Ok(Ok(admins)) if !user.is_empty() && admins.contains(user) => Ok(()),
-        Ok(Ok(_)) => Err(denied()),
-        Ok(Err(e)) => {
-            tracing::warn!(chat = %target, error = %e, "cannot read the chat's administrators");
-            Err(ToolError::unavailable(format!(
-                "could not read the administrators of {target}; try again later"
-            )))
-        }
-        Err(_) => Err(ToolError::unavailable(format!(
-            "reading the administrators of {target} timed out; try again later"
-        ))),
-    }
 }
 
 async fn create(
@@ -371,8 +311,7 @@ async fn create(
     cx: &ToolContext,
 ) -> Result<ToolResult, ToolError> {
     let here = current_chat(cx)?;
-    require_admin(cx, "create")?;
-    let target = resolve_target(handle, args.target_chat.as_deref(), &here, cx).await?;
+    let target = resolve_target(handle, args.target_chat.as_deref(), &here)?;
     let task = handle
         .create(NewClock {
             name: args.name,
@@ -442,14 +381,12 @@ async fn update(
     cx: &ToolContext,
 ) -> Result<ToolResult, ToolError> {
     let here = current_chat(cx)?;
-    require_admin(cx, "change")?;
     let task = visible(handle, args.id, &here)?;
-    // Changing what is posted into another chat needs rights over that chat.
-    if task.target != here {
-        check_rights_over(handle, &task.target, cx).await?;
-    }
+    // Changing what is posted into another chat needs the same role there; only the task
+    // knows that chat, so the registry cannot check it.
+    cx.require_role_in(&task.target, CHANGE_ROLE).await?;
     let target = match args.target_chat.as_deref() {
-        Some(key) => Some(resolve_target(handle, Some(key), &here, cx).await?),
+        Some(key) => Some(resolve_target(handle, Some(key), &here)?),
         None => None,
     };
     let task = handle
@@ -482,7 +419,6 @@ async fn update(
 
 fn delete(handle: &ClockHandle, id: u64, cx: &ToolContext) -> Result<ToolResult, ToolError> {
     let here = current_chat(cx)?;
-    require_admin(cx, "delete")?;
     let task = visible(handle, id, &here)?;
     handle.delete(id).map_err(clock_error)?;
     Ok(ToolResult::ok_with(

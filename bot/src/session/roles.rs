@@ -22,11 +22,13 @@ impl SessionManager {
     /// The caller roles of a queued item, completed: intake only knows operators, so every
     /// other caller of a group chat is looked up here. A lookup that fails leaves a member.
     pub(super) async fn resolve_roles(&self, item: &mut QueueItem) {
-        if item.private {
-            return;
-        }
         for caller in &mut item.callers {
-            if caller.role != Role::Member || caller.user_id.is_empty() {
+            // A stored role is from when the input arrived; after a restart the config may
+            // have changed, so an operator is checked again.
+            if caller.role == Role::Operator && !is_operator(&self.inner.config, &caller.user_id) {
+                caller.role = Role::Member;
+            }
+            if caller.role != Role::Member || caller.user_id.is_empty() || item.private {
                 continue;
             }
             match self.role_in(&caller.user_id, &item.chat).await {

@@ -2,7 +2,7 @@
 //!
 //! ```
 //! use parlor_bot::tool::bridge::{BridgeError, ToolError, ToolSetBridge};
-//! use parlor_bot::tool::{Risk, ToolSet};
+//! use parlor_bot::tool::{Risk, Role, ToolSet};
 //! use schemars::JsonSchema;
 //! use serde::Deserialize;
 //!
@@ -22,10 +22,12 @@
 //!         Ok(serde_json::json!({"id": 1}))
 //!     })
 //!     .risk(Risk::Write)
+//!     .role(Role::ChatAdmin)
 //!     .failure_codes(&["NOTE_TOO_LONG"])
 //!     .result_doc("`{\"id\": number}` of the stored note")
 //!     .build()?;
 //! assert_eq!(notes.tools()[0].risk, Risk::Write);
+//! assert_eq!(notes.tools()[0].role, Role::ChatAdmin);
 //! # Ok::<(), BridgeError>(())
 //! ```
 //!
@@ -33,7 +35,8 @@
 //! [`schema_for`]; the function returns anything [`IntoToolResult`]: a [`ToolResult`], or a
 //! `Result<T: Serialize, E: Into<ToolError>>`.
 //!
-//! Per-tool metadata (`.risk`, `.failure_codes`, `.result_doc`) is chained on the same
+//! Per-tool metadata (`.risk`, `.role`, `.role_in_chat_arg`, `.failure_codes`,
+//! `.result_doc`) is chained on the same
 //! builder and applies to the tool added last: it keeps one flat chain per toolset, without
 //! a sub-builder to finish. Calling one before any tool is added is reported by `build()`.
 //!
@@ -63,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use super::result::{ToolResult, codes};
 use super::schema::{check_schema, schema_for};
 use super::validate::{ArgValidator, drop_optional_nulls};
-use super::{MessageAppender, Risk, ToolContext, ToolInvocation, ToolSet, ToolSpec};
+use super::{MessageAppender, Risk, Role, ToolContext, ToolInvocation, ToolSet, ToolSpec};
 
 /// What a panicking tool answers; the panic itself only goes to the log.
 const PANIC_MESSAGE: &str = "the tool failed unexpectedly; the error was logged";
@@ -241,7 +244,8 @@ pub enum BridgeError {
         /// What is wrong with the schema.
         reason: String,
     },
-    /// `.risk()`, `.failure_codes()` or `.result_doc()` was called before any tool was added.
+    /// A per-tool method (`.risk()`, `.role()`, `.failure_codes()`...) was called before any
+    /// tool was added.
     #[error("toolset `{toolset}`: `.{method}()` was called before any tool was added")]
     MetadataWithoutTool {
         /// The toolset.
@@ -385,7 +389,8 @@ struct PendingTool {
 }
 
 /// Builds a [`ToolSetBridge`]: `.prompt()`, then `add_*` per tool, each optionally followed by
-/// `.risk()`, `.failure_codes()`, `.result_doc()` for that tool, then `.build()`.
+/// `.risk()`, `.role()`, `.role_in_chat_arg()`, `.failure_codes()`, `.result_doc()` for that
+/// tool, then `.build()`.
 #[must_use = "a builder does nothing until `.build()`"]
 pub struct ToolSetBridgeBuilder {
     name: String,
@@ -497,6 +502,8 @@ impl ToolSetBridgeBuilder {
                 parameters,
                 result: DEFAULT_RESULT_DOC.to_owned(),
                 risk: Risk::Read,
+                role: Role::Member,
+                role_in_chat_arg: None,
                 failure_codes: Vec::new(),
             },
             handler,
@@ -507,6 +514,21 @@ impl ToolSetBridgeBuilder {
     /// The risk level of the tool added last (default [`Risk::Read`]).
     pub fn risk(self, risk: Risk) -> Self {
         self.with_last("risk", |spec| spec.risk = risk)
+    }
+
+    /// The least role a caller needs for the tool added last (default [`Role::Member`]);
+    /// the registry checks it before the call runs.
+    pub fn role(self, role: Role) -> Self {
+        self.with_last("role", |spec| spec.role = role)
+    }
+
+    /// Names the argument of the tool added last that may point the call at another chat (a
+    /// session key): the caller must then hold the tool's role there too (see
+    /// [`ToolSpec::role_in_chat_arg`]).
+    pub fn role_in_chat_arg(self, argument: &str) -> Self {
+        self.with_last("role_in_chat_arg", |spec| {
+            spec.role_in_chat_arg = Some(argument.to_owned());
+        })
     }
 
     /// The toolset-specific error codes the tool added last may return (besides the shared

@@ -1,13 +1,14 @@
 //! The tool catalog: what `parlor tools` prints and `/help` is made from. Generated from the
-//! registry, so it cannot drift from what the model is really offered.
+//! registry, so it cannot drift from what the model is really offered or from the roles the
+//! registry enforces.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use super::ToolRegistry;
 use super::result::codes;
+use super::{Role, ToolRegistry, ToolSpec};
 
-/// Every tool as Markdown: name, toolset, risk, description, parameters, result, failure
-/// codes. Shared failure codes are listed once at the top.
+/// Every tool as Markdown: name, toolset, risk, role, description, parameters, result,
+/// failure codes. Shared failure codes are listed once at the top.
 pub fn to_markdown(registry: &ToolRegistry) -> String {
     let mut out = String::from("# Tools\n\n");
     out.push_str(
@@ -16,8 +17,11 @@ pub fn to_markdown(registry: &ToolRegistry) -> String {
     );
     out.push_str(&format!(
         "Any tool may fail with the shared codes: {}.\n\
-         Risk: `read` only reads; `write` changes this chat's own state; `dangerous` acts \
-         outside the chat and is refused to non-admins.\n",
+         Risk: `read` only reads; `write` changes state the bot keeps; `dangerous` reaches \
+         the host.\n\
+         Role, the least a caller needs (anyone else gets `PERMISSION_DENIED`): `member` is \
+         anyone in the chat; `chat_admin` an administrator of the chat, by the platform; \
+         `operator` one of the config's `bot.admins`. A chat admin is never an operator.\n",
         codes::SHARED
             .iter()
             .map(|c| format!("`{c}`"))
@@ -29,8 +33,13 @@ pub fn to_markdown(registry: &ToolRegistry) -> String {
         any = true;
         out.push_str(&format!("\n## `{}`\n\n", spec.name));
         out.push_str(&format!(
-            "Toolset `{toolset}` · risk `{}`\n\n",
-            spec.risk.as_str()
+            "Toolset `{toolset}` · risk `{}` · role `{}`{}\n\n",
+            spec.risk.as_str(),
+            spec.role.as_str(),
+            match &spec.role_in_chat_arg {
+                Some(arg) => format!(" (also in the chat `{arg}` names)"),
+                None => String::new(),
+            }
         ));
         out.push_str(spec.description.trim());
         out.push_str("\n\n");
@@ -70,12 +79,36 @@ pub fn to_markdown(registry: &ToolRegistry) -> String {
     out
 }
 
-/// The exact `tools` array sent to the model, pretty-printed.
+/// The `tools` array sent to the model, pretty-printed, each entry with an `x-parlor` member
+/// beside `type` and `function` for what the model is not sent: toolset, risk, role,
+/// `role_in_chat_arg`, result and failure codes. Dropping `x-parlor` from every entry gives
+/// the exact array of a request.
 pub fn to_json(registry: &ToolRegistry) -> String {
-    serde_json::to_string_pretty(&registry.defs()).unwrap_or_else(|_| "[]".to_owned())
+    let tools: Vec<Value> = registry
+        .specs()
+        .map(|(toolset, spec)| {
+            let mut def = serde_json::to_value(spec.to_def()).unwrap_or(Value::Null);
+            if let Value::Object(entry) = &mut def {
+                entry.insert("x-parlor".to_owned(), policy(toolset, spec));
+            }
+            def
+        })
+        .collect();
+    serde_json::to_string_pretty(&tools).unwrap_or_else(|_| "[]".to_owned())
 }
 
-/// A short list for chat (`/help`): one line per tool.
+fn policy(toolset: &str, spec: &ToolSpec) -> Value {
+    json!({
+        "toolset": toolset,
+        "risk": spec.risk.as_str(),
+        "role": spec.role.as_str(),
+        "role_in_chat_arg": spec.role_in_chat_arg,
+        "result": spec.result,
+        "failure_codes": spec.failure_codes,
+    })
+}
+
+/// A short list for chat (`/help`): one line per tool, with who may use it.
 pub fn to_help(registry: &ToolRegistry) -> String {
     registry
         .specs()
@@ -86,10 +119,23 @@ pub fn to_help(registry: &ToolRegistry) -> String {
                 .next()
                 .unwrap_or_default()
                 .trim();
-            format!("• {} — {first_sentence}", spec.name)
+            format!(
+                "• {} — {first_sentence} ({})",
+                spec.name,
+                help_label(spec.role)
+            )
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Who may use a tool, as `/help` says it.
+fn help_label(role: Role) -> &'static str {
+    match role {
+        Role::Member => "everyone",
+        Role::ChatAdmin => "chat admins",
+        Role::Operator => "operators",
+    }
 }
 
 struct Row {

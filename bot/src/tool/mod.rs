@@ -8,7 +8,8 @@
 //! - [`validate`]: argument validation against that schema, with errors the model can act on.
 //! - [`bridge`]: [`ToolSetBridge`], typed async functions as tools.
 //! - [`registry`]: [`ToolRegistry`], every toolset of a session, name checks at startup, and
-//!   the policy gate every call passes (exists, arguments fit, sender may call it).
+//!   the policy gate every call passes (exists, caller holds the tool's [`Role`], arguments
+//!   fit, caller holds that role in a chat the arguments name).
 //! - [`catalog`]: the tool catalog as Markdown and as the exact `tools` JSON.
 //! - [`result`]: [`ToolResult`], the stable result JSON, and the shared error codes.
 
@@ -28,19 +29,21 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::{Message, ToolDef};
 use crate::platform::{ChatRef, Platform};
 
-pub use bridge::{ToolSetBridge, ToolSetBridgeBuilder};
+pub use bridge::{ToolError, ToolSetBridge, ToolSetBridgeBuilder};
 pub use registry::{RegistryError, ToolRegistry};
 pub use result::{ToolResult, codes};
 
-/// How much harm a tool can do; the registry refuses `Dangerous` tools to non-admins.
+/// How much harm a tool can do: documentation for the catalog and the operator. Who may call
+/// a tool is its [`ToolSpec::role`]; the one link between the two is checked when a
+/// registry is built: a `Dangerous` tool must need [`Role::Operator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Risk {
     /// Only reads state.
     Read,
-    /// Changes this session's own state (a plan, a memory, a message).
+    /// Changes state the bot keeps (a plan, a memory, a clock task, a message).
     Write,
-    /// Acts outside the session (runs commands, schedules into other chats); admins only.
+    /// Reaches the host the bot runs on (runs commands, touches its files or network).
     Dangerous,
 }
 
@@ -68,6 +71,14 @@ pub struct ToolSpec {
     pub result: String,
     /// How much harm a call can do.
     pub risk: Risk,
+    /// The least role a caller needs in this chat; [`ToolRegistry::call`] refuses anyone
+    /// below it with `PERMISSION_DENIED`.
+    pub role: Role,
+    /// The argument that may name another chat the call acts on (a session key such as
+    /// `telegram:-100123`): when it does, the caller must hold [`ToolSpec::role`] in that
+    /// chat too ([`ToolContext::require_role_in`]). Absent, empty or naming this chat, only
+    /// the caller's role here counts.
+    pub role_in_chat_arg: Option<String>,
     /// Error codes this tool may return besides the shared ones.
     pub failure_codes: Vec<String>,
 }
@@ -121,6 +132,16 @@ impl Role {
             Role::Operator => "operator",
         }
     }
+
+    /// Who holds this role (or more), in words for people and the model:
+    /// `"a member of the chat"`, `"an admin of the chat"`, `"an operator of the bot"`.
+    pub fn who(self) -> &'static str {
+        match self {
+            Role::Member => "a member of the chat",
+            Role::ChatAdmin => "an admin of the chat",
+            Role::Operator => "an operator of the bot",
+        }
+    }
 }
 
 /// Why a role could not be resolved.
@@ -153,7 +174,7 @@ pub struct Caller {
     pub user_id: String,
     /// Display name.
     pub name: String,
-    /// Member or admin.
+    /// Their role in this session's chat.
     pub role: Role,
 }
 
@@ -199,6 +220,68 @@ pub struct ToolContext {
     /// Resolves the caller's role in other chats (a clock task firing elsewhere); `None`
     /// outside the daemon, where only the caller's own role is known.
     pub roles: Option<Arc<dyn RoleResolver>>,
+}
+
+impl ToolContext {
+    /// Whether the caller holds `role` in `chat`: the one place a toolset asks about roles
+    /// (the registry uses it for [`ToolSpec::role_in_chat_arg`]; a toolset for a target
+    /// known only from its data, such as the chat an existing clock task fires into).
+    ///
+    /// In this session's chat (any thread of it: admins are per chat) the caller's role
+    /// decides. An operator holds every role everywhere. Elsewhere [`ToolContext::roles`]
+    /// is asked; without a resolver, or for the system caller (no user id), the answer is
+    /// no. Refusals are `PERMISSION_DENIED`; a resolver that cannot tell is `UNAVAILABLE`.
+    pub async fn require_role_in(&self, chat: &ChatRef, role: Role) -> Result<(), ToolError> {
+        let here = self
+            .chat
+            .as_ref()
+            .is_some_and(|c| c.platform == chat.platform && c.chat_id == chat.chat_id);
+        if here || self.caller.role == Role::Operator {
+            return if self.caller.role >= role {
+                Ok(())
+            } else {
+                Err(ToolError::permission_denied(format!(
+                    "only {} may do this, and {} is not; tell them so instead of trying again",
+                    role.who(),
+                    self.caller_name()
+                )))
+            };
+        }
+        let denied = || {
+            ToolError::permission_denied(format!(
+                "only {} may do this in {chat}, and {} is not one there; tell them so \
+                 instead of trying again",
+                role.who(),
+                self.caller_name()
+            ))
+        };
+        let Some(roles) = self
+            .roles
+            .as_ref()
+            .filter(|_| !self.caller.user_id.is_empty())
+        else {
+            return Err(denied());
+        };
+        match roles.role_in(&self.caller.user_id, chat).await {
+            Ok(there) if there >= role => Ok(()),
+            Ok(_) => Err(denied()),
+            Err(e) => {
+                tracing::warn!(chat = %chat, user = %self.caller.user_id, error = %e, "cannot resolve a role in another chat");
+                Err(ToolError::unavailable(format!(
+                    "could not check the caller's role in {chat} right now; try again later"
+                )))
+            }
+        }
+    }
+
+    /// The caller's name for a refusal.
+    pub(crate) fn caller_name(&self) -> &str {
+        if self.caller.name.is_empty() {
+            "the sender"
+        } else {
+            &self.caller.name
+        }
+    }
 }
 
 impl std::fmt::Debug for ToolContext {

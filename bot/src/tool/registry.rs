@@ -1,9 +1,13 @@
 //! [`ToolRegistry`]: the toolsets of one session and the gate every tool call passes.
 //!
 //! The program, not the model, enforces policy (DESIGN.md §2). Before a toolset sees a call
-//! the registry checks that the tool exists, that the arguments parse and fit the schema,
-//! and that this caller may use a tool of that risk. A panic inside a tool is caught here
-//! and becomes `INTERNAL`, so one broken tool cannot take a session down.
+//! the registry checks that the tool exists, that the caller holds the tool's
+//! [`ToolSpec::role`] in this chat, that the arguments parse and fit the schema, and, when
+//! the tool's [`ToolSpec::role_in_chat_arg`] names another chat, that the caller holds the
+//! role there too. This is the only place a spec's role is compared: toolsets never look at
+//! `caller.role` themselves (a target known only from a toolset's data goes through
+//! [`ToolContext::require_role_in`]). A panic inside a tool is caught here and becomes
+//! `INTERNAL`, so one broken tool cannot take a session down.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -17,6 +21,7 @@ use super::schema::check_schema;
 use super::validate::{ArgValidator, drop_optional_nulls, parse_arguments};
 use super::{Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
 use crate::llm::{ToolCall, ToolDef};
+use crate::platform::ChatRef;
 
 /// Why a set of toolsets cannot be registered. Raised at startup, never at the first request.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +53,28 @@ pub enum RegistryError {
         name: String,
         /// What is wrong.
         reason: String,
+    },
+    /// A `dangerous` tool (it reaches the host) that someone below an operator could call.
+    #[error(
+        "tool {name:?} of toolset {toolset:?} is dangerous (it reaches the host) but needs only the {role} role; dangerous tools need the operator role"
+    )]
+    DangerousBelowOperator {
+        /// The tool.
+        name: String,
+        /// The toolset declaring it.
+        toolset: String,
+        /// The role it declared.
+        role: &'static str,
+    },
+    /// A tool's `role_in_chat_arg` is not one of its string arguments.
+    #[error(
+        "tool {name:?} checks roles in the chat named by argument {argument:?}, but it has no such string argument"
+    )]
+    BadRoleArgument {
+        /// The tool.
+        name: String,
+        /// The argument it names.
+        argument: String,
     },
 }
 
@@ -83,7 +110,9 @@ impl std::fmt::Debug for ToolRegistry {
 }
 
 impl ToolRegistry {
-    /// Registers `toolsets` in order, checking every name, duplicate and schema.
+    /// Registers `toolsets` in order, checking every name, duplicate and schema, that every
+    /// dangerous tool needs an operator, and that a `role_in_chat_arg` names a string
+    /// argument.
     pub fn new(toolsets: Vec<Arc<dyn ToolSet>>) -> Result<Self, RegistryError> {
         let mut entries: Vec<Entry> = Vec::new();
         let mut by_name: HashMap<String, usize> = HashMap::new();
@@ -111,6 +140,21 @@ impl ToolRegistry {
                         name: spec.name.clone(),
                         reason: e.to_string(),
                     })?;
+                if spec.risk == Risk::Dangerous && spec.role < Role::Operator {
+                    return Err(RegistryError::DangerousBelowOperator {
+                        name: spec.name,
+                        toolset: toolset.name().to_owned(),
+                        role: spec.role.as_str(),
+                    });
+                }
+                if let Some(argument) = &spec.role_in_chat_arg
+                    && !is_string_property(&spec.parameters, argument)
+                {
+                    return Err(RegistryError::BadRoleArgument {
+                        name: spec.name.clone(),
+                        argument: argument.clone(),
+                    });
+                }
                 by_name.insert(spec.name.clone(), entries.len());
                 entries.push(Entry {
                     toolset: index,
@@ -196,6 +240,22 @@ impl ToolRegistry {
                 ),
             );
         };
+        // Before the arguments: a caller who may not use the tool gains nothing from being
+        // told how to fix them.
+        let needed = entry.spec.role;
+        if cx.caller.role < needed {
+            return ToolResult::err(
+                codes::PERMISSION_DENIED,
+                format!(
+                    "{name} needs the {} role: only {} may use it, and {} is {}. Tell them so; \
+                     do not try again",
+                    needed.as_str(),
+                    needed.who(),
+                    cx.caller_name(),
+                    cx.caller.role.who()
+                ),
+            );
+        }
         let mut arguments = match parse_arguments(&call.function.arguments) {
             Ok(value) => value,
             Err(why) => {
@@ -208,11 +268,18 @@ impl ToolRegistry {
         if let Err(why) = entry.validator.validate(&arguments) {
             return ToolResult::err(codes::INVALID_ARGUMENTS, format!("{name}: {why}"));
         }
-        if entry.spec.risk == Risk::Dangerous && cx.caller.role < Role::Operator {
-            return ToolResult::err(
-                codes::PERMISSION_DENIED,
-                format!("{name} can change things outside this chat, so only an admin may use it"),
-            );
+        if let Some(argument) = &entry.spec.role_in_chat_arg {
+            match chat_argument(&arguments, argument) {
+                Ok(None) => {}
+                Ok(Some(target)) => {
+                    if let Err(refused) = cx.require_role_in(&target, needed).await {
+                        return refused.into();
+                    }
+                }
+                Err(why) => {
+                    return ToolResult::err(codes::INVALID_ARGUMENTS, format!("{name}: {why}"));
+                }
+            }
         }
         let toolset = &self.toolsets[entry.toolset];
         let invocation = ToolInvocation {
@@ -239,4 +306,34 @@ impl ToolRegistry {
             }
         }
     }
+}
+
+/// Whether `schema` has a top-level property `name` that may be a string.
+fn is_string_property(schema: &serde_json::Value, name: &str) -> bool {
+    let Some(property) = schema.get("properties").and_then(|p| p.get(name)) else {
+        return false;
+    };
+    match property.get("type") {
+        Some(serde_json::Value::String(t)) => t == "string",
+        Some(serde_json::Value::Array(types)) => types.iter().any(|t| t == "string"),
+        _ => false,
+    }
+}
+
+/// The chat named by `argument`: `None` when absent, null or blank (the tool's own chat).
+fn chat_argument(arguments: &serde_json::Value, argument: &str) -> Result<Option<ChatRef>, String> {
+    let key = match arguments.get(argument) {
+        None | Some(serde_json::Value::Null) => return Ok(None),
+        Some(serde_json::Value::String(key)) => key,
+        Some(_) => return Err(format!("{argument} must be a chat key string")),
+    };
+    if key.trim().is_empty() {
+        return Ok(None);
+    }
+    ChatRef::parse_session_key(key).map(Some).ok_or_else(|| {
+        format!(
+            "{argument}: {key:?} is not a chat key; write it like \"telegram:-100123\" \
+             (platform:chat id)"
+        )
+    })
 }

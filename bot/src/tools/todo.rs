@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::tool::schema::schema_for;
-use crate::tool::{Risk, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec, codes};
+use crate::tool::{Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec, codes};
 
 /// Most steps a plan may hold; a longer plan is a sign the model is looping.
 pub const MAX_STEPS: usize = 50;
@@ -144,6 +144,8 @@ impl ToolSet for TodoList {
                 `data.completed`: step counts."
                 .to_owned(),
             risk: Risk::Write,
+            role: Role::Member,
+            role_in_chat_arg: None,
             failure_codes: Vec::new(),
         }]
     }

@@ -277,6 +277,17 @@ impl Rig {
         llm: Arc<TestLlm>,
         options: ClockOptions,
     ) -> Rig {
+        Self::start_with(store, platform, llm, options, SessionConfig::default()).await
+    }
+
+    /// [`Rig::start`] with the session layer's configuration (its operators, say).
+    pub async fn start_with(
+        store: Arc<MemoryStore>,
+        platform: Arc<TestPlatform>,
+        llm: Arc<TestLlm>,
+        options: ClockOptions,
+        session: SessionConfig,
+    ) -> Rig {
         let handle = ClockHandle::new(store.clone() as Arc<dyn Store>, options);
         let registry =
             ToolRegistry::new(vec![Arc::new(clock::toolset(handle.clone()).unwrap())]).unwrap();
@@ -290,7 +301,7 @@ impl Rig {
             store.clone() as Arc<dyn Store>,
             agent,
             vec![platform.clone() as Arc<dyn Platform>],
-            SessionConfig::default(),
+            session,
         );
         manager.resume().await.unwrap();
         let shutdown = CancellationToken::new();

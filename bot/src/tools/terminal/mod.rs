@@ -15,10 +15,13 @@
 //!   task withdraws a notice that has not started its turn; `task_stop` sends none; a
 //!   restart ([`TerminalService::recover`]) marks rows still `running` as `interrupted` and
 //!   tells each chat once.
-//! - **Policy** is enforced here, not by the registry (the tools are [`Risk::Write`]):
-//!   `admins` (default) | `everyone` | `off`, overridable per chat. The system caller (empty
-//!   user id: a task-result turn) may read tasks (`task_output`, `task_list`) but not run
-//!   commands unless the policy lets everyone.
+//! - **Who:** every tool needs [`Role::Operator`] (the config's `bot.admins`), declared in
+//!   its spec and checked by the registry; a chat admin is never an operator. `shell` is
+//!   [`Risk::Dangerous`]: it reaches the host. A completion notice runs as the caller who
+//!   started the task (stored in its row), so that turn may read the task with
+//!   `task_output`.
+//! - **Where:** [`Policy`] `operators` (default) | `off`, overridable per chat, checked
+//!   here with `enabled` and shutdown; it never widens who may call.
 //! - **Environment:** only the allow-listed variables (and `HOME` = the workspace) reach a
 //!   command; each session works in `data_dir/workspaces/<session>`; optional bubblewrap.
 
@@ -64,16 +67,15 @@ pub mod codes {
 /// The store space holding task rows (`<session>|<task_id>` → versioned JSON).
 pub const TASKS_SPACE: &str = "terminal_tasks";
 
-/// Who may use the terminal in a chat.
+/// Whether the terminal is open in a chat. Who may call it is not a policy: its tools need
+/// [`Role::Operator`] everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Policy {
-    /// Admins only (the default).
+    /// Open to operators (the default).
     #[default]
-    Admins,
-    /// Every member of the chat.
-    Everyone,
-    /// Nobody.
+    Operators,
+    /// Switched off: nobody, operators included.
     Off,
 }
 
@@ -96,7 +98,7 @@ pub enum Sandbox {
 pub struct TerminalConfig {
     /// Off unless set (`[terminal] enabled = true`).
     pub enabled: bool,
-    /// Who may use it, unless a chat says otherwise.
+    /// Whether it is open, unless a chat says otherwise.
     pub policy: Policy,
     /// Per-chat policies, by session key (`telegram:-100123`) or `platform:chat_id`.
     pub chat_policies: HashMap<String, Policy>,
@@ -133,7 +135,7 @@ impl Default for TerminalConfig {
     fn default() -> Self {
         TerminalConfig {
             enabled: false,
-            policy: Policy::Admins,
+            policy: Policy::Operators,
             chat_policies: HashMap::new(),
             data_dir: PathBuf::from("data"),
             foreground_timeout: Duration::from_secs(60),
@@ -171,25 +173,18 @@ pub enum NotifyError {
 /// Where completion notices go: the [`SessionManager`] in the daemon, a recorder in tests.
 #[async_trait]
 pub trait Notifier: Send + Sync {
-    /// Queues `text` for `chat` as a stackable task result, stored together with `also`
-    /// (the task rows saying they were told) in one transaction; returns its pending id.
+    /// Queues `text` for `chat` as a stackable task result whose turn runs as `caller` (who
+    /// started the task), stored together with `also` (the task rows saying they were told)
+    /// in one transaction; returns its pending id.
     async fn notify(
         &self,
         chat: &ChatRef,
         text: String,
+        caller: Caller,
         also: Vec<KvWrite>,
     ) -> Result<u64, NotifyError>;
     /// Withdraws a queued notice that has not started its turn; `true` when withdrawn.
     fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError>;
-}
-
-/// The caller a task-result turn runs as: the system (empty user id), a member.
-pub fn notice_caller() -> Caller {
-    Caller {
-        user_id: String::new(),
-        name: "terminal".to_owned(),
-        role: Role::Member,
-    }
 }
 
 fn submit_error(e: SubmitError) -> NotifyError {
@@ -206,9 +201,10 @@ impl Notifier for SessionManager {
         &self,
         chat: &ChatRef,
         text: String,
+        caller: Caller,
         also: Vec<KvWrite>,
     ) -> Result<u64, NotifyError> {
-        self.submit_notice(chat, text, notice_caller(), also)
+        self.submit_notice(chat, text, caller, also)
             .await
             .map_err(submit_error)
     }
@@ -240,10 +236,11 @@ impl Notifier for LateNotifier {
         &self,
         chat: &ChatRef,
         text: String,
+        caller: Caller,
         also: Vec<KvWrite>,
     ) -> Result<u64, NotifyError> {
         match self.0.get() {
-            Some(n) => n.notify(chat, text, also).await,
+            Some(n) => n.notify(chat, text, caller, also).await,
             None => Err(NotifyError::Failed("no notifier wired yet".to_owned())),
         }
     }
@@ -333,8 +330,9 @@ impl TerminalService {
         self.config.policy
     }
 
-    /// Whether this caller may use `tool` here; the refusal as a result otherwise.
-    fn check_policy(&self, tool: &str, cx: &ToolContext) -> Result<(), ToolResult> {
+    /// Whether the terminal is open in this chat now; the refusal as a result otherwise.
+    /// Who may call is the registry's check (the specs' role), not this one.
+    fn check_policy(&self, cx: &ToolContext) -> Result<(), ToolResult> {
         if !self.config.enabled {
             return Err(ToolResult::err(
                 crate::tool::codes::UNAVAILABLE,
@@ -347,31 +345,12 @@ impl TerminalService {
                 "the daemon is shutting down",
             ));
         }
-        let read_only = matches!(tool, "task_output" | "task_list");
         match self.policy_for(&cx.session, cx.chat.as_ref()) {
             Policy::Off => Err(ToolResult::err(
                 crate::tool::codes::PERMISSION_DENIED,
                 "the terminal is switched off in this chat; nobody may use it here",
             )),
-            Policy::Everyone => Ok(()),
-            Policy::Admins
-                if cx.caller.role == Role::Operator
-                    || (read_only && cx.caller.user_id.is_empty()) =>
-            {
-                Ok(())
-            }
-            Policy::Admins => Err(ToolResult::err(
-                crate::tool::codes::PERMISSION_DENIED,
-                format!(
-                    "only admins may use the terminal in this chat, and {} is not an admin; \
-                     tell them so instead of trying again",
-                    if cx.caller.name.is_empty() {
-                        "the sender"
-                    } else {
-                        cx.caller.name.as_str()
-                    }
-                ),
-            )),
+            Policy::Operators => Ok(()),
         }
     }
 
@@ -720,8 +699,8 @@ impl ToolSet for TerminalToolset {
 
     fn tools(&self) -> Vec<ToolSpec> {
         let c = &self.service.config;
-        let policy = "Who may call it is set by the operator per chat (admins only by default); \
-            others get PERMISSION_DENIED.";
+        let policy = "Operators of the bot only (never a chat's own admins); anyone else gets \
+            PERMISSION_DENIED.";
         vec![
             ToolSpec {
                 name: "shell".to_owned(),
@@ -747,7 +726,9 @@ impl ToolSet for TerminalToolset {
                 result: "Foreground: `data.exit_code`, `data.output`, `data.output_chars`, \
                     `data.cut_chars`. Background: `data.task_id`, `data.status` (running)."
                     .to_owned(),
-                risk: Risk::Write,
+                risk: Risk::Dangerous,
+                role: Role::Operator,
+                role_in_chat_arg: None,
                 failure_codes: vec![codes::TASK_LIMIT.to_owned()],
             },
             ToolSpec {
@@ -764,7 +745,9 @@ impl ToolSet for TerminalToolset {
                     timed_out, stopped, interrupted), `data.exit_code`, `data.output`, \
                     `data.cut_chars`."
                     .to_owned(),
-                risk: Risk::Write,
+                risk: Risk::Read,
+                role: Role::Operator,
+                role_in_chat_arg: None,
                 failure_codes: vec![codes::TASK_NOT_FOUND.to_owned()],
             },
             ToolSpec {
@@ -777,6 +760,8 @@ impl ToolSet for TerminalToolset {
                 parameters: schema_for::<TaskStopArgs>(),
                 result: "`data.task_id`, `data.status`.".to_owned(),
                 risk: Risk::Write,
+                role: Role::Operator,
+                role_in_chat_arg: None,
                 failure_codes: vec![codes::TASK_NOT_FOUND.to_owned()],
             },
             ToolSpec {
@@ -789,14 +774,16 @@ impl ToolSet for TerminalToolset {
                 result: "`data.tasks`: [{task_id, status, description, command, exit_code, \
                     started, ended}]."
                     .to_owned(),
-                risk: Risk::Write,
+                risk: Risk::Read,
+                role: Role::Operator,
+                role_in_chat_arg: None,
                 failure_codes: Vec::new(),
             },
         ]
     }
 
     async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult {
-        if let Err(refused) = self.service.check_policy(&call.name, &cx) {
+        if let Err(refused) = self.service.check_policy(&cx) {
             return refused;
         }
         let service = &self.service;

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::platform::ChatRef;
 use crate::store::{KvWrite, StoreError};
-use crate::tool::{ToolContext, ToolResult};
+use crate::tool::{Caller, Role, ToolContext, ToolResult};
 
 /// Characters of output a completion notice carries.
 pub const NOTICE_OUTPUT_CHARS: usize = 2000;
@@ -83,6 +83,10 @@ pub struct TaskRecord {
     /// Their display name.
     #[serde(default)]
     pub started_by_name: String,
+    /// Their role when they started it; its completion notice runs with it. Rows written
+    /// before roles were stored read as [`Role::Member`], which may not read them back.
+    #[serde(default)]
+    pub started_by_role: Role,
     /// Current state.
     pub status: TaskStatus,
     /// Exit code, when it exited normally.
@@ -384,6 +388,7 @@ impl TerminalService {
             description: args.description.clone().filter(|d| !d.trim().is_empty()),
             started_by: cx.caller.user_id.clone(),
             started_by_name: cx.caller.name.clone(),
+            started_by_role: cx.caller.role,
             status: TaskStatus::Running,
             exit_code: None,
             signal: None,
@@ -490,12 +495,8 @@ impl TerminalService {
                     let mut told = row.clone();
                     told.notified = true;
                     let also = row_write(&told).into_iter().collect();
-                    match tokio::time::timeout(
-                        NOTIFY_TIMEOUT,
-                        self.notifier.notify(&chat, text, also),
-                    )
-                    .await
-                    {
+                    let notify = self.notifier.notify(&chat, text, row.starter(), also);
+                    match tokio::time::timeout(NOTIFY_TIMEOUT, notify).await {
                         Ok(Ok(pending)) => {
                             row.notice_pending_id = Some(pending);
                             row.notified = true;
@@ -716,12 +717,8 @@ impl TerminalService {
                     row_write(&told)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let told = match tokio::time::timeout(
-                NOTIFY_TIMEOUT,
-                self.notifier.notify(&chat, text, also),
-            )
-            .await
-            {
+            let notify = self.notifier.notify(&chat, text, starters(&rows), also);
+            let told = match tokio::time::timeout(NOTIFY_TIMEOUT, notify).await {
                 Ok(Ok(pending)) => Some(Some(pending)),
                 Ok(Err(NotifyError::ShuttingDown)) => None,
                 Ok(Err(e)) => {
@@ -782,6 +779,42 @@ async fn terminate(
             .await
             .ok()
             .and_then(Result::ok),
+    }
+}
+
+impl TaskRecord {
+    /// Who started the task, as the caller its notice turn runs as.
+    pub fn starter(&self) -> Caller {
+        Caller {
+            user_id: self.started_by.clone(),
+            name: self.started_by_name.clone(),
+            role: self.started_by_role,
+        }
+    }
+}
+
+/// The caller of one notice about several tasks: their starter when it is one person, else
+/// the system with the least of their roles (as the session queue merges callers), so
+/// nobody's notice gains a role its starter did not have.
+fn starters(rows: &[TaskRecord]) -> Caller {
+    let Some(first) = rows.first() else {
+        return Caller::default();
+    };
+    let role = rows
+        .iter()
+        .map(|r| r.started_by_role)
+        .min()
+        .unwrap_or_default();
+    if rows.iter().all(|r| r.started_by == first.started_by) {
+        return Caller {
+            role,
+            ..first.starter()
+        };
+    }
+    Caller {
+        user_id: String::new(),
+        name: "terminal".to_owned(),
+        role,
     }
 }
 
