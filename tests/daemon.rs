@@ -605,7 +605,7 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
         &config(
             dir.path(),
             &telegram,
-            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\n",
+            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
         ),
         &llm,
         &telegram,
