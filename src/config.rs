@@ -2,15 +2,24 @@
 //! default, unknown keys refused so a typo is an error and not a silently ignored setting.
 //!
 //! Resolution order for each setting: the file, then the environment (`OPENAI_API_KEY`,
-//! `OPENAI_BASE_URL`, `PARLOR_MODEL`, `TELEGRAM_BOT_TOKEN`, `PARLOR_DATA_DIR`), then the
-//! built-in default — so `parlor chat` runs with nothing but an LLM endpoint in the
-//! environment. Secrets are best kept out of the file: use the environment or `*_file`.
+//! `OPENAI_BASE_URL`, `PARLOR_MODEL`, `TELEGRAM_BOT_TOKEN`, `DISCORD_BOT_TOKEN`,
+//! `PARLOR_DATA_DIR`), then the built-in default — so `parlor chat` runs with nothing but an
+//! LLM endpoint in the environment.
+//!
+//! Secrets (the API key, the bot tokens) are resolved once, at start
+//! ([`Config::resolve_secrets`]): a `*_file` key, then the value in the file, then a systemd
+//! credential (`$CREDENTIALS_DIRECTORY/llm_api_key`, `telegram_token`, `discord_token`),
+//! then the environment. Then `main` scrubs them out of the process environment
+//! ([`Config::secret_env_names`]). They are [`Secret`]s, so `Debug` of a config never shows
+//! them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+
+use crate::secrets::{self, Secret};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -28,7 +37,28 @@ pub struct Config {
     pub terminal: TerminalSection,
     /// `[toolsets]`: which toolsets are on, and their settings.
     pub toolsets: ToolsetsConfig,
+    /// The file this configuration came from (the sandbox hides it).
+    #[serde(skip)]
+    pub path: Option<PathBuf>,
+    /// The secrets as [`Config::resolve_secrets`] found them.
+    #[serde(skip)]
+    secrets: Secrets,
 }
+
+/// The secrets in effect, from wherever they came.
+#[derive(Debug, Clone, Default)]
+struct Secrets {
+    api_key: Option<Secret>,
+    telegram_token: Option<Secret>,
+    discord_token: Option<Secret>,
+}
+
+/// Names of the systemd credentials parlor reads (`LoadCredential=<name>:<path>`).
+pub const CREDENTIAL_API_KEY: &str = "llm_api_key";
+/// See [`CREDENTIAL_API_KEY`].
+pub const CREDENTIAL_TELEGRAM: &str = "telegram_token";
+/// See [`CREDENTIAL_API_KEY`].
+pub const CREDENTIAL_DISCORD: &str = "discord_token";
 
 /// `[bot]`
 #[derive(Debug, Clone, Deserialize)]
@@ -96,8 +126,9 @@ pub struct LlmConfig {
     /// Base URL of the chat-completions API, up to and including `/v1`; `OPENAI_BASE_URL`
     /// or OpenAI's when unset.
     pub base_url: Option<String>,
-    /// The API key. Prefer `api_key_env` or `api_key_file` to keep it out of the file.
-    pub api_key: Option<String>,
+    /// The API key. Prefer a systemd credential, `api_key_env` or `api_key_file` to keep it
+    /// out of the file.
+    pub api_key: Option<Secret>,
     /// Environment variable holding the API key.
     pub api_key_env: String,
     /// File holding the API key (a systemd credential, say).
@@ -158,9 +189,9 @@ impl Default for LlmConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TelegramSection {
-    /// The bot token from @BotFather; `TELEGRAM_BOT_TOKEN` when unset. Prefer the
-    /// environment or `token_file`.
-    pub token: Option<String>,
+    /// The bot token from @BotFather; the `telegram_token` credential or
+    /// `TELEGRAM_BOT_TOKEN` when unset. Prefer those or `token_file`.
+    pub token: Option<Secret>,
     /// File holding the token.
     pub token_file: Option<PathBuf>,
     /// Bot API server (a self-hosted `telegram-bot-api`, say).
@@ -184,9 +215,9 @@ impl Default for TelegramSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DiscordSection {
-    /// The bot token from the Developer Portal; `DISCORD_BOT_TOKEN` when unset. Prefer the
-    /// environment or `token_file`.
-    pub token: Option<String>,
+    /// The bot token from the Developer Portal; the `discord_token` credential or
+    /// `DISCORD_BOT_TOKEN` when unset. Prefer those or `token_file`.
+    pub token: Option<Secret>,
     /// File holding the token.
     pub token_file: Option<PathBuf>,
     /// Base URL REST calls go to instead of Discord's (a proxy, or tests); the gateway URL
@@ -216,8 +247,10 @@ pub struct TerminalSection {
     pub max_background_total: usize,
     /// A background task running longer is killed (`timed_out`).
     pub max_task_hours: u64,
-    /// `none`, or `bwrap` (bubblewrap: read-only system, writable workspace).
-    pub sandbox: SandboxKind,
+    /// `bwrap` (bubblewrap: read-only system, only the own workspace writable, no view of
+    /// the data directory or the daemon) or `none` (commands reach all the daemon's user
+    /// can). No default: an enabled terminal must say which.
+    pub sandbox: Option<SandboxKind>,
     /// With `bwrap`: whether commands may use the network.
     pub sandbox_network: bool,
     /// Environment variables passed to commands besides PATH, HOME, LANG, LC_ALL, TERM, TZ,
@@ -279,7 +312,7 @@ impl Default for TerminalSection {
             max_background_per_session: 3,
             max_background_total: 10,
             max_task_hours: 6,
-            sandbox: SandboxKind::None,
+            sandbox: None,
             sandbox_network: false,
             extra_env: Vec::new(),
         }
@@ -391,18 +424,15 @@ fn env(name: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-fn read_secret(path: &Path, key: &str) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read {key} {}", path.display()))?;
-    Ok(text.trim().to_owned())
-}
-
 impl Config {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("config file {} is invalid", path.display()))
+        let mut config = Self::parse(&text)
+            .with_context(|| format!("config file {} is invalid", path.display()))?;
+        config.path = Some(std::path::absolute(path).unwrap_or_else(|_| path.to_owned()));
+        Ok(config)
     }
 
     /// Parses and checks config text.
@@ -480,6 +510,15 @@ impl Config {
                 bail!("{name} must be at least 1");
             }
         }
+        if self.terminal.enabled && self.terminal.sandbox.is_none() {
+            bail!(
+                "[terminal] enabled = true needs an explicit sandbox: sandbox = \"bwrap\" runs \
+                 every command in bubblewrap (installed separately), seeing the system read-only \
+                 and only its chat's workspace, never the store or the daemon; sandbox = \"none\" \
+                 runs commands as parlor's own user, able to read and change everything that user \
+                 can (the store with every chat's history, other chats' workspaces, secret files)"
+            );
+        }
         if self.terminal.timeout_secs > self.terminal.max_timeout_secs {
             bail!("terminal.timeout_secs must not exceed terminal.max_timeout_secs");
         }
@@ -554,38 +593,91 @@ impl Config {
             .unwrap_or_else(|| "gpt-4o-mini".to_owned())
     }
 
-    /// The API key from `api_key_file`, `api_key`, or the `api_key_env` variable; `None`
-    /// when none is set (local servers such as Ollama need none).
-    pub fn api_key(&self) -> anyhow::Result<Option<String>> {
-        if let Some(path) = &self.llm.api_key_file {
-            return read_secret(path, "llm.api_key_file").map(Some);
-        }
-        if let Some(key) = &self.llm.api_key {
-            return Ok(Some(key.trim().to_owned()));
-        }
-        Ok(env(&self.llm.api_key_env))
+    /// Finds every secret, in order: the `*_file` key, the value in the file, the systemd
+    /// credential, the environment. Run once at start, before [`Config::secret_env_names`]
+    /// are scrubbed from the environment; until then the accessors return `None`.
+    pub fn resolve_secrets(&mut self) -> anyhow::Result<()> {
+        let api_key = resolve(
+            self.llm.api_key_file.as_deref(),
+            "llm.api_key_file",
+            self.llm.api_key.as_ref(),
+            CREDENTIAL_API_KEY,
+            &self.llm.api_key_env,
+        )?;
+        let telegram_token = resolve(
+            self.telegram.token_file.as_deref(),
+            "telegram.token_file",
+            self.telegram.token.as_ref(),
+            CREDENTIAL_TELEGRAM,
+            "TELEGRAM_BOT_TOKEN",
+        )?;
+        let discord_token = resolve(
+            self.discord.token_file.as_deref(),
+            "discord.token_file",
+            self.discord.token.as_ref(),
+            CREDENTIAL_DISCORD,
+            "DISCORD_BOT_TOKEN",
+        )?;
+        self.secrets = Secrets {
+            api_key,
+            telegram_token,
+            discord_token,
+        };
+        Ok(())
     }
 
-    /// The Telegram token from `token_file`, `token` or `TELEGRAM_BOT_TOKEN`.
-    pub fn telegram_token(&self) -> anyhow::Result<Option<String>> {
-        if let Some(path) = &self.telegram.token_file {
-            return read_secret(path, "telegram.token_file").map(Some);
+    /// Environment variables that hold (or may hold) secrets: the ones parlor reads, and
+    /// `OPENAI_API_KEY` also when `api_key_env` names another.
+    pub fn secret_env_names(&self) -> Vec<String> {
+        let mut names = vec![self.llm.api_key_env.clone()];
+        for name in ["OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN"] {
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
         }
-        if let Some(token) = &self.telegram.token {
-            return Ok(Some(token.trim().to_owned()));
-        }
-        Ok(env("TELEGRAM_BOT_TOKEN"))
+        names
     }
 
-    /// The Discord token from `token_file`, `token` or `DISCORD_BOT_TOKEN`.
-    pub fn discord_token(&self) -> anyhow::Result<Option<String>> {
-        if let Some(path) = &self.discord.token_file {
-            return read_secret(path, "discord.token_file").map(Some);
+    /// Files holding secrets or naming them, for the sandbox to hide: the config file and,
+    /// when it has a directory of its own (`/etc/parlor/`), that directory (an
+    /// `EnvironmentFile=` usually sits beside it), and the `*_file`s.
+    pub fn secret_paths(&self) -> Vec<PathBuf> {
+        let mut paths = Vec::new();
+        if let Some(path) = &self.path {
+            paths.push(path.clone());
+            if let Some(dir) = path.parent()
+                && dir.components().count() > 2
+            {
+                paths.push(dir.to_owned());
+            }
         }
-        if let Some(token) = &self.discord.token {
-            return Ok(Some(token.trim().to_owned()));
-        }
-        Ok(env("DISCORD_BOT_TOKEN"))
+        paths.extend(
+            [
+                &self.llm.api_key_file,
+                &self.telegram.token_file,
+                &self.discord.token_file,
+            ]
+            .into_iter()
+            .flatten()
+            .cloned(),
+        );
+        paths
+    }
+
+    /// The LLM API key, once resolved; `None` when there is none (local servers such as
+    /// Ollama need none).
+    pub fn api_key(&self) -> Option<&Secret> {
+        self.secrets.api_key.as_ref()
+    }
+
+    /// The Telegram token, once resolved.
+    pub fn telegram_token(&self) -> Option<&Secret> {
+        self.secrets.telegram_token.as_ref()
+    }
+
+    /// The Discord token, once resolved.
+    pub fn discord_token(&self) -> Option<&Secret> {
+        self.secrets.discord_token.as_ref()
     }
 
     /// Where the database lives.
@@ -612,5 +704,128 @@ impl Config {
     /// Request timeout as a duration.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_secs(self.llm.request_timeout_secs)
+    }
+}
+
+/// One secret: `file` (a `*_file` key), `inline` (in the config file), the systemd
+/// credential `credential`, the environment variable `env`.
+fn resolve(
+    file: Option<&Path>,
+    file_key: &str,
+    inline: Option<&Secret>,
+    credential: &str,
+    env: &str,
+) -> anyhow::Result<Option<Secret>> {
+    if let Some(path) = file {
+        return secrets::read_file(path, file_key).map(Some);
+    }
+    if let Some(secret) = inline.filter(|s| !s.expose().is_empty()) {
+        return Ok(Some(secret.clone()));
+    }
+    if let Some((path, secret)) = secrets::credential(credential)? {
+        tracing::debug!(credential, path = %path.display(), "secret from a systemd credential");
+        return Ok(Some(secret));
+    }
+    Ok(secrets::from_env(env))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_prints_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("key");
+        std::fs::write(&key_file, "sk-from-a-file-31337\n").unwrap();
+        let mut config = Config::parse(&format!(
+            r#"
+[llm]
+api_key = "sk-inline-4242"
+api_key_file = "{}"
+[telegram]
+token = "123:telegram-secret-777"
+[discord]
+token = "discord-secret-888"
+"#,
+            key_file.display()
+        ))
+        .unwrap();
+        config.resolve_secrets().unwrap();
+        assert_eq!(
+            config.api_key().map(Secret::expose),
+            Some("sk-from-a-file-31337"),
+            "the file wins over the inline value"
+        );
+        assert_eq!(
+            config.telegram_token().map(Secret::expose),
+            Some("123:telegram-secret-777")
+        );
+        let debug = format!("{config:?}");
+        let pretty = format!("{config:#?}");
+        for secret in [
+            "sk-inline-4242",
+            "sk-from-a-file-31337",
+            "telegram-secret-777",
+            "discord-secret-888",
+        ] {
+            assert!(!debug.contains(secret), "{secret} in {debug}");
+            assert!(!pretty.contains(secret), "{secret} in {pretty}");
+        }
+        assert!(debug.contains("[redacted]"), "{debug}");
+    }
+
+    #[test]
+    fn an_enabled_terminal_must_name_its_sandbox() {
+        let e = Config::parse("[terminal]\nenabled = true\n").unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains(r#"sandbox = "bwrap""#) && e.contains(r#"sandbox = "none""#),
+            "{e}"
+        );
+        for sandbox in ["none", "bwrap"] {
+            let config = Config::parse(&format!(
+                "[terminal]\nenabled = true\nsandbox = \"{sandbox}\"\n"
+            ))
+            .unwrap();
+            assert!(config.terminal.sandbox.is_some());
+        }
+        // A terminal that is off needs no choice.
+        Config::parse("[terminal]\nenabled = false\n").unwrap();
+        assert!(Config::parse("[terminal]\nsandbox = \"chroot\"\n").is_err());
+    }
+
+    #[test]
+    fn the_config_directory_and_secret_files_are_named_for_the_sandbox() {
+        let mut config = Config::parse(
+            "[telegram]\ntoken_file = \"/run/credentials/parlor.service/telegram_token\"\n",
+        )
+        .unwrap();
+        config.path = Some("/etc/parlor/config.toml".into());
+        let paths = config.secret_paths();
+        for want in [
+            "/etc/parlor/config.toml",
+            "/etc/parlor",
+            "/run/credentials/parlor.service/telegram_token",
+        ] {
+            assert!(paths.contains(&PathBuf::from(want)), "{want}: {paths:?}");
+        }
+        // A config directly in /etc: the file, never all of /etc.
+        config.path = Some("/etc/parlor.toml".into());
+        assert!(!config.secret_paths().contains(&PathBuf::from("/etc")));
+    }
+
+    #[test]
+    fn secret_variables_include_the_configured_one_and_the_usual_ones() {
+        let config = Config::parse("[llm]\napi_key_env = \"MY_LLM_KEY\"\n").unwrap();
+        assert_eq!(
+            config.secret_env_names(),
+            [
+                "MY_LLM_KEY",
+                "OPENAI_API_KEY",
+                "TELEGRAM_BOT_TOKEN",
+                "DISCORD_BOT_TOKEN"
+            ]
+        );
     }
 }

@@ -18,12 +18,13 @@ use crate::{systemd, wiring};
 
 /// Runs the daemon until a signal arrives or an adapter fails for good.
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    let telegram_token = config.telegram_token()?;
-    let discord_token = config.discord_token()?;
+    let telegram_token = config.telegram_token().map(|t| t.expose().to_owned());
+    let discord_token = config.discord_token().map(|t| t.expose().to_owned());
     if telegram_token.is_none() && discord_token.is_none() {
         anyhow::bail!(
-            "no chat platform is configured: set TELEGRAM_BOT_TOKEN or DISCORD_BOT_TOKEN (or \
-             [telegram] / [discord] token_file). To try parlor without one, run `parlor chat`"
+            "no chat platform is configured: give systemd the telegram_token or discord_token \
+             credential, set TELEGRAM_BOT_TOKEN or DISCORD_BOT_TOKEN, or set [telegram] / \
+             [discord] token_file. To try parlor without one, run `parlor chat`"
         );
     }
     let store = wiring::store(&config)?;

@@ -6,6 +6,7 @@
 
 mod config;
 mod daemon;
+mod secrets;
 mod systemd;
 mod wiring;
 
@@ -93,6 +94,46 @@ fn main() -> ExitCode {
     }
 }
 
+/// Takes the secrets out of the process environment once the config has read them, and
+/// for the long-running commands (`run`, `chat`: the ones with a terminal) makes the
+/// process non-dumpable. Runs on the main thread before any runtime exists: removing
+/// environment variables is only sound while no other thread can read them.
+fn protect_secrets(config: &Config, long_running: bool) {
+    if long_running {
+        secrets::make_non_dumpable();
+    }
+    if !single_threaded() {
+        // Cannot happen as `main` is written; refusing beats undefined behaviour.
+        tracing::warn!(
+            "other threads already run; the secrets stay in the process environment (children \
+             still never get them: the terminal passes an allow-list only)"
+        );
+        return;
+    }
+    // SAFETY: this process has one thread (checked just above, and no code before this
+    // point starts one: argument parsing, logging set-up and reading the config do not),
+    // so nothing reads the environment while it changes.
+    let scrubbed = unsafe { secrets::scrub_env(&config.secret_env_names()) };
+    if !scrubbed.removed.is_empty() {
+        tracing::debug!(variables = ?scrubbed.removed, "secrets removed from the environment");
+    }
+    if !scrubbed.still_visible.is_empty() {
+        tracing::warn!(
+            variables = ?scrubbed.still_visible,
+            "these secrets could not be erased from /proc/self/environ"
+        );
+    }
+}
+
+/// Whether this process runs one thread only (Linux: `Threads:` in `/proc/self/status`).
+fn single_threaded() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .any(|l| l.strip_prefix("Threads:").is_some_and(|n| n.trim() == "1"))
+    })
+}
+
 /// A store that lives for this command only: `tools` and `ask` need the toolsets built, not
 /// the daemon's database (which a running daemon holds locked).
 fn ephemeral_store() -> Arc<dyn parlor_bot::store::Store> {
@@ -112,10 +153,22 @@ fn init_logging(default_level: &str) {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = match &cli.config {
+    let mut config = match &cli.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
+    // The catalog needs no secret, and must print for someone who may not read them.
+    let needs_secrets = !matches!(cli.command, Command::Tools { .. });
+    let resolved = if needs_secrets {
+        config.resolve_secrets()
+    } else {
+        Ok(())
+    };
+    protect_secrets(
+        &config,
+        matches!(cli.command, Command::Run | Command::Chat { .. }),
+    );
+    resolved?;
     match cli.command {
         Command::Tools { json } => {
             let registry = wiring::catalog_registry(&config)?;
@@ -129,10 +182,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::CheckConfig => {
+            // The secrets were resolved (files and credentials read) before this.
             wiring::catalog_registry(&config)?;
-            config.api_key()?;
-            config.telegram_token()?;
-            config.discord_token()?;
             println!("configuration is valid");
             Ok(ExitCode::SUCCESS)
         }

@@ -26,7 +26,19 @@ fn notify(states: &[NotifyState<'_>]) {
 /// The interval systemd wants watchdog pings at (half its `WatchdogSec`), if it wants any.
 pub fn watchdog_interval() -> Option<Duration> {
     let mut usec = 0;
-    sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec / 2))
+    sd_notify::watchdog_enabled(false, &mut usec)
+        .then_some(usec)
+        .and_then(ping_interval)
+}
+
+/// The shortest ping interval: a `WatchdogSec` of a microsecond or two would otherwise halve
+/// to zero, which no timer can tick at.
+const MIN_PING_INTERVAL: Duration = Duration::from_millis(1);
+
+/// Half of systemd's `WATCHDOG_USEC`, at least [`MIN_PING_INTERVAL`]; `None` for 0, which
+/// systemd itself treats as invalid (no watchdog).
+fn ping_interval(usec: u64) -> Option<Duration> {
+    (usec > 0).then(|| Duration::from_micros(usec / 2).max(MIN_PING_INTERVAL))
 }
 
 /// Pings the watchdog every `interval` until `shutdown`. It runs on the same runtime as the
@@ -38,5 +50,26 @@ pub async fn watchdog(interval: Duration, shutdown: CancellationToken) {
             _ = tick.tick() => notify(&[NotifyState::Watchdog]),
             () = shutdown.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tiny_watchdog_timeout_gives_a_usable_interval() {
+        assert_eq!(ping_interval(0), None);
+        assert_eq!(ping_interval(1), Some(MIN_PING_INTERVAL));
+        assert_eq!(ping_interval(3), Some(MIN_PING_INTERVAL));
+        assert_eq!(ping_interval(60_000_000), Some(Duration::from_secs(30)));
+    }
+
+    #[tokio::test]
+    async fn pinging_at_the_shortest_interval_does_not_panic() {
+        // The timer is made on entry: a zero interval would panic right there.
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        watchdog(ping_interval(1).unwrap(), shutdown).await;
     }
 }

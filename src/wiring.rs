@@ -135,6 +135,14 @@ pub fn terminal(
         TerminalPolicy::Operators => Policy::Operators,
         TerminalPolicy::Off => Policy::Off,
     };
+    let sandbox = match t.sandbox {
+        Some(SandboxKind::Bwrap) => Sandbox::Bwrap {
+            network: t.sandbox_network,
+            hide: sandbox_hidden(config, &data_dir),
+        },
+        // `check` refuses an enabled terminal without a sandbox setting.
+        Some(SandboxKind::None) | None => Sandbox::None,
+    };
     let defaults = TerminalConfig::default();
     let mut env_allow = defaults.env_allow.clone();
     env_allow.extend(t.extra_env.iter().cloned());
@@ -156,15 +164,18 @@ pub fn terminal(
             max_background_total: t.max_background_total,
             max_task_runtime: Duration::from_secs(t.max_task_hours * 3600),
             env_allow,
-            sandbox: match t.sandbox {
-                SandboxKind::None => Sandbox::None,
-                SandboxKind::Bwrap => Sandbox::Bwrap {
-                    network: t.sandbox_network,
-                },
-            },
+            sandbox,
             ..defaults
         },
     ))
+}
+
+/// What the bubblewrap sandbox must hide even where it shows the host (`/etc`): the data
+/// directory and every file holding or naming a secret.
+fn sandbox_hidden(config: &Config, data_dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut hide = vec![data_dir.to_owned()];
+    hide.extend(config.secret_paths());
+    hide
 }
 
 /// The agent this configuration describes, talking to the configured endpoint.
@@ -176,7 +187,7 @@ pub fn agent(
 ) -> anyhow::Result<Agent> {
     let llm = OpenAiClient::with_retries(OpenAiConfig {
         base_url: config.base_url(),
-        api_key: config.api_key()?,
+        api_key: config.api_key().map(|k| k.expose().to_owned()),
         request_timeout: config.request_timeout(),
         connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
         idle_timeout: Duration::from_secs(config.llm.idle_timeout_secs),
@@ -258,6 +269,14 @@ impl Runtime {
                 .recover()
                 .await
                 .context("cannot recover terminal tasks")?;
+            // Not fatal: the chats still work, and each shell call says why it cannot run.
+            if let Err(why) = terminal.check_sandbox().await {
+                tracing::error!(
+                    error = %why,
+                    "the terminal's bubblewrap sandbox does not work on this host; shell \
+                     commands will fail until it does"
+                );
+            }
         }
         Ok(())
     }
@@ -308,6 +327,15 @@ pub fn runtime(
         Arc::clone(&late) as Arc<dyn Notifier>,
         config.data_dir(),
     );
+    if terminal.is_some() && config.terminal.sandbox == Some(SandboxKind::None) {
+        // Said at every start: an operator who chose this should not forget it.
+        tracing::warn!(
+            "[terminal] sandbox = \"none\": shell commands run as parlor's own user and can \
+             reach everything it can: the store with every chat's history, other chats' \
+             workspaces, the config file and secret files, the network. Use sandbox = \"bwrap\" \
+             unless every operator is trusted with all of that"
+        );
+    }
     let clock = clock_handle(config, Arc::clone(&store))?;
     let sessions = SessionManager::new(
         Arc::clone(&store),

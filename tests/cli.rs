@@ -260,6 +260,10 @@ async fn a_broken_config_is_a_clear_error() {
             "[terminal]\npolicy = \"sometimes\"\n",
             "use \"operators\" or \"off\"",
         ),
+        (
+            "[terminal]\nenabled = true\n",
+            "[terminal] enabled = true needs an explicit sandbox",
+        ),
     ];
     for (text, expected) in cases {
         let config = write_config(dir.path(), text);
@@ -499,4 +503,109 @@ async fn a_second_daemon_on_the_same_data_dir_is_refused() {
         "{}",
         stdout(&first)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_systemd_credential_is_the_key_and_an_empty_one_is_an_error() {
+    let fake = FakeLlm::start().await;
+    fake.push(Reply::text("ok"));
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("credentials");
+    std::fs::create_dir(&creds).unwrap();
+    std::fs::write(creds.join("llm_api_key"), "sk-from-credential-2718\n").unwrap();
+    let config = write_config(dir.path(), &llm_config(&fake, ""));
+    let out = run(parlor()
+        .arg("--config")
+        .arg(&config)
+        .args(["ask", "hi"])
+        .env("CREDENTIALS_DIRECTORY", &creds)
+        .env("OPENAI_API_KEY", "sk-from-env"))
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        fake.requests()[0].authorization(),
+        Some("Bearer sk-from-credential-2718"),
+        "the credential wins over the environment"
+    );
+
+    std::fs::write(creds.join("telegram_token"), "").unwrap();
+    let out = run(parlor()
+        .arg("--config")
+        .arg(&config)
+        .arg("check-config")
+        .env("CREDENTIALS_DIRECTORY", &creds))
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("telegram_token is empty"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The effective user id of this test process.
+fn euid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_is_not_dumpable_so_its_own_user_cannot_read_its_environment() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    use tokio::io::AsyncWriteExt;
+    // As root every process's /proc is readable; the protection is for a daemon under an
+    // unprivileged user (systemd's DynamicUser=), so the test plays one.
+    const NOBODY: u32 = 65534;
+    let as_other = euid() == 0;
+    let fake = FakeLlm::start().await;
+    fake.push(Reply::text("hello"));
+    let data = tempfile::tempdir().unwrap();
+    if as_other {
+        std::os::unix::fs::chown(data.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let mut cmd = parlor();
+    cmd.args(["chat", "--dm"])
+        .env("OPENAI_BASE_URL", fake.base_url())
+        .env("OPENAI_API_KEY", "sk-dumpable-check-1618")
+        .env("PARLOR_DATA_DIR", data.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if as_other {
+        cmd.as_std_mut().uid(NOBODY).gid(NOBODY);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hi\n").await.unwrap();
+    // Its first model call comes long after start-up, where the process protects itself.
+    fake.wait_for_requests(1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let environ = format!("/proc/{pid}/environ");
+    let owner = std::fs::metadata(&environ).unwrap().uid();
+    assert_eq!(
+        owner, 0,
+        "a dumpable process's /proc files belong to its own user"
+    );
+    let mut reader = std::process::Command::new("cat");
+    reader.arg(&environ);
+    if as_other {
+        reader.uid(NOBODY).gid(NOBODY);
+    }
+    let read = reader.output().unwrap();
+    assert!(!read.status.success(), "its own user read {environ}");
+    assert!(
+        String::from_utf8_lossy(&read.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("hello"), "{}", stdout(&out));
 }

@@ -79,8 +79,13 @@ poll_timeout_secs = 1
 }
 
 async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon {
-    let calls_before = telegram.calls("getUpdates");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
+    spawn(daemon_command(config, llm), telegram).await
+}
+
+/// `parlor run` with only the environment a test gives it.
+fn daemon_command(config: &Path, llm: &FakeLlm) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
+    command
         .arg("--config")
         .arg(config)
         .arg("run")
@@ -89,7 +94,14 @@ async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon 
         .env("TELEGRAM_BOT_TOKEN", TOKEN)
         .env("OPENAI_BASE_URL", llm.base_url())
         .env("OPENAI_API_KEY", "sk-test")
-        .env("PARLOR_LOG", "info")
+        .env("PARLOR_LOG", "info");
+    command
+}
+
+/// Starts `command` and waits until the daemon polls Telegram.
+async fn spawn(mut command: tokio::process::Command, telegram: &FakeTelegram) -> Daemon {
+    let calls_before = telegram.calls("getUpdates");
+    let mut child = command
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -651,7 +663,7 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
         &config(
             dir.path(),
             &telegram,
-            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\n",
+            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
         ),
         &llm,
         &telegram,
@@ -955,4 +967,126 @@ async fn memory_survives_a_restart_and_stays_in_its_group() {
         results[1]
     );
     second.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shell_finds_no_secret_in_the_daemons_environment() {
+    use parlor_testkit::ToolCallSpec;
+    const KEY: &str = "sk-e2e-only-here-8c1f5d";
+    let llm = FakeLlm::start().await;
+    // What a curious operator's shell might try against its parent, the daemon.
+    let probe = "echo ppid=$PPID; \
+        cat /proc/$PPID/environ | tr '\\0' '\\n'; \
+        ls /proc/$PPID/; \
+        tr '\\0' ' ' < /proc/$PPID/cmdline; echo; \
+        env; cat /proc/self/environ | tr '\\0' '\\n'";
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "shell",
+        serde_json::json!({ "command": probe }),
+    )]));
+    llm.push(Reply::text("looked around"));
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
+    );
+    let mut command = daemon_command(&config, &llm);
+    command.env("OPENAI_API_KEY", KEY);
+    let daemon = spawn(command, &telegram).await;
+    let pid = daemon.child.id().unwrap();
+    assert!(
+        daemon.log().contains("sandbox = \"none\""),
+        "the start warns about the unsandboxed shell: {}",
+        daemon.log()
+    );
+
+    // From outside first: the kernel's copy of its environment holds no secret.
+    match std::fs::read(format!("/proc/{pid}/environ")) {
+        Ok(environ) => {
+            let environ = String::from_utf8_lossy(&environ);
+            assert!(environ.contains("PATH="), "{environ}");
+            assert!(!environ.contains(KEY), "{environ}");
+            assert!(!environ.contains(TOKEN), "{environ}");
+        }
+        // Not root: non-dumpable, unreadable altogether.
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}"),
+    }
+
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot look around")
+        .mention_bot()
+        .push();
+    telegram.wait_for_sent(1, WAIT).await.unwrap();
+    let result: serde_json::Value = llm
+        .requests()
+        .iter()
+        .find_map(|r| {
+            let last = r.messages().last()?.clone();
+            (last["role"] == "tool" && last["tool_call_id"] == "c1")
+                .then(|| serde_json::from_str(last["content"].as_str()?).ok())?
+        })
+        .expect("no request carried the shell's result");
+    assert_eq!(result["success"], true, "{result}");
+    let output = result["data"]["output"].as_str().unwrap_or_default();
+    // The persistent shell is the daemon's own child: $PPID is the daemon.
+    assert!(output.contains(&format!("ppid={pid}\n")), "{output}");
+    assert!(
+        output.contains("PATH=") || output.contains("Permission denied"),
+        "the daemon's environ was neither read nor refused: {output}"
+    );
+    for secret in [KEY, TOKEN] {
+        assert!(!output.contains(secret), "{secret} leaked: {output}");
+    }
+    // The key still works where it belongs.
+    assert_eq!(
+        llm.requests()[0].authorization(),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+    assert!(!log.contains(KEY), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watchdog_timeout_that_halves_to_zero_still_gets_pings() {
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = tokio::net::UnixDatagram::bind(&socket_path).unwrap();
+    let config = config(dir.path(), &telegram, "");
+    // systemd names the pid its watchdog is for; `exec` keeps the shell's.
+    let mut command = tokio::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg("WATCHDOG_PID=$$ exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_parlor"))
+        .arg("--config")
+        .arg(&config)
+        .arg("run")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("TELEGRAM_BOT_TOKEN", TOKEN)
+        .env("OPENAI_BASE_URL", llm.base_url())
+        .env("PARLOR_LOG", "info")
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "1");
+    let daemon = spawn(command, &telegram).await;
+    let mut buf = vec![0u8; 512];
+    let (mut ready, mut pings) = (false, 0);
+    while !(ready && pings >= 20) {
+        let n = tokio::time::timeout(WAIT, socket.recv(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no notification; log:\n{}", daemon.log()))
+            .unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]);
+        ready |= text.contains("READY=1");
+        pings += usize::from(text.contains("WATCHDOG=1"));
+    }
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
 }

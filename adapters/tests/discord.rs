@@ -488,6 +488,60 @@ async fn everyone_in_a_reply_does_not_ping() {
 }
 
 #[tokio::test]
+async fn a_reply_sent_twice_with_one_key_is_created_once() {
+    let fake = fake().await;
+    let adapter = connect(&fake).await;
+    let asked = fake.message_create(CHANNEL, &alice(), "tell me everything");
+    let text = "All work and no play makes Jack a dull boy. ".repeat(60);
+    let first = adapter
+        .send_reply(&channel(), &text, Some(&asked), "outbox-7")
+        .await
+        .expect("sent");
+    assert!(first.message_ids.len() >= 2, "{first:?}");
+    let parts = fake.sent_messages();
+    assert_eq!(parts.len(), first.message_ids.len());
+    let nonces: Vec<&str> = parts
+        .iter()
+        .map(|p| p.body["nonce"].as_str().expect("a nonce"))
+        .collect();
+    assert!(nonces.iter().all(|n| n.chars().count() <= 25), "{nonces:?}");
+    assert_ne!(nonces[0], nonces[1], "each part has its own");
+    assert!(parts.iter().all(|p| p.body["enforce_nonce"] == true));
+
+    // The outbox sends again (its answer was lost, or the daemon restarted): Discord hands
+    // back the messages it made the first time.
+    let again = adapter
+        .send_reply(&channel(), &text, Some(&asked), "outbox-7")
+        .await
+        .expect("sent");
+    assert_eq!(again.message_ids, first.message_ids);
+    assert_eq!(
+        fake.sent_messages().len(),
+        parts.len(),
+        "nothing created twice"
+    );
+
+    // Another reply, even with the same text, is new.
+    let other = adapter
+        .send_reply(&channel(), &text, Some(&asked), "outbox-8")
+        .await
+        .expect("sent");
+    assert!(
+        other
+            .message_ids
+            .iter()
+            .all(|id| !first.message_ids.contains(id))
+    );
+    assert_eq!(fake.sent_messages().len(), 2 * parts.len());
+    // Plain sends carry no nonce and are never deduplicated.
+    adapter.send_message(&channel(), "hi", None).await.unwrap();
+    adapter.send_message(&channel(), "hi", None).await.unwrap();
+    let sent = fake.sent_messages();
+    assert_eq!(sent.len(), 2 * parts.len() + 2);
+    assert!(sent.last().unwrap().body.get("nonce").is_none());
+}
+
+#[tokio::test]
 async fn rate_limits_are_honoured() {
     let fake = fake().await;
     let adapter = connect(&fake).await;

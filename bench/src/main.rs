@@ -369,7 +369,14 @@ poll_timeout_secs = 30
 
 /// (Rss, Pss) in bytes from `/proc/<pid>/smaps_rollup`.
 fn rss_pss(pid: u32) -> (u64, u64) {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let text = match std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
+        Ok(text) => text,
+        Err(e) => {
+            // The daemon makes itself non-dumpable: only root may read its smaps.
+            eprintln!("cannot read /proc/{pid}/smaps_rollup ({e}); run the bench as root");
+            String::new()
+        }
+    };
     let field = |name: &str| {
         text.lines()
             .find(|l| l.starts_with(name))

@@ -31,6 +31,10 @@
 //! - Without `allowed_mentions`, Discord parses every mention in the content, `@everyone`
 //!   included; [`DiscordSent::pings_everyone`] tells whether a sent message would have pinged.
 //! - The bot's own messages come back as `MESSAGE_CREATE` (see [`FakeDiscord::set_echo_own`]).
+//! - `nonce` (an integer, or a string of at most 25 characters; 400 code 50035 otherwise) is
+//!   echoed in the message. With `enforce_nonce: true`, a nonce the bot already used in that
+//!   channel within [`NONCE_WINDOW`] returns the message created then, and nothing new is
+//!   created, recorded or dispatched.
 //!
 //! ## Gateway
 //! JSON text frames, no compression. On connect the fake sends Hello (op 10, from Discord's
@@ -223,6 +227,9 @@ impl DiscordFailure {
     }
 }
 
+/// How long Discord remembers a nonce for `enforce_nonce` ("the past few minutes").
+pub const NONCE_WINDOW: Duration = Duration::from_secs(5 * 60);
+
 /// A message sent through `POST /channels/{id}/messages`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DiscordSent {
@@ -358,6 +365,8 @@ struct Inner {
     channels: HashMap<u64, ChannelInfo>,
     guilds: HashMap<u64, GuildInfo>,
     messages: HashMap<String, Value>,
+    /// `(channel, nonce)` -> the message id created with it, and when.
+    nonces: HashMap<(u64, String), (String, std::time::Instant)>,
     attachments: HashMap<String, Vec<u8>>,
     downloads: Vec<String>,
 }
@@ -496,6 +505,7 @@ impl FakeDiscord {
                 channels: HashMap::new(),
                 guilds: HashMap::new(),
                 messages: HashMap::new(),
+                nonces: HashMap::new(),
                 attachments: HashMap::new(),
                 downloads: Vec::new(),
             }),
@@ -1579,6 +1589,28 @@ async fn create_message(
             "Cannot send an empty message",
         );
     }
+    let nonce = match body.get("nonce") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(Value::String(s)) if s.chars().count() <= 25 => Some(s.clone()),
+        Some(_) => {
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                json!({
+                    "code": 50035,
+                    "message": "Invalid Form Body",
+                    "errors": {"nonce": {"_errors": [{
+                        "code": "BASE_TYPE_BAD_LENGTH",
+                        "message": "Must be an integer or a string of at most 25 characters."
+                    }]}}
+                }),
+            );
+        }
+    };
+    let enforce_nonce = body
+        .get("enforce_nonce")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     let reference = body
         .get("message_reference")
         .cloned()
@@ -1642,6 +1674,9 @@ async fn create_message(
     message["timestamp"] = json!(now_rfc3339());
     message["reactions"] = json!([]);
     message["mention_everyone"] = json!(pings_everyone);
+    if let Some(nonce) = &nonce {
+        message["nonce"] = json!(nonce);
+    }
     if let Some(reference) = &reference
         && referenced.is_some()
     {
@@ -1655,6 +1690,21 @@ async fn create_message(
     }
     {
         let mut inner = shared.lock();
+        // Checked and claimed under one lock, so concurrent duplicates create one message.
+        if let Some(nonce) = nonce.filter(|_| enforce_nonce) {
+            let key = (channel_id, nonce);
+            let now = std::time::Instant::now();
+            let earlier = inner
+                .nonces
+                .get(&key)
+                .filter(|(_, at)| now.duration_since(*at) < NONCE_WINDOW)
+                .and_then(|(id, _)| inner.messages.get(id).cloned());
+            if let Some(existing) = earlier {
+                drop(inner);
+                return json_response(StatusCode::OK, existing);
+            }
+            inner.nonces.insert(key, (id.clone(), now));
+        }
         inner.sent.push(sent);
         inner.messages.insert(id.clone(), message.clone());
     }

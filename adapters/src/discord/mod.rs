@@ -297,6 +297,89 @@ impl DiscordAdapter {
     }
 }
 
+impl DiscordAdapter {
+    /// The sending behind [`Platform::send_message`] and [`Platform::send_reply`]: with a
+    /// `key`, every part is idempotent (see [`nonce`]).
+    async fn send_parts(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<SentMessage, PlatformError> {
+        let channel = channel_of(chat)?;
+        let reply_to = reply_to.and_then(|id| match id.parse::<u64>() {
+            Ok(id) => Some(id),
+            Err(_) => {
+                tracing::warn!(%chat, reply_to = id, "not a Discord message id; sending without reply");
+                None
+            }
+        });
+        let parts = render_parts(text, self.inner.config.allow_mass_mentions);
+        if parts.is_empty() {
+            return Err(PlatformError::Refused(
+                "the message is empty; Discord cannot send empty text".to_owned(),
+            ));
+        }
+        let path = format!("/channels/{channel}/messages");
+        let policy = self.policy();
+        let mut message_ids = Vec::with_capacity(parts.len());
+        for (index, part) in parts.iter().enumerate() {
+            let reference = reply_to.filter(|_| index == 0);
+            let mut body = json!({
+                "content": part,
+                "allowed_mentions": self.allowed_mentions(reference.is_some()),
+            });
+            if let Some(key) = key {
+                body["nonce"] = json!(nonce(channel, key, index));
+                body["enforce_nonce"] = json!(true);
+            }
+            if let Some(message_id) = reference {
+                body["message_reference"] = json!({
+                    "message_id": message_id.to_string(),
+                    "channel_id": channel.to_string(),
+                    "fail_if_not_exists": false,
+                });
+            }
+            let sent = with_retries("POST /channels/{id}/messages", &policy, || async {
+                self.inner.limiter.acquire(channel).await;
+                self.inner.rest.call(Method::POST, &path, Some(&body)).await
+            })
+            .await;
+            match sent {
+                Ok(answer) => {
+                    let id = answer.get("id").and_then(snowflake).ok_or_else(|| {
+                        PlatformError::Unavailable("Discord answered without a message id".into())
+                    })?;
+                    message_ids.push(id.to_string());
+                }
+                Err(error) => {
+                    if index > 0 {
+                        tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off");
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(SentMessage { message_ids })
+    }
+}
+
+/// The `nonce` of part `index` of the reply `key` in `channel`: at most 25 characters, as
+/// Discord allows, and the same in every process (FNV-1a, not a seeded hash), so a retry
+/// after a restart carries the nonce of the first attempt. The channel is hashed in because
+/// Discord checks a nonce per author, not per channel, and a key need only be unique within
+/// its chat.
+fn nonce(channel: u64, key: &str, index: usize) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in channel.to_be_bytes().iter().chain(key.as_bytes()).copied() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    // 16 hex digits, `.`, then the index: 25 characters hold indexes up to 10^8.
+    format!("{hash:016x}.{index}")
+}
+
 /// A snowflake (or permission bits) given as a string or a number.
 fn snowflake(value: &Value) -> Option<u64> {
     match value {
@@ -332,57 +415,21 @@ impl Platform for DiscordAdapter {
         text: &str,
         reply_to: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
-        let channel = channel_of(chat)?;
-        let reply_to = reply_to.and_then(|id| match id.parse::<u64>() {
-            Ok(id) => Some(id),
-            Err(_) => {
-                tracing::warn!(%chat, reply_to = id, "not a Discord message id; sending without reply");
-                None
-            }
-        });
-        let parts = render_parts(text, self.inner.config.allow_mass_mentions);
-        if parts.is_empty() {
-            return Err(PlatformError::Refused(
-                "the message is empty; Discord cannot send empty text".to_owned(),
-            ));
-        }
-        let path = format!("/channels/{channel}/messages");
-        let policy = self.policy();
-        let mut message_ids = Vec::with_capacity(parts.len());
-        for (index, part) in parts.iter().enumerate() {
-            let reference = reply_to.filter(|_| index == 0);
-            let mut body = json!({
-                "content": part,
-                "allowed_mentions": self.allowed_mentions(reference.is_some()),
-            });
-            if let Some(message_id) = reference {
-                body["message_reference"] = json!({
-                    "message_id": message_id.to_string(),
-                    "channel_id": channel.to_string(),
-                    "fail_if_not_exists": false,
-                });
-            }
-            let sent = with_retries("POST /channels/{id}/messages", &policy, || async {
-                self.inner.limiter.acquire(channel).await;
-                self.inner.rest.call(Method::POST, &path, Some(&body)).await
-            })
-            .await;
-            match sent {
-                Ok(answer) => {
-                    let id = answer.get("id").and_then(snowflake).ok_or_else(|| {
-                        PlatformError::Unavailable("Discord answered without a message id".into())
-                    })?;
-                    message_ids.push(id.to_string());
-                }
-                Err(error) => {
-                    if index > 0 {
-                        tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off");
-                    }
-                    return Err(error);
-                }
-            }
-        }
-        Ok(SentMessage { message_ids })
+        self.send_parts(chat, text, reply_to, None).await
+    }
+
+    /// Like [`Platform::send_message`], each part carrying a `nonce` derived from `key` and
+    /// the part's index, with `enforce_nonce`: Discord answers a part it already created
+    /// (within a few minutes) with that message instead of posting it again, so a send
+    /// retried after a lost answer or a restart shows each part once.
+    async fn send_reply(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+        key: &str,
+    ) -> Result<SentMessage, PlatformError> {
+        self.send_parts(chat, text, reply_to, Some(key)).await
     }
 
     /// One `POST /channels/{id}/typing` (lasts ~10 s on Discord), not retried.
@@ -488,5 +535,26 @@ impl Platform for DiscordAdapter {
             Ok(bytes)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces_fit_discord_and_are_stable_and_distinct() {
+        let a = nonce(42, "outbox:17", 0);
+        assert_eq!(a, nonce(42, "outbox:17", 0), "the same in every process");
+        assert!(nonce(42, "outbox:17", 99_999_999).chars().count() <= 25);
+        assert_ne!(a, nonce(42, "outbox:17", 1));
+        assert_ne!(a, nonce(42, "outbox:18", 0));
+        assert_ne!(
+            a,
+            nonce(43, "outbox:17", 0),
+            "the same key in another channel"
+        );
+        // Computed independently; a change here breaks deduplication across an upgrade.
+        assert_eq!(nonce(1, "k", 2), "e601833a248df59b.2");
     }
 }

@@ -23,9 +23,14 @@
 //! - **Where:** [`Policy`] `operators` (default) | `off`, overridable per chat, checked
 //!   here with `enabled` and shutdown; it never widens who may call.
 //! - **Environment:** only the allow-listed variables (and `HOME` = the workspace) reach a
-//!   command; each session works in `data_dir/workspaces/<session>`; optional bubblewrap.
+//!   command; each session works in `data_dir/workspaces/<session>`.
+//! - **Sandbox:** with [`Sandbox::Bwrap`] every command runs in bubblewrap (the `sandbox`
+//!   module docs: system directories read-only, the own workspace writable, no data
+//!   directory, a PID namespace of its own). With [`Sandbox::None`] a command can reach all
+//!   the daemon's user can.
 
 mod output;
+mod sandbox;
 mod shell;
 mod sys;
 mod tasks;
@@ -85,11 +90,17 @@ pub enum Sandbox {
     /// Plain processes (environment allow-list and workspace only).
     #[default]
     None,
-    /// bubblewrap: read-only system, writable workspace, private `/tmp`; no network unless
-    /// `network`.
+    /// bubblewrap (see the `sandbox` module): only the system directories, read-only; the
+    /// chat's own workspace writable; a private `/tmp`, `/dev` and PID namespace (a fresh
+    /// `/proc` without the daemon in it); no network unless `network`. The data directory
+    /// (store, other workspaces) is never mounted.
     Bwrap {
         /// Whether commands may use the network.
         network: bool,
+        /// The daemon's sensitive paths (config file and its directory, secret files, the
+        /// data directory): masked when they lie inside a mounted system directory such as
+        /// `/etc`; everything outside those is absent anyway.
+        hide: Vec<PathBuf>,
     },
 }
 
@@ -396,7 +407,7 @@ impl TerminalService {
                 cmd.args(args);
                 cmd
             }
-            Sandbox::Bwrap { network } => {
+            Sandbox::Bwrap { network, hide } => {
                 let Some(bwrap) = shell::find_program(&self.config.bwrap_program) else {
                     return Err(format!(
                         "the terminal is configured to run commands in the bubblewrap sandbox, \
@@ -406,22 +417,16 @@ impl TerminalService {
                         self.config.bwrap_program.display()
                     ));
                 };
+                let host = sandbox::Host::probe(hide);
                 let mut cmd = tokio::process::Command::new(bwrap);
-                // The system read-only; the daemon's data directory (its database, other
-                // chats' workspaces and logs) hidden; only this workspace writable.
-                // Mounts apply in order: /tmp before the data directory (which may lie
-                // under it), the workspace last.
-                cmd.args(["--ro-bind", "/", "/"]);
-                cmd.args(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]);
-                cmd.arg("--tmpfs").arg(&self.config.data_dir);
-                for dir in std::iter::once(&workspace).chain(writable) {
-                    cmd.arg("--bind").arg(dir).arg(dir);
-                }
-                if !network {
-                    cmd.arg("--unshare-net");
-                }
-                cmd.arg("--die-with-parent").arg("--chdir").arg(workspace);
-                cmd.arg(bash).args(args);
+                cmd.args(sandbox::bwrap_args(&sandbox::Spec {
+                    host: &host,
+                    network: *network,
+                    workspace,
+                    writable,
+                    program: &bash,
+                    args,
+                }));
                 cmd
             }
         };
@@ -429,6 +434,35 @@ impl TerminalService {
             .envs(self.child_env(workspace))
             .current_dir(workspace);
         Ok(cmd)
+    }
+
+    /// Whether commands can run as configured: with bubblewrap, one sandbox around `true`, so
+    /// an operator learns at start, not at the first command, that this host refuses it
+    /// (systemd's `RestrictNamespaces=`, a kernel without unprivileged user namespaces).
+    /// `Err` says why.
+    pub async fn check_sandbox(&self) -> Result<(), String> {
+        if self.config.sandbox == Sandbox::None {
+            return Ok(());
+        }
+        let dir = self.config.data_dir.join("workspaces");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let mut command = self.command(&dir, &[], &["-c", "true"])?;
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        match tokio::time::timeout(Duration::from_secs(10), command.output()).await {
+            Err(_) => Err("a sandboxed `true` did not finish within 10 s".to_owned()),
+            Ok(Err(e)) => Err(format!("bubblewrap could not be started: {e}")),
+            Ok(Ok(out)) if out.status.success() => Ok(()),
+            Ok(Ok(out)) => Err(format!(
+                "bubblewrap failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+        }
     }
 
     fn ensure_workspace(&self, session: &str) -> Result<PathBuf, ToolResult> {
@@ -472,7 +506,13 @@ impl TerminalService {
         let mut shell = match slot.take() {
             Some(shell) if shell.session() == cx.session => shell,
             _ => {
-                let state_dir = self.config.data_dir.join("shell_state");
+                // One directory per session: a sandboxed shell may write its own state file
+                // and sees no other chat's.
+                let state_dir = self
+                    .config
+                    .data_dir
+                    .join("shell_state")
+                    .join(sanitize(&cx.session));
                 if let Err(e) = std::fs::create_dir_all(&state_dir) {
                     tracing::error!(error = %e, "cannot create the shell state directory");
                     return ToolResult::err(
