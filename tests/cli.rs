@@ -181,7 +181,7 @@ async fn the_terminal_tools_need_an_operator_in_the_catalog() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
-        "[toolsets]\nenabled = []\n[terminal]\nenabled = true\n",
+        "[toolsets]\nenabled = []\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
     );
     let out = run(parlor()
         .arg("tools")
