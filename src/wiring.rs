@@ -36,7 +36,7 @@ pub fn registry(
     let mut toolsets: Vec<Arc<dyn ToolSet>> = Vec::new();
     for name in &config.toolsets.enabled {
         match name.as_str() {
-            "todo_list" => toolsets.push(Arc::new(TodoList::new())),
+            "todo_list" => toolsets.push(Arc::new(TodoList::stored(Arc::clone(&store)))),
             "message" => toolsets.push(
                 message_toolset(
                     Arc::clone(&store),

@@ -691,7 +691,7 @@ async fn the_todo_plan_is_per_session_and_reset_clears_it() {
         two.tools().injections("console:local").is_empty(),
         "another session must not see the plan"
     );
-    one.tools().reset();
+    one.tools().reset("s");
     assert!(one.tools().injections("console:local").is_empty());
 }
 

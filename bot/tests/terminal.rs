@@ -279,7 +279,7 @@ async fn foreground_state_carries_over_and_exit_codes_come_back() {
 
     // The session keeps its shell in memory until /reset, which starts fresh.
     assert!(rig.tools.holds_session_state());
-    rig.tools.reset();
+    rig.tools.reset("test:-100");
     assert!(!rig.tools.holds_session_state());
     let r = call(
         &*rig.tools,

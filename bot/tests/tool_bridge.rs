@@ -376,7 +376,7 @@ async fn fork_shares_the_stateless_toolset_and_its_captures() {
     forked.invoke(call("tick", json!({})), cx()).await;
     let result = tools.invoke(call("tick", json!({})), cx()).await;
     assert_eq!(result.data, Some(json!(2)));
-    forked.reset();
+    forked.reset("s");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 

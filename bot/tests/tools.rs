@@ -234,3 +234,41 @@ async fn the_observer_sees_tools_usage_and_the_end_of_the_turn() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_stored_plan_survives_a_new_toolset_stays_in_its_session_and_resets() {
+    use parlor_bot::store::{MemoryStore, Store};
+    use parlor_bot::tool::ToolSet;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let registry = ToolRegistry::new(vec![Arc::new(TodoList::stored(store.clone()))]).unwrap();
+    let cx = ToolContext {
+        session: "telegram:-1".into(),
+        ..ToolContext::default()
+    };
+    let args = json!({"plan": [{"step": "read the logs", "status": "in_progress"}]});
+    let result = registry
+        .call(&ToolCall::new("c1", "todo_list", args.to_string()), cx)
+        .await;
+    assert!(
+        result.to_json().contains("\"success\":true"),
+        "{}",
+        result.to_json()
+    );
+
+    // A new toolset on the same store (a restart, or a session that left memory).
+    let after = TodoList::stored(store.clone());
+    let reminder = after
+        .iteration_prompt_injection("telegram:-1")
+        .expect("the plan is still there");
+    assert!(
+        reminder.contains("1. [in_progress] read the logs"),
+        "{reminder}"
+    );
+    assert_eq!(after.iteration_prompt_injection("telegram:-2"), None);
+    assert!(
+        !after.fork().holds_session_state(),
+        "nothing only in memory"
+    );
+    after.reset("telegram:-1");
+    assert_eq!(after.iteration_prompt_injection("telegram:-1"), None);
+}

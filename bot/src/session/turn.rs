@@ -127,7 +127,7 @@ impl SessionManager {
                 model_failed: None,
             });
         }
-        session.agent.tools().reset();
+        session.agent.tools().reset(&session.key);
         Some(Outcome {
             history: Some(Vec::new()),
             reply: Some("Done: I forgot this chat's conversation and plans.".to_owned()),

@@ -328,8 +328,10 @@ pub trait ToolSet: Send + Sync {
     /// toolset may return a clone of the same `Arc`.
     fn fork(&self) -> Arc<dyn ToolSet>;
 
-    /// Forgets per-session state (`/reset`).
-    fn reset(&self) {}
+    /// Forgets the per-session state of `session` (`/reset`).
+    fn reset(&self, session: &str) {
+        let _ = session;
+    }
 
     /// Whether this (forked) toolset holds session state that lives only in memory (a todo
     /// plan). Such a session is kept in memory when idle; everything else is reloaded from

@@ -179,10 +179,10 @@ impl ToolRegistry {
         }
     }
 
-    /// Forgets every toolset's per-session state (`/reset`).
-    pub fn reset(&self) {
+    /// Forgets every toolset's state of `session` (`/reset`).
+    pub fn reset(&self, session: &str) {
         for toolset in &self.toolsets {
-            toolset.reset();
+            toolset.reset(session);
         }
     }
 

@@ -1,6 +1,10 @@
 //! `todo_list`: the reference stateful toolset. The model keeps a plan for multi-step work;
 //! each call replaces the whole plan, and while it is non-empty every turn starts with a
 //! `<TODO_LIST_REMINDER>` snapshot so the plan survives long conversations.
+//!
+//! In the daemon the plan is stored ([`TodoList::stored`]: the `todo` collection, keyed by
+//! session), so it survives a restart and an idle session can leave memory; without a store
+//! ([`TodoList::new`], `parlor ask` and tests) each fork keeps its plan in memory.
 
 use std::sync::{Arc, Mutex};
 
@@ -9,6 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::store::{Store, StoreError};
 use crate::tool::schema::schema_for;
 use crate::tool::{Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec, codes};
 
@@ -57,21 +62,81 @@ pub struct TodoArgs {
     pub explanation: Option<String>,
 }
 
-/// The todo list of one session.
-#[derive(Debug, Default)]
+/// The store collection of stored plans.
+const SPACE: &str = "todo";
+
+/// The todo list: one plan per session, in memory or in the store.
+#[derive(Default)]
 pub struct TodoList {
     plan: Mutex<Vec<Step>>,
+    /// Where plans live when stored; then this toolset is shared by every session.
+    store: Option<Arc<dyn Store>>,
+}
+
+impl std::fmt::Debug for TodoList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TodoList")
+            .field("stored", &self.store.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A stored plan, versioned like every stored value.
+#[derive(Serialize, Deserialize)]
+struct StoredPlan {
+    v: u32,
+    plan: Vec<Step>,
 }
 
 impl TodoList {
-    /// An empty plan.
+    /// An empty plan kept in memory (per fork).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The current plan.
+    /// Plans kept in `store`, by session.
+    pub fn stored(store: Arc<dyn Store>) -> Self {
+        TodoList {
+            plan: Mutex::default(),
+            store: Some(store),
+        }
+    }
+
+    /// The current plan of an in-memory list.
     pub fn plan(&self) -> Vec<Step> {
         self.lock().clone()
+    }
+
+    /// The plan of `session`.
+    pub fn plan_of(&self, session: &str) -> Result<Vec<Step>, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(self.plan());
+        };
+        match store.kv_get(SPACE, session)? {
+            None => Ok(Vec::new()),
+            Some(text) => serde_json::from_str::<StoredPlan>(&text)
+                .map(|p| p.plan)
+                .map_err(|e| StoreError::Corrupt {
+                    key: format!("{SPACE}[{session}]"),
+                    reason: e.to_string(),
+                }),
+        }
+    }
+
+    fn set_plan(&self, session: &str, plan: Vec<Step>) -> Result<(), StoreError> {
+        let Some(store) = &self.store else {
+            *self.lock() = plan;
+            return Ok(());
+        };
+        if plan.is_empty() {
+            return store.kv_delete(SPACE, session).map(drop);
+        }
+        let text =
+            serde_json::to_string(&StoredPlan { v: 1, plan }).map_err(|e| StoreError::Corrupt {
+                key: format!("{SPACE}[{session}]"),
+                reason: e.to_string(),
+            })?;
+        store.kv_put(SPACE, session, &text)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Step>> {
@@ -150,7 +215,7 @@ impl ToolSet for TodoList {
         }]
     }
 
-    async fn invoke(&self, call: ToolInvocation, _cx: ToolContext) -> ToolResult {
+    async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult {
         let args: TodoArgs = match serde_json::from_value(call.arguments) {
             Ok(args) => args,
             Err(e) => return ToolResult::err(codes::INVALID_ARGUMENTS, e.to_string()),
@@ -170,7 +235,13 @@ impl ToolSet for TodoList {
         } else {
             format!("plan updated ({} steps)", args.plan.len())
         };
-        *self.lock() = args.plan;
+        if let Err(e) = self.set_plan(&cx.session, args.plan) {
+            tracing::error!(session = %cx.session, error = %e, "cannot store the plan");
+            return ToolResult::err(
+                codes::INTERNAL,
+                "the plan could not be stored; the error was logged for the operator",
+            );
+        }
         ToolResult::ok_with(message, data)
     }
 
@@ -183,8 +254,14 @@ impl ToolSet for TodoList {
         )
     }
 
-    fn iteration_prompt_injection(&self, _session: &str) -> Option<String> {
-        let plan = self.lock();
+    fn iteration_prompt_injection(&self, session: &str) -> Option<String> {
+        let plan = match self.plan_of(session) {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::error!(session, error = %e, "cannot read the plan");
+                return None;
+            }
+        };
         if plan.is_empty() {
             return None;
         }
@@ -197,14 +274,19 @@ impl ToolSet for TodoList {
     }
 
     fn fork(&self) -> Arc<dyn ToolSet> {
-        Arc::new(TodoList::new())
+        match &self.store {
+            Some(store) => Arc::new(TodoList::stored(Arc::clone(store))),
+            None => Arc::new(TodoList::new()),
+        }
     }
 
-    fn reset(&self) {
-        self.lock().clear();
+    fn reset(&self, session: &str) {
+        if let Err(e) = self.set_plan(session, Vec::new()) {
+            tracing::error!(session, error = %e, "cannot clear the plan");
+        }
     }
 
     fn holds_session_state(&self) -> bool {
-        !self.lock().is_empty()
+        self.store.is_none() && !self.lock().is_empty()
     }
 }

@@ -873,7 +873,7 @@ impl ToolSet for TerminalToolset {
         Arc::new(terminal_toolset(self.service.clone()))
     }
 
-    fn reset(&self) {
+    fn reset(&self, _session: &str) {
         self.shell.reset();
     }
 
