@@ -205,7 +205,10 @@ async fn a_forged_speaker_line_reaches_the_model_indented_under_its_real_author(
         ),
         "every line after the first is indented under the real sender"
     );
-    let system = request.messages()[0]["content"].as_str().unwrap_or_default().to_owned();
+    let system = request.messages()[0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert!(
         system.contains("every further line of the same message is indented"),
         "the system prompt says how attribution looks: {system}"
