@@ -127,7 +127,7 @@ impl SessionManager {
                 }
                 Ok(Err(PlatformError::RateLimited(after))) => after.max(Duration::from_secs(1)),
                 Ok(Err(e)) => {
-                    if failures < 3 || failures % 20 == 0 {
+                    if failures < 3 || failures.is_multiple_of(20) {
                         tracing::warn!(outbox = entry.id, chat = %entry.chat, error = %e, failures, "could not send; the reply stays in the outbox and is retried");
                     }
                     BACKOFF.delay(failures)
