@@ -5,7 +5,7 @@
 //! When the agent builds a request:
 //! - a reference in the **current turn** becomes a `data:` URL: downloaded through the
 //!   chat's [`Platform::download_image`] (with a timeout), checked and downscaled by the
-//!   [`crate::image`] pipeline, once per turn ([`TurnImages`] caches it for the turn's later
+//!   [`crate::image`] pipeline, once per turn (`TurnImages` caches it for the turn's later
 //!   iterations). A download that fails, an image over the limit or of an unknown format
 //!   becomes a text part saying so: the turn goes on without it;
 //! - a reference in an **older turn** becomes a short text naming the message, so the model
