@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use parlor_bot::agent::{Agent, AgentConfig};
+use parlor_bot::agent::{Agent, AgentConfig, ImageOptions};
 use parlor_bot::clock::{ClockHandle, ClockOptions, ClockService};
 use parlor_bot::llm::{OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
@@ -214,6 +214,10 @@ pub fn agent(
         tool_result_max_chars: config.llm.tool_result_max_chars,
         temperature: config.llm.temperature,
         parallel_tool_calls: config.llm.parallel_tool_calls,
+        images: ImageOptions {
+            vision: config.llm.vision,
+            ..ImageOptions::default()
+        },
     };
     // How input lines are attributed is the session layer's, so it goes with every prompt.
     let prompt = format!(
@@ -315,7 +319,6 @@ pub fn runtime(
         turns_per_minute: config.bot.turns_per_minute,
         history_tokens: config.llm.context_tokens * 6 / 10,
         idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
-        vision: config.llm.vision,
         ..SessionConfig::default()
     };
     // The terminal posts notices into sessions that need its toolset first: a late-bound

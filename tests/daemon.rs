@@ -910,6 +910,76 @@ async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
         });
     assert!(image.starts_with("data:image/png;base64,"), "{image}");
     daemon.terminate().await;
+
+    // The picture was for that turn: the stored history keeps its label, not its bytes.
+    let history = serde_json::to_string(
+        &open_store(dir.path())
+            .load_history(&format!("telegram:{GROUP}"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(!history.contains("data:"), "{history}");
+    assert!(
+        history.contains(&format!("[image from message {photo} by Bob]")),
+        "{history}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_photo_is_shown_in_its_own_turn_and_only_named_after_it() {
+    use base64::Engine as _;
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    telegram.add_file("photo-1", PNG_1X1.to_vec());
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(
+        &with_vision(config(dir.path(), &telegram, "")),
+        &llm,
+        &telegram,
+    )
+    .await;
+    llm.push(Reply::text("A tiny picture."));
+    llm.push(Reply::text("Still tiny."));
+    let photo = telegram
+        .group_message(GROUP, bob(), "@parlor_bot what is on our summit picture?")
+        .mention_bot()
+        .photo("photo-1", PNG_1X1.len() as u64)
+        .push();
+    telegram.wait_for_sent(1, WAIT).await.unwrap();
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot and the colours?")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
+    assert_eq!(sent[1].text, "Still tiny.");
+
+    let encoded = base64::engine::general_purpose::STANDARD.encode(PNG_1X1);
+    let requests = llm.requests();
+    let first = serde_json::Value::Array(requests[0].messages().to_vec()).to_string();
+    assert!(
+        first.contains(&format!("data:image/png;base64,{encoded}")),
+        "the photo reaches the model in its own turn: {first}"
+    );
+    let second = serde_json::Value::Array(requests[1].messages().to_vec()).to_string();
+    assert!(!second.contains(&encoded), "{second}");
+    assert!(!second.contains("data:"), "{second}");
+    assert!(
+        second.contains(&format!(
+            "[image from message {photo}; load_image can show it again]"
+        )),
+        "{second}"
+    );
+    daemon.terminate().await;
+
+    let history = serde_json::to_string(
+        &open_store(dir.path())
+            .load_history(&format!("telegram:{GROUP}"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(!history.contains("data:"), "{history}");
+    assert!(!history.contains(&encoded), "{history}");
+    assert!(history.contains(r#""file_id":"photo-1""#), "{history}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

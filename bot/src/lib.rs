@@ -12,6 +12,8 @@
 //! - [`tool`] — the [`tool::ToolSet`] trait, the [`tool::ToolSetBridge`] that turns typed
 //!   async functions into tools, schema generation and argument validation, the stable
 //!   [`tool::ToolResult`] JSON, the registry and the catalog.
+//! - [`image`] — the image pipeline: format sniffing, bounded decoding, downscaling, limits
+//!   and `data:` URLs, for attached photos and `load_image` alike.
 //! - [`backoff`] — exponential backoff with jitter for every retrying client.
 //! - [`agent`] — prompt assembly (static prompt, per-turn injections, schemas) and the
 //!   iteration loop that runs tool calls concurrently, bounded and in order.
@@ -23,6 +25,7 @@
 pub mod agent;
 pub mod backoff;
 pub mod clock;
+pub mod image;
 pub mod llm;
 pub mod platform;
 pub mod render;

@@ -8,6 +8,7 @@ use parlor_bot::llm::{
     ChatRequest, Content, ContentPart, ImageUrl, Message, OpenAiClient, ToolCall, ToolChoice,
     ToolDef,
 };
+use parlor_bot::platform::ImageRef;
 use serde_json::{Value, json};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
@@ -162,8 +163,27 @@ fn requests() -> Vec<(&'static str, ChatRequest)> {
         temperature: None,
         max_completion_tokens: None,
     };
+    // parlor's own image reference, which the agent resolves before a request: should one be
+    // left, the body must still be valid.
+    let mut unresolved = minimal.clone();
+    unresolved.messages = vec![Message::User {
+        content: Content::Parts(vec![
+            ContentPart::Text {
+                text: "look".into(),
+            },
+            ContentPart::ImageRef {
+                image: ImageRef {
+                    file_id: "AgACAgQAAxkBAAIB".into(),
+                    mime_type: Some("image/jpeg".into()),
+                    size: Some(12_345),
+                },
+                message_id: Some("42".into()),
+            },
+        ]),
+    }];
     vec![
         ("tools, auto, parallel", base),
+        ("an unresolved image reference", unresolved),
         ("tools, required, not parallel", required),
         ("tools, none", none),
         ("no tools but tool fields set", no_tools),

@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use base64::Engine as _;
 use chrono::Utc;
-use parlor_bot::agent::{Agent, AgentConfig};
+use parlor_bot::agent::{Agent, AgentConfig, ImageOptions};
 use parlor_bot::llm::{ChatRequest, Completion, Content, LlmBackend, LlmError, Message};
 use parlor_bot::platform::{
     ChatKind, ChatRef, ImageRef, Inbox, IncomingMessage, Platform, PlatformError, Sender,
@@ -84,6 +85,8 @@ struct TestPlatform {
     limited: Mutex<std::collections::HashMap<String, Duration>>,
     /// Every send attempt, taken or not.
     attempts: Mutex<usize>,
+    /// Images downloaded.
+    downloads: Mutex<usize>,
 }
 
 impl TestPlatform {
@@ -147,9 +150,19 @@ impl Platform for TestPlatform {
         Ok(self.admins.clone())
     }
     async fn download_image(&self, _: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        Ok(vec![1, 2, 3])
+        *self.downloads.lock().unwrap() += 1;
+        Ok(PNG_1X1.to_vec())
     }
 }
+
+/// A valid 1×1 PNG: what [`TestPlatform`] serves for every image.
+const PNG_1X1: &[u8] = &[
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
+    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
+    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
+];
 
 fn group() -> ChatRef {
     ChatRef::new("test", "-100")
@@ -188,8 +201,18 @@ fn rig_with(
     platform: Arc<TestPlatform>,
     config: SessionConfig,
 ) -> Rig {
+    rig_with_agent(store, llm, platform, config, AgentConfig::default())
+}
+
+fn rig_with_agent(
+    store: Arc<MemoryStore>,
+    llm: Arc<GatedLlm>,
+    platform: Arc<TestPlatform>,
+    config: SessionConfig,
+    agent: AgentConfig,
+) -> Rig {
     let registry = ToolRegistry::new(vec![Arc::new(TodoList::new())]).unwrap();
-    let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
+    let agent = Agent::new(llm.clone(), registry, "test", agent);
     let manager = SessionManager::new(
         store.clone() as Arc<dyn Store>,
         agent,
@@ -598,22 +621,26 @@ async fn the_rate_limit_delays_turns_and_merges_what_waits() {
 }
 
 #[tokio::test]
-async fn images_reach_a_vision_model_as_content_parts() {
-    let config = SessionConfig {
-        vision: true,
-        ..SessionConfig::default()
+async fn images_reach_a_vision_model_in_their_turn_and_history_keeps_only_a_reference() {
+    let agent = AgentConfig {
+        images: ImageOptions {
+            vision: true,
+            ..ImageOptions::default()
+        },
+        ..AgentConfig::default()
     };
-    let rig = rig_with(
+    let rig = rig_with_agent(
         Arc::new(MemoryStore::new()),
         GatedLlm::new(true),
         Arc::new(TestPlatform::default()),
-        config,
+        SessionConfig::default(),
+        agent,
     );
     let mut m = msg(1, "alice", "@parlor what is this?");
     m.images = vec![ImageRef {
         file_id: "f1".into(),
         mime_type: Some("image/png".into()),
-        size: Some(3),
+        size: Some(PNG_1X1.len() as u64),
     }];
     rig.manager.deliver(m).await.unwrap();
     rig.platform.wait_sent(1).await;
@@ -624,8 +651,40 @@ async fn images_reach_a_vision_model_as_content_parts() {
     else {
         panic!("expected content parts");
     };
+    let photo = base64::engine::general_purpose::STANDARD.encode(PNG_1X1);
     let json = serde_json::to_value(&parts[1]).unwrap();
-    assert_eq!(json["image_url"]["url"], "data:image/png;base64,AQID");
+    assert_eq!(
+        json["image_url"]["url"],
+        format!("data:image/png;base64,{photo}")
+    );
+
+    // The store has the reference, with the message it came with; no image bytes.
+    let history = serde_json::to_string(&rig.store.load_history("test:-100").unwrap()).unwrap();
+    assert!(!history.contains("data:"), "{history}");
+    assert!(!history.contains(&photo), "{history}");
+    assert!(
+        history.contains(r#"{"type":"image_ref","image":{"file_id":"f1","#),
+        "{history}"
+    );
+    assert!(history.contains(r#""message_id":"1""#), "{history}");
+
+    // The next turn names the photo and does not download it again.
+    rig.manager
+        .deliver(msg(2, "alice", "@parlor and the colours?"))
+        .await
+        .unwrap();
+    rig.platform.wait_sent(2).await;
+    let second = rig.llm.requests.lock().unwrap()[1].clone();
+    let body = parlor_bot::llm::OpenAiClient::request_body(&second).to_string();
+    assert!(!body.contains(&photo), "{body}");
+    assert_eq!(
+        second.messages[1],
+        Message::user(
+            "alice (test:alice): @parlor what is this?\n[image from message 1; load_image can \
+             show it again]"
+        )
+    );
+    assert_eq!(*rig.platform.downloads.lock().unwrap(), 1);
 }
 
 #[tokio::test]
@@ -772,6 +831,11 @@ async fn without_vision_the_model_is_told_an_image_was_attached() {
     assert_eq!(
         rig.llm.user_inputs(),
         ["alice (test:alice): @parlor look\n[1 image attached; this model cannot see images]"]
+    );
+    assert_eq!(
+        *rig.platform.downloads.lock().unwrap(),
+        0,
+        "nothing to download"
     );
 }
 

@@ -14,9 +14,10 @@
 //!
 //! ## Layout
 //! - [`message`] — the `message` toolset: `get_message`, `get_group_context`,
-//!   `send_markdown`, and `load_image` when the model has vision. `message/imaging.rs` checks,
-//!   decodes and downscales images; `message/fetch.rs` fetches image URLs with a timeout, a
-//!   streaming size cap and a guard against private addresses.
+//!   `send_markdown`, and `load_image` when the model has vision. Images go through the
+//!   runtime's pipeline ([`parlor_bot::image`]: checks, decoding, downscaling);
+//!   `message/fetch.rs` fetches image URLs with a timeout, a streaming size cap and a guard
+//!   against private addresses.
 //! - [`memory`] — the `memory` toolset: per-session notes that survive restarts and `/reset`
 //!   (`memory_write`, `memory_read`, `memory_search`, `memory_delete`).
 

@@ -27,18 +27,16 @@
 //! and at most [`CONTEXT_PAGE_CHARS`] characters of log (so the tool result is not cut by the
 //! agent's result limit), and the next page starts below its oldest message.
 //!
-//! **Images.** See [`imaging`] for the checks and the downscaling and [`fetch`] for URLs.
+//! **Images.** The checks, limits and downscaling are the runtime's one image pipeline,
+//! [`parlor_bot::image`] (attached photos go through it too); [`fetch`] gets images by URL.
 
 pub mod fetch;
-pub mod imaging;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::SecondsFormat;
 use parlor_bot::llm::{Content, ContentPart, ImageUrl, Message};
 use parlor_bot::platform::{ImageRef, Platform, PlatformError, Sender};
@@ -51,7 +49,7 @@ use serde_json::{Value, json};
 
 use crate::support::{Outcome, clip, finish, read_args, spec, store_failure};
 use fetch::{FetchError, Fetcher};
-use imaging::{ImageError, Prepared};
+use parlor_bot::image::{self as imaging, ImageError, Prepared};
 
 /// No recorded message of this chat has that id.
 pub const MESSAGE_NOT_FOUND: &str = "MESSAGE_NOT_FOUND";
@@ -107,8 +105,8 @@ impl Default for MessageOptions {
         MessageOptions {
             vision: false,
             max_send_chars: 30_000,
-            max_image_bytes: 20 * 1024 * 1024,
-            image_max_side: 1568,
+            max_image_bytes: imaging::DEFAULT_MAX_BYTES,
+            image_max_side: imaging::DEFAULT_MAX_SIDE,
             http_timeout: Duration::from_secs(30),
             allow_private_urls: false,
             context_scan_limit: 2000,
@@ -585,16 +583,14 @@ impl MessageToolset {
             }
         };
         let max_side = self.inner.options.image_max_side;
-        let prepared = tokio::task::spawn_blocking(move || imaging::prepare(bytes, max_side))
+        let prepared = imaging::prepare_blocking(bytes, max_side)
             .await
-            .map_err(|error| {
-                tracing::error!(%error, "image preparation task failed");
-                ToolError::internal("the image could not be processed; the error was logged")
-            })?
             .map_err(|e| match e {
                 ImageError::NotAnImage(why) => ToolError::new(NOT_AN_IMAGE, why),
                 ImageError::TooLarge(why) => ToolError::new(IMAGE_TOO_LARGE, why),
+                ImageError::Internal(why) => ToolError::internal(why),
             })?;
+        let url = prepared.data_url();
         let Prepared {
             bytes,
             mime,
@@ -605,7 +601,6 @@ impl MessageToolset {
             reencoded,
         } = prepared;
         let size = bytes.len();
-        let url = format!("data:{mime};base64,{}", BASE64.encode(&bytes));
         cx.appender.push(Message::User {
             content: Content::Parts(vec![
                 ContentPart::Text { text: label },

@@ -7,9 +7,12 @@
 //!   call order (a cancelled or timed-out call still gets a `CANCELLED` / `TIMEOUT` result);
 //! - a turn is returned whole ([`Turn`]) or not at all ([`AgentError`]); the caller stores it
 //!   in one write, so history never holds half a turn;
-//! - a tool's failure never aborts the turn: it is a result the model reads.
+//! - a tool's failure never aborts the turn: it is a result the model reads;
+//! - no request carries an image reference ([`ContentPart::ImageRef`]): references of the
+//!   current turn become `data:` URLs, older ones a line of text (see [`images`]).
 
 mod events;
+pub mod images;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +27,7 @@ use crate::platform::{ChatRef, Platform};
 use crate::tool::{Caller, MessageAppender, ToolContext, ToolRegistry, ToolResult, codes};
 
 pub use events::{AgentEvent, AgentObserver, TracingObserver};
+pub use images::{ImageOptions, strip_image_data};
 
 /// Limits and model settings of the loop. Defaults follow DESIGN.md §4.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +46,8 @@ pub struct AgentConfig {
     pub temperature: Option<f32>,
     /// Whether the model may call several tools in one response.
     pub parallel_tool_calls: bool,
+    /// Whether and how attached images are shown to the model.
+    pub images: ImageOptions,
 }
 
 impl Default for AgentConfig {
@@ -54,6 +60,7 @@ impl Default for AgentConfig {
             tool_result_max_chars: 8000,
             temperature: None,
             parallel_tool_calls: true,
+            images: ImageOptions::default(),
         }
     }
 }
@@ -231,6 +238,9 @@ impl Agent {
             end: TurnEnd::Answered,
         };
         let tools = self.tools.defs();
+        let vision = self.config.images.vision;
+        let mut images =
+            images::TurnImages::new(self.config.images.clone(), input.platform.clone());
 
         loop {
             if turn.iterations >= self.config.max_iterations {
@@ -248,12 +258,19 @@ impl Agent {
                 turn.end = TurnEnd::Cancelled;
                 break;
             }
+            // Before the iteration counts: a turn cancelled while its images download made
+            // no request.
+            images.load(&turn.messages, &cancel).await;
+            if cancel.is_cancelled() {
+                turn.end = TurnEnd::Cancelled;
+                break;
+            }
             turn.iterations += 1;
 
             let mut messages = Vec::with_capacity(1 + history.len() + turn.messages.len());
             messages.push(Message::system(&*self.system_prompt));
-            messages.extend_from_slice(history);
-            messages.extend_from_slice(&turn.messages);
+            messages.extend(history.iter().map(|m| images::earlier(m, vision)));
+            messages.extend(turn.messages.iter().map(|m| images.current(m)));
             let request = ChatRequest {
                 model: self.config.model.clone(),
                 messages,
@@ -417,7 +434,12 @@ fn with_injections(content: Content, injections: &[String]) -> Content {
     match content {
         Content::Text(text) => Content::Text(format!("{prefix}\n\n{text}")),
         Content::Parts(mut parts) => {
-            parts.insert(0, ContentPart::Text { text: prefix });
+            // Joined to the first text as with plain text content, so that the text reads
+            // the same whether or not images came with it.
+            match parts.first_mut() {
+                Some(ContentPart::Text { text }) => *text = format!("{prefix}\n\n{text}"),
+                _ => parts.insert(0, ContentPart::Text { text: prefix }),
+            }
             Content::Parts(parts)
         }
     }

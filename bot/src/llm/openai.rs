@@ -157,9 +157,10 @@ impl OpenAiClient {
     /// Exactly the JSON body POSTed for `request`: its fields, plus `"stream": true` and
     /// `"stream_options": {"include_usage": true}`. Without tools, `tools`, `tool_choice`
     /// and `parallel_tool_calls` are left out (OpenAI answers 400 to `parallel_tool_calls`
-    /// without `tools`).
+    /// without `tools`). parlor's own content parts never appear in it (see
+    /// [`ChatRequest::wire_form`]).
     pub fn request_body(request: &ChatRequest) -> Value {
-        let mut body = match serde_json::to_value(request) {
+        let mut body = match serde_json::to_value(&*request.wire_form()) {
             Ok(Value::Object(map)) => map,
             // Unreachable for these types (string keys only); an empty body is refused by
             // the server with a clear 400 rather than crashing the daemon.

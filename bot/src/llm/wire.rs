@@ -1,8 +1,20 @@
 //! OpenAI chat-completions wire types. Only what parlor sends and reads is modelled; the
 //! request body is checked against OpenAI's own JSON Schemas in the tests.
+//!
+//! One part is parlor's own: [`ContentPart::ImageRef`], an image by the platform's
+//! reference. The same types are the history the store keeps (as JSON), and history must
+//! never hold image bytes, so a photo a member attached is stored as a reference and turned
+//! into a `data:` URL only for the requests of the turn that needs it (the agent does that).
+//! The provider must never see a reference: [`ChatRequest::wire_form`], which
+//! [`OpenAiClient::request_body`](super::OpenAiClient::request_body) serializes, replaces
+//! any that is left with a text part.
+
+use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::platform::ImageRef;
 
 /// One message of a conversation, tagged by `role` exactly as the API expects it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,7 +99,7 @@ impl Content {
                 .iter()
                 .filter_map(|p| match p {
                     ContentPart::Text { text } => Some(text.as_str()),
-                    ContentPart::ImageUrl { .. } => None,
+                    ContentPart::ImageUrl { .. } | ContentPart::ImageRef { .. } => None,
                 })
                 .collect::<Vec<_>>()
                 .join("\n"),
@@ -109,6 +121,24 @@ pub enum ContentPart {
         /// Where the image is.
         image_url: ImageUrl,
     },
+    /// parlor-internal, never sent: an image attached to a chat message, by the platform's
+    /// reference. This is what history stores instead of the image; the agent resolves it
+    /// for a request (a `data:` URL in the turn it arrived with, a short text after that).
+    ImageRef {
+        /// The platform's file id, MIME type and size.
+        image: ImageRef,
+        /// The chat message the image is attached to, so the model can name it to
+        /// `load_image` in a later turn.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_id: Option<String>,
+    },
+}
+
+impl ContentPart {
+    /// Whether this part is parlor's own and must not reach the provider.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, ContentPart::ImageRef { .. })
+    }
 }
 
 /// An image reference for vision input.
@@ -239,6 +269,34 @@ pub struct ChatRequest {
     /// Upper bound on generated tokens; provider default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u32>,
+}
+
+impl ChatRequest {
+    /// This request as it may be sent: every parlor-internal part (an unresolved
+    /// [`ContentPart::ImageRef`]) replaced by a text part saying an image was not shown.
+    /// The agent resolves references before it builds a request, so this is the last line of
+    /// defence, not the way images are handled; borrowed when there is nothing to replace.
+    pub fn wire_form(&self) -> Cow<'_, ChatRequest> {
+        let internal = |m: &Message| matches!(m, Message::User { content: Content::Parts(parts) } if parts.iter().any(ContentPart::is_internal));
+        if !self.messages.iter().any(internal) {
+            return Cow::Borrowed(self);
+        }
+        tracing::warn!("a request still held image references; they are sent as text");
+        let mut request = self.clone();
+        for message in &mut request.messages {
+            if let Message::User {
+                content: Content::Parts(parts),
+            } = message
+            {
+                for part in parts.iter_mut().filter(|p| p.is_internal()) {
+                    *part = ContentPart::Text {
+                        text: "[an image was attached here but could not be shown]".to_owned(),
+                    };
+                }
+            }
+        }
+        Cow::Owned(request)
+    }
 }
 
 /// Token counts the provider reported.

@@ -17,6 +17,8 @@ pub fn estimate_tokens(message: &Message) -> usize {
                     ContentPart::Text { text } => text.chars().count(),
                     // Providers bill an image at a few hundred tokens at low detail.
                     ContentPart::ImageUrl { .. } => 3000,
+                    // Past its own turn a reference is sent as one short line of text.
+                    ContentPart::ImageRef { .. } => 60,
                 })
                 .sum(),
         },

@@ -51,8 +51,6 @@ pub struct SessionConfig {
     pub idle_timeout: Duration,
     /// How long a chat's administrator list is cached.
     pub admin_cache_ttl: Duration,
-    /// Whether images are downloaded and shown to the model.
-    pub vision: bool,
     /// Largest input line kept, in characters (longer ones are cut).
     pub max_input_chars: usize,
 }
@@ -70,7 +68,6 @@ impl Default for SessionConfig {
             history_tokens: 24_000,
             idle_timeout: Duration::from_secs(600),
             admin_cache_ttl: Duration::from_secs(600),
-            vision: false,
             max_input_chars: 4000,
         }
     }

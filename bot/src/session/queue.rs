@@ -31,8 +31,8 @@ pub struct QueueItem {
     pub reply_to: Option<String>,
     /// Everyone who contributed, in order.
     pub callers: Vec<Caller>,
-    /// Images attached to any of the merged messages.
-    pub images: Vec<ImageRef>,
+    /// Images attached to any of the merged messages, each with the id of its message.
+    pub images: Vec<(ImageRef, Option<String>)>,
     /// Whether the chat is a direct message (nobody there is a chat admin).
     pub private: bool,
 }
@@ -45,9 +45,15 @@ impl QueueItem {
             chat: item.chat,
             lines: vec![item.text],
             pending_ids: vec![item.id],
-            reply_to: item.reply_to,
+            reply_to: item.reply_to.clone(),
             callers: vec![item.caller],
-            images: item.images,
+            // A member's message threads its reply to itself, so `reply_to` is the message
+            // the images came with.
+            images: item
+                .images
+                .into_iter()
+                .map(|image| (image, item.reply_to.clone()))
+                .collect(),
             private: item.private,
         }
     }

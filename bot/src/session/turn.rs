@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::history::trim_to_budget;
 use super::manager::{ScheduledOutcome, Session, SessionManager};
 use super::queue::QueueItem;
-use crate::agent::{Turn, TurnEnd, TurnInput};
-use crate::llm::{Content, ContentPart, ImageUrl};
+use crate::agent::{Turn, TurnEnd, TurnInput, strip_image_data};
+use crate::llm::{Content, ContentPart};
 use crate::store::{OutboxEntry, PendingKind, TurnCommit};
 use crate::tool::{Role, RoleResolver};
 
@@ -154,7 +154,7 @@ impl SessionManager {
         let input = TurnInput {
             session: session.key.clone(),
             caller: item.caller(),
-            content: self.input_content(item).await,
+            content: Self::input_content(item),
             chat: Some(item.chat.clone()),
             platform: platform.clone(),
             roles: Some(Arc::new(self.clone()) as Arc<dyn RoleResolver>),
@@ -203,6 +203,8 @@ impl SessionManager {
         };
         let mut history = history;
         history.extend(new_messages);
+        // `load_image`'s pictures (and those of older versions) were for this turn only.
+        strip_image_data(&mut history);
         trim_to_budget(&mut history, self.inner.config.history_tokens);
         Some(Outcome {
             history: Some(history),
@@ -211,48 +213,23 @@ impl SessionManager {
         })
     }
 
-    /// The turn's input content: the text, plus images when vision is on.
-    async fn input_content(&self, item: &QueueItem) -> Content {
+    /// The turn's input content: the text, and a reference to each attached image. The
+    /// images are not downloaded here: the agent shows them in this turn's requests, and
+    /// history (which this content becomes part of) keeps only the references.
+    fn input_content(item: &QueueItem) -> Content {
         let text = item.text();
         if item.images.is_empty() {
             return Content::Text(text);
         }
-        if !self.inner.config.vision {
-            // The model should know a picture was part of the message, even unseen.
-            let n = item.images.len();
-            return Content::Text(format!(
-                "{text}\n[{n} image{} attached; this model cannot see images]",
-                if n == 1 { "" } else { "s" }
-            ));
-        }
-        let Some(platform) = self.platform(&item.chat) else {
-            return Content::Text(text);
-        };
         let mut parts = vec![ContentPart::Text { text }];
-        for image in item.images.iter().take(4) {
-            match tokio::time::timeout(Duration::from_secs(60), platform.download_image(image))
-                .await
-            {
-                Ok(Ok(bytes)) => {
-                    let mime = image.mime_type.as_deref().unwrap_or("image/jpeg");
-                    parts.push(ContentPart::ImageUrl {
-                        image_url: ImageUrl {
-                            url: format!("data:{mime};base64,{}", base64_encode(&bytes)),
-                            detail: None,
-                        },
-                    });
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, file = %image.file_id, "image download failed");
-                    parts.push(ContentPart::Text {
-                        text: "[an attached image could not be loaded]".to_owned(),
-                    });
-                }
-                Err(_) => parts.push(ContentPart::Text {
-                    text: "[an attached image took too long to load]".to_owned(),
+        parts.extend(
+            item.images
+                .iter()
+                .map(|(image, message_id)| ContentPart::ImageRef {
+                    image: image.clone(),
+                    message_id: message_id.clone(),
                 }),
-            }
-        }
+        );
         Content::Parts(parts)
     }
 }
@@ -265,9 +242,4 @@ fn short_reason(error: &str) -> String {
         out.push('…');
     }
     out
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -1,5 +1,18 @@
-//! Images for a vision model: recognize the bytes (magic numbers, never a file name or a
-//! server's word), decode within limits, downscale and re-encode when needed.
+//! The one image pipeline: everything done to an image's bytes before a vision model sees
+//! them. The agent runs it on photos members attach ([`crate::agent`], when it resolves the
+//! image references of the current turn) and the `load_image` tool (parlor-plugins) on the
+//! images it loads, so both get the same checks, limits and downscaling. It owns:
+//!
+//! - **sniffing** ([`sniff`]): the format comes from the magic numbers, never a file name, a
+//!   platform's MIME type or a server's word;
+//! - **limits**: [`DEFAULT_MAX_BYTES`] and [`DEFAULT_MAX_SIDE`] for callers to enforce and
+//!   configure, [`MAX_SIDE`] and [`MAX_DECODE_BYTES`] enforced while decoding;
+//! - **preparing** ([`prepare`], [`prepare_blocking`]): decode within the limits, downscale
+//!   and re-encode when needed;
+//! - **encoding** for the wire ([`Prepared::data_url`]).
+//!
+//! It knows nothing of where an image came from (platform download, URL fetch); fetching is
+//! the caller's.
 //!
 //! The formats are the four that vision APIs accept: PNG, JPEG, GIF and WebP. Every image is
 //! decoded, even one passed on unchanged: a file that only *starts* like a PNG is refused
@@ -11,7 +24,8 @@
 //!
 //! Decoding is bounded ([`MAX_SIDE`] per side, [`MAX_DECODE_BYTES`] of memory), so a small
 //! file that inflates to gigabytes (a "decompression bomb") is refused, not decoded. The
-//! work is CPU-bound; callers run [`prepare`] on a blocking thread.
+//! work is CPU-bound: async callers use [`prepare_blocking`], which runs it on a blocking
+//! thread.
 
 use std::io::Cursor;
 
@@ -31,6 +45,12 @@ pub const PASS_THROUGH_BYTES: usize = 4 * 1024 * 1024;
 pub const JPEG_QUALITY: u8 = 85;
 /// The smallest `image_max_side` honoured; below it images would be unreadable.
 pub const MIN_TARGET_SIDE: u32 = 64;
+/// Longest side sent to the model unless configured otherwise: the size above which the
+/// common vision models scale an image down themselves, so larger only costs bandwidth.
+pub const DEFAULT_MAX_SIDE: u32 = 1568;
+/// Most bytes of an image downloaded or fetched unless configured otherwise (Telegram's
+/// own limit for files a bot may download).
+pub const DEFAULT_MAX_BYTES: u64 = 20 * 1024 * 1024;
 
 /// An image format recognized by its first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +120,18 @@ pub struct Prepared {
     pub reencoded: bool,
 }
 
+impl Prepared {
+    /// The image as a `data:` URL, the form a request's image part carries it in.
+    pub fn data_url(&self) -> String {
+        use base64::Engine as _;
+        format!(
+            "data:{};base64,{}",
+            self.mime,
+            base64::engine::general_purpose::STANDARD.encode(&self.bytes)
+        )
+    }
+}
+
 /// Why an image cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImageError {
@@ -109,6 +141,22 @@ pub enum ImageError {
     /// Too many pixels to decode safely.
     #[error("{0}")]
     TooLarge(String),
+    /// The work itself failed (the blocking thread died); the details are in the log.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// [`prepare`] on a blocking thread, so that decoding a large photo does not hold up the
+/// async runtime's workers.
+pub async fn prepare_blocking(bytes: Vec<u8>, max_side: u32) -> Result<Prepared, ImageError> {
+    tokio::task::spawn_blocking(move || prepare(bytes, max_side))
+        .await
+        .unwrap_or_else(|error| {
+            tracing::error!(%error, "image preparation task failed");
+            Err(ImageError::Internal(
+                "the image could not be processed; the error was logged".to_owned(),
+            ))
+        })
 }
 
 /// Checks, decodes and (when needed) downscales `bytes` so that the longest side is at most
@@ -248,6 +296,20 @@ mod tests {
         assert_eq!((prepared.width, prepared.height), (40, 30));
         assert_eq!(prepared.mime, "image/png");
         assert!(!prepared.reencoded);
+    }
+
+    #[test]
+    fn the_data_url_carries_the_mime_and_the_base64_of_the_bytes() {
+        let prepared = Prepared {
+            bytes: vec![1, 2, 3],
+            mime: "image/png",
+            width: 1,
+            height: 1,
+            original_width: 1,
+            original_height: 1,
+            reencoded: false,
+        };
+        assert_eq!(prepared.data_url(), "data:image/png;base64,AQID");
     }
 
     #[test]
