@@ -2,18 +2,14 @@
 //! truncation, unknown tools, invalid arguments, panics, timeouts, cancellation, the
 //! iteration limit, permissions and the todo reminder.
 
-use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use expect_test::expect;
 use parlor_bot::agent::{Agent, AgentConfig, TurnEnd, TurnInput};
-use parlor_bot::llm::{
-    ChatRequest, Completion, Content, ContentPart, ImageUrl, LlmBackend, LlmError, Message,
-    ToolCall, Usage,
-};
+use parlor_bot::llm::{Completion, Content, ContentPart, ImageUrl, Message, ToolCall, Usage};
 use parlor_bot::tool::{
     Caller, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSpec,
     codes,
@@ -22,41 +18,8 @@ use parlor_bot::tools::TodoList;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-/// A model that answers from a script and records every request.
-#[derive(Default)]
-struct ScriptedLlm {
-    replies: Mutex<VecDeque<Completion>>,
-    requests: Mutex<Vec<ChatRequest>>,
-}
-
-impl ScriptedLlm {
-    fn new(replies: Vec<Completion>) -> Arc<Self> {
-        Arc::new(ScriptedLlm {
-            replies: Mutex::new(replies.into()),
-            requests: Mutex::default(),
-        })
-    }
-
-    fn requests(&self) -> Vec<ChatRequest> {
-        self.requests.lock().unwrap().clone()
-    }
-}
-
-#[async_trait]
-impl LlmBackend for ScriptedLlm {
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        _cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        self.requests.lock().unwrap().push(request.clone());
-        self.replies
-            .lock()
-            .unwrap()
-            .pop_front()
-            .ok_or_else(|| LlmError::Malformed("script exhausted".into()))
-    }
-}
+mod scripted_llm;
+use scripted_llm::ScriptedLlm;
 
 fn text(t: &str) -> Completion {
     Completion {

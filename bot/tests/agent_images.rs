@@ -3,7 +3,7 @@
 //! text; an image that cannot be shown is a text, not a failed turn; without vision nothing
 //! is downloaded; and no request ever carries the reference itself.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 
@@ -12,8 +12,7 @@ use base64::Engine as _;
 use image::{DynamicImage, ImageBuffer, ImageFormat, Rgb};
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, TurnEnd, TurnInput};
 use parlor_bot::llm::{
-    ChatRequest, Completion, Content, ContentPart, ImageUrl, LlmBackend, LlmError, Message,
-    OpenAiClient, ToolCall,
+    ChatRequest, Completion, Content, ContentPart, ImageUrl, Message, OpenAiClient, ToolCall,
 };
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
 use parlor_bot::tool::{
@@ -22,41 +21,8 @@ use parlor_bot::tool::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-/// A model that answers from a script and records every request.
-#[derive(Default)]
-struct ScriptedLlm {
-    replies: Mutex<VecDeque<Completion>>,
-    requests: Mutex<Vec<ChatRequest>>,
-}
-
-impl ScriptedLlm {
-    fn new(replies: Vec<Completion>) -> Arc<Self> {
-        Arc::new(ScriptedLlm {
-            replies: Mutex::new(replies.into()),
-            requests: Mutex::default(),
-        })
-    }
-
-    fn requests(&self) -> Vec<ChatRequest> {
-        self.requests.lock().unwrap().clone()
-    }
-}
-
-#[async_trait]
-impl LlmBackend for ScriptedLlm {
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        _cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        self.requests.lock().unwrap().push(request.clone());
-        self.replies
-            .lock()
-            .unwrap()
-            .pop_front()
-            .ok_or_else(|| LlmError::Malformed("script exhausted".into()))
-    }
-}
+mod scripted_llm;
+use scripted_llm::ScriptedLlm;
 
 fn text(t: &str) -> Completion {
     Completion {

@@ -839,6 +839,18 @@ async fn without_vision_the_model_is_told_an_image_was_attached() {
     );
 }
 
+/// A manager with an instant model and no tools over `store` and `platform`.
+fn plain_manager(store: Arc<dyn Store>, platform: Arc<dyn Platform>) -> SessionManager {
+    let registry = ToolRegistry::new(vec![]).unwrap();
+    let agent = Agent::new(
+        GatedLlm::new(true),
+        registry,
+        "test",
+        AgentConfig::default(),
+    );
+    SessionManager::new(store, agent, vec![platform], SessionConfig::default())
+}
+
 fn mention_in(chat: &str, id: u32, who: &str) -> IncomingMessage {
     let mut m = msg(id, who, &format!("@parlor question {id}"));
     m.chat = ChatRef::new("test", chat);
@@ -943,19 +955,7 @@ async fn a_reply_the_platform_refuses_for_good_is_given_up_with_its_reason() {
         }
     }
     let store = Arc::new(MemoryStore::new());
-    let registry = ToolRegistry::new(vec![]).unwrap();
-    let agent = Agent::new(
-        GatedLlm::new(true),
-        registry,
-        "test",
-        AgentConfig::default(),
-    );
-    let manager = SessionManager::new(
-        store.clone() as Arc<dyn Store>,
-        agent,
-        vec![Arc::new(Kicked) as Arc<dyn Platform>],
-        SessionConfig::default(),
-    );
+    let manager = plain_manager(store.clone(), Arc::new(Kicked));
     manager
         .deliver(msg(1, "alice", "@parlor hi"))
         .await
@@ -1182,19 +1182,7 @@ async fn a_kill_after_any_store_write_loses_no_message_and_repeats_none_but_the_
             writes: Mutex::new(0),
         });
         let before = Arc::new(TestPlatform::default());
-        let registry = ToolRegistry::new(vec![]).unwrap();
-        let agent = Agent::new(
-            GatedLlm::new(true),
-            registry,
-            "test",
-            AgentConfig::default(),
-        );
-        let first = SessionManager::new(
-            crash.clone() as Arc<dyn Store>,
-            agent,
-            vec![before.clone() as Arc<dyn Platform>],
-            SessionConfig::default(),
-        );
+        let first = plain_manager(crash.clone(), before.clone());
         for m in &traffic {
             // A failed delivery is not acknowledged; the platform sends it again later.
             let _ = first.deliver(m.clone()).await;
