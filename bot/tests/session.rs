@@ -1242,3 +1242,43 @@ async fn a_kill_after_any_store_write_loses_no_message_and_repeats_none_but_the_
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_notice_into_a_full_queue_is_told_now_not_at_the_next_start() {
+    let rig = rig_with(
+        Arc::new(MemoryStore::new()),
+        GatedLlm::new(false),
+        Arc::new(TestPlatform::default()),
+        SessionConfig {
+            queue_capacity: 1,
+            ..SessionConfig::default()
+        },
+    );
+    rig.manager
+        .deliver(msg(1, "alice", "@parlor first"))
+        .await
+        .unwrap();
+    while rig.llm.user_inputs().is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The running turn is busy and the one queue slot is taken.
+    rig.manager
+        .deliver(msg(2, "bob", "@parlor second"))
+        .await
+        .unwrap();
+    let system = parlor_bot::tool::Caller::default();
+    rig.manager
+        .submit_notice(&group(), "<R>done</R>".into(), system, Vec::new())
+        .await
+        .expect("a notice is never refused for a full queue");
+    rig.llm.release(3);
+    let sent = rig.platform.wait_sent(3).await;
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert!(
+        rig.llm
+            .user_inputs()
+            .iter()
+            .any(|i| i.contains("<R>done</R>"))
+    );
+    assert!(rig.store.pending().unwrap().is_empty());
+}

@@ -309,7 +309,8 @@ impl SessionManager {
     }
 
     /// Stores a system input for `chat` as pending (with `also`, in one transaction,
-    /// flushed) and queues it; returns its pending id. `merge` decides whether it may stack.
+    /// flushed) and queues it; returns its pending id. A clock fire into a full queue is
+    /// refused (and logged by the clock); a notice always goes in.
     fn submit(
         &self,
         chat: &ChatRef,
@@ -340,19 +341,18 @@ impl SessionManager {
             private: false,
         };
         let mut item = QueueItem::from_pending(pending.clone());
-        let full = !session.queue.can_take(&item);
-        if full && kind == PendingKind::ClockFire {
+        if kind == PendingKind::ClockFire && !session.queue.can_take(&item) {
             return Err(SubmitError::QueueFull);
         }
         let id = self.inner.store.add_pending_with(pending, also)?;
         self.durable()?;
-        if full {
-            // Stored, so not lost: it is delivered at the next start.
-            tracing::warn!(session = %session.key, pending = id, "queue full; the input waits for the next start");
-            return Err(SubmitError::QueueFull);
-        }
         item.pending_ids = vec![id];
-        if session.queue.push(item).is_err() {
+        if kind == PendingKind::TaskResult {
+            // A finished task is told now, not at the next start, even into a busy chat.
+            session.queue.push_over_capacity(item);
+        } else if session.queue.push(item).is_err() {
+            // Checked above under the same lock; kept for the next start if it happens.
+            tracing::error!(session = %session.key, pending = id, "queue refused a checked item; it stays pending");
             return Err(SubmitError::QueueFull);
         }
         self.ensure_actor(&session);

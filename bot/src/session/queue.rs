@@ -152,6 +152,19 @@ impl SessionQueue {
         items.len() < self.capacity || items.back().is_some_and(|tail| Self::merges(tail, item))
     }
 
+    /// Adds a system item (a task's notice) even to a full queue: it merges when it can,
+    /// and there are only as many as the operator's background tasks, so it cannot flood.
+    pub fn push_over_capacity(&self, item: QueueItem) {
+        {
+            let mut items = self.lock();
+            match items.back_mut() {
+                Some(tail) if Self::merges(tail, &item) => tail.merge(item),
+                _ => items.push_back(item),
+            }
+        }
+        self.notify.notify_one();
+    }
+
     /// Puts a control item (a command) before every waiting turn; it may exceed the
     /// capacity by the few commands a chat sends at once.
     pub fn push_front(&self, item: QueueItem) {

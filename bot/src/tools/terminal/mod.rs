@@ -201,7 +201,7 @@ pub trait Notifier: Send + Sync {
 fn submit_error(e: SubmitError) -> NotifyError {
     match e {
         SubmitError::ShuttingDown => NotifyError::ShuttingDown,
-        // A full queue keeps the record pending: it is delivered at the next start.
+        // Anything else (no adapter, storage) is logged by the caller; the task is unharmed.
         other => NotifyError::Failed(other.to_string()),
     }
 }
