@@ -114,7 +114,7 @@ impl Platform for ConsolePlatform {
     ) -> Result<SentMessage, PlatformError> {
         let id = self.next_id();
         // Markdown as a terminal shows it best: bullets, aligned tables, links with URLs.
-        let rendered = parlor_bot::render::plain::render(text);
+        let rendered = parlor_render::plain::render(text);
         self.print(&format!("{}: {}", self.bot_name, rendered.trim_end()));
         *self.last_sent.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.clone());
         Ok(SentMessage {

@@ -19,8 +19,6 @@
 //!   iteration loop that runs tool calls concurrently, bounded and in order.
 //! - [`clock`] — clock tasks (cron, one-shot, interval), the service firing them, `clock_*`.
 //! - [`tools`] — built-in toolsets: `todo_list`, `time`, prompt-only.
-//! - [`render`] — Markdown replies for each platform: pulldown-cmark into a small document
-//!   tree, then Telegram text + entities, Discord Markdown or plain text, split into parts.
 
 pub mod agent;
 pub mod backoff;
@@ -28,7 +26,6 @@ pub mod clock;
 pub mod image;
 pub mod llm;
 pub mod platform;
-pub mod render;
 pub mod session;
 pub mod store;
 pub mod tool;

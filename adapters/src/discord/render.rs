@@ -1,14 +1,14 @@
 //! The model's Markdown -> Discord message parts.
 //!
 //! [`render_parts`] is the single entry point the adapter sends through; it delegates to the
-//! runtime's Discord renderer (`parlor_bot::render::discord`): Discord's own Markdown subset,
+//! runtime's Discord renderer (`parlor_render::discord`): Discord's own Markdown subset,
 //! everything else escaped, parts of at most [`MAX_MESSAGE_CHARS`] (UTF-16 units, never fewer
 //! than characters) with code fences and other markers closed and reopened across a cut, and
 //! `@everyone`/`@here`/role mentions defused unless mass mentions are allowed.
 
-use parlor_bot::render::discord::{DiscordOptions, render};
+use parlor_render::discord::{DiscordOptions, render};
 
-pub use parlor_bot::render::discord::MAX_MESSAGE_CHARS;
+pub use parlor_render::discord::MAX_MESSAGE_CHARS;
 
 /// Renders `text` for Discord as message parts; blank text gives no parts.
 pub fn render_parts(text: &str, allow_mass_mentions: bool) -> Vec<String> {

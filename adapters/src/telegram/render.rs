@@ -1,12 +1,12 @@
 //! Model text -> the Telegram messages that carry it.
 //!
-//! The Markdown is rendered by `parlor_bot::render::telegram` (one parser, one intermediate
+//! The Markdown is rendered by `parlor_render::telegram` (one parser, one intermediate
 //! form, one renderer per platform) into parts of plain text plus explicit entities, at most
 //! 4096 UTF-16 units each. No `parse_mode` is ever sent, so Telegram cannot refuse a reply
 //! for bad markup ("can't parse entities"). This file only maps the renderer's entities onto
 //! teloxide's types.
 
-use parlor_bot::render::telegram::{self as renderer, EntityKind};
+use parlor_render::telegram::{self as renderer, EntityKind};
 use teloxide::types::{MessageEntity, MessageEntityKind};
 
 /// Telegram's limit for `sendMessage.text`, in UTF-16 code units.

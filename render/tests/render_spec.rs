@@ -15,8 +15,8 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use parlor_bot::render::{
-    self,
+use parlor_render as render;
+use parlor_render::{
     discord::{self, DiscordOptions},
     telegram::{self, EntityKind, TelegramPart},
 };

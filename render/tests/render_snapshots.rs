@@ -4,7 +4,7 @@
 //! `⟦bold:…⟧`, `⟦pre rust:…⟧`, `⟦link https://…:…⟧`; the part's UTF-16 length heads it.
 
 use expect_test::{Expect, expect};
-use parlor_bot::render::{
+use parlor_render::{
     discord::{self, DiscordOptions},
     plain,
     telegram::{self, EntityKind, TelegramPart},

@@ -1,5 +1,9 @@
-//! Markdown replies, rendered for each platform: one parser, one intermediate form, one
-//! renderer per platform.
+//! # parlor-render — Markdown replies, rendered for each platform
+//!
+//! One parser, one intermediate form, one renderer per platform. Used by the adapters.
+//!
+//! **Invariant:** a pure crate: it depends on nothing of parlor and does no I/O; every
+//! function is a pure function of its input.
 //!
 //! ```text
 //! markdown --parse--> Document --layout(flavor)--> text + ranges --split--> parts
