@@ -615,6 +615,51 @@ async fn a_long_answer_is_split_and_threaded_to_the_question() {
 }
 
 #[tokio::test]
+async fn a_retried_long_reply_sends_only_the_parts_that_are_missing() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = connect(&fake).await;
+    fake.group_message(GROUP, alice(), "tell me everything")
+        .mention_bot()
+        .push();
+    let text = "all work and no play makes a long answer ".repeat(225); // 3 parts
+    // The second part is held by a retry_after longer than the adapter waits itself.
+    fake.fail_after("sendMessage", 1, Failure::RetryAfter(3600));
+    let first = adapter.send_reply(&group(), &text, None, "o7").await;
+    assert!(
+        matches!(first, Err(PlatformError::RateLimited(_))),
+        "{first:?}"
+    );
+    let before: Vec<_> = fake.sent_messages();
+    assert_eq!(before.len(), 1, "the first part went out");
+
+    // The outbox retries the same reply: only parts two and three are sent now.
+    let sent = adapter
+        .send_reply(&group(), &text, None, "o7")
+        .await
+        .expect("sent");
+    let recorded = fake.sent_messages();
+    assert_eq!(recorded.len(), 3, "no part twice");
+    let ids: Vec<String> = recorded.iter().map(|m| m.message_id.to_string()).collect();
+    assert_eq!(
+        sent.message_ids, ids,
+        "every part's id, the first one included"
+    );
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let sent_words: Vec<&str> = recorded
+        .iter()
+        .flat_map(|m| m.text.split_whitespace())
+        .collect();
+    assert_eq!(sent_words, words);
+
+    // Another reply starts from its own first part.
+    adapter
+        .send_reply(&group(), "short", None, "o8")
+        .await
+        .expect("sent");
+    assert_eq!(fake.sent_messages().len(), 4);
+}
+
+#[tokio::test]
 async fn answers_go_to_the_topic_and_survive_a_deleted_original() {
     let fake = FakeTelegram::start(TOKEN).await;
     let adapter = connect(&fake).await;

@@ -809,7 +809,8 @@ struct Inner {
     next_file: u64,
     downloads: Vec<String>,
     admins: HashMap<i64, Vec<i64>>,
-    failures: HashMap<String, VecDeque<Failure>>,
+    /// Per method: scripted failures, each after that many calls still pass.
+    failures: HashMap<String, VecDeque<(usize, Failure)>>,
     calls: Vec<RecordedCall>,
     unknown: Vec<String>,
     sent: Vec<SentMessage>,
@@ -1414,12 +1415,18 @@ impl FakeTelegram {
     /// call has no other effect (a failed `getUpdates` acknowledges
     /// nothing). The call is still recorded.
     pub fn fail_next(&self, method: &str, failure: Failure) {
+        self.fail_after(method, 0, failure);
+    }
+
+    /// Like [`FakeTelegram::fail_next`], but the failure comes after `passing` more calls of
+    /// `method` have been answered normally (the second part of a long reply, say).
+    pub fn fail_after(&self, method: &str, passing: usize, failure: Failure) {
         self.shared
             .lock()
             .failures
             .entry(method.to_ascii_lowercase())
             .or_default()
-            .push_back(failure);
+            .push_back((passing, failure));
     }
 
     /// How many scripted failures of `method` are still queued.
@@ -1766,7 +1773,16 @@ async fn call(
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
             params: Value::Object(params.map.clone()),
         });
-        inner.failures.get_mut(&lower).and_then(VecDeque::pop_front)
+        match inner.failures.get_mut(&lower) {
+            Some(queue) => match queue.front_mut() {
+                Some((passing, _)) if *passing > 0 => {
+                    *passing -= 1;
+                    None
+                }
+                _ => queue.pop_front().map(|(_, failure)| failure),
+            },
+            None => None,
+        }
     };
     shared.changed.notify_waiters();
     if let Some(failure) = failure {

@@ -43,8 +43,12 @@ mod poll;
 mod render;
 mod retry;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+
+/// Most replies whose sent parts are remembered at once (see `Inner::progress`).
+const MAX_PROGRESS: usize = 1024;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -82,6 +86,10 @@ struct Inner {
     me: BotIdentity,
     /// `config.allowed_updates`, parsed once at connect.
     allowed_updates: Vec<AllowedUpdate>,
+    /// Parts of a long reply already sent, by the reply's key, while the rest still fails:
+    /// a retry of the reply sends only what is missing. Telegram has no idempotency key, so
+    /// this is what keeps a retried reply from repeating its first parts (within a run).
+    progress: std::sync::Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl fmt::Debug for TelegramAdapter {
@@ -161,6 +169,7 @@ impl TelegramAdapter {
                 token,
                 me,
                 allowed_updates,
+                progress: std::sync::Mutex::default(),
             }),
         })
     }
@@ -229,20 +238,15 @@ impl Target {
     }
 }
 
-#[async_trait]
-impl Platform for TelegramAdapter {
-    fn name(&self) -> &str {
-        PLATFORM
-    }
-
-    /// Sends `text` (Markdown) as [`render`] renders and splits it; the first part replies to `reply_to` (and is
-    /// still sent if that message is gone), every part goes to the chat's topic. Returns the
-    /// ids of all parts. An empty text is refused (Telegram would refuse it too).
-    async fn send_message(
+impl TelegramAdapter {
+    /// Renders, splits and sends `text`; with a `key`, parts a failed earlier attempt
+    /// already sent are skipped (see `Inner::progress`).
+    async fn send_parts(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
+        key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         let target = Target::parse(chat)?;
         let reply_to = reply_to.and_then(|id| match id.parse::<i32>() {
@@ -260,8 +264,12 @@ impl Platform for TelegramAdapter {
             ));
         }
         let policy = self.policy();
-        let mut message_ids = Vec::with_capacity(parts.len());
-        for (index, part) in parts.iter().enumerate() {
+        let mut message_ids = key.map(|k| self.progress(k)).unwrap_or_default();
+        if message_ids.len() > parts.len() {
+            // Not the reply we started (a different text under the same key): start over.
+            message_ids.clear();
+        }
+        for (index, part) in parts.iter().enumerate().skip(message_ids.len()) {
             let sent = with_retries("sendMessage", &policy, || {
                 let mut request = self
                     .inner
@@ -285,13 +293,80 @@ impl Platform for TelegramAdapter {
                 Ok(message) => message_ids.push(message.id.0.to_string()),
                 Err(error) => {
                     if index > 0 {
-                        tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off");
+                        tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off; a retry sends the rest");
+                    }
+                    if let Some(key) = key {
+                        self.set_progress(key, &message_ids, &error);
                     }
                     return Err(error);
                 }
             }
         }
+        if let Some(key) = key {
+            self.lock_progress().remove(key);
+        }
         Ok(SentMessage { message_ids })
+    }
+
+    fn lock_progress(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
+        // Every update leaves the map consistent; a poisoned lock is still usable.
+        self.inner
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn progress(&self, key: &str) -> Vec<String> {
+        self.lock_progress().get(key).cloned().unwrap_or_default()
+    }
+
+    /// Remembers the parts sent before `error`, when a retry may follow.
+    fn set_progress(&self, key: &str, sent: &[String], error: &PlatformError) {
+        let mut progress = self.lock_progress();
+        let retried = matches!(
+            error,
+            PlatformError::RateLimited(_) | PlatformError::Unavailable(_)
+        );
+        if !retried || sent.is_empty() {
+            progress.remove(key);
+            return;
+        }
+        // Only replies that are failing right now are here; a bound keeps a long outage of
+        // many chats from growing it without end.
+        if progress.len() >= MAX_PROGRESS && !progress.contains_key(key) {
+            progress.clear();
+        }
+        progress.insert(key.to_owned(), sent.to_vec());
+    }
+}
+
+#[async_trait]
+impl Platform for TelegramAdapter {
+    fn name(&self) -> &str {
+        PLATFORM
+    }
+
+    /// Sends `text` (Markdown) as [`render`] renders and splits it; the first part replies to `reply_to` (and is
+    /// still sent if that message is gone), every part goes to the chat's topic. Returns the
+    /// ids of all parts. An empty text is refused (Telegram would refuse it too).
+    async fn send_message(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+    ) -> Result<SentMessage, PlatformError> {
+        self.send_parts(chat, text, reply_to, None).await
+    }
+
+    /// Like `send_message`; a retry with the same `key` skips the parts already sent.
+    async fn send_reply(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+        key: &str,
+    ) -> Result<SentMessage, PlatformError> {
+        self.send_parts(chat, text, reply_to, Some(key)).await
     }
 
     /// One `sendChatAction(typing)`, not retried: it is cosmetic and repeated by the caller.
