@@ -155,7 +155,7 @@ impl SessionManager {
 
         let mut sessions = self.lock_sessions();
         let session = self.session_in(&mut sessions, &key);
-        if kind != PendingKind::Reset && !session.queue.can_take(&item) {
+        if !session.queue.can_take(&item) {
             drop(sessions);
             let notice = OutboxEntry::new(
                 &key,

@@ -165,8 +165,8 @@ impl SessionQueue {
         self.notify.notify_one();
     }
 
-    /// Puts a control item (a command) before every waiting turn; it may exceed the
-    /// capacity by the few commands a chat sends at once.
+    /// Puts a control item (a command) before every waiting turn. Callers check
+    /// [`SessionQueue::can_take`] first; resume may put one over the capacity.
     pub fn push_front(&self, item: QueueItem) {
         self.lock().push_front(item);
         self.notify.notify_one();
