@@ -36,6 +36,12 @@ impl GatedLlm {
     fn release(&self, n: usize) {
         self.gate.add_permits(n);
     }
+    /// Waits until the first turn has asked the model (and is held at the gate).
+    async fn wait_started(&self) {
+        while self.requests.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     fn user_inputs(&self) -> Vec<String> {
         self.requests
             .lock()
@@ -305,9 +311,7 @@ async fn a_burst_during_a_slow_turn_becomes_one_turn_with_every_sender() {
         .await
         .unwrap();
     // The first turn is now waiting on the model.
-    while rig.llm.user_inputs().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rig.llm.wait_started().await;
     for i in 0..20 {
         let who = format!("user{i}");
         rig.manager
@@ -355,9 +359,7 @@ async fn stop_cancels_the_running_turn_and_reset_forgets() {
         .deliver(msg(1, "alice", "@parlor long task"))
         .await
         .unwrap();
-    while rig.llm.user_inputs().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rig.llm.wait_started().await;
     rig.manager.deliver(msg(2, "alice", "/stop")).await.unwrap();
     let sent = rig.platform.wait_sent(1).await;
     assert_eq!(sent[0].1, "Stopped.");
@@ -439,9 +441,7 @@ async fn overflow_is_told_to_the_chat() {
         .deliver(msg(1, "alice", "@parlor first"))
         .await
         .unwrap();
-    while rig.llm.user_inputs().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rig.llm.wait_started().await;
     for i in 0..51 {
         rig.manager
             .deliver(msg(100 + i, "bob", &format!("@parlor {i}")))
@@ -552,9 +552,7 @@ async fn shutdown_cancels_after_the_grace_period_and_keeps_the_input_pending() {
         .deliver(msg(1, "alice", "@parlor slow"))
         .await
         .unwrap();
-    while rig.llm.user_inputs().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rig.llm.wait_started().await;
     rig.manager.shutdown(Duration::from_millis(50)).await;
     assert!(rig.platform.sent().is_empty());
     assert_eq!(
@@ -695,9 +693,7 @@ async fn a_scheduled_input_runs_as_its_own_turn_and_reports_the_posted_ids() {
         .deliver(msg(1, "alice", "@parlor first"))
         .await
         .unwrap();
-    while rig.llm.user_inputs().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rig.llm.wait_started().await;
     // Queued behind the running turn, between two user messages: it must not merge.
     rig.manager
         .deliver(msg(2, "bob", "@parlor second"))
@@ -783,9 +779,7 @@ async fn notices_merge_while_busy_and_a_withdrawn_one_is_never_delivered() {
         .deliver(msg(1, "alice", "@parlor start"))
         .await
         .unwrap();
-    while rig.llm.user_inputs().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rig.llm.wait_started().await;
     let system = parlor_bot::tool::Caller::default();
     let a = rig
         .manager
@@ -1258,9 +1252,7 @@ async fn a_task_notice_into_a_full_queue_is_told_now_not_at_the_next_start() {
         .deliver(msg(1, "alice", "@parlor first"))
         .await
         .unwrap();
-    while rig.llm.user_inputs().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rig.llm.wait_started().await;
     // The running turn is busy and the one queue slot is taken.
     rig.manager
         .deliver(msg(2, "bob", "@parlor second"))
