@@ -551,7 +551,7 @@ impl Config {
             }
         }
         if let Err(why) =
-            parlor_bot::tools::time::parse_timezone(&self.toolsets.time.default_timezone)
+            parlor_toolsets::time::parse_timezone(&self.toolsets.time.default_timezone)
         {
             bail!("toolsets.time.default_timezone: {why}");
         }

@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions};
-use parlor_bot::clock::{ClockHandle, ClockOptions, ClockService};
+use parlor_toolsets::clock::{ClockHandle, ClockOptions, ClockService};
 use parlor_bot::llm::{OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
-use parlor_bot::tools::terminal::{
+use parlor_toolsets::terminal::{
     LateNotifier, Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
 };
-use parlor_bot::tools::{PromptToolset, TodoList, time};
-use parlor_plugins::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
+use parlor_toolsets::{PromptToolset, TodoList, time};
+use parlor_toolsets::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
 
 use tokio_util::sync::CancellationToken;
 
@@ -53,7 +53,7 @@ pub fn registry(
                 // The handle exists whenever "clock" is enabled (see `clock_handle`).
                 if let Some(handle) = clock {
                     toolsets.push(Arc::new(
-                        parlor_bot::clock::toolset(handle.clone())
+                        parlor_toolsets::clock::toolset(handle.clone())
                             .context("cannot build the clock toolset")?,
                     ));
                 }

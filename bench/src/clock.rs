@@ -1,4 +1,4 @@
-//! The clock row: 10,000 one-shot tasks in-process (`parlor_bot::clock`), on a
+//! The clock row: 10,000 one-shot tasks in-process (`parlor_toolsets::clock`), on a
 //! `MemoryStore`, fired through a `SessionManager` whose model answers at once and whose
 //! platform only counts posts. Lateness is `ClockRun::started - ClockRun::due`: when the
 //! service handed the fire to the session, against when it was due.
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{SecondsFormat, TimeDelta, Utc};
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_bot::clock::{ClockHandle, ClockOptions, ClockService, MissedPolicy, NewClock};
+use parlor_toolsets::clock::{ClockHandle, ClockOptions, ClockService, MissedPolicy, NewClock};
 use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError};
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
 use parlor_bot::session::{SessionConfig, SessionManager};
@@ -30,7 +30,7 @@ const LEAD: Duration = Duration::from_secs(4);
 /// Tasks created through `ClockHandle::create` before the rest are seeded.
 const REAL_CREATES: usize = 300;
 /// The store space of clock tasks.
-const TASKS_SPACE: &str = parlor_bot::clock::handle::TASKS;
+const TASKS_SPACE: &str = parlor_toolsets::clock::handle::TASKS;
 
 struct Instant0;
 

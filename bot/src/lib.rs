@@ -1,7 +1,9 @@
 //! # parlor-bot — the agent runtime
 //!
 //! Owns everything an agent session needs that is not tied to a chat platform: the
-//! OpenAI-compatible LLM client, the tool contract, the agent loop and the built-in toolsets.
+//! OpenAI-compatible LLM client, the tool contract, the agent loop, sessions (intake, the
+//! per-chat actor, the outbox), the store and the platform traits. The toolsets themselves
+//! live in `parlor-toolsets`.
 //!
 //! **Invariant:** this crate knows no platform SDK (no teloxide, no serenity) and no
 //! adapter or plugin crate; they depend on it, never the other way round.
@@ -14,19 +16,21 @@
 //!   [`tool::ToolResult`] JSON, the registry and the catalog.
 //! - [`image`] — the image pipeline: format sniffing, bounded decoding, downscaling, limits
 //!   and `data:` URLs, for attached photos and `load_image` alike.
+//! - [`text`] — character-safe cutting, the one place text is bounded.
+//! - [`ratelimit`] — the sliding-window limit for turns and sends.
 //! - [`backoff`] — exponential backoff with jitter for every retrying client.
 //! - [`agent`] — prompt assembly (static prompt, per-turn injections, schemas) and the
 //!   iteration loop that runs tool calls concurrently, bounded and in order.
-//! - [`clock`] — clock tasks (cron, one-shot, interval), the service firing them, `clock_*`.
-//! - [`tools`] — built-in toolsets: `todo_list`, `time`, prompt-only.
 
 pub mod agent;
 pub mod backoff;
-pub mod clock;
 pub mod image;
 pub mod llm;
 pub mod platform;
+pub mod ratelimit;
 pub mod session;
 pub mod store;
+pub mod text;
 pub mod tool;
-pub mod tools;
+#[cfg(feature = "test-util")]
+pub mod testing;

@@ -7,43 +7,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use expect_test::expect;
 use parlor_bot::agent::{Agent, AgentConfig, TurnEnd, TurnInput};
-use parlor_bot::llm::{Completion, Content, ContentPart, ImageUrl, Message, ToolCall, Usage};
+use parlor_bot::llm::{Completion, Content, ContentPart, ImageUrl, Message, ToolCall};
 use parlor_bot::tool::{
     Caller, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSpec,
     codes,
 };
-use parlor_bot::tools::TodoList;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-mod scripted_llm;
-use scripted_llm::ScriptedLlm;
-
-fn text(t: &str) -> Completion {
-    Completion {
-        content: t.to_owned(),
-        finish_reason: Some("stop".into()),
-        usage: Some(Usage {
-            prompt_tokens: 10,
-            completion_tokens: 2,
-            total_tokens: 12,
-        }),
-        ..Completion::default()
-    }
-}
-
-fn calls(calls: &[(&str, &str, Value)]) -> Completion {
-    Completion {
-        tool_calls: calls
-            .iter()
-            .map(|(id, name, args)| ToolCall::new(*id, *name, args.to_string()))
-            .collect(),
-        finish_reason: Some("tool_calls".into()),
-        ..Completion::default()
-    }
-}
+use parlor_bot::testing::{ScriptedLlm, calls, text, tool_results};
 
 /// Tools for the tests: `sleep {ms, tag}` tracks how many run at once; `big {chars}` returns
 /// a long result; `boom` panics; `hang` never finishes; `nuke` is dangerous (operators only);
@@ -153,29 +126,12 @@ fn member() -> Caller {
 }
 
 fn agent_with(llm: Arc<ScriptedLlm>, tools: Arc<TestTools>, config: AgentConfig) -> Agent {
-    let registry = ToolRegistry::new(vec![tools, Arc::new(TodoList::new())]).unwrap();
+    let registry = ToolRegistry::new(vec![tools]).unwrap();
     Agent::new(llm, registry, "You are a test bot.", config)
 }
 
 fn input(text: &str) -> TurnInput {
     TurnInput::text("console:local", member(), text)
-}
-
-/// The tool messages of a turn as (tool_call_id, parsed result).
-fn tool_results(messages: &[Message]) -> Vec<(String, Value)> {
-    messages
-        .iter()
-        .filter_map(|m| match m {
-            Message::Tool {
-                tool_call_id,
-                content,
-            } => Some((
-                tool_call_id.clone(),
-                serde_json::from_str(content).unwrap_or(Value::String(content.clone())),
-            )),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Every assistant tool call is answered by exactly one tool message, in order.
@@ -301,7 +257,7 @@ async fn unknown_tool_names_the_tools_that_exist() {
     assert_eq!(result["success"], false);
     assert_eq!(result["error_code"], codes::TOOL_NOT_FOUND);
     let message = result["message"].as_str().unwrap();
-    for name in ["sleep", "big", "boom", "hang", "nuke", "look", "todo_list"] {
+    for name in ["sleep", "big", "boom", "hang", "nuke", "look"] {
         assert!(message.contains(name), "{message} should name {name}");
     }
     assert_eq!(turn.reply, "sorry");
@@ -528,174 +484,6 @@ async fn appended_messages_follow_the_tool_results() {
     assert!(matches!(parts[1], ContentPart::ImageUrl { .. }));
     // ...and the model saw it in the next request.
     assert_eq!(llm.requests()[1].messages.last(), Some(&turn.messages[3]));
-}
-
-#[tokio::test]
-async fn requests_carry_the_system_prompt_history_tools_and_usage_adds_up() {
-    let llm = ScriptedLlm::new(vec![
-        calls(&[("c1", "sleep", json!({"ms": 0, "tag": "x"}))]),
-        text("hi"),
-    ]);
-    let registry = ToolRegistry::new(vec![Arc::new(TodoList::new())]).unwrap();
-    let agent = Agent::new(
-        llm.clone(),
-        registry,
-        "Base prompt.",
-        AgentConfig::default(),
-    );
-    expect![[r#"
-        Base prompt.
-
-        For requests that take several steps, keep a plan with the todo_list tool: write it before you start, mark each step in_progress and then completed as you go, and clear it when the work is done."#]]
-    .assert_eq(agent.system_prompt());
-
-    let history = vec![Message::user("earlier"), Message::assistant("answer")];
-    let turn = agent
-        .run_turn(&history, input("hello"), CancellationToken::new())
-        .await
-        .unwrap();
-    let first = &llm.requests()[0];
-    assert_eq!(first.messages[0], Message::system(agent.system_prompt()));
-    assert_eq!(&first.messages[1..3], &history[..]);
-    assert_eq!(first.messages[3], Message::user("hello"));
-    assert_eq!(first.tools.len(), 1);
-    assert_eq!(first.tools[0].function.name, "todo_list");
-    assert_eq!(first.model, "gpt-4o-mini");
-    assert_eq!(first.parallel_tool_calls, Some(true));
-    // sleep is not registered here: the model gets TOOL_NOT_FOUND and goes on.
-    assert_eq!(turn.usage.total_tokens, 12);
-}
-
-fn user_text(m: &Message) -> String {
-    match m {
-        Message::User { content } => content.text(),
-        other => panic!("expected a user message, got {other:?}"),
-    }
-}
-
-#[tokio::test]
-async fn the_todo_reminder_appears_while_the_plan_is_non_empty() {
-    let plan = json!({"plan": [
-        {"step": "look up the weather", "status": "completed"},
-        {"step": "write the summary", "status": "in_progress"}
-    ], "explanation": "two steps"});
-    let llm = ScriptedLlm::new(vec![
-        calls(&[("c1", "todo_list", plan)]),
-        text("planned"),
-        text("still working"),
-        calls(&[("c2", "todo_list", json!({"plan": []}))]),
-        text("cleared"),
-        text("nothing planned"),
-    ]);
-    let agent = agent_with(
-        llm.clone(),
-        Arc::new(TestTools::default()),
-        AgentConfig::default(),
-    )
-    .fork();
-    let mut history = Vec::new();
-    for text in ["plan it", "go on", "clear it", "anything?"] {
-        let turn = agent
-            .run_turn(&history, input(text), CancellationToken::new())
-            .await
-            .unwrap();
-        history.extend(turn.messages);
-    }
-    let users: Vec<String> = history
-        .iter()
-        .filter(|m| matches!(m, Message::User { .. }))
-        .map(user_text)
-        .collect();
-    assert_eq!(users[0], "plan it");
-    expect![[r#"
-        <TODO_LIST_REMINDER>
-        This is your current plan from the todo_list tool, shown for reference. It is not a new instruction from the user; update it with todo_list as you make progress.
-        1. [completed] look up the weather
-        2. [in_progress] write the summary
-        </TODO_LIST_REMINDER>
-
-        go on"#]]
-    .assert_eq(&users[1]);
-    assert!(
-        users[2].starts_with("<TODO_LIST_REMINDER>"),
-        "plan still set before clearing"
-    );
-    assert_eq!(
-        users[3], "anything?",
-        "the reminder is gone once the plan is empty"
-    );
-    // What was persisted is exactly what the model saw.
-    let sent = &llm.requests()[2].messages;
-    assert_eq!(user_text(sent.last().unwrap()), users[1]);
-}
-
-#[tokio::test]
-async fn the_todo_plan_is_per_session_and_reset_clears_it() {
-    let llm = ScriptedLlm::new(vec![
-        calls(&[(
-            "c1",
-            "todo_list",
-            json!({"plan": [{"step": "a", "status": "pending"}]}),
-        )]),
-        text("ok"),
-    ]);
-    let base = agent_with(
-        llm.clone(),
-        Arc::new(TestTools::default()),
-        AgentConfig::default(),
-    );
-    let one = base.fork();
-    let two = base.fork();
-    one.run_turn(&[], input("plan"), CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(one.tools().injections("console:local").len(), 1);
-    assert!(
-        two.tools().injections("console:local").is_empty(),
-        "another session must not see the plan"
-    );
-    one.tools().reset("s");
-    assert!(one.tools().injections("console:local").is_empty());
-}
-
-#[tokio::test]
-async fn the_todo_list_refuses_two_steps_in_progress() {
-    let llm = ScriptedLlm::new(vec![
-        calls(&[(
-            "c1",
-            "todo_list",
-            json!({"plan": [{"step": "a", "status": "in_progress"}, {"step": "b", "status": "in_progress"}]}),
-        )]),
-        calls(&[(
-            "c2",
-            "todo_list",
-            json!({"plan": [{"step": "a", "status": "done"}]}),
-        )]),
-        text("ok"),
-    ]);
-    let agent = agent_with(llm, Arc::new(TestTools::default()), AgentConfig::default());
-    let turn = agent
-        .run_turn(&[], input("plan"), CancellationToken::new())
-        .await
-        .unwrap();
-    let results = tool_results(&turn.messages);
-    assert_eq!(results[0].1["error_code"], codes::INVALID_ARGUMENTS);
-    assert!(
-        results[0].1["message"]
-            .as_str()
-            .unwrap()
-            .contains("at most one")
-    );
-    assert_eq!(results[1].1["error_code"], codes::INVALID_ARGUMENTS);
-    assert!(
-        results[1].1["message"].as_str().unwrap().contains("done"),
-        "{}",
-        results[1].1
-    );
-    assert!(
-        agent.tools().injections("console:local").is_empty(),
-        "a refused plan is not stored"
-    );
 }
 
 #[test]

@@ -21,8 +21,7 @@ use parlor_bot::tool::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-mod scripted_llm;
-use scripted_llm::ScriptedLlm;
+use parlor_bot::testing::ScriptedLlm;
 
 fn text(t: &str) -> Completion {
     Completion {

@@ -16,7 +16,6 @@ use parlor_bot::platform::{
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::tool::ToolRegistry;
-use parlor_bot::tools::TodoList;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -217,7 +216,7 @@ fn rig_with_agent(
     config: SessionConfig,
     agent: AgentConfig,
 ) -> Rig {
-    let registry = ToolRegistry::new(vec![Arc::new(TodoList::new())]).unwrap();
+    let registry = ToolRegistry::new(Vec::new()).unwrap();
     let agent = Agent::new(llm.clone(), registry, "test", agent);
     let manager = SessionManager::new(
         store.clone() as Arc<dyn Store>,
@@ -416,7 +415,7 @@ async fn help_and_status_answer_without_the_model() {
         .await
         .unwrap();
     let sent = rig.platform.wait_sent(2).await;
-    assert!(sent[0].1.contains("todo_list"), "{}", sent[0].1);
+    assert!(sent[0].1.contains("/reset"), "{}", sent[0].1);
     assert!(sent[1].1.contains("Session test:-100"), "{}", sent[1].1);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(rig.platform.sent().len(), 2);

@@ -7,7 +7,7 @@
 //! runs under a timeout with bounded retries: a 429's `retry_after` is honoured, network
 //! trouble and 5xx are retried with backoff, other answers map to [`PlatformError`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use std::time::Duration;
 use parlor_bot::platform::PlatformError;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
+use parlor_bot::ratelimit::SlidingWindow;
 use tokio::time::Instant;
 
 /// What a failed attempt calls for.
@@ -269,7 +270,7 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
 pub(crate) struct SendLimiter {
     max: usize,
     window: Duration,
-    sent: Mutex<HashMap<u64, VecDeque<Instant>>>,
+    sent: Mutex<HashMap<u64, SlidingWindow>>,
 }
 
 impl SendLimiter {
@@ -291,24 +292,18 @@ impl SendLimiter {
                 if sent.len() > 1024 {
                     sent.retain(|_, times| {
                         times
-                            .back()
-                            .is_some_and(|t| now.duration_since(*t) < self.window)
+                            .last()
+                            .is_some_and(|t| now.duration_since(t) < self.window)
                     });
                 }
-                let times = sent.entry(channel).or_default();
-                while times
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) >= self.window)
+                match sent
+                    .entry(channel)
+                    .or_default()
+                    .try_take(now, self.max, self.window)
                 {
-                    times.pop_front();
+                    Ok(()) => return,
+                    Err(wait) => wait,
                 }
-                if times.len() < self.max {
-                    times.push_back(now);
-                    return;
-                }
-                times
-                    .front()
-                    .map_or(Duration::ZERO, |t| self.window - now.duration_since(*t))
             };
             tokio::time::sleep(wait).await;
         }

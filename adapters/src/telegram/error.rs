@@ -125,10 +125,7 @@ pub(crate) fn redact(text: &str, token: &str) -> String {
 }
 
 fn truncate(text: &str, max_chars: usize) -> &str {
-    match text.char_indices().nth(max_chars) {
-        Some((at, _)) => &text[..at],
-        None => text,
-    }
+    parlor_bot::text::split_chars(text, max_chars).0
 }
 
 #[cfg(test)]

@@ -448,18 +448,12 @@ fn with_injections(content: Content, injections: &[String]) -> Content {
 /// Cuts `text` to at most `max_chars` characters (never inside a character) and says how
 /// much was cut, so the model knows the result is partial.
 pub fn truncate_result(text: &str, max_chars: usize) -> String {
-    let total = text.chars().count();
-    if total <= max_chars {
-        return text.to_owned();
-    }
-    let cut_at = text
-        .char_indices()
-        .nth(max_chars)
-        .map_or(text.len(), |(i, _)| i);
-    format!(
-        "{}\n[truncated: {} of {} characters cut]",
-        &text[..cut_at],
-        total - max_chars,
-        total
-    )
+    crate::text::clip_with(text, max_chars, |rest| {
+        let cut = rest.chars().count();
+        format!(
+            "\n[truncated: {cut} of {} characters cut]",
+            cut + max_chars
+        )
+    })
+    .into_owned()
 }

@@ -301,10 +301,7 @@ impl OpenAiClient {
             }
         }
         let text = String::from_utf8_lossy(&body);
-        let text = match text.char_indices().nth(ERROR_BODY_CHARS) {
-            Some((cut, _)) => format!("{}… (truncated)", &text[..cut]),
-            None => text.into_owned(),
-        };
+        let text = crate::text::clip_with(&text, ERROR_BODY_CHARS, |_| "… (truncated)".into());
         LlmError::Status {
             status,
             body: redact(&self.config, text.trim()),

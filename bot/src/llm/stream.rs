@@ -349,10 +349,7 @@ pub(crate) fn error_message(error: &Value) -> String {
 
 /// The first [`PREVIEW_CHARS`] characters of `text`, marked when cut.
 fn preview(text: &str) -> String {
-    match text.char_indices().nth(PREVIEW_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
-    }
+    crate::text::ellipsize(text, PREVIEW_CHARS).into_owned()
 }
 
 /// Reads an SSE byte stream to its end (or to `[DONE]`) and returns the assembler holding

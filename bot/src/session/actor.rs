@@ -111,20 +111,14 @@ impl SessionManager {
         loop {
             let wait = {
                 let mut state = session.state();
-                let now = Instant::now();
-                while state
-                    .recent_turns
-                    .front()
-                    .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(60))
-                {
-                    state.recent_turns.pop_front();
+                match state.recent_turns.try_take(
+                    Instant::now(),
+                    per_minute,
+                    Duration::from_secs(60),
+                ) {
+                    Ok(()) => return true,
+                    Err(wait) => wait,
                 }
-                if state.recent_turns.len() < per_minute {
-                    state.recent_turns.push_back(now);
-                    return true;
-                }
-                let oldest = state.recent_turns.front().copied().unwrap_or(now);
-                Duration::from_secs(60).saturating_sub(now.duration_since(oldest))
             };
             tracing::info!(session = %session.key, ?wait, "rate limit: waiting before the next turn");
             tokio::select! {

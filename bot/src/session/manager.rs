@@ -7,7 +7,7 @@
 //! is still empty. So a push can never land on an evicted session, and a chat never has two
 //! actors.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -134,7 +134,7 @@ pub(super) struct SessionState {
     /// Cancels the running turn (`/stop`).
     pub(super) turn_cancel: Option<CancellationToken>,
     /// Start times of recent turns, for the rate limit.
-    pub(super) recent_turns: VecDeque<Instant>,
+    pub(super) recent_turns: crate::ratelimit::SlidingWindow,
     /// Turns run since the daemon started.
     pub(super) turns: u64,
 }

@@ -130,10 +130,7 @@ fn clean_id(id: &str) -> String {
 
 /// `text` cut to `max` characters, saying so.
 pub(super) fn truncate_chars(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((i, _)) => format!("{}… [cut]", &text[..i]),
-        None => text.to_owned(),
-    }
+    crate::text::clip_with(text, max, |_| "… [cut]".into()).into_owned()
 }
 
 #[cfg(test)]

@@ -357,7 +357,7 @@ impl ToolSet for ToolSetBridge {
 }
 
 /// The text of a panic payload (`panic!` gives a `&str` or a `String`).
-fn panic_text(payload: &(dyn Any + Send)) -> &str {
+pub(crate) fn panic_text(payload: &(dyn Any + Send)) -> &str {
     payload
         .downcast_ref::<&str>()
         .copied()

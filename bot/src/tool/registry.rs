@@ -293,11 +293,7 @@ impl ToolRegistry {
         {
             Ok(result) => result,
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".to_owned());
+                let what = super::bridge::panic_text(panic.as_ref());
                 tracing::error!(tool = %name, panic = %what, "tool panicked");
                 ToolResult::err(
                     codes::INTERNAL,

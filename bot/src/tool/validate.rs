@@ -195,10 +195,7 @@ fn short(value: &Value) -> String {
 
 /// `text` cut to `max` characters (on a char boundary), marked with `…` when cut.
 fn cut(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((index, _)) => format!("{}…", &text[..index]),
-        None => text.to_owned(),
-    }
+    crate::text::ellipsize(text, max).into_owned()
 }
 
 /// Whether a `null` occurs anywhere in `value` (the fast path skips the copy otherwise).

@@ -1,0 +1,729 @@
+//! [`ClockHandle`]: clock tasks and their run logs in the store. The tools change tasks
+//! through it; the service reads due tasks, advances them and records runs through it. One
+//! lock serializes every read-modify-write, so a tool's update never races a fire's advance.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use chrono_tz::Tz;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+use super::schedule::{Schedule, format_in};
+use super::task::{ClockRun, ClockTask, MissedPolicy, RECORD_VERSION, RunStatus, Versioned};
+use super::{ClockOptions, RUNS_KEPT};
+use parlor_bot::platform::ChatRef;
+use parlor_bot::store::{Store, StoreError};
+use parlor_bot::tool::Caller;
+use crate::time::parse_timezone;
+
+/// Store space of the tasks (key = id).
+pub const TASKS: &str = "clocks";
+/// Store space of the run logs (key = `{task}\u{1}{run:020}`).
+pub const RUNS: &str = "clock_runs";
+/// Store space of the id counters.
+const META: &str = "clock_meta";
+
+/// Longest task name, in characters.
+pub const MAX_NAME_CHARS: usize = 80;
+/// Longest task content, in characters.
+pub const MAX_CONTENT_CHARS: usize = 4000;
+/// Fire times sampled to check a cron pattern against the interval floor.
+const GAP_SAMPLES: usize = 24;
+/// Most missed due times counted one by one after an outage (a per-minute task down for a
+/// month would otherwise take a while); past it the count says "at least".
+const MAX_MISSED_COUNTED: u64 = 10_000;
+
+/// Why a clock operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClockError {
+    /// The schedule cannot be used (the reason is for the model).
+    #[error("{0}")]
+    BadSchedule(String),
+    /// The time zone is not an IANA name.
+    #[error("{0}")]
+    BadTimezone(String),
+    /// A name or content is empty or too long.
+    #[error("{0}")]
+    Invalid(String),
+    /// The target chat has as many enabled tasks as allowed.
+    #[error("{0}")]
+    Limit(String),
+    /// No task with this id.
+    #[error("there is no clock task {0}")]
+    NotFound(u64),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a new task is made of (checked by [`ClockHandle::create`]).
+#[derive(Debug, Clone)]
+pub struct NewClock {
+    /// Short name.
+    pub name: String,
+    /// Cron, date-time or `every ...`.
+    pub schedule: String,
+    /// What the target session is told.
+    pub content: String,
+    /// IANA zone; the default zone when `None`.
+    pub timezone: Option<String>,
+    /// Where it fires.
+    pub target: ChatRef,
+    /// Who creates it.
+    pub creator: Caller,
+    /// Session key of the chat it is created in.
+    pub created_in: String,
+    /// Missed-run policy.
+    pub missed: MissedPolicy,
+}
+
+/// Changes to a task; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct ClockPatch {
+    /// New name.
+    pub name: Option<String>,
+    /// New schedule (restarts an `every` schedule from now).
+    pub schedule: Option<String>,
+    /// New content.
+    pub content: Option<String>,
+    /// New time zone.
+    pub timezone: Option<String>,
+    /// New target chat.
+    pub target: Option<ChatRef>,
+    /// New missed-run policy.
+    pub missed: Option<MissedPolicy>,
+    /// Pause (`false`) or resume (`true`).
+    pub enabled: Option<bool>,
+}
+
+/// A fire the service must hand to the session: the task as advanced, the `started` run
+/// logged for it and the due time it stands for.
+#[derive(Debug, Clone)]
+pub(crate) struct Fire {
+    pub(crate) task: ClockTask,
+    pub(crate) run: u64,
+    pub(crate) due: DateTime<Utc>,
+}
+
+struct Shared {
+    store: Arc<dyn Store>,
+    options: ClockOptions,
+    /// Serializes read-modify-write of tasks, runs and counters. Never held across an await.
+    lock: Mutex<()>,
+    /// Wakes the service when a task changed (it recomputes the earliest due time).
+    changed: Notify,
+}
+
+/// The clock's tasks in the store; cheap to clone. See the module docs.
+#[derive(Clone)]
+pub struct ClockHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ClockHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClockHandle")
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClockHandle {
+    /// Clock tasks kept in `store`.
+    pub fn new(store: Arc<dyn Store>, options: ClockOptions) -> Self {
+        ClockHandle {
+            shared: Arc::new(Shared {
+                store,
+                options,
+                lock: Mutex::new(()),
+                changed: Notify::new(),
+            }),
+        }
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &ClockOptions {
+        &self.shared.options
+    }
+
+    /// The store it keeps tasks in.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.shared.store
+    }
+
+    /// Wall time, from the options' clock source.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.shared.options.wall_time.now()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        // The guard protects no data of its own; a panic while holding it leaves nothing
+        // half-written in memory.
+        self.shared.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn changed(&self) -> &Notify {
+        &self.shared.changed
+    }
+
+    fn notify(&self) {
+        // `notify_one` keeps a permit when the service is not waiting yet: no change is lost.
+        self.shared.changed.notify_one();
+    }
+
+    /// Every task, by id.
+    pub fn tasks(&self) -> Result<Vec<ClockTask>, ClockError> {
+        let mut tasks: Vec<ClockTask> = decode_all(self.shared.store.kv_scan(TASKS, "")?);
+        tasks.sort_by_key(|t| t.id);
+        Ok(tasks)
+    }
+
+    /// One task.
+    pub fn task(&self, id: u64) -> Result<Option<ClockTask>, ClockError> {
+        let key = id.to_string();
+        match self.shared.store.kv_get(TASKS, &key)? {
+            Some(value) => Ok(Some(decode(&key, &value)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The parsed schedule of a task.
+    pub fn schedule_of(&self, task: &ClockTask) -> Result<Schedule, ClockError> {
+        let tz = parse_timezone(&task.timezone).map_err(ClockError::BadTimezone)?;
+        Schedule::parse(&task.schedule, tz, task.anchor)
+            .map_err(|e| ClockError::BadSchedule(e.to_string()))
+    }
+
+    /// The next `n` fire times of an enabled task, from its stored `next_fire` on.
+    pub fn upcoming(&self, task: &ClockTask, n: usize) -> Vec<DateTime<Utc>> {
+        let (Some(first), Ok(schedule)) = (task.next_fire, self.schedule_of(task)) else {
+            return Vec::new();
+        };
+        let mut out = vec![first];
+        out.extend(schedule.next_n(first, n.saturating_sub(1)));
+        out
+    }
+
+    /// A task's run log, newest first, at most `limit` entries.
+    pub fn runs(&self, task: u64, limit: usize) -> Result<Vec<ClockRun>, ClockError> {
+        let mut runs = self.scan_runs(&format!("{task}\u{1}"))?;
+        runs.reverse();
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    fn scan_runs(&self, prefix: &str) -> Result<Vec<ClockRun>, ClockError> {
+        Ok(decode_all(self.shared.store.kv_scan(RUNS, prefix)?))
+    }
+
+    /// Creates a task: checks the name, content, time zone, schedule (its next fire must
+    /// exist and its fires be at least `min_interval` apart) and the target chat's cap.
+    /// Whether the creator may do this is the caller's business (the tools check it).
+    pub fn create(&self, new: NewClock) -> Result<ClockTask, ClockError> {
+        let name = check_text("name", &new.name, MAX_NAME_CHARS)?;
+        let content = check_text("content", &new.content, MAX_CONTENT_CHARS)?;
+        let tz = self.timezone(new.timezone.as_deref())?;
+        let now = self.now();
+        let schedule = self.check_schedule(&new.schedule, tz, now)?;
+        let next = first_fire(&schedule, now)?;
+        let task = {
+            let _guard = self.lock();
+            self.check_cap(&new.target, None)?;
+            let id = self.next_id("next_task")?;
+            let task = ClockTask {
+                id,
+                name,
+                schedule: schedule.text().to_owned(),
+                timezone: tz.name().to_owned(),
+                content,
+                target: new.target,
+                creator: new.creator,
+                created_in: new.created_in,
+                created_at: now,
+                anchor: now,
+                missed: new.missed,
+                enabled: true,
+                next_fire: Some(next),
+                last_fire: None,
+                last_status: None,
+                updated_at: now,
+            };
+            self.put_task(&task)?;
+            self.shared.store.flush()?;
+            task
+        };
+        tracing::info!(clock = task.id, name = %task.name, target = %task.target, next = %next, "clock task created");
+        self.notify();
+        Ok(task)
+    }
+
+    /// Changes a task. A new schedule or time zone restarts it from now; resuming a paused
+    /// task computes its next fire from now; enabling it or moving it to another chat
+    /// checks that chat's cap.
+    pub fn update(&self, id: u64, patch: ClockPatch) -> Result<ClockTask, ClockError> {
+        let now = self.now();
+        let task = {
+            let _guard = self.lock();
+            let mut task = self.task(id)?.ok_or(ClockError::NotFound(id))?;
+            let was_enabled = task.enabled;
+            if let Some(name) = &patch.name {
+                task.name = check_text("name", name, MAX_NAME_CHARS)?;
+            }
+            if let Some(content) = &patch.content {
+                task.content = check_text("content", content, MAX_CONTENT_CHARS)?;
+            }
+            if let Some(missed) = patch.missed {
+                task.missed = missed;
+            }
+            let retimed = patch.schedule.is_some() || patch.timezone.is_some();
+            if let Some(tz) = &patch.timezone {
+                task.timezone = self.timezone(Some(tz))?.name().to_owned();
+            }
+            let moved = patch
+                .target
+                .as_ref()
+                .is_some_and(|target| *target != task.target);
+            if let Some(target) = patch.target {
+                task.target = target;
+            }
+            let tz = self.timezone(Some(&task.timezone))?;
+            let schedule = if retimed {
+                let text = patch.schedule.as_deref().unwrap_or(&task.schedule);
+                let schedule = self.check_schedule(text, tz, now)?;
+                task.schedule = schedule.text().to_owned();
+                task.anchor = now;
+                schedule
+            } else {
+                self.schedule_of(&task)?
+            };
+            task.enabled = patch.enabled.unwrap_or(task.enabled);
+            if task.enabled {
+                if retimed || !was_enabled || task.next_fire.is_none() {
+                    task.next_fire = Some(first_fire(&schedule, now)?);
+                }
+                if !was_enabled || moved {
+                    self.check_cap(&task.target, Some(id))?;
+                }
+            } else {
+                task.next_fire = None;
+            }
+            task.updated_at = now;
+            self.put_task(&task)?;
+            self.shared.store.flush()?;
+            task
+        };
+        tracing::info!(clock = id, enabled = task.enabled, target = %task.target, "clock task updated");
+        self.notify();
+        Ok(task)
+    }
+
+    /// Deletes a task and its run log; the task as it was.
+    pub fn delete(&self, id: u64) -> Result<ClockTask, ClockError> {
+        let task = {
+            let _guard = self.lock();
+            let task = self.task(id)?.ok_or(ClockError::NotFound(id))?;
+            let store = &self.shared.store;
+            store.kv_delete(TASKS, &id.to_string())?;
+            for (key, _) in store.kv_scan(RUNS, &format!("{id}\u{1}"))? {
+                store.kv_delete(RUNS, &key)?;
+            }
+            store.flush()?;
+            task
+        };
+        tracing::info!(clock = id, "clock task deleted");
+        self.notify();
+        Ok(task)
+    }
+
+    fn timezone(&self, name: Option<&str>) -> Result<Tz, ClockError> {
+        match name.map(str::trim) {
+            Some(name) if !name.is_empty() => parse_timezone(name).map_err(ClockError::BadTimezone),
+            _ => Ok(self.shared.options.default_timezone),
+        }
+    }
+
+    /// Parses a schedule and holds it to the interval floor.
+    fn check_schedule(
+        &self,
+        text: &str,
+        tz: Tz,
+        now: DateTime<Utc>,
+    ) -> Result<Schedule, ClockError> {
+        let schedule =
+            Schedule::parse(text, tz, now).map_err(|e| ClockError::BadSchedule(e.to_string()))?;
+        let floor = self.shared.options.min_interval;
+        let gap = schedule
+            .period()
+            .or_else(|| schedule.shortest_gap(now, GAP_SAMPLES));
+        if let Some(gap) = gap
+            && gap < floor
+        {
+            return Err(ClockError::BadSchedule(format!(
+                "{:?} fires every {} s; the shortest interval allowed is {} s",
+                schedule.text(),
+                gap.as_secs(),
+                floor.as_secs()
+            )));
+        }
+        Ok(schedule)
+    }
+
+    /// Refuses a task for `target` when that chat already has the most enabled tasks
+    /// (`except` is the task being changed).
+    fn check_cap(&self, target: &ChatRef, except: Option<u64>) -> Result<(), ClockError> {
+        let max = self.shared.options.max_tasks_per_chat;
+        let count = self
+            .tasks()?
+            .iter()
+            .filter(|t| t.enabled && t.target == *target && Some(t.id) != except)
+            .count();
+        if count >= max {
+            return Err(ClockError::Limit(format!(
+                "{target} already has {count} enabled clock tasks, the most allowed; delete or \
+                 pause one first"
+            )));
+        }
+        Ok(())
+    }
+
+    fn next_id(&self, counter: &str) -> Result<u64, ClockError> {
+        let store = &self.shared.store;
+        let current = match store.kv_get(META, counter)? {
+            Some(text) => text
+                .trim()
+                .parse::<u64>()
+                .map_err(|e| StoreError::Corrupt {
+                    key: format!("{META}/{counter}"),
+                    reason: e.to_string(),
+                })?,
+            None => 0,
+        };
+        let next = current + 1;
+        store.kv_put(META, counter, &next.to_string())?;
+        Ok(next)
+    }
+
+    fn put_task(&self, task: &ClockTask) -> Result<(), ClockError> {
+        self.shared
+            .store
+            .kv_put(TASKS, &task.id.to_string(), &encode(task))?;
+        Ok(())
+    }
+
+    /// Appends a run to its task's log (dropping the oldest past [`RUNS_KEPT`]); the run's
+    /// id is assigned here.
+    fn add_run(&self, mut run: ClockRun) -> Result<u64, ClockError> {
+        run.run = self.next_id("next_run")?;
+        let store = &self.shared.store;
+        store.kv_put(RUNS, &run_key(run.task, run.run), &encode(&run))?;
+        let prefix = format!("{}\u{1}", run.task);
+        let keys = store.kv_scan(RUNS, &prefix)?;
+        if keys.len() > RUNS_KEPT {
+            for (key, _) in &keys[..keys.len() - RUNS_KEPT] {
+                store.kv_delete(RUNS, key)?;
+            }
+        }
+        Ok(run.run)
+    }
+
+    /// At startup: runs left `started` by a crash or a kill become `cancelled`.
+    pub(crate) fn recover_interrupted(&self) -> Result<usize, ClockError> {
+        let now = self.now();
+        let _guard = self.lock();
+        let mut count = 0;
+        for mut run in self.scan_runs("")? {
+            if run.status != RunStatus::Started {
+                continue;
+            }
+            run.status = RunStatus::Cancelled;
+            run.ended = Some(now);
+            run.error = Some(
+                "interrupted: the daemon stopped before the run finished; if the text had \
+                 reached the chat's queue, the chat answers it after the restart, outside \
+                 this log"
+                    .to_owned(),
+            );
+            self.shared
+                .store
+                .kv_put(RUNS, &run_key(run.task, run.run), &encode(&run))?;
+            if let Some(mut task) = self.task(run.task)?
+                && task.last_status == Some(RunStatus::Started)
+            {
+                task.last_status = Some(RunStatus::Cancelled);
+                self.put_task(&task)?;
+            }
+            count += 1;
+        }
+        if count > 0 {
+            self.shared.store.flush()?;
+        }
+        Ok(count)
+    }
+
+    /// Records the outcome of a fire: its run entry and the task's `last_status`.
+    pub(crate) fn finish_run(
+        &self,
+        task: u64,
+        run: u64,
+        status: RunStatus,
+        error: Option<String>,
+        message_ids: Vec<String>,
+    ) -> Result<(), ClockError> {
+        let now = self.now();
+        let _guard = self.lock();
+        self.finish_run_locked(task, run, status, error, message_ids, now)?;
+        self.shared.store.flush()?;
+        Ok(())
+    }
+
+    /// [`finish_run`](Self::finish_run) for a caller holding the lock; no flush.
+    fn finish_run_locked(
+        &self,
+        task: u64,
+        run: u64,
+        status: RunStatus,
+        error: Option<String>,
+        message_ids: Vec<String>,
+        now: DateTime<Utc>,
+    ) -> Result<(), ClockError> {
+        let key = run_key(task, run);
+        let Some(value) = self.shared.store.kv_get(RUNS, &key)? else {
+            // The task was deleted meanwhile (its log with it).
+            return Ok(());
+        };
+        let mut entry: ClockRun = decode(&key, &value)?;
+        entry.status = status;
+        entry.ended = Some(now);
+        entry.error = error;
+        entry.message_ids = message_ids;
+        self.shared.store.kv_put(RUNS, &key, &encode(&entry))?;
+        if let Some(mut t) = self.task(task)?
+            && t.last_fire == Some(entry.due)
+        {
+            t.last_status = Some(status);
+            self.put_task(&t)?;
+        }
+        Ok(())
+    }
+
+    /// The earliest `next_fire` of the enabled tasks.
+    pub(crate) fn earliest(&self) -> Result<Option<DateTime<Utc>>, ClockError> {
+        Ok(self
+            .tasks()?
+            .iter()
+            .filter(|t| t.enabled)
+            .filter_map(|t| t.next_fire)
+            .min())
+    }
+
+    /// Takes every task due at `now`: advances its `next_fire` past `now`, logs a `started`
+    /// run for the fire (and a `skipped` one for due times passed over), flushes — and only
+    /// then returns the fires to hand to the sessions. A due time older than the late
+    /// tolerance (missed while the daemon was down) follows the task's missed policy.
+    pub(crate) fn take_due(&self, now: DateTime<Utc>) -> Result<Vec<Fire>, ClockError> {
+        let tolerance =
+            TimeDelta::from_std(self.shared.options.late_tolerance).unwrap_or(TimeDelta::MAX);
+        let _guard = self.lock();
+        let mut fires = Vec::new();
+        for mut task in self.tasks()? {
+            let Some(first) = task.next_fire.filter(|t| task.enabled && *t <= now) else {
+                continue;
+            };
+            let schedule = match self.schedule_of(&task) {
+                Ok(s) => s,
+                Err(e) => {
+                    // Only possible for a record written by hand or a newer version.
+                    tracing::error!(clock = task.id, error = %e, "unreadable schedule; disabling the task");
+                    task.enabled = false;
+                    task.next_fire = None;
+                    self.put_task(&task)?;
+                    continue;
+                }
+            };
+            // Every due time from `first` up to now.
+            let mut latest = first;
+            let mut count: u64 = 1;
+            while count < MAX_MISSED_COUNTED {
+                match schedule.next_after(latest) {
+                    Some(next) if next <= now => {
+                        latest = next;
+                        count += 1;
+                    }
+                    _ => break,
+                }
+            }
+            let on_time = now - latest <= tolerance;
+            let fire = on_time || task.missed == MissedPolicy::CatchUp;
+            let chat = task.target.session_key();
+            let tz = schedule.timezone();
+            let skipped = if fire { count - 1 } else { count };
+            if task.missed == MissedPolicy::Skip && skipped > 0 {
+                let last_skipped = if fire {
+                    schedule_before(&schedule, first, latest)
+                } else {
+                    latest
+                };
+                let more = if count >= MAX_MISSED_COUNTED {
+                    "at least "
+                } else {
+                    ""
+                };
+                self.add_run(ClockRun {
+                    run: 0,
+                    task: task.id,
+                    chat: chat.clone(),
+                    due: first,
+                    started: now,
+                    ended: Some(now),
+                    status: RunStatus::Skipped,
+                    error: Some(format!(
+                        "{more}{skipped} due time(s) from {} to {} passed while the daemon was \
+                         down; skipped (policy skip)",
+                        format_in(first, tz),
+                        format_in(last_skipped, tz)
+                    )),
+                    message_ids: Vec::new(),
+                    missed: skipped,
+                })?;
+                task.last_status = Some(RunStatus::Skipped);
+            }
+            if fire {
+                let run = self.add_run(ClockRun {
+                    run: 0,
+                    task: task.id,
+                    chat,
+                    due: latest,
+                    started: now,
+                    ended: None,
+                    status: RunStatus::Started,
+                    error: None,
+                    message_ids: Vec::new(),
+                    missed: if task.missed == MissedPolicy::CatchUp {
+                        count - 1
+                    } else {
+                        0
+                    },
+                })?;
+                task.last_status = Some(RunStatus::Started);
+                fires.push((task.id, run, latest));
+            }
+            task.last_fire = Some(latest);
+            task.next_fire = schedule.next_after(now);
+            if task.next_fire.is_none() {
+                // A one-shot task after its fire (or skip): kept, disabled, so its log stays
+                // readable.
+                task.enabled = false;
+            }
+            self.put_task(&task)?;
+        }
+        // The advance is durable before any fire leaves: at most once per due time.
+        if let Err(e) = self.shared.store.flush() {
+            for (id, run, _) in &fires {
+                let why = format!("not fired: the store could not make the advance durable ({e})");
+                self.finish_run_locked(*id, *run, RunStatus::Failed, Some(why), Vec::new(), now)?;
+            }
+            return Err(e.into());
+        }
+        let mut out = Vec::with_capacity(fires.len());
+        for (id, run, due) in fires {
+            if let Some(task) = self.task(id)? {
+                out.push(Fire { task, run, due });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The due time before `latest` (for a skipped range ending just before a fire); `first`
+/// when there is none in between.
+fn schedule_before(
+    schedule: &Schedule,
+    first: DateTime<Utc>,
+    latest: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let mut cursor = first;
+    let mut count = 0;
+    while let Some(next) = schedule.next_after(cursor) {
+        if next >= latest || count >= MAX_MISSED_COUNTED {
+            break;
+        }
+        cursor = next;
+        count += 1;
+    }
+    cursor
+}
+
+/// The first fire after `now`, or why there is none.
+fn first_fire(schedule: &Schedule, now: DateTime<Utc>) -> Result<DateTime<Utc>, ClockError> {
+    schedule.next_after(now).ok_or_else(|| {
+        ClockError::BadSchedule(if schedule.is_one_shot() {
+            format!(
+                "{} is in the past (it is now {})",
+                schedule.text(),
+                schedule.local(now)
+            )
+        } else {
+            format!("{:?} never fires after now", schedule.text())
+        })
+    })
+}
+
+fn check_text(what: &str, text: &str, max: usize) -> Result<String, ClockError> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(ClockError::Invalid(format!("the {what} is empty")));
+    }
+    let len = text.chars().count();
+    if len > max {
+        return Err(ClockError::Invalid(format!(
+            "the {what} has {len} characters; at most {max} are allowed"
+        )));
+    }
+    Ok(text.to_owned())
+}
+
+fn run_key(task: u64, run: u64) -> String {
+    format!("{task}\u{1}{run:020}")
+}
+
+fn encode<T: Serialize>(data: &T) -> String {
+    // Records of strings, numbers and dates always serialize to an object.
+    let mut value = serde_json::to_value(data).unwrap_or_default();
+    if let Some(object) = value.as_object_mut() {
+        object.insert("v".to_owned(), RECORD_VERSION.into());
+    }
+    value.to_string()
+}
+
+/// Every record that decodes; one that does not is logged and left alone, so a damaged
+/// record never stops the other tasks.
+fn decode_all<T: DeserializeOwned>(records: Vec<(String, String)>) -> Vec<T> {
+    records
+        .into_iter()
+        .filter_map(|(key, value)| match decode(&key, &value) {
+            Ok(record) => Some(record),
+            Err(e) => {
+                tracing::error!(error = %e, "skipping an unreadable clock record");
+                None
+            }
+        })
+        .collect()
+}
+
+fn decode<T: DeserializeOwned>(key: &str, value: &str) -> Result<T, ClockError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        key: key.replace('\u{1}', "/"),
+        reason,
+    };
+    let record: Versioned<T> = serde_json::from_str(value).map_err(|e| corrupt(e.to_string()))?;
+    if record.v != RECORD_VERSION {
+        return Err(corrupt(format!(
+            "schema version {} (this build reads {RECORD_VERSION})",
+            record.v
+        ))
+        .into());
+    }
+    Ok(record.data)
+}

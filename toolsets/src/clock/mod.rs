@@ -1,0 +1,154 @@
+//! Clock tasks (DESIGN.md §5): chat admins schedule a text that fires into a chat — a cron
+//! expression, a one-shot date-time or `every <duration>`, in an IANA time zone — and the
+//! target chat's session runs it as a turn whose reply is posted there.
+//!
+//! - [`schedule`]: [`Schedule`] parsing and fire times (DST through `croner` + `chrono-tz`).
+//! - [`task`]: the stored records, [`ClockTask`] and its run log of [`ClockRun`]s.
+//! - [`handle`]: [`ClockHandle`], the tasks in the store (create, update, delete, list, log)
+//!   shared by the service and the tools.
+//! - [`service`]: [`ClockService`], the loop that sleeps until the earliest due time and
+//!   fires tasks through [`SessionManager::submit_scheduled`](parlor_bot::session::SessionManager).
+//! - [`tools`]: the `clock_*` toolset ([`toolset`]).
+//!
+//! ## Guarantees
+//! - **At most once per due time.** Before a fire is handed to the session, the task's
+//!   `next_fire` is advanced past now and a `started` run is logged, and the store is
+//!   flushed. A crash after that point cannot fire the same due time again; a crash between
+//!   the flush and the session's own pending record loses that one fire, and the next start
+//!   logs it `cancelled`.
+//! - **"Delivered" means a message id.** A run is `ok` only with the platform's message ids
+//!   of the posted reply.
+//! - **Missed while down.** A due time at most [`ClockOptions::late_tolerance`] old fires
+//!   late (a restart does not skip a task); older ones follow the task's [`MissedPolicy`].
+//!
+//! ## Decisions
+//! - A one-shot task is kept after its fire, disabled (`state: finished`), so `clock_get`
+//!   and `clock_log` still show what happened; only enabled tasks count toward the cap.
+//! - A turn stopped by `/stop` (the session reports "no reply") is logged `cancelled`; a
+//!   model failure, a refused post or a full queue is `failed`.
+//! - The fired turn runs as the system (empty user id, role member), not as its creator:
+//!   a scheduled turn cannot use admin-only tools, and a creator who lost their rights
+//!   does not keep them through a task. The fired text names the creator.
+//!
+//! ## Time
+//! Waiting is tokio's timer ([`tokio::time::sleep_until`]); wall time comes from
+//! [`ClockOptions::wall_time`]: the system clock by default, [`WallTime::tokio_anchored`]
+//! under paused time in tests.
+//!
+//! ## Wiring
+//! The toolset goes into the agent, the agent into the [`SessionManager`](parlor_bot::session::SessionManager),
+//! the manager into the service — so the [`ClockHandle`] comes first:
+//! ```text
+//! let clocks = ClockHandle::new(store.clone(), options);
+//! let tools = clock::toolset(clocks.clone())?;            // into the ToolRegistry
+//! let sessions = SessionManager::new(store, agent, platforms, config);
+//! let service = ClockService::with_handle(clocks, sessions.clone());
+//! let clock_task = tokio::spawn(service.run(shutdown.clone()));
+//! // shutdown: cancel `shutdown`, then `sessions.shutdown(grace).await`, then await
+//! // `clock_task` (runs still waiting get `shutdown_grace`, then are logged cancelled).
+//! ```
+
+pub mod handle;
+pub mod schedule;
+pub mod service;
+pub mod task;
+pub mod tools;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use chrono_tz::Tz;
+
+pub use handle::{ClockError, ClockHandle, ClockPatch, NewClock};
+pub use schedule::{Schedule, ScheduleError, ScheduleKind};
+pub use service::ClockService;
+pub use task::{ClockRun, ClockTask, MissedPolicy, RunStatus};
+pub use tools::toolset;
+
+/// Run log entries kept per task; older ones are dropped.
+pub const RUNS_KEPT: usize = 50;
+
+/// Where the clock reads wall time. Waiting is always done with tokio's timer; this only
+/// says what time it is.
+#[derive(Clone)]
+pub struct WallTime(Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>);
+
+impl fmt::Debug for WallTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("WallTime").field(&self.now()).finish()
+    }
+}
+
+impl WallTime {
+    /// The system clock (`Utc::now`): the production default. It follows a wall-clock step
+    /// (the NTP sync after boot, a VM resumed) within one sleep of the service, which never
+    /// sleeps longer than a minute at a time.
+    pub fn system() -> Self {
+        WallTime(Arc::new(Utc::now))
+    }
+
+    /// Wall time that follows tokio's clock: `Utc::now()` at this call plus the tokio time
+    /// elapsed since. Under paused time (`start_paused` tests) wall time moves exactly as
+    /// far as tokio time does, so a task due in an hour fires after an hour of paused time.
+    pub fn tokio_anchored() -> Self {
+        Self::anchored_at(Utc::now())
+    }
+
+    /// Like [`tokio_anchored`](Self::tokio_anchored), with the wall time at this instant
+    /// given: a test can start on a chosen day (a DST change, say).
+    pub fn anchored_at(wall: DateTime<Utc>) -> Self {
+        let base = tokio::time::Instant::now();
+        WallTime(Arc::new(move || {
+            let elapsed = tokio::time::Instant::now().saturating_duration_since(base);
+            wall + TimeDelta::from_std(elapsed).unwrap_or(TimeDelta::MAX)
+        }))
+    }
+
+    /// Any function of no arguments.
+    pub fn from_fn(f: impl Fn() -> DateTime<Utc> + Send + Sync + 'static) -> Self {
+        WallTime(Arc::new(f))
+    }
+
+    /// What time it is.
+    pub fn now(&self) -> DateTime<Utc> {
+        (self.0)()
+    }
+}
+
+/// Settings of the clock; the defaults suit a group bot.
+#[derive(Debug, Clone)]
+pub struct ClockOptions {
+    /// Time zone of tasks created without one (the operator's zone).
+    pub default_timezone: Tz,
+    /// Longest a fire waits for its turn's outcome (queue wait included) before it is
+    /// logged `timed_out`.
+    pub run_timeout: Duration,
+    /// Most enabled tasks that may fire into one chat.
+    pub max_tasks_per_chat: usize,
+    /// Shortest interval between two fires of a task (`every` and cron alike).
+    pub min_interval: Duration,
+    /// A due time missed by at most this much (a restart, a slow start) still fires, late;
+    /// older ones follow the task's [`MissedPolicy`].
+    pub late_tolerance: Duration,
+    /// After shutdown, how long runs still waiting for their turn are given before they are
+    /// logged `cancelled`.
+    pub shutdown_grace: Duration,
+    /// Where wall time comes from.
+    pub wall_time: WallTime,
+}
+
+impl Default for ClockOptions {
+    fn default() -> Self {
+        ClockOptions {
+            default_timezone: Tz::UTC,
+            run_timeout: Duration::from_secs(600),
+            max_tasks_per_chat: 20,
+            min_interval: Duration::from_secs(60),
+            late_tolerance: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(10),
+            wall_time: WallTime::system(),
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! # parlor-toolsets — every built-in toolset
+//!
+//! The abilities the agent gets from parlor itself, one module a toolset. Each implements
+//! [`ToolSet`](parlor_bot::tool::ToolSet) (most through the typed
+//! [`ToolSetBridge`](parlor_bot::tool::ToolSetBridge)) and passes the one gate of
+//! [`ToolRegistry::call`](parlor_bot::tool::ToolRegistry::call): the tool exists, its
+//! arguments fit its schema, the caller's [`Role`](parlor_bot::tool::Role) is enough.
+//!
+//! **Invariant:** this crate depends on `parlor-bot` only. It never imports a platform SDK
+//! (teloxide, serenity) and never `parlor-adapters`: it meets the adapters at
+//! [`parlor_bot::platform`], whose `Platform` trait every adapter implements. Everything a
+//! tool reaches is scoped to the calling session by construction (the session key of the
+//! call's context), never by an argument the model could change. No toolset checks a role
+//! itself: roles are data on its [`ToolSpec`](parlor_bot::tool::ToolSpec)s.
+//!
+//! **Deliberately absent:** the agent loop, sessions, the store and the LLM client (those
+//! are `parlor-bot`'s); configuration parsing (the binary's `config.rs` builds each
+//! toolset's options).
+//!
+//! ## Layout
+//! - [`message`] — `get_message`, `get_group_context`, `send_markdown`, and `load_image`
+//!   when the model has vision. Images go through the runtime's pipeline
+//!   ([`parlor_bot::image`]); `message/fetch.rs` fetches image URLs with a timeout, a
+//!   streaming size cap and a guard against private addresses.
+//! - [`memory`] — per-session notes that survive restarts and `/reset` (`memory_write`,
+//!   `memory_read`, `memory_search`, `memory_delete`).
+//! - [`clock`] — scheduled tasks (cron, one-shot, interval): the store records, the
+//!   [`ClockService`](clock::ClockService) firing them into sessions, and the `clock_*` tools.
+//! - [`terminal`] — operator-only `shell` and `task_*`: one persistent shell per chat,
+//!   background tasks, the bubblewrap sandbox.
+//! - [`todo`] — `todo_list`, the per-session plan the agent keeps (the reference stateful
+//!   toolset: a per-turn injection and a `/reset` hook).
+//! - [`time`] — `time`: the current time in a time zone.
+//! - [`prompt`] — prompt-only toolsets: text for the system prompt, no tools.
+//!
+//! ## Where a new toolset goes
+//! A module here (`src/<name>.rs` or `src/<name>/`), its tests in `tests/<name>.rs`, its
+//! options built in the binary's `config.rs` and registered in `wiring.rs`.
+
+pub mod clock;
+pub mod memory;
+pub mod message;
+pub mod prompt;
+mod support;
+pub mod terminal;
+pub mod time;
+pub mod todo;
+
+pub use memory::{MemoryOptions, MemoryToolset, memory_toolset};
+pub use message::{MessageOptions, MessageToolset, MessageToolsetError, message_toolset};
+pub use prompt::PromptToolset;
+pub use todo::TodoList;

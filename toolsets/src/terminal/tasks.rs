@@ -1,0 +1,826 @@
+//! Background tasks: their rows in the store, the watcher of each, completion notices,
+//! `task_output` / `task_stop` / `task_list`, recovery after a restart and shutdown.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::output::{Capped, cap_middle, read_log_tail, tail_chars, xml_escape};
+use super::{
+    NotifyError, ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes, sys,
+};
+use parlor_bot::platform::ChatRef;
+use parlor_bot::store::{KvWrite, StoreError};
+use parlor_bot::tool::{Caller, Role, ToolContext, ToolResult};
+
+/// Characters of output a completion notice carries.
+pub const NOTICE_OUTPUT_CHARS: usize = 2000;
+
+/// How long a notice may take to be queued before it is given up (logged).
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The state of a background task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Still running.
+    Running,
+    /// Ended with exit code 0.
+    Completed,
+    /// Ended with another exit code, or by a signal.
+    Failed,
+    /// Killed after the maximum run time.
+    TimedOut,
+    /// Stopped with `task_stop`.
+    Stopped,
+    /// The daemon stopped (or crashed) while it ran.
+    Interrupted,
+}
+
+impl TaskStatus {
+    /// The name the model sees.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Running => "running",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::TimedOut => "timed_out",
+            TaskStatus::Stopped => "stopped",
+            TaskStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// One background task, as stored (`{"v":1,...}` under `<session>|<task_id>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// Schema version (1).
+    pub v: u32,
+    /// The task's id (`task-…`).
+    pub id: String,
+    /// Session key of the chat that started it.
+    pub session: String,
+    /// Where its completion notice goes; `None` outside a chat.
+    #[serde(default)]
+    pub chat: Option<ChatRef>,
+    /// The command line.
+    pub command: String,
+    /// What it does, as the model described it.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Platform-qualified id of who asked for it.
+    pub started_by: String,
+    /// Their display name.
+    #[serde(default)]
+    pub started_by_name: String,
+    /// Their role when they started it; its completion notice runs with it. Rows written
+    /// before roles were stored read as [`Role::Member`], which may not read them back.
+    #[serde(default)]
+    pub started_by_role: Role,
+    /// Current state.
+    pub status: TaskStatus,
+    /// Exit code, when it exited normally.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// When it started.
+    pub started: DateTime<Utc>,
+    /// When it ended.
+    #[serde(default)]
+    pub ended: Option<DateTime<Utc>>,
+    /// Its output (stdout and stderr).
+    pub log_path: PathBuf,
+    /// Its process group (its `bash -c` leader's pid).
+    #[serde(default)]
+    pub pgid: u32,
+    /// The pending id of its queued completion notice.
+    #[serde(default)]
+    pub notice_pending_id: Option<u64>,
+    /// Whether that notice was withdrawn because the model read the output first.
+    #[serde(default)]
+    pub notice_withdrawn: bool,
+    /// Whether the chat has been told of its end (a notice queued, the output read with
+    /// `task_output`, or stopped on request): nothing more will be sent about it.
+    #[serde(default)]
+    pub notified: bool,
+}
+
+/// A task whose process this daemon runs.
+pub(crate) struct Running {
+    session: String,
+    pgid: u32,
+    stop: CancellationToken,
+    done: CancellationToken,
+}
+
+/// The store write of a task row, for [`Store::kv_put`] or to go with a notice.
+fn row_write(row: &TaskRecord) -> Result<KvWrite, StoreError> {
+    let key = key(&row.session, &row.id);
+    let text = serde_json::to_string(row).map_err(|e| StoreError::Corrupt {
+        key: key.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(KvWrite {
+        space: TASKS_SPACE.to_owned(),
+        key,
+        value: Some(text),
+    })
+}
+
+fn key(session: &str, id: &str) -> String {
+    format!("{session}|{id}")
+}
+
+static TASK_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn new_task_id() -> String {
+    let millis = Utc::now().timestamp_millis().unsigned_abs();
+    let n = TASK_COUNTER.fetch_add(1, Ordering::Relaxed) & 0xfff;
+    format!("task-{millis:x}{n:03x}")
+}
+
+/// The whole log, at most `max_chars` characters (its head and tail when longer).
+fn read_log_capped(path: &Path, max_chars: usize) -> std::io::Result<Capped> {
+    let budget = (max_chars as u64).saturating_mul(4).max(4096);
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if size <= budget {
+        let (text, _) = read_log_tail(path, budget)?;
+        return Ok(cap_middle(&text, max_chars));
+    }
+    let mut head = Vec::new();
+    std::fs::File::open(path)?
+        .take(budget / 2)
+        .read_to_end(&mut head)?;
+    let head: String = String::from_utf8_lossy(&head)
+        .chars()
+        .take(max_chars / 2)
+        .collect();
+    let (tail, _) = read_log_tail(path, budget / 2)?;
+    let (tail, _) = tail_chars(&tail, max_chars / 2);
+    let cut = usize::try_from(size)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(head.len() + tail.len());
+    Ok(Capped {
+        text: format!("{head}\n[... about {cut} characters cut ...]\n{tail}"),
+        total_chars: cut + head.chars().count() + tail.chars().count(),
+        cut_chars: cut,
+    })
+}
+
+/// One `<TERMINAL_TASK_RESULT>` block: the last [`NOTICE_OUTPUT_CHARS`] characters of the
+/// output, every value XML-escaped.
+pub(crate) fn notice_block(row: &TaskRecord, note: Option<&str>) -> String {
+    let (text, size) =
+        read_log_tail(&row.log_path, (NOTICE_OUTPUT_CHARS as u64) * 4).unwrap_or_default();
+    let (output, cut) = tail_chars(&text, NOTICE_OUTPUT_CHARS);
+    let mut block = format!(
+        "<TERMINAL_TASK_RESULT>\n  <task_id>{}</task_id><status>{}</status><exit_code>{}</exit_code>\n  <description>{}</description><output>{}</output>\n",
+        xml_escape(&row.id),
+        row.status.as_str(),
+        row.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+        xml_escape(row.description.as_deref().unwrap_or(&row.command)),
+        xml_escape(&output),
+    );
+    let mut notes = Vec::new();
+    if cut > 0 || size > (NOTICE_OUTPUT_CHARS as u64) * 4 {
+        notes.push(format!(
+            "only the end of the output is shown (the log has {size} bytes); task_output \
+             reads more"
+        ));
+    }
+    if let Some(sig) = row.signal {
+        notes.push(format!("ended by signal {sig}"));
+    }
+    if let Some(note) = note {
+        notes.push(note.to_owned());
+    }
+    if !notes.is_empty() {
+        block.push_str(&format!(
+            "  <note>{}</note>\n",
+            xml_escape(&notes.join("; "))
+        ));
+    }
+    block.push_str("</TERMINAL_TASK_RESULT>");
+    block
+}
+
+fn row_json(row: &TaskRecord) -> serde_json::Value {
+    json!({
+        "task_id": row.id,
+        "status": row.status.as_str(),
+        "description": row.description,
+        "command": row.command,
+        "exit_code": row.exit_code,
+        "started": row.started.to_rfc3339(),
+        "ended": row.ended.map(|t| t.to_rfc3339()),
+    })
+}
+
+/// How a watched task ended.
+enum End {
+    Exited(Option<ExitStatus>),
+    TimedOut,
+    Stopped,
+    Shutdown,
+}
+
+impl TerminalService {
+    /// A task row of `session`.
+    pub fn task(&self, session: &str, id: &str) -> Option<TaskRecord> {
+        match self.store.kv_get(TASKS_SPACE, &key(session, id)) {
+            Ok(Some(text)) => match serde_json::from_str(&text) {
+                Ok(row) => Some(row),
+                Err(e) => {
+                    tracing::error!(task = id, error = %e, "unreadable task row");
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(task = id, error = %e, "cannot read a task row");
+                None
+            }
+        }
+    }
+
+    /// Whether this daemon still runs the task or is still recording its end (its notice
+    /// included).
+    pub fn is_live(&self, task_id: &str) -> bool {
+        self.lock_running().contains_key(task_id)
+    }
+
+    /// Every task row of `session` (or of every session with `None`), oldest first.
+    pub fn tasks(&self, session: Option<&str>) -> Vec<TaskRecord> {
+        let prefix = session.map(|s| format!("{s}|")).unwrap_or_default();
+        let rows = match self.store.kv_scan(TASKS_SPACE, &prefix) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list task rows");
+                return Vec::new();
+            }
+        };
+        let mut rows: Vec<TaskRecord> = rows
+            .into_iter()
+            .filter_map(|(k, v)| match serde_json::from_str(&v) {
+                Ok(row) => Some(row),
+                Err(e) => {
+                    tracing::error!(key = k, error = %e, "unreadable task row skipped");
+                    None
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| a.started.cmp(&b.started).then(a.id.cmp(&b.id)));
+        rows
+    }
+
+    fn save(&self, row: &TaskRecord) -> Result<(), StoreError> {
+        let write = row_write(row)?;
+        self.store.kv_put(
+            &write.space,
+            &write.key,
+            write.value.as_deref().unwrap_or_default(),
+        )
+    }
+
+    fn save_logged(&self, row: &TaskRecord) {
+        if let Err(e) = self.save(row).and_then(|()| self.store.flush()) {
+            tracing::error!(task = %row.id, error = %e, "cannot store the task row");
+        }
+    }
+
+    /// `shell(run_in_background=true)`: starts the task and its watcher.
+    pub(crate) async fn start_background(
+        self: &Arc<Self>,
+        args: ShellArgs,
+        cx: &ToolContext,
+    ) -> ToolResult {
+        let workspace = match self.ensure_workspace(&cx.session) {
+            Ok(w) => w,
+            Err(r) => return r,
+        };
+        let logs = self.config.data_dir.join("task_logs");
+        if let Err(e) = std::fs::create_dir_all(&logs) {
+            tracing::error!(error = %e, "cannot create the task log directory");
+            return ToolResult::err(parlor_bot::tool::codes::INTERNAL, "the task could not start");
+        }
+        let id = new_task_id();
+        let log_path = logs.join(format!("{id}.log"));
+        let mut command = match self.command(&workspace, &[], &["-c", &args.command]) {
+            Ok(c) => c,
+            Err(why) => return ToolResult::err(parlor_bot::tool::codes::UNAVAILABLE, why),
+        };
+        let (out, err) = match std::fs::File::create(&log_path)
+            .and_then(|f| f.try_clone().map(|g| (f, g)))
+        {
+            Ok(files) => files,
+            Err(e) => {
+                tracing::error!(error = %e, log = %log_path.display(), "cannot create the task log");
+                return ToolResult::err(parlor_bot::tool::codes::INTERNAL, "the task could not start");
+            }
+        };
+        command
+            .env("PARLOR_TASK_ID", &id)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .kill_on_drop(true);
+        let stop = CancellationToken::new();
+        let done = CancellationToken::new();
+        let (child, pgid) = {
+            let mut running = self.lock_running();
+            let here = running.values().filter(|r| r.session == cx.session).count();
+            if here >= self.config.max_background_per_session {
+                return ToolResult::err(
+                    codes::TASK_LIMIT,
+                    format!(
+                        "{here} background tasks are already running in this chat (the limit); \
+                         wait for one to end or stop one with task_stop"
+                    ),
+                );
+            }
+            if running.len() >= self.config.max_background_total {
+                return ToolResult::err(
+                    codes::TASK_LIMIT,
+                    "the bot is running as many background tasks as it may; try again later",
+                );
+            }
+            let child = match command.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start a background task");
+                    return ToolResult::err(
+                        parlor_bot::tool::codes::UNAVAILABLE,
+                        "the task could not be started",
+                    );
+                }
+            };
+            let pgid = child.id().unwrap_or(0);
+            running.insert(
+                id.clone(),
+                Running {
+                    session: cx.session.clone(),
+                    pgid,
+                    stop: stop.clone(),
+                    done: done.clone(),
+                },
+            );
+            (child, pgid)
+        };
+        let row = TaskRecord {
+            v: 1,
+            id: id.clone(),
+            session: cx.session.clone(),
+            chat: cx.chat.clone(),
+            command: args.command.clone(),
+            description: args.description.clone().filter(|d| !d.trim().is_empty()),
+            started_by: cx.caller.user_id.clone(),
+            started_by_name: cx.caller.name.clone(),
+            started_by_role: cx.caller.role,
+            status: TaskStatus::Running,
+            exit_code: None,
+            signal: None,
+            started: Utc::now(),
+            ended: None,
+            log_path,
+            pgid,
+            notice_pending_id: None,
+            notice_withdrawn: false,
+            notified: false,
+        };
+        self.save_logged(&row);
+        tracing::info!(task = %id, session = %cx.session, pgid, "background task started");
+        let service = Arc::clone(self);
+        let watched = id.clone();
+        let session = cx.session.clone();
+        self.tracker.spawn(async move {
+            service
+                .watch(watched, session, child, pgid, stop, done)
+                .await;
+        });
+        ToolResult::ok_with(
+            format!(
+                "started background task {id}; its result will arrive by itself as a \
+                 TERMINAL_TASK_RESULT message when it ends"
+            ),
+            json!({"task_id": id, "status": "running"}),
+        )
+    }
+
+    fn lock_running(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits for a task's end (exit, maximum run time, stop, shutdown) and records it.
+    async fn watch(
+        self: Arc<Self>,
+        id: String,
+        session: String,
+        mut child: tokio::process::Child,
+        pgid: u32,
+        stop: CancellationToken,
+        done: CancellationToken,
+    ) {
+        let end = tokio::select! {
+            status = child.wait() => End::Exited(status.ok()),
+            () = tokio::time::sleep(self.config.max_task_runtime) => End::TimedOut,
+            () = stop.cancelled() => End::Stopped,
+            () = self.shutting_down.cancelled() => End::Shutdown,
+        };
+        let (status, exit) = match end {
+            End::Exited(exit) => {
+                // The task is its `bash -c`; whatever it left running in its group ends too.
+                sys::signal_group(pgid, sys::SIGKILL);
+                let status = if stop.is_cancelled() {
+                    TaskStatus::Stopped
+                } else if exit.and_then(|s| s.code()) == Some(0) {
+                    TaskStatus::Completed
+                } else {
+                    TaskStatus::Failed
+                };
+                (status, exit)
+            }
+            other => {
+                let exit = terminate(&mut child, pgid, self.config.kill_grace).await;
+                let status = match other {
+                    End::TimedOut => TaskStatus::TimedOut,
+                    End::Stopped => TaskStatus::Stopped,
+                    _ => TaskStatus::Interrupted,
+                };
+                (status, exit)
+            }
+        };
+        self.finish(&session, &id, status, exit).await;
+        self.lock_running().remove(&id);
+        done.cancel();
+    }
+
+    /// Records a task's end and, for completed, failed and timed-out tasks, queues its
+    /// notice (unless the model already read the output).
+    async fn finish(&self, session: &str, id: &str, status: TaskStatus, exit: Option<ExitStatus>) {
+        let _rows = self.rows.lock().await;
+        let Some(mut row) = self.task(session, id) else {
+            tracing::error!(task = id, "the row of a finished task is missing");
+            return;
+        };
+        row.status = status;
+        row.exit_code = exit.and_then(|s| s.code());
+        row.signal = exit.and_then(|s| s.signal());
+        row.ended = Some(Utc::now());
+        tracing::info!(task = id, status = status.as_str(), exit_code = ?row.exit_code, "background task ended");
+        match status {
+            TaskStatus::Stopped => row.notified = true,
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::TimedOut if !row.notified => {
+                if let Some(chat) = row.chat.clone() {
+                    // The final status is stored before the notice, so a slow notifier
+                    // never hides it.
+                    self.save_logged(&row);
+                    let text = notice_block(&row, None);
+                    // "Told" lands with the notice itself: a kill can neither lose the
+                    // notice nor, after the restart, tell it again.
+                    let mut told = row.clone();
+                    told.notified = true;
+                    let also = row_write(&told).into_iter().collect();
+                    let notify = self.notifier.notify(&chat, text, row.starter(), also);
+                    match tokio::time::timeout(NOTIFY_TIMEOUT, notify).await {
+                        Ok(Ok(pending)) => {
+                            row.notice_pending_id = Some(pending);
+                            row.notified = true;
+                        }
+                        Ok(Err(NotifyError::ShuttingDown)) => {
+                            // Left untold: `recover` sends it after the next start.
+                            tracing::info!(
+                                task = id,
+                                "shutting down; the completion notice is sent after the next start"
+                            );
+                        }
+                        Ok(Err(e)) => {
+                            // Given up (logged): the task itself is recorded either way.
+                            row.notified = true;
+                            tracing::warn!(task = id, chat = %chat, error = %e, "the completion notice could not be queued")
+                        }
+                        Err(_) => {
+                            row.notified = true;
+                            tracing::warn!(task = id, chat = %chat, "queueing the completion notice timed out")
+                        }
+                    }
+                }
+            }
+            // Interrupted by shutdown: told after the next start (`recover`).
+            _ => {}
+        }
+        self.save_logged(&row);
+    }
+
+    /// `task_output`.
+    pub(crate) async fn task_output(&self, args: TaskOutputArgs, cx: &ToolContext) -> ToolResult {
+        let rows = self.rows.lock().await;
+        let Some(mut row) = self.task(&cx.session, &args.task_id) else {
+            return not_found(&args.task_id);
+        };
+        let mut withdrawn = false;
+        if row.status != TaskStatus::Running {
+            if let (Some(pending), Some(chat), false) = (
+                row.notice_pending_id,
+                row.chat.clone(),
+                row.notice_withdrawn,
+            ) {
+                match self.notifier.withdraw(&chat, pending) {
+                    Ok(true) => {
+                        withdrawn = true;
+                        row.notice_withdrawn = true;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(task = %row.id, error = %e, "cannot withdraw the notice")
+                    }
+                }
+            }
+            if !row.notified || withdrawn {
+                row.notified = true;
+                self.save_logged(&row);
+            }
+        }
+        drop(rows);
+        let max = self.config.output_max_chars;
+        let read = match args.tail_chars {
+            Some(n) => {
+                let n = usize::try_from(n).unwrap_or(usize::MAX).min(max);
+                read_log_tail(&row.log_path, (n as u64).saturating_mul(4)).map(|(text, size)| {
+                    let (tail, cut) = tail_chars(&text, n);
+                    let skipped = usize::try_from(size)
+                        .unwrap_or(usize::MAX)
+                        .saturating_sub(text.len());
+                    Capped {
+                        total_chars: cut + skipped + tail.chars().count(),
+                        cut_chars: cut + skipped,
+                        text: tail,
+                    }
+                })
+            }
+            None => read_log_capped(&row.log_path, max),
+        };
+        let out = match read {
+            Ok(out) => out,
+            Err(e) => {
+                tracing::error!(task = %row.id, error = %e, "cannot read the task log");
+                return ToolResult::err(
+                    parlor_bot::tool::codes::INTERNAL,
+                    "the task's output could not be read",
+                );
+            }
+        };
+        let mut data = row_json(&row);
+        data["output"] = json!(out.text);
+        data["cut_chars"] = json!(out.cut_chars);
+        let message = match row.status {
+            TaskStatus::Running => format!("task {} is still running", row.id),
+            status => format!(
+                "task {} ended: {}{}",
+                row.id,
+                status.as_str(),
+                row.exit_code
+                    .map(|c| format!(" (exit code {c})"))
+                    .unwrap_or_default()
+            ),
+        };
+        ToolResult::ok_with(message, data)
+    }
+
+    /// `task_stop`.
+    pub(crate) async fn task_stop(&self, args: TaskStopArgs, cx: &ToolContext) -> ToolResult {
+        let Some(row) = self.task(&cx.session, &args.task_id) else {
+            return not_found(&args.task_id);
+        };
+        let running = {
+            let running = self.lock_running();
+            running
+                .get(&row.id)
+                .filter(|r| r.session == cx.session)
+                .map(|r| (r.stop.clone(), r.done.clone(), r.pgid))
+        };
+        let Some((stop, done, pgid)) = running else {
+            return ToolResult::ok_with(
+                format!("task {} had already ended: {}", row.id, row.status.as_str()),
+                row_json(&row),
+            );
+        };
+        stop.cancel();
+        let wait = self.config.kill_grace * 2 + Duration::from_secs(5);
+        if tokio::time::timeout(wait, done.cancelled()).await.is_err() {
+            sys::signal_group(pgid, sys::SIGKILL);
+            tracing::warn!(task = %row.id, "the task's watcher did not finish in time");
+        }
+        let row = self.task(&cx.session, &args.task_id).unwrap_or(row);
+        ToolResult::ok_with(
+            format!("task {} stopped; no result message will be sent", row.id),
+            row_json(&row),
+        )
+    }
+
+    /// `task_list`.
+    pub(crate) fn task_list(&self, cx: &ToolContext) -> ToolResult {
+        let mut rows = self.tasks(Some(&cx.session));
+        rows.reverse();
+        rows.truncate(50);
+        let running = rows
+            .iter()
+            .filter(|r| r.status == TaskStatus::Running)
+            .count();
+        let tasks: Vec<_> = rows.iter().map(row_json).collect();
+        ToolResult::ok_with(
+            format!("{} tasks ({running} running)", tasks.len()),
+            json!({ "tasks": tasks }),
+        )
+    }
+
+    /// After a restart: rows still `running` belong to a previous daemon; their leftover
+    /// processes (recognised by `PARLOR_TASK_ID` in their environment) are killed, the rows
+    /// become `interrupted`, and each chat is told once, in one notice (with any task that
+    /// ended during the last shutdown and was not told yet). Returns how many rows it
+    /// marked `interrupted`.
+    pub async fn recover(&self) -> Result<usize, StoreError> {
+        let _rows = self.rows.lock().await;
+        let live: Vec<String> = self.lock_running().keys().cloned().collect();
+        let mut marked = 0;
+        let mut to_tell: BTreeMap<String, (ChatRef, Vec<TaskRecord>)> = BTreeMap::new();
+        for mut row in self.tasks(None) {
+            if live.contains(&row.id) {
+                continue;
+            }
+            if row.status == TaskStatus::Running {
+                if row.pgid > 1
+                    && sys::process_has_env(row.pgid, &format!("PARLOR_TASK_ID={}", row.id))
+                {
+                    tracing::warn!(task = %row.id, pgid = row.pgid, "killing a task left running by the previous daemon");
+                    sys::signal_group(row.pgid, sys::SIGKILL);
+                }
+                row.status = TaskStatus::Interrupted;
+                row.ended = Some(Utc::now());
+                row.notified = false;
+                self.save(&row)?;
+                marked += 1;
+            }
+            let untold = matches!(
+                row.status,
+                TaskStatus::Interrupted
+                    | TaskStatus::Completed
+                    | TaskStatus::Failed
+                    | TaskStatus::TimedOut
+            ) && !row.notified;
+            if untold {
+                match row.chat.clone() {
+                    Some(chat) => to_tell
+                        .entry(chat.session_key())
+                        .or_insert_with(|| (chat, Vec::new()))
+                        .1
+                        .push(row),
+                    None => {
+                        row.notified = true;
+                        self.save(&row)?;
+                    }
+                }
+            }
+        }
+        self.store.flush()?;
+        for (_, (chat, rows)) in to_tell {
+            let text = rows
+                .iter()
+                .map(|row| {
+                    let note = (row.status == TaskStatus::Interrupted).then_some(
+                        "the bot was restarted while this task ran; the task was stopped and \
+                         did not finish",
+                    );
+                    notice_block(row, note)
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            let also = rows
+                .iter()
+                .map(|row| {
+                    let mut told = row.clone();
+                    told.notified = true;
+                    row_write(&told)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let notify = self.notifier.notify(&chat, text, starters(&rows), also);
+            let told = match tokio::time::timeout(NOTIFY_TIMEOUT, notify).await {
+                Ok(Ok(pending)) => Some(Some(pending)),
+                Ok(Err(NotifyError::ShuttingDown)) => None,
+                Ok(Err(e)) => {
+                    tracing::warn!(chat = %chat, error = %e, "cannot tell the chat about interrupted tasks");
+                    Some(None)
+                }
+                Err(_) => {
+                    tracing::warn!(chat = %chat, "telling the chat about interrupted tasks timed out");
+                    Some(None)
+                }
+            };
+            if let Some(pending) = told {
+                for mut row in rows {
+                    row.notified = true;
+                    row.notice_pending_id = pending;
+                    self.save(&row)?;
+                }
+            }
+        }
+        self.store.flush()?;
+        Ok(marked)
+    }
+
+    /// Kills every background task (their rows become `interrupted`, told after the next
+    /// start) and every shell, and waits for the watchers. New calls are refused.
+    pub async fn shutdown(&self) {
+        self.shutting_down.cancel();
+        self.tracker.close();
+        let wait = self.config.kill_grace * 2 + Duration::from_secs(5);
+        if tokio::time::timeout(wait, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("task watchers still running after shutdown; killing their groups");
+        }
+        for running in self.lock_running().values() {
+            sys::signal_group(running.pgid, sys::SIGKILL);
+        }
+        self.kill_shells();
+        if let Err(e) = self.store.flush() {
+            tracing::error!(error = %e, "cannot flush the store on terminal shutdown");
+        }
+    }
+}
+
+/// SIGTERM to the group, SIGKILL after `grace`; the leader's status.
+async fn terminate(
+    child: &mut tokio::process::Child,
+    pgid: u32,
+    grace: Duration,
+) -> Option<ExitStatus> {
+    sys::signal_group(pgid, sys::SIGTERM);
+    let first = tokio::time::timeout(grace, child.wait()).await;
+    sys::signal_group(pgid, sys::SIGKILL);
+    match first {
+        Ok(Ok(status)) => Some(status),
+        _ => tokio::time::timeout(grace, child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok),
+    }
+}
+
+impl TaskRecord {
+    /// Who started the task, as the caller its notice turn runs as.
+    pub fn starter(&self) -> Caller {
+        Caller {
+            user_id: self.started_by.clone(),
+            name: self.started_by_name.clone(),
+            role: self.started_by_role,
+        }
+    }
+}
+
+/// The caller of one notice about several tasks: their starter when it is one person, else
+/// the system with the least of their roles (as the session queue merges callers), so
+/// nobody's notice gains a role its starter did not have.
+fn starters(rows: &[TaskRecord]) -> Caller {
+    let Some(first) = rows.first() else {
+        return Caller::default();
+    };
+    let role = rows
+        .iter()
+        .map(|r| r.started_by_role)
+        .min()
+        .unwrap_or_default();
+    if rows.iter().all(|r| r.started_by == first.started_by) {
+        return Caller {
+            role,
+            ..first.starter()
+        };
+    }
+    Caller {
+        user_id: String::new(),
+        name: "terminal".to_owned(),
+        role,
+    }
+}
+
+fn not_found(id: &str) -> ToolResult {
+    ToolResult::err(
+        codes::TASK_NOT_FOUND,
+        format!("no task {id} in this chat; task_list shows this chat's tasks"),
+    )
+}
