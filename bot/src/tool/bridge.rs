@@ -40,9 +40,51 @@
 //! builder and applies to the tool added last: it keeps one flat chain per toolset, without
 //! a sub-builder to finish. Calling one before any tool is added is reported by `build()`.
 //!
-//! A bridge is stateless: `fork()` shares it, `reset()` does nothing. State a tool needs lives
-//! in what its closure captures (an `Arc`), which every session then shares. A toolset with
-//! per-session state (the todo list) implements [`ToolSet`] itself.
+//! **State.** A bridge from [`ToolSetBridge::builder`] is stateless: `fork()` shares it,
+//! `reset()` does nothing, and what a tool needs lives in what its closure captures. A toolset
+//! with state starts from [`ToolSetBridge::builder_with_state`]: its tools
+//! ([`add_function_with_state`](ToolSetBridgeBuilder::add_function_with_state)) get the state
+//! with every call, and so do the toolset's hooks, the rest of the [`ToolSet`] contract:
+//!
+//! - `.fork_state(f)`: each fork (a new session) gets its own state `f(&parent)`: the
+//!   per-session part fresh, the configuration shared. Without it every fork shares one state
+//!   (one kept in the store, by session).
+//! - `.injection(f)`: the text prepended to a turn's user message in a session
+//!   ([`ToolSet::iteration_prompt_injection`]).
+//! - `.on_reset(f)`: what `/reset` of a session forgets ([`ToolSet::reset`]).
+//! - `.holds_session_state(f)`: whether the state lives only in memory
+//!   ([`ToolSet::holds_session_state`]).
+//! - `.before_call(f)`: a check every call passes before its arguments are read (the
+//!   terminal's "is it open in this chat"); never a role check, roles are the specs'.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use parlor_bot::tool::bridge::{BridgeError, ToolError, ToolSetBridge};
+//! use parlor_bot::tool::{ToolContext, ToolSet};
+//!
+//! /// Arguments of `tally_add` (none).
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! struct Nothing {}
+//!
+//! let tally = ToolSetBridge::builder_with_state("tally", Arc::new(AtomicUsize::new(0)))
+//!     .add_function_with_state("tally_add", "Counts one more.", |count, _: Nothing, _cx: ToolContext| async move {
+//!         Ok::<_, ToolError>(count.fetch_add(1, Ordering::Relaxed) + 1)
+//!     })
+//!     .fork_state(|_| AtomicUsize::new(0))
+//!     .injection(|count, _session| match count.load(Ordering::Relaxed) {
+//!         0 => None,
+//!         n => Some(format!("<TALLY>{n} so far</TALLY>")),
+//!     })
+//!     .on_reset(|count, _session| count.store(0, Ordering::Relaxed))
+//!     .holds_session_state(|count| count.load(Ordering::Relaxed) > 0)
+//!     .build()?;
+//! assert_eq!(tally.fork().iteration_prompt_injection("console:local"), None);
+//! # Ok::<(), BridgeError>(())
+//! ```
+//!
+//! A toolset type of its own (constructors, accessors) holds its bridge and implements
+//! [`Bridged`]; that gives it [`ToolSet`].
 //!
 //! The bridge does not race tools against cancellation or timeouts: the agent owns those for
 //! every toolset alike (dropping the `invoke` future). A tool that must clean up on
@@ -127,6 +169,19 @@ pub struct ToolError {
     data: Option<Value>,
 }
 
+/// One constructor per shared code: `ToolError::timeout(message)` is
+/// `ToolError::new(codes::TIMEOUT, message)`.
+macro_rules! shared_code_constructors {
+    ($($(#[$doc:meta])* $name:ident => $code:ident,)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(message: impl Into<String>) -> Self {
+                Self::new(codes::$code, message)
+            }
+        )*
+    };
+}
+
 impl ToolError {
     /// A failure with any code (a toolset's own, such as `TASK_NOT_FOUND`).
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
@@ -137,40 +192,22 @@ impl ToolError {
         }
     }
 
-    /// `INVALID_ARGUMENTS`: the arguments fit the schema but not the situation.
-    pub fn invalid_arguments(message: impl Into<String>) -> Self {
-        Self::new(codes::INVALID_ARGUMENTS, message)
-    }
-
-    /// `PERMISSION_DENIED`: this caller may not do this here.
-    pub fn permission_denied(message: impl Into<String>) -> Self {
-        Self::new(codes::PERMISSION_DENIED, message)
-    }
-
-    /// `UNAVAILABLE`: something the tool needs is unreachable.
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(codes::UNAVAILABLE, message)
-    }
-
-    /// `TIMEOUT`: the work took too long.
-    pub fn timeout(message: impl Into<String>) -> Self {
-        Self::new(codes::TIMEOUT, message)
-    }
-
-    /// `CANCELLED`: the turn was stopped.
-    pub fn cancelled(message: impl Into<String>) -> Self {
-        Self::new(codes::CANCELLED, message)
-    }
-
-    /// `RATE_LIMITED`: too many calls; try later.
-    pub fn rate_limited(message: impl Into<String>) -> Self {
-        Self::new(codes::RATE_LIMITED, message)
-    }
-
-    /// `INTERNAL`: a failure the model cannot fix. Say so in general terms and log the
-    /// details yourself; the message reaches the model.
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(codes::INTERNAL, message)
+    shared_code_constructors! {
+        /// `INVALID_ARGUMENTS`: the arguments fit the schema but not the situation.
+        invalid_arguments => INVALID_ARGUMENTS,
+        /// `PERMISSION_DENIED`: this caller may not do this here.
+        permission_denied => PERMISSION_DENIED,
+        /// `UNAVAILABLE`: something the tool needs is unreachable.
+        unavailable => UNAVAILABLE,
+        /// `TIMEOUT`: the work took too long.
+        timeout => TIMEOUT,
+        /// `CANCELLED`: the turn was stopped.
+        cancelled => CANCELLED,
+        /// `RATE_LIMITED`: too many calls; try later.
+        rate_limited => RATE_LIMITED,
+        /// `INTERNAL`: a failure the model cannot fix. Say so in general terms and log the
+        /// details yourself; the message reaches the model.
+        internal => INTERNAL,
     }
 
     /// Adds structured data to the failure.
@@ -264,21 +301,127 @@ pub fn is_valid_tool_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// A type-erased tool function: validated arguments and the context in, a result out.
-type Handler = Arc<dyn Fn(Value, ToolContext) -> BoxFuture<'static, ToolResult> + Send + Sync>;
+/// A type-erased tool function of a toolset with state `S`: the state, the validated
+/// arguments and the context in, a result out.
+type Handler<S> =
+    Arc<dyn Fn(Arc<S>, Value, ToolContext) -> BoxFuture<'static, ToolResult> + Send + Sync>;
 
-/// One tool of a bridge.
-struct BridgeTool {
-    spec: ToolSpec,
-    handler: Handler,
+/// The hooks of a toolset with state `S` (see the module docs), boxed.
+type ForkHook<S> = Box<dyn Fn(&S) -> S + Send + Sync>;
+type CheckHook<S> = Box<dyn Fn(&S, &ToolContext) -> Result<(), ToolError> + Send + Sync>;
+type InjectionHook<S> = Box<dyn Fn(&S, &str) -> Option<String> + Send + Sync>;
+type ResetHook<S> = Box<dyn Fn(&S, &str) + Send + Sync>;
+type HoldsHook<S> = Box<dyn Fn(&S) -> bool + Send + Sync>;
+
+/// The toolset-wide hooks; each absent one does what [`ToolSet`]'s default does.
+struct Hooks<S> {
+    fork: Option<ForkHook<S>>,
+    before_call: Option<CheckHook<S>>,
+    injection: Option<InjectionHook<S>>,
+    reset: Option<ResetHook<S>>,
+    holds_session_state: Option<HoldsHook<S>>,
 }
 
-/// A toolset made of typed async functions; see the module docs. Cloning is cheap (shared).
+impl<S> Default for Hooks<S> {
+    fn default() -> Self {
+        Hooks {
+            fork: None,
+            before_call: None,
+            injection: None,
+            reset: None,
+            holds_session_state: None,
+        }
+    }
+}
+
+/// What every fork of a bridge shares: the tool functions (in the order of its specs) and
+/// the hooks.
+struct Definition<S> {
+    handlers: Vec<Handler<S>>,
+    hooks: Hooks<S>,
+}
+
+/// One fork's state with the tools and hooks bound to it.
+struct Bound<S> {
+    state: Arc<S>,
+    definition: Arc<Definition<S>>,
+}
+
+/// [`Bound`] with its state type erased, so that a [`ToolSetBridge`] is one type whatever
+/// its state.
+trait Session: Send + Sync {
+    /// Runs the tool at `tool` (an index into the bridge's specs).
+    fn call(
+        &self,
+        tool: usize,
+        arguments: Value,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, ToolResult>;
+    fn injection(&self, session: &str) -> Option<String>;
+    fn reset(&self, session: &str);
+    fn holds_session_state(&self) -> bool;
+    fn fork(&self) -> Arc<dyn Session>;
+}
+
+impl<S: Send + Sync + 'static> Session for Bound<S> {
+    fn call(
+        &self,
+        tool: usize,
+        arguments: Value,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, ToolResult> {
+        let hooks = &self.definition.hooks;
+        if let Some(check) = &hooks.before_call
+            && let Err(refused) = check(&self.state, &cx)
+        {
+            return Box::pin(std::future::ready(refused.into()));
+        }
+        // `build()` makes the specs and the handlers from one list: an index of one is an
+        // index of the other.
+        (self.definition.handlers[tool])(Arc::clone(&self.state), arguments, cx)
+    }
+
+    fn injection(&self, session: &str) -> Option<String> {
+        let injection = self.definition.hooks.injection.as_ref()?;
+        injection(&self.state, session)
+    }
+
+    fn reset(&self, session: &str) {
+        if let Some(reset) = &self.definition.hooks.reset {
+            reset(&self.state, session);
+        }
+    }
+
+    fn holds_session_state(&self) -> bool {
+        self.definition
+            .hooks
+            .holds_session_state
+            .as_ref()
+            .is_some_and(|holds| holds(&self.state))
+    }
+
+    fn fork(&self) -> Arc<dyn Session> {
+        let state = match &self.definition.hooks.fork {
+            Some(fork) => Arc::new(fork(&self.state)),
+            None => Arc::clone(&self.state),
+        };
+        Arc::new(Bound {
+            state,
+            definition: Arc::clone(&self.definition),
+        })
+    }
+}
+
+/// A toolset made of typed async functions; see the module docs. Cloning is cheap and
+/// shares the state; [`ToolSet::fork`] is what gives a session its own.
 #[derive(Clone)]
 pub struct ToolSetBridge {
     name: Arc<str>,
     prompt: Option<Arc<str>>,
-    tools: Arc<[BridgeTool]>,
+    /// The same for every fork.
+    specs: Arc<[ToolSpec]>,
+    /// This fork's state and what uses it.
+    session: Arc<dyn Session>,
 }
 
 impl fmt::Debug for ToolSetBridge {
@@ -288,9 +431,9 @@ impl fmt::Debug for ToolSetBridge {
             .field(
                 "tools",
                 &self
-                    .tools
+                    .specs
                     .iter()
-                    .map(|t| t.spec.name.as_str())
+                    .map(|t| t.name.as_str())
                     .collect::<Vec<_>>(),
             )
             .finish_non_exhaustive()
@@ -298,12 +441,23 @@ impl fmt::Debug for ToolSetBridge {
 }
 
 impl ToolSetBridge {
-    /// Starts a toolset called `name` (as the config and the catalog know it).
+    /// Starts a stateless toolset called `name` (as the config and the catalog know it).
     pub fn builder(name: &str) -> ToolSetBridgeBuilder {
+        Self::builder_with_state(name, Arc::new(()))
+    }
+
+    /// Starts a toolset called `name` whose tools and hooks share `state` (see the module
+    /// docs).
+    pub fn builder_with_state<S: Send + Sync + 'static>(
+        name: &str,
+        state: Arc<S>,
+    ) -> ToolSetBridgeBuilder<S> {
         ToolSetBridgeBuilder {
             name: name.to_owned(),
             prompt: None,
+            state,
             tools: Vec::new(),
+            hooks: Hooks::default(),
             error: None,
         }
     }
@@ -316,21 +470,22 @@ impl ToolSet for ToolSetBridge {
     }
 
     fn tools(&self) -> Vec<ToolSpec> {
-        self.tools.iter().map(|t| t.spec.clone()).collect()
+        self.specs.to_vec()
     }
 
     async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult {
-        let Some(tool) = self.tools.iter().find(|t| t.spec.name == call.name) else {
+        let Some(tool) = self.specs.iter().position(|s| s.name == call.name) else {
             return ToolResult::err(
                 codes::TOOL_NOT_FOUND,
                 format!("the toolset `{}` has no tool `{}`", self.name, call.name),
             );
         };
-        let handler = Arc::clone(&tool.handler);
-        // The handler's future runs the user's function; a panic anywhere in it (including
-        // the synchronous part before its first await) is caught here and never unwinds into
-        // the agent.
-        let run = async move { handler(call.arguments, cx).await };
+        let session = Arc::clone(&self.session);
+        let arguments = call.arguments;
+        // Everything of the toolset's own (the check before the call, the user's function
+        // and the synchronous part before its first await) runs inside this future, so a
+        // panic anywhere in it is caught here and never unwinds into the agent.
+        let run = async move { session.call(tool, arguments, cx).await };
         match AssertUnwindSafe(run).catch_unwind().await {
             Ok(result) => result,
             Err(payload) => {
@@ -350,9 +505,67 @@ impl ToolSet for ToolSetBridge {
         self.prompt.as_deref().map(str::to_owned)
     }
 
-    /// Stateless: every session shares this bridge.
+    fn iteration_prompt_injection(&self, session: &str) -> Option<String> {
+        self.session.injection(session)
+    }
+
+    /// The specs are shared; the state is this one's, or its own with `.fork_state`.
     fn fork(&self) -> Arc<dyn ToolSet> {
-        Arc::new(self.clone())
+        Arc::new(ToolSetBridge {
+            session: self.session.fork(),
+            ..self.clone()
+        })
+    }
+
+    fn reset(&self, session: &str) {
+        self.session.reset(session);
+    }
+
+    fn holds_session_state(&self) -> bool {
+        self.session.holds_session_state()
+    }
+}
+
+/// A toolset type of its own (with constructors and accessors) whose tools are a
+/// [`ToolSetBridge`] it holds: implementing [`Bridged::bridge`] gives it [`ToolSet`], every
+/// method answered by that bridge.
+pub trait Bridged: Send + Sync {
+    /// The bridge behind this toolset.
+    fn bridge(&self) -> &ToolSetBridge;
+}
+
+#[async_trait]
+impl<T: Bridged> ToolSet for T {
+    fn name(&self) -> &str {
+        self.bridge().name()
+    }
+
+    fn tools(&self) -> Vec<ToolSpec> {
+        self.bridge().tools()
+    }
+
+    async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult {
+        self.bridge().invoke(call, cx).await
+    }
+
+    fn prompt(&self) -> Option<String> {
+        self.bridge().prompt()
+    }
+
+    fn iteration_prompt_injection(&self, session: &str) -> Option<String> {
+        self.bridge().iteration_prompt_injection(session)
+    }
+
+    fn fork(&self) -> Arc<dyn ToolSet> {
+        self.bridge().fork()
+    }
+
+    fn reset(&self, session: &str) {
+        self.bridge().reset(session);
+    }
+
+    fn holds_session_state(&self) -> bool {
+        self.bridge().holds_session_state()
     }
 }
 
@@ -383,24 +596,28 @@ fn read_args<A: DeserializeOwned>(schema: &Value, mut args: Value) -> Result<A, 
 }
 
 /// A tool being added, before `build()` checks it.
-struct PendingTool {
+struct PendingTool<S> {
     spec: ToolSpec,
-    handler: Handler,
+    handler: Handler<S>,
 }
 
-/// Builds a [`ToolSetBridge`]: `.prompt()`, then `add_*` per tool, each optionally followed by
-/// `.risk()`, `.role()`, `.role_in_chat_arg()`, `.failure_codes()`, `.result_doc()` for that
-/// tool, then `.build()`.
+/// Builds a [`ToolSetBridge`]: `.prompt()` and the hooks, then `add_*` per tool, each
+/// optionally followed by `.risk()`, `.role()`, `.role_in_chat_arg()`, `.failure_codes()`,
+/// `.result_doc()` for that tool, then `.build()`. `S` is the state of
+/// [`ToolSetBridge::builder_with_state`], `()` for a stateless toolset.
 #[must_use = "a builder does nothing until `.build()`"]
-pub struct ToolSetBridgeBuilder {
+pub struct ToolSetBridgeBuilder<S = ()> {
     name: String,
     prompt: Option<String>,
-    tools: Vec<PendingTool>,
+    /// The state of the bridge `build()` returns (forks make their own from it).
+    state: Arc<S>,
+    tools: Vec<PendingTool<S>>,
+    hooks: Hooks<S>,
     /// The first misuse of the builder, reported by `build()` (the chain stays infallible).
     error: Option<BridgeError>,
 }
 
-impl fmt::Debug for ToolSetBridgeBuilder {
+impl<S> fmt::Debug for ToolSetBridgeBuilder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolSetBridgeBuilder")
             .field("name", &self.name)
@@ -416,7 +633,7 @@ impl fmt::Debug for ToolSetBridgeBuilder {
     }
 }
 
-impl ToolSetBridgeBuilder {
+impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
     /// The static text appended to the system prompt once (empty means none).
     pub fn prompt(mut self, text: impl Into<String>) -> Self {
         let text = text.into();
@@ -469,9 +686,9 @@ impl ToolSetBridgeBuilder {
     }
 
     /// Adds a tool `f(args, context)` seeing the whole [`ToolContext`] (session, caller,
-    /// cancellation, appender); the other `add_*` are built on this one.
+    /// cancellation, appender).
     pub fn add_function_with_context<A, F, Fut, R>(
-        mut self,
+        self,
         name: &str,
         description: &str,
         f: F,
@@ -482,15 +699,33 @@ impl ToolSetBridgeBuilder {
         Fut: Future<Output = R> + Send + 'static,
         R: IntoToolResult,
     {
+        self.add_function_with_state(name, description, move |_: Arc<S>, args: A, cx| f(args, cx))
+    }
+
+    /// Adds a tool `f(state, args, context)`: the toolset's state (this fork's, see
+    /// [`ToolSetBridge::builder_with_state`]) and the whole [`ToolContext`]. The other
+    /// `add_*` are built on this one.
+    pub fn add_function_with_state<A, F, Fut, R>(
+        mut self,
+        name: &str,
+        description: &str,
+        f: F,
+    ) -> Self
+    where
+        A: DeserializeOwned + JsonSchema + Send + 'static,
+        F: Fn(Arc<S>, A, ToolContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + Send + 'static,
+        R: IntoToolResult,
+    {
         let parameters = schema_for::<A>();
         let schema = Arc::new(parameters.clone());
         let f = Arc::new(f);
-        let handler: Handler = Arc::new(move |args: Value, cx: ToolContext| {
+        let handler: Handler<S> = Arc::new(move |state: Arc<S>, args: Value, cx: ToolContext| {
             let f = Arc::clone(&f);
             let schema = Arc::clone(&schema);
             Box::pin(async move {
                 match read_args::<A>(&schema, args) {
-                    Ok(args) => f(args, cx).await.into_tool_result(),
+                    Ok(args) => f(state, args, cx).await.into_tool_result(),
                     Err(message) => ToolResult::err(codes::INVALID_ARGUMENTS, message),
                 }
             })
@@ -508,6 +743,52 @@ impl ToolSetBridgeBuilder {
             },
             handler,
         });
+        self
+    }
+
+    /// Gives each fork (a new session) its own state, `fresh(&parent)`: the per-session
+    /// part new, the configuration shared. Without it every fork shares one state.
+    pub fn fork_state(mut self, fresh: impl Fn(&S) -> S + Send + Sync + 'static) -> Self {
+        self.hooks.fork = Some(Box::new(fresh));
+        self
+    }
+
+    /// A check every call of this toolset passes before its arguments are read; an `Err` is
+    /// the call's result. For whether the toolset is open at all (a switched-off terminal),
+    /// never for roles: those are each tool's `.role()`, checked by the registry.
+    pub fn before_call(
+        mut self,
+        check: impl Fn(&S, &ToolContext) -> Result<(), ToolError> + Send + Sync + 'static,
+    ) -> Self {
+        self.hooks.before_call = Some(Box::new(check));
+        self
+    }
+
+    /// The per-turn text: `injection(state, session)` is prepended to the user message of
+    /// the turn about to start in `session`, and persisted with it
+    /// ([`ToolSet::iteration_prompt_injection`]).
+    pub fn injection(
+        mut self,
+        injection: impl Fn(&S, &str) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.hooks.injection = Some(Box::new(injection));
+        self
+    }
+
+    /// What `/reset` of a session does to the state: `reset(state, session)`
+    /// ([`ToolSet::reset`]).
+    pub fn on_reset(mut self, reset: impl Fn(&S, &str) + Send + Sync + 'static) -> Self {
+        self.hooks.reset = Some(Box::new(reset));
+        self
+    }
+
+    /// Whether this fork's state lives only in memory, so that its idle session must stay
+    /// loaded ([`ToolSet::holds_session_state`]; without the hook, no).
+    pub fn holds_session_state(
+        mut self,
+        holds: impl Fn(&S) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.hooks.holds_session_state = Some(Box::new(holds));
         self
     }
 
@@ -602,18 +883,221 @@ impl ToolSetBridgeBuilder {
                 });
             }
         }
-        let tools: Vec<BridgeTool> = self
-            .tools
-            .into_iter()
-            .map(|t| BridgeTool {
-                spec: t.spec,
-                handler: t.handler,
-            })
-            .collect();
+        let (specs, handlers): (Vec<ToolSpec>, Vec<Handler<S>>) =
+            self.tools.into_iter().map(|t| (t.spec, t.handler)).unzip();
         Ok(ToolSetBridge {
             name: self.name.into(),
             prompt: self.prompt.map(Into::into),
-            tools: tools.into(),
+            specs: specs.into(),
+            session: Arc::new(Bound {
+                state: self.state,
+                definition: Arc::new(Definition {
+                    handlers,
+                    hooks: self.hooks,
+                }),
+            }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+
+    /// Arguments of `tick` (none).
+    #[derive(Deserialize, JsonSchema)]
+    struct Nothing {}
+
+    /// Arguments of `say`.
+    #[derive(Deserialize, JsonSchema)]
+    struct Say {
+        /// A word.
+        word: String,
+    }
+
+    /// A per-fork counter behind a shared configuration (the label).
+    struct Counter {
+        label: String,
+        count: AtomicUsize,
+    }
+
+    fn counter(fork_state: bool) -> ToolSetBridge {
+        let state = Arc::new(Counter {
+            label: "ticks".to_owned(),
+            count: AtomicUsize::new(0),
+        });
+        let builder = ToolSetBridge::builder_with_state("counter", state)
+            .prompt("Count with tick.")
+            .add_function_with_state(
+                "tick",
+                "Counts one.",
+                |c: Arc<Counter>, _: Nothing, _| async move {
+                    Ok::<_, ToolError>(c.count.fetch_add(1, Ordering::SeqCst) + 1)
+                },
+            )
+            .add_function("say", "Says a word.", |args: Say| async move {
+                Ok::<_, ToolError>(args.word)
+            })
+            .injection(|c, session| match c.count.load(Ordering::SeqCst) {
+                0 => None,
+                n => Some(format!("{session}: {n} {}", c.label)),
+            })
+            .on_reset(|c, _| c.count.store(0, Ordering::SeqCst))
+            .holds_session_state(|c| c.count.load(Ordering::SeqCst) > 0);
+        let builder = if fork_state {
+            builder.fork_state(|parent| Counter {
+                label: parent.label.clone(),
+                count: AtomicUsize::new(0),
+            })
+        } else {
+            builder
+        };
+        builder.build().expect("valid")
+    }
+
+    fn call(name: &str, arguments: Value) -> ToolInvocation {
+        ToolInvocation {
+            id: "c1".to_owned(),
+            name: name.to_owned(),
+            arguments,
+        }
+    }
+
+    async fn tick(tools: &dyn ToolSet) -> ToolResult {
+        tools
+            .invoke(call("tick", json!({})), ToolContext::default())
+            .await
+    }
+
+    #[tokio::test]
+    async fn each_fork_has_its_own_state_and_the_hooks_see_it() {
+        let root = counter(true);
+        let one = root.fork();
+        let two = root.fork();
+        assert_eq!(tick(&*one).await.data, Some(json!(1)));
+        assert_eq!(tick(&*one).await.data, Some(json!(2)));
+        assert_eq!(
+            one.iteration_prompt_injection("s").as_deref(),
+            Some("s: 2 ticks")
+        );
+        assert!(one.holds_session_state());
+        assert_eq!(two.iteration_prompt_injection("s"), None);
+        assert!(!two.holds_session_state());
+        assert!(!root.holds_session_state());
+        assert_eq!(one.fork().iteration_prompt_injection("s"), None);
+
+        one.reset("s");
+        assert_eq!(one.iteration_prompt_injection("s"), None);
+        assert!(!one.holds_session_state());
+        assert_eq!(one.prompt().as_deref(), Some("Count with tick."));
+        assert_eq!(one.tools(), root.tools());
+    }
+
+    #[tokio::test]
+    async fn without_fork_state_every_fork_shares_the_state() {
+        let root = counter(false);
+        tick(&*root.fork()).await;
+        tick(&*root.fork()).await;
+        assert_eq!(
+            root.iteration_prompt_injection("s").as_deref(),
+            Some("s: 2 ticks")
+        );
+    }
+
+    #[tokio::test]
+    async fn the_check_before_a_call_runs_before_its_arguments_are_read() {
+        let checked = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&checked);
+        let closed = ToolSetBridge::builder_with_state("closed", Arc::new(()))
+            .before_call(move |(), cx| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                match cx.session.as_str() {
+                    "open" => Ok(()),
+                    _ => Err(ToolError::unavailable("closed here")),
+                }
+            })
+            .add_function("say", "Says a word.", |args: Say| async move {
+                Ok::<_, ToolError>(args.word)
+            })
+            .build()
+            .expect("valid");
+        let refused = closed
+            .invoke(call("say", json!({"word": 5})), ToolContext::default())
+            .await;
+        assert_eq!(
+            refused.to_json(),
+            r#"{"success":false,"error_code":"UNAVAILABLE","message":"closed here"}"#
+        );
+        let open = ToolContext {
+            session: "open".to_owned(),
+            ..ToolContext::default()
+        };
+        let said = closed
+            .invoke(call("say", json!({"word": "hi"})), open)
+            .await;
+        assert_eq!(said.message, "hi");
+        let unknown = closed
+            .invoke(call("nope", json!({})), ToolContext::default())
+            .await;
+        assert_eq!(unknown.code(), Some(codes::TOOL_NOT_FOUND));
+        assert_eq!(
+            checked.load(Ordering::SeqCst),
+            2,
+            "an unknown tool is not checked"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_check_is_caught_like_a_panicking_tool() {
+        let tools = ToolSetBridge::builder("panics")
+            .before_call(|(), _| panic!("check broke"))
+            .add_function("say", "Says a word.", |args: Say| async move {
+                Ok::<_, ToolError>(args.word)
+            })
+            .build()
+            .expect("valid");
+        let result = tools
+            .invoke(call("say", json!({"word": "hi"})), ToolContext::default())
+            .await;
+        assert_eq!(result.code(), Some(codes::INTERNAL));
+        assert_eq!(result.message, PANIC_MESSAGE);
+    }
+
+    /// A toolset type of its own, with an accessor, over a bridge.
+    struct Named {
+        label: &'static str,
+        bridge: ToolSetBridge,
+    }
+
+    impl Bridged for Named {
+        fn bridge(&self) -> &ToolSetBridge {
+            &self.bridge
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bridged_type_is_its_bridge_as_a_toolset() {
+        let named = Named {
+            label: "mine",
+            bridge: counter(true),
+        };
+        assert_eq!(named.label, "mine");
+        assert_eq!(named.name(), "counter");
+        assert_eq!(named.tools(), named.bridge.tools());
+        assert_eq!(named.prompt().as_deref(), Some("Count with tick."));
+        assert_eq!(tick(&named).await.data, Some(json!(1)));
+        assert_eq!(
+            named.iteration_prompt_injection("s").as_deref(),
+            Some("s: 1 ticks")
+        );
+        assert!(named.holds_session_state());
+        assert!(!named.fork().holds_session_state());
+        named.reset("s");
+        assert!(!named.holds_session_state());
     }
 }

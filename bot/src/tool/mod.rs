@@ -6,7 +6,8 @@
 //! - [`schema`]: JSON Schema from Rust argument types, post-processed to the self-contained
 //!   shape providers accept (no `$ref`, no `$defs`).
 //! - [`validate`]: argument validation against that schema, with errors the model can act on.
-//! - [`bridge`]: [`ToolSetBridge`], typed async functions as tools.
+//! - [`bridge`]: [`ToolSetBridge`], typed async functions as tools, with state and the hooks
+//!   of the rest of this contract: how the built-in toolsets implement [`ToolSet`].
 //! - [`registry`]: [`ToolRegistry`], every toolset of a session, name checks at startup, and
 //!   the policy gate every call passes (exists, caller holds the tool's [`Role`], arguments
 //!   fit, caller holds that role in a chat the arguments name).
@@ -29,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::{Message, ToolDef};
 use crate::platform::{ChatRef, Platform};
 
-pub use bridge::{ToolError, ToolSetBridge, ToolSetBridgeBuilder};
+pub use bridge::{Bridged, ToolError, ToolSetBridge, ToolSetBridgeBuilder};
 pub use registry::{RegistryError, ToolRegistry};
 pub use result::{ToolResult, codes};
 
@@ -299,6 +300,10 @@ impl std::fmt::Debug for ToolContext {
 }
 
 /// A set of tools sharing state and prompts. See DESIGN.md §3 for the three prompt paths.
+///
+/// The built-in toolsets implement it through [`ToolSetBridge`] (directly, or as a type of
+/// their own that is [`Bridged`]); a hand-written implementation is for what the bridge cannot
+/// express.
 #[async_trait]
 pub trait ToolSet: Send + Sync {
     /// The toolset's name (`todo_list`, `time`...), as the config and the catalog know it.

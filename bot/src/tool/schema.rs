@@ -202,6 +202,37 @@ fn escape_pointer(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
 }
 
+/// `map` with every direct subschema replaced by `f(subschema)`: the value of a
+/// single-subschema keyword (or each of its tuple form), each item of an array keyword, each
+/// entry of a map keyword. Everything else stays as it is.
+fn map_subschemas(
+    map: Map<String, Value>,
+    mut f: impl FnMut(Value) -> Value,
+) -> Map<String, Value> {
+    map.into_iter()
+        .map(|(key, value)| {
+            let keyword = key.as_str();
+            let value = match value {
+                Value::Array(items)
+                    if SINGLE_SUBSCHEMA.contains(&keyword)
+                        || ARRAY_SUBSCHEMA.contains(&keyword) =>
+                {
+                    Value::Array(items.into_iter().map(&mut f).collect())
+                }
+                sub if SINGLE_SUBSCHEMA.contains(&keyword) => f(sub),
+                Value::Object(entries) if MAP_SUBSCHEMA.contains(&keyword) => Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(name, sub)| (name, f(sub)))
+                        .collect(),
+                ),
+                other => other,
+            };
+            (key, value)
+        })
+        .collect()
+}
+
 /// Inlines references against the root's definitions.
 struct Resolver<'a> {
     defs: &'a Map<String, Value>,
@@ -247,38 +278,7 @@ impl Resolver<'_> {
         map: Map<String, Value>,
         stack: &mut Vec<String>,
     ) -> Map<String, Value> {
-        map.into_iter()
-            .map(|(key, value)| {
-                let value = if SINGLE_SUBSCHEMA.contains(&key.as_str()) {
-                    match value {
-                        Value::Array(items) => {
-                            Value::Array(items.into_iter().map(|v| self.inline(v, stack)).collect())
-                        }
-                        sub => self.inline(sub, stack),
-                    }
-                } else if ARRAY_SUBSCHEMA.contains(&key.as_str()) {
-                    match value {
-                        Value::Array(items) => {
-                            Value::Array(items.into_iter().map(|v| self.inline(v, stack)).collect())
-                        }
-                        other => other,
-                    }
-                } else if MAP_SUBSCHEMA.contains(&key.as_str()) {
-                    match value {
-                        Value::Object(entries) => Value::Object(
-                            entries
-                                .into_iter()
-                                .map(|(name, sub)| (name, self.inline(sub, stack)))
-                                .collect(),
-                        ),
-                        other => other,
-                    }
-                } else {
-                    value
-                };
-                (key, value)
-            })
-            .collect()
+        map_subschemas(map, |sub| self.inline(sub, stack))
     }
 
     /// The schema a reference points at: `#`, `#/$defs/Name` or `#/definitions/Name`.
@@ -331,39 +331,9 @@ fn clean(node: Value) -> Value {
     // description is in place when an enum below folds its variant docs into it.
     strip_null(&mut map);
 
-    let map: Map<String, Value> = map
-        .into_iter()
-        .map(|(key, value)| {
-            let value = if SINGLE_SUBSCHEMA.contains(&key.as_str()) {
-                match value {
-                    Value::Array(items) => Value::Array(items.into_iter().map(clean).collect()),
-                    // `additionalProperties: false` (deny_unknown_fields) stays `false`.
-                    Value::Bool(false) => Value::Bool(false),
-                    sub => clean(sub),
-                }
-            } else if ARRAY_SUBSCHEMA.contains(&key.as_str()) {
-                match value {
-                    Value::Array(items) => Value::Array(items.into_iter().map(clean).collect()),
-                    other => other,
-                }
-            } else if MAP_SUBSCHEMA.contains(&key.as_str()) {
-                match value {
-                    Value::Object(entries) => Value::Object(
-                        entries
-                            .into_iter()
-                            .map(|(name, sub)| (name, clean(sub)))
-                            .collect(),
-                    ),
-                    other => other,
-                }
-            } else {
-                value
-            };
-            (key, value)
-        })
-        .collect();
-
-    let mut map = map;
+    // `additionalProperties: false` (deny_unknown_fields) passes through `clean` as it is;
+    // only `true` is respelled.
+    let mut map = map_subschemas(map, clean);
     for keyword in NOISE_KEYWORDS {
         map.remove(*keyword);
     }
