@@ -4,7 +4,7 @@
 use parlor_bot::store::StoreError;
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::schema::schema_for;
-use parlor_bot::tool::{Risk, Role, ToolResult, ToolSpec};
+use parlor_bot::tool::{Risk, Role, ToolResult, ToolSetBridge, ToolSetBridgeBuilder, ToolSpec};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -45,6 +45,16 @@ pub(crate) fn read_args<A: DeserializeOwned>(tool: &str, arguments: Value) -> Re
     serde_json::from_value(arguments).map_err(|error| {
         ToolError::invalid_arguments(format!("{tool}: the arguments could not be read: {error}"))
     })
+}
+
+/// The bridge of a built-in toolset. Its tools are fixed in code (names, descriptions, argument
+/// types), so a build error is a bug that every test of the toolset meets, not an input to
+/// handle.
+pub(crate) fn built<S: Send + Sync + 'static>(builder: ToolSetBridgeBuilder<S>) -> ToolSetBridge {
+    match builder.build() {
+        Ok(bridge) => bridge,
+        Err(error) => panic!("a built-in toolset is malformed: {error}"),
+    }
 }
 
 /// A store failure, for the model: `UNAVAILABLE` in general terms; the details go to the log.

@@ -8,14 +8,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use parlor_bot::store::{Store, StoreError};
-use parlor_bot::tool::schema::schema_for;
-use parlor_bot::tool::{Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec, codes};
+use parlor_bot::tool::{Bridged, Risk, ToolContext, ToolResult, ToolSetBridge, codes};
+
+use crate::support::built;
 
 /// Most steps a plan may hold; a longer plan is a sign the model is looping.
 pub const MAX_STEPS: usize = 50;
@@ -65,20 +65,82 @@ pub struct TodoArgs {
 /// The store collection of stored plans.
 const SPACE: &str = "todo";
 
-/// The todo list: one plan per session, in memory or in the store.
-#[derive(Default)]
+/// The `todo_list` toolset: one plan per session, in memory (per fork) or in the store (by
+/// session).
+#[derive(Debug, Clone)]
 pub struct TodoList {
-    plan: Mutex<Vec<Step>>,
-    /// Where plans live when stored; then this toolset is shared by every session.
-    store: Option<Arc<dyn Store>>,
+    bridge: ToolSetBridge,
 }
 
-impl std::fmt::Debug for TodoList {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TodoList")
-            .field("stored", &self.store.is_some())
-            .finish_non_exhaustive()
+impl Bridged for TodoList {
+    fn bridge(&self) -> &ToolSetBridge {
+        &self.bridge
     }
+}
+
+impl Default for TodoList {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TodoList {
+    /// Plans kept in memory: each fork starts empty.
+    pub fn new() -> Self {
+        Self::over(None)
+    }
+
+    /// Plans kept in `store`, by session.
+    pub fn stored(store: Arc<dyn Store>) -> Self {
+        Self::over(Some(store))
+    }
+
+    fn over(store: Option<Arc<dyn Store>>) -> Self {
+        let plans = Plans {
+            plan: Mutex::default(),
+            store,
+        };
+        let builder = ToolSetBridge::builder_with_state("todo_list", Arc::new(plans))
+            .prompt(
+                "For requests that take several steps, keep a plan with the todo_list tool: \
+                 write it before you start, mark each step in_progress and then completed as \
+                 you go, and clear it when the work is done.",
+            )
+            .add_function_with_state(
+                "todo_list",
+                "Keep a step-by-step plan for work that takes several steps. Each call \
+                 replaces the whole plan (send every step, in order, with its status); at most \
+                 one step may be in_progress. Send an empty plan to clear it. Skip it for \
+                 simple one-step requests.",
+                |plans: Arc<Plans>, args: TodoArgs, cx: ToolContext| async move {
+                    plans.replace(&cx.session, args.plan)
+                },
+            )
+            .risk(Risk::Write)
+            .result_doc(
+                "`data.plan`: the stored plan; `data.pending`, `data.in_progress`, \
+                 `data.completed`: step counts.",
+            )
+            .fork_state(Plans::fresh)
+            .injection(Plans::reminder)
+            .on_reset(|plans, session| {
+                if let Err(e) = plans.set_plan(session, Vec::new()) {
+                    tracing::error!(session, error = %e, "cannot clear the plan");
+                }
+            })
+            .holds_session_state(|plans| plans.store.is_none() && !plans.lock().is_empty());
+        TodoList {
+            bridge: built(builder),
+        }
+    }
+}
+
+/// The plans behind the toolset: the one of this fork, or the stored ones.
+struct Plans {
+    /// The plan of this fork, when plans are not stored.
+    plan: Mutex<Vec<Step>>,
+    /// Where plans live when stored; then every fork shares them, by session.
+    store: Option<Arc<dyn Store>>,
 }
 
 /// A stored plan, versioned like every stored value.
@@ -88,29 +150,19 @@ struct StoredPlan {
     plan: Vec<Step>,
 }
 
-impl TodoList {
-    /// An empty plan kept in memory (per fork).
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Plans kept in `store`, by session.
-    pub fn stored(store: Arc<dyn Store>) -> Self {
-        TodoList {
+impl Plans {
+    /// The state of a new fork: an empty plan of its own, or the same store.
+    fn fresh(&self) -> Self {
+        Plans {
             plan: Mutex::default(),
-            store: Some(store),
+            store: self.store.clone(),
         }
     }
 
-    /// The current plan of an in-memory list.
-    pub fn plan(&self) -> Vec<Step> {
-        self.lock().clone()
-    }
-
     /// The plan of `session`.
-    pub fn plan_of(&self, session: &str) -> Result<Vec<Step>, StoreError> {
+    fn plan_of(&self, session: &str) -> Result<Vec<Step>, StoreError> {
         let Some(store) = &self.store else {
-            return Ok(self.plan());
+            return Ok(self.lock().clone());
         };
         match store.kv_get(SPACE, session)? {
             None => Ok(Vec::new()),
@@ -144,99 +196,25 @@ impl TodoList {
         self.plan.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn check(plan: &[Step]) -> Result<(), String> {
-        if plan.len() > MAX_STEPS {
-            return Err(format!(
-                "the plan has {} steps; at most {MAX_STEPS} are allowed",
-                plan.len()
-            ));
-        }
-        if let Some((i, _)) = plan
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.step.trim().is_empty())
-        {
-            return Err(format!("step {} is empty", i + 1));
-        }
-        if let Some((i, _)) = plan
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.step.chars().count() > MAX_STEP_CHARS)
-        {
-            return Err(format!(
-                "step {} is longer than {MAX_STEP_CHARS} characters",
-                i + 1
-            ));
-        }
-        let in_progress = plan
-            .iter()
-            .filter(|s| s.status == StepStatus::InProgress)
-            .count();
-        if in_progress > 1 {
-            return Err(format!(
-                "{in_progress} steps are in_progress; at most one step may be in_progress at a time"
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Renders the plan as numbered lines: `1. [completed] step`.
-fn render(plan: &[Step]) -> String {
-    plan.iter()
-        .enumerate()
-        .map(|(i, s)| format!("{}. [{}] {}", i + 1, s.status.as_str(), s.step))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-#[async_trait]
-impl ToolSet for TodoList {
-    fn name(&self) -> &str {
-        "todo_list"
-    }
-
-    fn tools(&self) -> Vec<ToolSpec> {
-        vec![ToolSpec {
-            name: "todo_list".to_owned(),
-            description: "Keep a step-by-step plan for work that takes several steps. Each \
-                call replaces the whole plan (send every step, in order, with its status); at \
-                most one step may be in_progress. Send an empty plan to clear it. Skip it for \
-                simple one-step requests."
-                .to_owned(),
-            parameters: schema_for::<TodoArgs>(),
-            result: "`data.plan`: the stored plan; `data.pending`, `data.in_progress`, \
-                `data.completed`: step counts."
-                .to_owned(),
-            risk: Risk::Write,
-            role: Role::Member,
-            role_in_chat_arg: None,
-            failure_codes: Vec::new(),
-        }]
-    }
-
-    async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult {
-        let args: TodoArgs = match serde_json::from_value(call.arguments) {
-            Ok(args) => args,
-            Err(e) => return ToolResult::err(codes::INVALID_ARGUMENTS, e.to_string()),
-        };
-        if let Err(why) = Self::check(&args.plan) {
+    /// `todo_list`: checks `plan` and makes it the plan of `session`.
+    fn replace(&self, session: &str, plan: Vec<Step>) -> ToolResult {
+        if let Err(why) = check(&plan) {
             return ToolResult::err(codes::INVALID_ARGUMENTS, why);
         }
-        let count = |status| args.plan.iter().filter(|s| s.status == status).count();
+        let count = |status| plan.iter().filter(|s| s.status == status).count();
         let data = json!({
-            "plan": &args.plan,
+            "plan": &plan,
             "pending": count(StepStatus::Pending),
             "in_progress": count(StepStatus::InProgress),
             "completed": count(StepStatus::Completed),
         });
-        let message = if args.plan.is_empty() {
+        let message = if plan.is_empty() {
             "plan cleared".to_owned()
         } else {
-            format!("plan updated ({} steps)", args.plan.len())
+            format!("plan updated ({} steps)", plan.len())
         };
-        if let Err(e) = self.set_plan(&cx.session, args.plan) {
-            tracing::error!(session = %cx.session, error = %e, "cannot store the plan");
+        if let Err(e) = self.set_plan(session, plan) {
+            tracing::error!(session, error = %e, "cannot store the plan");
             return ToolResult::err(
                 codes::INTERNAL,
                 "the plan could not be stored; the error was logged for the operator",
@@ -245,16 +223,8 @@ impl ToolSet for TodoList {
         ToolResult::ok_with(message, data)
     }
 
-    fn prompt(&self) -> Option<String> {
-        Some(
-            "For requests that take several steps, keep a plan with the todo_list tool: \
-             write it before you start, mark each step in_progress and then completed as you \
-             go, and clear it when the work is done."
-                .to_owned(),
-        )
-    }
-
-    fn iteration_prompt_injection(&self, session: &str) -> Option<String> {
+    /// The `<TODO_LIST_REMINDER>` of `session`'s plan, while it is non-empty.
+    fn reminder(&self, session: &str) -> Option<String> {
         let plan = match self.plan_of(session) {
             Ok(plan) => plan,
             Err(e) => {
@@ -272,21 +242,50 @@ impl ToolSet for TodoList {
             render(&plan)
         ))
     }
+}
 
-    fn fork(&self) -> Arc<dyn ToolSet> {
-        match &self.store {
-            Some(store) => Arc::new(TodoList::stored(Arc::clone(store))),
-            None => Arc::new(TodoList::new()),
-        }
+/// Why `plan` cannot be the plan, if it cannot.
+fn check(plan: &[Step]) -> Result<(), String> {
+    if plan.len() > MAX_STEPS {
+        return Err(format!(
+            "the plan has {} steps; at most {MAX_STEPS} are allowed",
+            plan.len()
+        ));
     }
+    if let Some((i, _)) = plan
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.step.trim().is_empty())
+    {
+        return Err(format!("step {} is empty", i + 1));
+    }
+    if let Some((i, _)) = plan
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.step.chars().count() > MAX_STEP_CHARS)
+    {
+        return Err(format!(
+            "step {} is longer than {MAX_STEP_CHARS} characters",
+            i + 1
+        ));
+    }
+    let in_progress = plan
+        .iter()
+        .filter(|s| s.status == StepStatus::InProgress)
+        .count();
+    if in_progress > 1 {
+        return Err(format!(
+            "{in_progress} steps are in_progress; at most one step may be in_progress at a time"
+        ));
+    }
+    Ok(())
+}
 
-    fn reset(&self, session: &str) {
-        if let Err(e) = self.set_plan(session, Vec::new()) {
-            tracing::error!(session, error = %e, "cannot clear the plan");
-        }
-    }
-
-    fn holds_session_state(&self) -> bool {
-        self.store.is_none() && !self.lock().is_empty()
-    }
+/// Renders the plan as numbered lines: `1. [completed] step`.
+fn render(plan: &[Step]) -> String {
+    plan.iter()
+        .enumerate()
+        .map(|(i, s)| format!("{}. [{}] {}", i + 1, s.status.as_str(), s.step))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
