@@ -36,18 +36,15 @@
 use std::cmp::Reverse;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use parlor_bot::store::Store;
 use parlor_bot::tool::bridge::ToolError;
-use parlor_bot::tool::{
-    Caller, Risk, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec, codes,
-};
+use parlor_bot::tool::{Bridged, Caller, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::support::{Outcome, clip, finish, read_args, spec, store_failure};
+use crate::support::{Outcome, built, clip, finish, store_failure};
 
 /// The store collection holding every session's memory.
 pub const SPACE: &str = "memory";
@@ -166,10 +163,12 @@ impl From<&Caller> for Author {
 /// store), so every session shares one.
 #[derive(Clone)]
 pub struct MemoryToolset {
-    inner: Arc<Inner>,
+    memory: Arc<Memory>,
+    bridge: ToolSetBridge,
 }
 
-struct Inner {
+/// The memory behind the toolset: the store and the limits.
+struct Memory {
     store: Arc<dyn Store>,
     options: MemoryOptions,
     /// Serializes writes, so that the entry-count check and the insert of concurrent
@@ -180,7 +179,7 @@ struct Inner {
 impl std::fmt::Debug for MemoryToolset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryToolset")
-            .field("options", &self.inner.options)
+            .field("options", &self.memory.options)
             .finish_non_exhaustive()
     }
 }
@@ -198,26 +197,116 @@ const DELETE: &str = "memory_delete";
 impl MemoryToolset {
     /// The toolset over `store`.
     pub fn new(store: Arc<dyn Store>, options: MemoryOptions) -> Self {
+        let memory = Arc::new(Memory {
+            store,
+            options,
+            write_lock: Mutex::new(()),
+        });
+        let o = &memory.options;
+        let builder = ToolSetBridge::builder_with_state("memory", Arc::clone(&memory))
+            .prompt(PROMPT)
+            .add_function_with_state(
+                WRITE,
+                &format!(
+                    "Remember something for this chat: creates the entry `key` or replaces it. \
+                     The memory belongs to this chat only and survives restarts and /reset. At \
+                     most {} entries of {} characters; keys up to {} characters. Never store \
+                     secrets.",
+                    o.max_entries, o.max_entry_chars, o.max_key_chars
+                ),
+                |m: Arc<Memory>, args: MemoryWriteArgs, cx: ToolContext| async move {
+                    finish(m.write(args, &cx))
+                },
+            )
+            .risk(Risk::Write)
+            .failure_codes(&[MEMORY_FULL, ENTRY_TOO_LARGE])
+            .result_doc("`data`: `key` (as stored, lower case), `replaced`, `chars`.")
+            .add_function_with_state(
+                READ,
+                "Read this chat's memory: one entry by `key`, or without a key the list of \
+                 keys with a short preview, most recently updated first.",
+                |m: Arc<Memory>, args: MemoryReadArgs, cx: ToolContext| async move {
+                    finish(m.read(args, &cx))
+                },
+            )
+            .risk(Risk::Read)
+            .failure_codes(&[MEMORY_NOT_FOUND])
+            .result_doc(
+                "with `key`: `data` {key, content, created, updated, author}; without: `data` \
+                 {count, max_entries, entries: [{key, preview, updated}]}.",
+            )
+            .add_function_with_state(
+                SEARCH,
+                "Search this chat's memory by words; entries are ranked by how often the words \
+                 occur (matches in the key count more, the exact phrase scores extra; a word \
+                 also matches longer words it begins).",
+                |m: Arc<Memory>, args: MemorySearchArgs, cx: ToolContext| async move {
+                    finish(m.search(args, &cx))
+                },
+            )
+            .risk(Risk::Read)
+            .result_doc(
+                "`data`: `matches`, `results` [{key, score, matched, phrase, content, complete, \
+                 updated}], best first.",
+            )
+            .add_function_with_state(
+                DELETE,
+                "Delete an entry of this chat's memory (when it is wrong, outdated, or someone \
+                 asks you to forget it).",
+                |m: Arc<Memory>, args: MemoryDeleteArgs, cx: ToolContext| async move {
+                    finish(m.delete(args, &cx))
+                },
+            )
+            .risk(Risk::Write)
+            .failure_codes(&[MEMORY_NOT_FOUND])
+            .result_doc("`data.key`: the deleted key.")
+            .injection(|m, session| m.index(session));
         MemoryToolset {
-            inner: Arc::new(Inner {
-                store,
-                options,
-                write_lock: Mutex::new(()),
-            }),
+            bridge: built(builder),
+            memory,
         }
     }
 
     /// The limits.
     pub fn options(&self) -> &MemoryOptions {
-        &self.inner.options
+        &self.memory.options
     }
 
-    /// A short index of `session`'s memory for the start of a turn: at most
-    /// `index_in_prompt` keys, most recently updated first, in a `<MEMORY_INDEX>` block that
-    /// says it is a reference, not an instruction. `None` when the session has no memory,
-    /// the index is off, or the store fails (logged).
+    /// A short index of `session`'s memory for the start of a turn (the toolset's injection):
+    /// at most `index_in_prompt` keys, most recently updated first, in a `<MEMORY_INDEX>`
+    /// block that says it is a reference, not an instruction. `None` when the session has no
+    /// memory, the index is off, or the store fails (logged).
     pub fn index(&self, session: &str) -> Option<String> {
-        let max = self.inner.options.index_in_prompt;
+        self.memory.index(session)
+    }
+}
+
+impl Bridged for MemoryToolset {
+    fn bridge(&self) -> &ToolSetBridge {
+        &self.bridge
+    }
+}
+
+/// The toolset's prompt.
+const PROMPT: &str = "## Memory\n\
+    This chat has a long-term memory (memory_* tools) that only this chat can see; it \
+    survives restarts and /reset.\n\
+    - Remember what the chat asks you to keep, and stable facts that will matter \
+    later: names and roles, recurring dates, decisions, preferences about how you \
+    should answer. Not passing small talk.\n\
+    - One topic per key (`team.standup`, `alice.timezone`); update an entry instead \
+    of adding a near-duplicate; delete what is wrong or what someone asks you to \
+    forget.\n\
+    - Never store secrets: passwords, tokens, keys, card or account numbers.\n\
+    - What someone tells you in a private chat stays in that chat's memory; do not \
+    repeat it in a group.\n\
+    - Before answering about earlier agreements or preferences, check memory_search \
+    or memory_read.";
+
+impl Memory {
+    /// See [`MemoryToolset::index`].
+    fn index(&self, session: &str) -> Option<String> {
+        let max = self.options.index_in_prompt;
         if max == 0 {
             return None;
         }
@@ -249,7 +338,6 @@ impl MemoryToolset {
     fn entries(&self, tool: &str, session: &str) -> Result<Vec<(String, Entry)>, ToolError> {
         let prefix = session_prefix(session)?;
         let records = self
-            .inner
             .store
             .kv_scan(SPACE, &prefix)
             .map_err(|e| store_failure(tool, &e))?;
@@ -271,7 +359,7 @@ impl MemoryToolset {
     }
 
     fn key(&self, raw: &str) -> Result<String, ToolError> {
-        normalize_key(raw, self.inner.options.max_key_chars)
+        normalize_key(raw, self.options.max_key_chars)
     }
 
     fn write(&self, args: MemoryWriteArgs, cx: &ToolContext) -> Outcome {
@@ -283,7 +371,7 @@ impl MemoryToolset {
                 "memory_write: `content` is empty; to forget an entry use memory_delete",
             ));
         }
-        let max_chars = self.inner.options.max_entry_chars;
+        let max_chars = self.options.max_entry_chars;
         let chars = content.chars().count();
         if chars > max_chars {
             return Err(ToolError::new(
@@ -295,10 +383,9 @@ impl MemoryToolset {
             )
             .with_data(json!({"chars": chars, "max_chars": max_chars})));
         }
-        let store = &self.inner.store;
+        let store = &self.store;
         let store_key = format!("{prefix}{key}");
         let _guard = self
-            .inner
             .write_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -311,7 +398,7 @@ impl MemoryToolset {
                 .kv_scan(SPACE, &prefix)
                 .map_err(|e| store_failure(WRITE, &e))?
                 .len();
-            let max = self.inner.options.max_entries;
+            let max = self.options.max_entries;
             if count >= max {
                 return Err(ToolError::new(
                     MEMORY_FULL,
@@ -356,7 +443,6 @@ impl MemoryToolset {
         let key = self.key(raw)?;
         let prefix = session_prefix(&cx.session)?;
         let value = self
-            .inner
             .store
             .kv_get(SPACE, &format!("{prefix}{key}"))
             .map_err(|e| store_failure(READ, &e))?
@@ -394,7 +480,7 @@ impl MemoryToolset {
                 "updated": rfc3339(entry.updated),
             }));
         }
-        let max = self.inner.options.max_entries;
+        let max = self.options.max_entries;
         let message = match (entries.len(), listed.len()) {
             (0, _) => "this chat's memory is empty".to_owned(),
             (total, shown) if shown < total => format!(
@@ -472,12 +558,10 @@ impl MemoryToolset {
         let key = self.key(&args.key)?;
         let prefix = session_prefix(&cx.session)?;
         let _guard = self
-            .inner
             .write_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let existed = self
-            .inner
             .store
             .kv_delete(SPACE, &format!("{prefix}{key}"))
             .map_err(|e| store_failure(DELETE, &e))?;
@@ -493,103 +577,6 @@ impl MemoryToolset {
 
 /// For log lines of [`MemoryToolset::index`].
 const INDEX: &str = "memory_index";
-
-#[async_trait]
-impl ToolSet for MemoryToolset {
-    fn name(&self) -> &str {
-        "memory"
-    }
-
-    fn tools(&self) -> Vec<ToolSpec> {
-        let o = &self.inner.options;
-        vec![
-            spec::<MemoryWriteArgs>(
-                WRITE,
-                &format!(
-                    "Remember something for this chat: creates the entry `key` or replaces it. \
-                     The memory belongs to this chat only and survives restarts and /reset. At \
-                     most {} entries of {} characters; keys up to {} characters. Never store \
-                     secrets.",
-                    o.max_entries, o.max_entry_chars, o.max_key_chars
-                ),
-                "`data`: `key` (as stored, lower case), `replaced`, `chars`.",
-                Risk::Write,
-                &[MEMORY_FULL, ENTRY_TOO_LARGE],
-            ),
-            spec::<MemoryReadArgs>(
-                READ,
-                "Read this chat's memory: one entry by `key`, or without a key the list of \
-                 keys with a short preview, most recently updated first.",
-                "with `key`: `data` {key, content, created, updated, author}; without: `data` \
-                 {count, max_entries, entries: [{key, preview, updated}]}.",
-                Risk::Read,
-                &[MEMORY_NOT_FOUND],
-            ),
-            spec::<MemorySearchArgs>(
-                SEARCH,
-                "Search this chat's memory by words; entries are ranked by how often the words \
-                 occur (matches in the key count more, the exact phrase scores extra; a word \
-                 also matches longer words it begins).",
-                "`data`: `matches`, `results` [{key, score, matched, phrase, content, complete, \
-                 updated}], best first.",
-                Risk::Read,
-                &[],
-            ),
-            spec::<MemoryDeleteArgs>(
-                DELETE,
-                "Delete an entry of this chat's memory (when it is wrong, outdated, or someone \
-                 asks you to forget it).",
-                "`data.key`: the deleted key.",
-                Risk::Write,
-                &[MEMORY_NOT_FOUND],
-            ),
-        ]
-    }
-
-    async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult {
-        let name = call.name.as_str();
-        let outcome = match name {
-            WRITE => read_args(name, call.arguments).and_then(|a| self.write(a, &cx)),
-            READ => read_args(name, call.arguments).and_then(|a| self.read(a, &cx)),
-            SEARCH => read_args(name, call.arguments).and_then(|a| self.search(a, &cx)),
-            DELETE => read_args(name, call.arguments).and_then(|a| self.delete(a, &cx)),
-            other => Err(ToolError::new(
-                codes::TOOL_NOT_FOUND,
-                format!("the memory toolset has no tool `{other}`"),
-            )),
-        };
-        finish(outcome)
-    }
-
-    fn prompt(&self) -> Option<String> {
-        Some(
-            "## Memory\n\
-             This chat has a long-term memory (memory_* tools) that only this chat can see; it \
-             survives restarts and /reset.\n\
-             - Remember what the chat asks you to keep, and stable facts that will matter \
-             later: names and roles, recurring dates, decisions, preferences about how you \
-             should answer. Not passing small talk.\n\
-             - One topic per key (`team.standup`, `alice.timezone`); update an entry instead \
-             of adding a near-duplicate; delete what is wrong or what someone asks you to \
-             forget.\n\
-             - Never store secrets: passwords, tokens, keys, card or account numbers.\n\
-             - What someone tells you in a private chat stays in that chat's memory; do not \
-             repeat it in a group.\n\
-             - Before answering about earlier agreements or preferences, check memory_search \
-             or memory_read."
-                .to_owned(),
-        )
-    }
-
-    fn iteration_prompt_injection(&self, session: &str) -> Option<String> {
-        self.index(session)
-    }
-
-    /// Stateless: every session shares this toolset (the state is in the store).
-    fn fork(&self) -> Arc<dyn ToolSet> {
-        Arc::new(self.clone())
-    }
-}
 
 /// The store-key prefix of `session`'s entries.
 fn session_prefix(session: &str) -> Result<String, ToolError> {
