@@ -1,13 +1,10 @@
-//! Small helpers both toolsets share: tool specs from argument types, argument reading, the
-//! mapping of store failures to tool results, and char-safe clipping.
+//! Small helpers the toolsets share: finishing a handler's outcome, building a bridge whose
+//! tools are fixed in code, the mapping of store failures to tool results, and char-safe
+//! clipping.
 
 use parlor_bot::store::StoreError;
 use parlor_bot::tool::bridge::ToolError;
-use parlor_bot::tool::schema::schema_for;
-use parlor_bot::tool::{Risk, Role, ToolResult, ToolSetBridge, ToolSetBridgeBuilder, ToolSpec};
-use schemars::JsonSchema;
-use serde::de::DeserializeOwned;
-use serde_json::Value;
+use parlor_bot::tool::{ToolResult, ToolSetBridge, ToolSetBridgeBuilder};
 
 /// What a tool handler answers: a success with its own message, or a failure.
 pub(crate) type Outcome = Result<ToolResult, ToolError>;
@@ -15,36 +12,6 @@ pub(crate) type Outcome = Result<ToolResult, ToolError>;
 /// Turns a handler's outcome into the result sent to the model.
 pub(crate) fn finish(outcome: Outcome) -> ToolResult {
     outcome.unwrap_or_else(ToolResult::from)
-}
-
-/// The spec of a tool whose arguments are `A`. Every tool of these toolsets acts on the
-/// caller's own chat only, so each is open to every member ([`Role::Member`]) and names no
-/// other chat.
-pub(crate) fn spec<A: JsonSchema>(
-    name: &str,
-    description: &str,
-    result: &str,
-    risk: Risk,
-    failure_codes: &[&str],
-) -> ToolSpec {
-    ToolSpec {
-        name: name.to_owned(),
-        description: description.to_owned(),
-        parameters: schema_for::<A>(),
-        result: result.to_owned(),
-        risk,
-        role: Role::Member,
-        role_in_chat_arg: None,
-        failure_codes: failure_codes.iter().map(|c| (*c).to_owned()).collect(),
-    }
-}
-
-/// Reads validated arguments into `A`. The registry checked them against the schema already;
-/// this is the backstop for what a schema cannot say.
-pub(crate) fn read_args<A: DeserializeOwned>(tool: &str, arguments: Value) -> Result<A, ToolError> {
-    serde_json::from_value(arguments).map_err(|error| {
-        ToolError::invalid_arguments(format!("{tool}: the arguments could not be read: {error}"))
-    })
 }
 
 /// The bridge of a built-in toolset. Its tools are fixed in code (names, descriptions, argument
