@@ -14,6 +14,8 @@
 //! - A chat sees the tasks created in it or firing into it; any other id is
 //!   `CLOCK_NOT_FOUND`.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use schemars::JsonSchema;
@@ -27,9 +29,11 @@ use parlor_bot::platform::ChatRef;
 use parlor_bot::tool::bridge::{BridgeError, ToolError};
 use parlor_bot::tool::{Risk, Role, ToolContext, ToolResult, ToolSetBridge};
 
+use crate::support::finish;
+use crate::time::{UNKNOWN_TIMEZONE, parse_timezone};
+
 /// The role that may create, change and delete clock tasks (here, and in a target chat).
 const CHANGE_ROLE: Role = Role::ChatAdmin;
-use crate::time::{UNKNOWN_TIMEZONE, parse_timezone};
 
 /// A schedule that cannot be used; the message says why.
 pub const BAD_SCHEDULE: &str = "BAD_SCHEDULE";
@@ -112,20 +116,17 @@ pub struct LogArgs {
 /// The `clock` toolset over `handle`'s tasks.
 pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
     let tz = handle.options().default_timezone;
-    let (h1, h2, h3) = (handle.clone(), handle.clone(), handle.clone());
-    let (h4, h5, h6) = (handle.clone(), handle.clone(), handle);
-    ToolSetBridge::builder("clock")
+    ToolSetBridge::builder_with_state("clock", Arc::new(handle))
         .prompt(prompt(tz))
-        .add_function_with_context(
+        .add_function_with_state(
             "clock_create",
             "Schedule a clock task: at the given times, the content is given to the assistant \
              of the target chat (this one by default) as a scheduled task, and its reply is \
              posted there. Chat admins only, and another target chat needs its admin too. \
              Returns the task with its next three fire times in its time zone: check them \
              against what was asked.",
-            move |args: CreateArgs, cx: ToolContext| {
-                let h = h1.clone();
-                async move { answer(create(&h, args, &cx).await) }
+            |h: Arc<ClockHandle>, args: CreateArgs, cx: ToolContext| async move {
+                finish(create(&h, args, &cx).await)
             },
         )
         .risk(Risk::Write)
@@ -136,37 +137,34 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
             "`data`: the task (`id`, `name`, `schedule`, `timezone`, `content`, \
              `target_chat`, `state`, `next_fires` as RFC 3339 in its zone...) and `now`.",
         )
-        .add_function_with_context(
+        .add_function_with_state(
             "clock_list",
             "List the clock tasks of this chat: those created here and those firing into it, \
              with their next fire times.",
-            move |_: ListArgs, cx: ToolContext| {
-                let h = h2.clone();
-                async move { answer(list(&h, &cx)) }
+            |h: Arc<ClockHandle>, _: ListArgs, cx: ToolContext| async move {
+                finish(list(&h, &cx))
             },
         )
         .risk(Risk::Read)
         .result_doc("`data.clocks`: the tasks, as clock_create returns them; `data.now`.")
-        .add_function_with_context(
+        .add_function_with_state(
             "clock_get",
             "Show one clock task of this chat with its five latest runs.",
-            move |args: IdArgs, cx: ToolContext| {
-                let h = h3.clone();
-                async move { answer(get(&h, args.id, &cx)) }
+            |h: Arc<ClockHandle>, args: IdArgs, cx: ToolContext| async move {
+                finish(get(&h, args.id, &cx))
             },
         )
         .risk(Risk::Read)
         .failure_codes(&[CLOCK_NOT_FOUND])
         .result_doc("`data`: the task, plus `runs` (newest first).")
-        .add_function_with_context(
+        .add_function_with_state(
             "clock_update",
             "Change a clock task of this chat: name, schedule, content, time zone, target \
              chat, missed-run policy, or pause/resume it with enabled. Chat admins only; a \
              task firing into another chat, or a new target chat, needs that chat's admin \
              too. Returns the task with its next three fire times.",
-            move |args: UpdateArgs, cx: ToolContext| {
-                let h = h4.clone();
-                async move { answer(update(&h, args, &cx).await) }
+            |h: Arc<ClockHandle>, args: UpdateArgs, cx: ToolContext| async move {
+                finish(update(&h, args, &cx).await)
             },
         )
         .risk(Risk::Write)
@@ -180,26 +178,24 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
             UNKNOWN_CHAT,
         ])
         .result_doc("`data`: the task as clock_create returns it, and `now`.")
-        .add_function_with_context(
+        .add_function_with_state(
             "clock_delete",
             "Delete a clock task of this chat and its run log. Chat admins only.",
-            move |args: IdArgs, cx: ToolContext| {
-                let h = h5.clone();
-                async move { answer(delete(&h, args.id, &cx)) }
+            |h: Arc<ClockHandle>, args: IdArgs, cx: ToolContext| async move {
+                finish(delete(&h, args.id, &cx))
             },
         )
         .risk(Risk::Write)
         .role(CHANGE_ROLE)
         .failure_codes(&[CLOCK_NOT_FOUND])
         .result_doc("`data`: `id` and `name` of the deleted task.")
-        .add_function_with_context(
+        .add_function_with_state(
             "clock_log",
             "Show the run log of one clock task, or of every task of this chat: due time, \
              status (ok = posted, with the message ids; failed, timed_out, skipped, \
              cancelled) and the error.",
-            move |args: LogArgs, cx: ToolContext| {
-                let h = h6.clone();
-                async move { answer(log(&h, args, &cx)) }
+            |h: Arc<ClockHandle>, args: LogArgs, cx: ToolContext| async move {
+                finish(log(&h, args, &cx))
             },
         )
         .risk(Risk::Read)
@@ -225,10 +221,6 @@ fn prompt(tz: Tz) -> String {
          firing: carry out its text; your reply is posted in this chat.",
         tz.name()
     )
-}
-
-fn answer(result: Result<ToolResult, ToolError>) -> ToolResult {
-    result.unwrap_or_else(ToolResult::from)
 }
 
 fn clock_error(e: ClockError) -> ToolError {
