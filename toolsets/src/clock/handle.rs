@@ -13,10 +13,10 @@ use tokio::sync::Notify;
 use super::schedule::{Schedule, format_in};
 use super::task::{ClockRun, ClockTask, MissedPolicy, RECORD_VERSION, RunStatus, Versioned};
 use super::{ClockOptions, RUNS_KEPT};
+use crate::time::parse_timezone;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{Store, StoreError};
 use parlor_bot::tool::Caller;
-use crate::time::parse_timezone;
 
 /// Store space of the tasks (key = id).
 pub const TASKS: &str = "clocks";
@@ -96,6 +96,36 @@ pub struct ClockPatch {
     pub missed: Option<MissedPolicy>,
     /// Pause (`false`) or resume (`true`).
     pub enabled: Option<bool>,
+}
+
+/// How a fire ended, for its run entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunEnd {
+    pub(crate) status: RunStatus,
+    /// Why it was not posted.
+    pub(crate) error: Option<String>,
+    /// The platform's ids of the posted reply.
+    pub(crate) message_ids: Vec<String>,
+}
+
+impl RunEnd {
+    /// Posted, as the messages `message_ids`.
+    pub(crate) fn posted(message_ids: Vec<String>) -> Self {
+        RunEnd {
+            status: RunStatus::Ok,
+            error: None,
+            message_ids,
+        }
+    }
+
+    /// Not posted: `status` (failed, timed out, cancelled), and why.
+    pub(crate) fn not_posted(status: RunStatus, why: impl Into<String>) -> Self {
+        RunEnd {
+            status,
+            error: Some(why.into()),
+            message_ids: Vec::new(),
+        }
+    }
 }
 
 /// A fire the service must hand to the session: the task as advanced, the `started` run
@@ -463,17 +493,10 @@ impl ClockHandle {
     }
 
     /// Records the outcome of a fire: its run entry and the task's `last_status`.
-    pub(crate) fn finish_run(
-        &self,
-        task: u64,
-        run: u64,
-        status: RunStatus,
-        error: Option<String>,
-        message_ids: Vec<String>,
-    ) -> Result<(), ClockError> {
+    pub(crate) fn finish_run(&self, task: u64, run: u64, end: RunEnd) -> Result<(), ClockError> {
         let now = self.now();
         let _guard = self.lock();
-        self.finish_run_locked(task, run, status, error, message_ids, now)?;
+        self.finish_run_locked(task, run, end, now)?;
         self.shared.store.flush()?;
         Ok(())
     }
@@ -483,11 +506,14 @@ impl ClockHandle {
         &self,
         task: u64,
         run: u64,
-        status: RunStatus,
-        error: Option<String>,
-        message_ids: Vec<String>,
+        end: RunEnd,
         now: DateTime<Utc>,
     ) -> Result<(), ClockError> {
+        let RunEnd {
+            status,
+            error,
+            message_ids,
+        } = end;
         let key = run_key(task, run);
         let Some(value) = self.shared.store.kv_get(RUNS, &key)? else {
             // The task was deleted meanwhile (its log with it).
@@ -622,7 +648,7 @@ impl ClockHandle {
         if let Err(e) = self.shared.store.flush() {
             for (id, run, _) in &fires {
                 let why = format!("not fired: the store could not make the advance durable ({e})");
-                self.finish_run_locked(*id, *run, RunStatus::Failed, Some(why), Vec::new(), now)?;
+                self.finish_run_locked(*id, *run, RunEnd::not_posted(RunStatus::Failed, why), now)?;
             }
             return Err(e.into());
         }

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ClockOptions;
-use super::handle::{ClockHandle, Fire};
+use super::handle::{ClockHandle, Fire, RunEnd};
 use super::task::{ClockTask, RunStatus};
 use parlor_bot::session::{ScheduledOutcome, SessionManager, SubmitError};
 use parlor_bot::store::Store;
@@ -169,84 +169,69 @@ async fn execute(
         role: Role::Member,
     };
     let timeout = handle.options().run_timeout;
-    let (status, error, ids) = match sessions
+    let end = match sessions
         .submit_scheduled(&task.target, fired_text(task), caller)
         .await
     {
-        Err(SubmitError::ShuttingDown) => (
+        Err(SubmitError::ShuttingDown) => RunEnd::not_posted(
             RunStatus::Cancelled,
-            Some("the daemon was shutting down; not fired".to_owned()),
-            Vec::new(),
+            "the daemon was shutting down; not fired",
         ),
-        Err(e) => (
-            RunStatus::Failed,
-            Some(format!("not queued: {e}")),
-            Vec::new(),
-        ),
+        Err(e) => RunEnd::not_posted(RunStatus::Failed, format!("not queued: {e}")),
         Ok(outcome) => tokio::select! {
             waited = tokio::time::timeout(timeout, outcome) => match waited {
                 Ok(Ok(outcome)) => from_outcome(outcome),
-                Ok(Err(_)) => (
+                Ok(Err(_)) => RunEnd::not_posted(
                     RunStatus::Cancelled,
-                    Some("the turn was abandoned by a shutdown".to_owned()),
-                    Vec::new(),
+                    "the turn was abandoned by a shutdown",
                 ),
-                Err(_) => (
+                Err(_) => RunEnd::not_posted(
                     RunStatus::TimedOut,
-                    Some(format!(
+                    format!(
                         "no outcome within {} s; the turn may still post later",
                         timeout.as_secs()
-                    )),
-                    Vec::new(),
+                    ),
                 ),
             },
-            () = abort.cancelled() => (
+            () = abort.cancelled() => RunEnd::not_posted(
                 RunStatus::Cancelled,
-                Some("the daemon shut down before the turn finished".to_owned()),
-                Vec::new(),
+                "the daemon shut down before the turn finished",
             ),
         },
     };
-    match status {
+    match end.status {
         RunStatus::Ok => {
-            tracing::info!(clock = task.id, run = fire.run, ids = ?ids, "clock task posted");
+            tracing::info!(clock = task.id, run = fire.run, ids = ?end.message_ids, "clock task posted");
         }
-        _ => {
-            tracing::warn!(clock = task.id, run = fire.run, status = status.as_str(), error = ?error, "clock task run did not post");
+        status => {
+            tracing::warn!(clock = task.id, run = fire.run, status = status.as_str(), error = ?end.error, "clock task run did not post");
         }
     }
-    if let Err(e) = handle.finish_run(task.id, fire.run, status, error, ids) {
+    if let Err(e) = handle.finish_run(task.id, fire.run, end) {
         tracing::error!(clock = task.id, run = fire.run, error = %e, "cannot record the clock run");
     }
 }
 
 /// A run's status from the session's report: `ok` only with message ids.
-fn from_outcome(outcome: ScheduledOutcome) -> (RunStatus, Option<String>, Vec<String>) {
+fn from_outcome(outcome: ScheduledOutcome) -> RunEnd {
     match outcome {
-        ScheduledOutcome::Posted(ids) if !ids.is_empty() => (RunStatus::Ok, None, ids),
-        ScheduledOutcome::Posted(_) => (
+        ScheduledOutcome::Posted(ids) if !ids.is_empty() => RunEnd::posted(ids),
+        ScheduledOutcome::Posted(_) => RunEnd::not_posted(
             RunStatus::Failed,
-            Some("the platform reported no message id for the reply".to_owned()),
-            Vec::new(),
+            "the platform reported no message id for the reply",
         ),
         // The manager commits a turn without a reply only when it was stopped.
-        ScheduledOutcome::NoReply => (
+        ScheduledOutcome::NoReply => RunEnd::not_posted(
             RunStatus::Cancelled,
-            Some(
-                "the turn was stopped (/stop or /reset) before it replied; nothing was posted"
-                    .to_owned(),
-            ),
-            Vec::new(),
+            "the turn was stopped (/stop or /reset) before it replied; nothing was posted",
         ),
-        ScheduledOutcome::NotDelivered(reason) => (
+        ScheduledOutcome::NotDelivered(reason) => RunEnd::not_posted(
             RunStatus::Failed,
-            Some(format!("the reply could not be posted: {reason}")),
-            Vec::new(),
+            format!("the reply could not be posted: {reason}"),
         ),
-        ScheduledOutcome::Failed(reason) => (
+        ScheduledOutcome::Failed(reason) => RunEnd::not_posted(
             RunStatus::Failed,
-            Some(format!("the model could not be reached: {reason}")),
-            Vec::new(),
+            format!("the model could not be reached: {reason}"),
         ),
     }
 }
