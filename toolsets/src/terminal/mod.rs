@@ -52,13 +52,15 @@ use tokio_util::task::TaskTracker;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::session::{SessionManager, SubmitError};
 use parlor_bot::store::{KvWrite, Store};
-use parlor_bot::tool::schema::schema_for;
-use parlor_bot::tool::{Caller, Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
+use parlor_bot::tool::{
+    Bridged, Caller, Risk, Role, ToolContext, ToolError, ToolResult, ToolSetBridge,
+};
 
 pub use output::xml_escape;
 pub use sys::process_alive;
 pub use tasks::{TaskRecord, TaskStatus};
 
+use crate::support::{Outcome, built, finish};
 use shell::{Groups, Interrupt, RunEnd, Shell, ShellHandle};
 
 /// Error codes of the terminal toolset, besides the shared ones.
@@ -341,24 +343,20 @@ impl TerminalService {
         self.config.policy
     }
 
-    /// Whether the terminal is open in this chat now; the refusal as a result otherwise.
-    /// Who may call is the registry's check (the specs' role), not this one.
-    fn check_policy(&self, cx: &ToolContext) -> Result<(), ToolResult> {
+    /// Whether the terminal is open in this chat now (the toolset's check before every
+    /// call); the refusal otherwise. Who may call is the registry's check (the specs' role),
+    /// not this one.
+    fn check_policy(&self, cx: &ToolContext) -> Result<(), ToolError> {
         if !self.config.enabled {
-            return Err(ToolResult::err(
-                parlor_bot::tool::codes::UNAVAILABLE,
+            return Err(ToolError::unavailable(
                 "the terminal is not enabled on this bot ([terminal] enabled = false)",
             ));
         }
         if self.shutting_down.is_cancelled() {
-            return Err(ToolResult::err(
-                parlor_bot::tool::codes::UNAVAILABLE,
-                "the daemon is shutting down",
-            ));
+            return Err(ToolError::unavailable("the daemon is shutting down"));
         }
         match self.policy_for(&cx.session, cx.chat.as_ref()) {
-            Policy::Off => Err(ToolResult::err(
-                parlor_bot::tool::codes::PERMISSION_DENIED,
+            Policy::Off => Err(ToolError::permission_denied(
                 "the terminal is switched off in this chat; nobody may use it here",
             )),
             Policy::Operators => Ok(()),
@@ -465,15 +463,13 @@ impl TerminalService {
         }
     }
 
-    fn ensure_workspace(&self, session: &str) -> Result<PathBuf, ToolResult> {
+    fn ensure_workspace(&self, session: &str) -> Result<PathBuf, ToolError> {
         let dir = self.workspace(session);
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            tracing::error!(session, dir = %dir.display(), error = %e, "cannot create the workspace");
-            ToolResult::err(
-                parlor_bot::tool::codes::INTERNAL,
-                "the session's workspace could not be created",
-            )
-        })?;
+        create_dir(
+            &dir,
+            "the workspace",
+            "the session's workspace could not be created",
+        )?;
         Ok(dir)
     }
 
@@ -485,16 +481,8 @@ impl TerminalService {
             .max(64 * 1024)
     }
 
-    async fn foreground(
-        &self,
-        handle: &ShellHandle,
-        args: ShellArgs,
-        cx: &ToolContext,
-    ) -> ToolResult {
-        let workspace = match self.ensure_workspace(&cx.session) {
-            Ok(w) => w,
-            Err(r) => return r,
-        };
+    async fn foreground(&self, handle: &ShellHandle, args: ShellArgs, cx: &ToolContext) -> Outcome {
+        let workspace = self.ensure_workspace(&cx.session)?;
         let timeout = args
             .timeout_secs
             .map_or(self.config.foreground_timeout, Duration::from_secs)
@@ -513,13 +501,11 @@ impl TerminalService {
                     .data_dir
                     .join("shell_state")
                     .join(sanitize(&cx.session));
-                if let Err(e) = std::fs::create_dir_all(&state_dir) {
-                    tracing::error!(error = %e, "cannot create the shell state directory");
-                    return ToolResult::err(
-                        parlor_bot::tool::codes::INTERNAL,
-                        "the shell could not be started",
-                    );
-                }
+                create_dir(
+                    &state_dir,
+                    "the shell state directory",
+                    "the shell could not be started",
+                )?;
                 let state_file = {
                     let mut known = handle.state_file.lock().unwrap_or_else(|e| e.into_inner());
                     known
@@ -529,11 +515,9 @@ impl TerminalService {
                         })
                         .clone()
                 };
-                let command =
-                    match self.command(&workspace, &[&state_dir], &["--noprofile", "--norc"]) {
-                        Ok(c) => c,
-                        Err(why) => return ToolResult::err(parlor_bot::tool::codes::UNAVAILABLE, why),
-                    };
+                let command = self
+                    .command(&workspace, &[&state_dir], &["--noprofile", "--norc"])
+                    .map_err(ToolError::unavailable)?;
                 match Shell::spawn(command, &cx.session, state_file, self.shells.clone()).await {
                     Ok(shell) => {
                         restarted = handle.started_once.swap(true, Ordering::SeqCst);
@@ -541,10 +525,7 @@ impl TerminalService {
                     }
                     Err(e) => {
                         tracing::error!(session = %cx.session, error = %e, "cannot start the shell");
-                        return ToolResult::err(
-                            parlor_bot::tool::codes::UNAVAILABLE,
-                            "the shell could not be started",
-                        );
+                        return Err(ToolError::unavailable("the shell could not be started"));
                     }
                 }
             }
@@ -571,69 +552,45 @@ impl TerminalService {
                 if handle.generation.load(Ordering::SeqCst) == generation {
                     *slot = Some(shell);
                 }
-                let out = output.finish(max);
-                ToolResult::ok_with(
+                Ok(ToolResult::ok_with(
                     format!("exited with code {code}{note}"),
-                    json!({
-                        "exit_code": code,
-                        "output": out.text,
-                        "output_chars": out.total_chars,
-                        "cut_chars": out.cut_chars,
-                    }),
-                )
+                    run_data(Some(code), &output.finish(max)),
+                ))
             }
             RunEnd::Interrupted { why, output } => {
                 drop(shell);
-                let out = output.finish(max);
-                let data = json!({
-                    "exit_code": null,
-                    "output": out.text,
-                    "output_chars": out.total_chars,
-                    "cut_chars": out.cut_chars,
-                });
                 let after = "the command and everything it started were interrupted, then \
                     killed; the next call gets a new shell with the working directory and \
                     exported variables of the last completed command";
-                match why {
-                    Interrupt::Timeout => ToolResult::err(
-                        parlor_bot::tool::codes::TIMEOUT,
-                        format!(
-                            "the command did not finish within {} s; {after}. Use \
-                             run_in_background for long jobs",
-                            timeout.as_secs()
-                        ),
-                    ),
-                    Interrupt::Cancelled => ToolResult::err(
-                        parlor_bot::tool::codes::CANCELLED,
-                        format!("the turn was stopped; {after}"),
-                    ),
-                }
-                .with_data(data)
+                let refusal = match why {
+                    Interrupt::Timeout => ToolError::timeout(format!(
+                        "the command did not finish within {} s; {after}. Use \
+                         run_in_background for long jobs",
+                        timeout.as_secs()
+                    )),
+                    Interrupt::Cancelled => {
+                        ToolError::cancelled(format!("the turn was stopped; {after}"))
+                    }
+                };
+                Err(refusal.with_data(run_data(None, &output.finish(max))))
             }
             RunEnd::Exited { status, output } => {
                 drop(shell);
-                let out = output.finish(max);
                 let code = status.and_then(|s| s.code());
-                ToolResult::ok_with(
+                Ok(ToolResult::ok_with(
                     format!(
                         "the shell exited (code {}); the next call starts a new one",
                         code.map_or_else(|| "unknown".to_owned(), |c| c.to_string())
                     ),
-                    json!({
-                        "exit_code": code,
-                        "output": out.text,
-                        "output_chars": out.total_chars,
-                        "cut_chars": out.cut_chars,
-                    }),
-                )
+                    run_data(code, &output.finish(max)),
+                ))
             }
             RunEnd::Broken => {
                 drop(shell);
-                ToolResult::err(
-                    parlor_bot::tool::codes::UNAVAILABLE,
+                Err(ToolError::unavailable(
                     "the shell had died and could not take the command; call again to start \
                      a new shell",
-                )
+                ))
             }
         }
     }
@@ -667,6 +624,25 @@ fn sanitize(session: &str) -> String {
         })
         .collect();
     format!("{safe}-{:08x}", hash as u32)
+}
+
+/// The `data` of a foreground run: its exit code (none when interrupted) and output.
+fn run_data(exit_code: Option<i32>, out: &output::Capped) -> serde_json::Value {
+    json!({
+        "exit_code": exit_code,
+        "output": out.text,
+        "output_chars": out.total_chars,
+        "cut_chars": out.cut_chars,
+    })
+}
+
+/// Creates `dir` (and its parents), `what` for the log; a failure is logged and answered
+/// `INTERNAL` with `refusal`.
+fn create_dir(dir: &Path, what: &str, refusal: &str) -> Result<(), ToolError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        tracing::error!(dir = %dir.display(), error = %e, "cannot create {what}");
+        ToolError::internal(refusal)
+    })
 }
 
 /// Arguments of `shell`.
@@ -705,17 +681,148 @@ pub struct TaskStopArgs {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct TaskListArgs {}
 
-/// The toolset of one session: the shared service and this session's shell.
+/// The `terminal` toolset: the shared service, and a shell for each session (each
+/// [`ToolSet::fork`](parlor_bot::tool::ToolSet::fork) has its own).
 pub struct TerminalToolset {
     service: Arc<TerminalService>,
-    shell: Arc<ShellHandle>,
+    bridge: ToolSetBridge,
 }
 
-/// The `terminal` toolset over `service`; each [`ToolSet::fork`] has its own shell.
+/// One session's terminal, the bridge's state: the shared service and this session's shell.
+struct Terminal {
+    service: Arc<TerminalService>,
+    shell: ShellHandle,
+}
+
+impl Terminal {
+    /// `shell`: in the background, or in this session's shell.
+    async fn shell(self: Arc<Self>, args: ShellArgs, cx: ToolContext) -> ToolResult {
+        if args.command.trim().is_empty() {
+            return ToolError::invalid_arguments("command is empty").into();
+        }
+        if args.run_in_background == Some(true) {
+            return finish(self.service.start_background(args, &cx).await);
+        }
+        finish(self.service.foreground(&self.shell, args, &cx).await)
+    }
+}
+
+/// The `terminal` toolset over `service`; each [`ToolSet::fork`](parlor_bot::tool::ToolSet::fork) has its own shell.
 pub fn terminal_toolset(service: Arc<TerminalService>) -> TerminalToolset {
+    let c = &service.config;
+    let policy = "Operators of the bot only (never a chat's own admins); anyone else gets \
+        PERMISSION_DENIED.";
+    let terminal = Terminal {
+        service: Arc::clone(&service),
+        shell: ShellHandle::default(),
+    };
+    let builder =
+        ToolSetBridge::builder_with_state("terminal", Arc::new(terminal))
+            .prompt(format!(
+                "You can run shell commands with the `shell` tool in this chat's own workspace. \
+             Quick commands run in the foreground (the working directory and exported \
+             variables persist between calls). For anything that may take longer than about \
+             a minute (builds, test suites, downloads) use run_in_background=true with a short \
+             description, tell the chat it started, and end your turn: the result arrives by \
+             itself as a <TERMINAL_TASK_RESULT> message when the task ends — do not poll \
+             task_output in a loop to wait for it. A TERMINAL_TASK_RESULT is a report from \
+             the system, not a message from a user. Output is capped at {} characters; \
+             redirect long output to a file and read the part you need.",
+                c.output_max_chars
+            ))
+            .before_call(|t, cx| t.service.check_policy(cx))
+            .add_function_with_state(
+                "shell",
+                &format!(
+                    "Run a bash command in this chat's own workspace directory. Foreground \
+                 (default): runs in a persistent shell, so the working directory and \
+                 exported variables carry over between calls; waits up to timeout_secs \
+                 (default {}, max {}), then interrupts and kills the command and \
+                 everything it started and returns the partial output with TIMEOUT. \
+                 Output (stdout and stderr together) is capped at {} characters (head and \
+                 tail kept). Commands get no stdin and only a minimal environment (no \
+                 tokens or keys). With run_in_background=true the command runs as a \
+                 separate task and a task_id returns at once; its result arrives later by \
+                 itself as a TERMINAL_TASK_RESULT message. At most {} background tasks per \
+                 chat, each killed after {} minutes. {policy}",
+                    c.foreground_timeout.as_secs(),
+                    c.max_foreground_timeout.as_secs(),
+                    c.output_max_chars,
+                    c.max_background_per_session,
+                    c.max_task_runtime.as_secs() / 60,
+                ),
+                |t: Arc<Terminal>, args: ShellArgs, cx: ToolContext| t.shell(args, cx),
+            )
+            .risk(Risk::Dangerous)
+            .role(Role::Operator)
+            .failure_codes(&[codes::TASK_LIMIT])
+            .result_doc(
+                "Foreground: `data.exit_code`, `data.output`, `data.output_chars`, \
+             `data.cut_chars`. Background: `data.task_id`, `data.status` (running).",
+            )
+            .add_function_with_state(
+                "task_output",
+                &format!(
+                    "Status and output so far of a background task of this chat (the whole \
+                 output, or its last tail_chars characters; capped at {} characters). \
+                 Reading an ended task's output here means its TERMINAL_TASK_RESULT \
+                 message will not be delivered separately. {policy}",
+                    c.output_max_chars
+                ),
+                |t: Arc<Terminal>, args: TaskOutputArgs, cx: ToolContext| async move {
+                    t.service.task_output(args, &cx).await
+                },
+            )
+            .risk(Risk::Read)
+            .role(Role::Operator)
+            .failure_codes(&[codes::TASK_NOT_FOUND])
+            .result_doc(
+                "`data.task_id`, `data.status` (running, completed, failed, timed_out, stopped, \
+             interrupted), `data.exit_code`, `data.output`, `data.cut_chars`.",
+            )
+            .add_function_with_state(
+                "task_stop",
+                &format!(
+                    "Stop a running background task of this chat: it and every process it \
+                 started are terminated, then killed. The task ends `stopped` and sends \
+                 no result message. {policy}"
+                ),
+                |t: Arc<Terminal>, args: TaskStopArgs, cx: ToolContext| async move {
+                    t.service.task_stop(args, &cx).await
+                },
+            )
+            .risk(Risk::Write)
+            .role(Role::Operator)
+            .failure_codes(&[codes::TASK_NOT_FOUND])
+            .result_doc("`data.task_id`, `data.status`.")
+            .add_function_with_state(
+                "task_list",
+                &format!(
+                    "List this chat's background tasks, newest first, with their status. \
+                 {policy}"
+                ),
+                |t: Arc<Terminal>, _: TaskListArgs, cx: ToolContext| async move {
+                    t.service.task_list(&cx)
+                },
+            )
+            .risk(Risk::Read)
+            .role(Role::Operator)
+            .result_doc(
+                "`data.tasks`: [{task_id, status, description, command, exit_code, started, \
+             ended}].",
+            )
+            .fork_state(|t| Terminal {
+                service: Arc::clone(&t.service),
+                shell: ShellHandle::default(),
+            })
+            .on_reset(|t, _session| t.shell.reset())
+            // A session with a shell (running, or whose state waits in its state file for the
+            // next shell) stays in memory: dropping it would kill the shell and lose its working
+            // directory and variables between turns.
+            .holds_session_state(|t| t.shell.holds_state());
     TerminalToolset {
+        bridge: built(builder),
         service,
-        shell: Arc::new(ShellHandle::default()),
     }
 }
 
@@ -726,161 +833,8 @@ impl TerminalToolset {
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, ToolResult> {
-    serde_json::from_value(value)
-        .map_err(|e| ToolResult::err(parlor_bot::tool::codes::INVALID_ARGUMENTS, e.to_string()))
-}
-
-#[async_trait]
-impl ToolSet for TerminalToolset {
-    fn name(&self) -> &str {
-        "terminal"
-    }
-
-    fn tools(&self) -> Vec<ToolSpec> {
-        let c = &self.service.config;
-        let policy = "Operators of the bot only (never a chat's own admins); anyone else gets \
-            PERMISSION_DENIED.";
-        vec![
-            ToolSpec {
-                name: "shell".to_owned(),
-                description: format!(
-                    "Run a bash command in this chat's own workspace directory. Foreground \
-                     (default): runs in a persistent shell, so the working directory and \
-                     exported variables carry over between calls; waits up to timeout_secs \
-                     (default {}, max {}), then interrupts and kills the command and \
-                     everything it started and returns the partial output with TIMEOUT. \
-                     Output (stdout and stderr together) is capped at {} characters (head and \
-                     tail kept). Commands get no stdin and only a minimal environment (no \
-                     tokens or keys). With run_in_background=true the command runs as a \
-                     separate task and a task_id returns at once; its result arrives later by \
-                     itself as a TERMINAL_TASK_RESULT message. At most {} background tasks per \
-                     chat, each killed after {} minutes. {policy}",
-                    c.foreground_timeout.as_secs(),
-                    c.max_foreground_timeout.as_secs(),
-                    c.output_max_chars,
-                    c.max_background_per_session,
-                    c.max_task_runtime.as_secs() / 60,
-                ),
-                parameters: schema_for::<ShellArgs>(),
-                result: "Foreground: `data.exit_code`, `data.output`, `data.output_chars`, \
-                    `data.cut_chars`. Background: `data.task_id`, `data.status` (running)."
-                    .to_owned(),
-                risk: Risk::Dangerous,
-                role: Role::Operator,
-                role_in_chat_arg: None,
-                failure_codes: vec![codes::TASK_LIMIT.to_owned()],
-            },
-            ToolSpec {
-                name: "task_output".to_owned(),
-                description: format!(
-                    "Status and output so far of a background task of this chat (the whole \
-                     output, or its last tail_chars characters; capped at {} characters). \
-                     Reading an ended task's output here means its TERMINAL_TASK_RESULT \
-                     message will not be delivered separately. {policy}",
-                    c.output_max_chars
-                ),
-                parameters: schema_for::<TaskOutputArgs>(),
-                result: "`data.task_id`, `data.status` (running, completed, failed, \
-                    timed_out, stopped, interrupted), `data.exit_code`, `data.output`, \
-                    `data.cut_chars`."
-                    .to_owned(),
-                risk: Risk::Read,
-                role: Role::Operator,
-                role_in_chat_arg: None,
-                failure_codes: vec![codes::TASK_NOT_FOUND.to_owned()],
-            },
-            ToolSpec {
-                name: "task_stop".to_owned(),
-                description: format!(
-                    "Stop a running background task of this chat: it and every process it \
-                     started are terminated, then killed. The task ends `stopped` and sends \
-                     no result message. {policy}"
-                ),
-                parameters: schema_for::<TaskStopArgs>(),
-                result: "`data.task_id`, `data.status`.".to_owned(),
-                risk: Risk::Write,
-                role: Role::Operator,
-                role_in_chat_arg: None,
-                failure_codes: vec![codes::TASK_NOT_FOUND.to_owned()],
-            },
-            ToolSpec {
-                name: "task_list".to_owned(),
-                description: format!(
-                    "List this chat's background tasks, newest first, with their status. \
-                     {policy}"
-                ),
-                parameters: schema_for::<TaskListArgs>(),
-                result: "`data.tasks`: [{task_id, status, description, command, exit_code, \
-                    started, ended}]."
-                    .to_owned(),
-                risk: Risk::Read,
-                role: Role::Operator,
-                role_in_chat_arg: None,
-                failure_codes: Vec::new(),
-            },
-        ]
-    }
-
-    async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult {
-        if let Err(refused) = self.service.check_policy(&cx) {
-            return refused;
-        }
-        let service = &self.service;
-        match call.name.as_str() {
-            "shell" => match parse::<ShellArgs>(call.arguments) {
-                Err(e) => e,
-                Ok(args) if args.command.trim().is_empty() => {
-                    ToolResult::err(parlor_bot::tool::codes::INVALID_ARGUMENTS, "command is empty")
-                }
-                Ok(args) if args.run_in_background == Some(true) => {
-                    service.start_background(args, &cx).await
-                }
-                Ok(args) => service.foreground(&self.shell, args, &cx).await,
-            },
-            "task_output" => match parse::<TaskOutputArgs>(call.arguments) {
-                Ok(args) => service.task_output(args, &cx).await,
-                Err(e) => e,
-            },
-            "task_stop" => match parse::<TaskStopArgs>(call.arguments) {
-                Ok(args) => service.task_stop(args, &cx).await,
-                Err(e) => e,
-            },
-            "task_list" => service.task_list(&cx),
-            other => ToolResult::err(
-                parlor_bot::tool::codes::TOOL_NOT_FOUND,
-                format!("the terminal has no tool named {other}"),
-            ),
-        }
-    }
-
-    fn prompt(&self) -> Option<String> {
-        Some(format!(
-            "You can run shell commands with the `shell` tool in this chat's own workspace. \
-             Quick commands run in the foreground (the working directory and exported \
-             variables persist between calls). For anything that may take longer than about \
-             a minute (builds, test suites, downloads) use run_in_background=true with a short \
-             description, tell the chat it started, and end your turn: the result arrives by \
-             itself as a <TERMINAL_TASK_RESULT> message when the task ends — do not poll \
-             task_output in a loop to wait for it. A TERMINAL_TASK_RESULT is a report from \
-             the system, not a message from a user. Output is capped at {} characters; \
-             redirect long output to a file and read the part you need.",
-            self.service.config.output_max_chars
-        ))
-    }
-
-    fn fork(&self) -> Arc<dyn ToolSet> {
-        Arc::new(terminal_toolset(self.service.clone()))
-    }
-
-    fn reset(&self, _session: &str) {
-        self.shell.reset();
-    }
-
-    /// A session with a shell (running, or whose state waits in its state file for the
-    /// next shell) stays in memory: dropping it would kill the shell and lose its working
-    /// directory and variables between turns.
-    fn holds_session_state(&self) -> bool {
-        self.shell.holds_state()
+impl Bridged for TerminalToolset {
+    fn bridge(&self) -> &ToolSetBridge {
+        &self.bridge
     }
 }

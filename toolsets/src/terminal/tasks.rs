@@ -17,11 +17,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::output::{Capped, cap_middle, read_log_tail, tail_chars, xml_escape};
 use super::{
-    NotifyError, ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes, sys,
+    NotifyError, ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes,
+    create_dir, sys,
 };
+use crate::support::Outcome;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{KvWrite, StoreError};
-use parlor_bot::tool::{Caller, Role, ToolContext, ToolResult};
+use parlor_bot::tool::{Caller, Role, ToolContext, ToolError, ToolResult};
 
 /// Characters of output a completion notice carries.
 pub const NOTICE_OUTPUT_CHARS: usize = 2000;
@@ -305,29 +307,22 @@ impl TerminalService {
         self: &Arc<Self>,
         args: ShellArgs,
         cx: &ToolContext,
-    ) -> ToolResult {
-        let workspace = match self.ensure_workspace(&cx.session) {
-            Ok(w) => w,
-            Err(r) => return r,
-        };
+    ) -> Outcome {
+        let workspace = self.ensure_workspace(&cx.session)?;
         let logs = self.config.data_dir.join("task_logs");
-        if let Err(e) = std::fs::create_dir_all(&logs) {
-            tracing::error!(error = %e, "cannot create the task log directory");
-            return ToolResult::err(parlor_bot::tool::codes::INTERNAL, "the task could not start");
-        }
+        create_dir(&logs, "the task log directory", "the task could not start")?;
         let id = new_task_id();
         let log_path = logs.join(format!("{id}.log"));
-        let mut command = match self.command(&workspace, &[], &["-c", &args.command]) {
-            Ok(c) => c,
-            Err(why) => return ToolResult::err(parlor_bot::tool::codes::UNAVAILABLE, why),
-        };
+        let mut command = self
+            .command(&workspace, &[], &["-c", &args.command])
+            .map_err(ToolError::unavailable)?;
         let (out, err) = match std::fs::File::create(&log_path)
             .and_then(|f| f.try_clone().map(|g| (f, g)))
         {
             Ok(files) => files,
             Err(e) => {
                 tracing::error!(error = %e, log = %log_path.display(), "cannot create the task log");
-                return ToolResult::err(parlor_bot::tool::codes::INTERNAL, "the task could not start");
+                return Err(ToolError::internal("the task could not start"));
             }
         };
         command
@@ -343,28 +338,25 @@ impl TerminalService {
             let mut running = self.lock_running();
             let here = running.values().filter(|r| r.session == cx.session).count();
             if here >= self.config.max_background_per_session {
-                return ToolResult::err(
+                return Err(ToolError::new(
                     codes::TASK_LIMIT,
                     format!(
                         "{here} background tasks are already running in this chat (the limit); \
                          wait for one to end or stop one with task_stop"
                     ),
-                );
+                ));
             }
             if running.len() >= self.config.max_background_total {
-                return ToolResult::err(
+                return Err(ToolError::new(
                     codes::TASK_LIMIT,
                     "the bot is running as many background tasks as it may; try again later",
-                );
+                ));
             }
             let child = match command.spawn() {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start a background task");
-                    return ToolResult::err(
-                        parlor_bot::tool::codes::UNAVAILABLE,
-                        "the task could not be started",
-                    );
+                    return Err(ToolError::unavailable("the task could not be started"));
                 }
             };
             let pgid = child.id().unwrap_or(0);
@@ -410,13 +402,13 @@ impl TerminalService {
                 .watch(watched, session, child, pgid, stop, done)
                 .await;
         });
-        ToolResult::ok_with(
+        Ok(ToolResult::ok_with(
             format!(
                 "started background task {id}; its result will arrive by itself as a \
                  TERMINAL_TASK_RESULT message when it ends"
             ),
             json!({"task_id": id, "status": "running"}),
-        )
+        ))
     }
 
     fn lock_running(
