@@ -1,8 +1,11 @@
 //! # parlor-toolsets — every built-in toolset
 //!
 //! The abilities the agent gets from parlor itself, one module a toolset. Each implements
-//! [`ToolSet`](parlor_bot::tool::ToolSet) (most through the typed
-//! [`ToolSetBridge`](parlor_bot::tool::ToolSetBridge)) and passes the one gate of
+//! [`ToolSet`](parlor_bot::tool::ToolSet) through the typed
+//! [`ToolSetBridge`](parlor_bot::tool::ToolSetBridge) (its tools as typed functions over the
+//! toolset's state, its prompt, injection, fork and reset as the bridge's hooks), directly or
+//! as a type of its own that is [`Bridged`](parlor_bot::tool::Bridged), and passes the one
+//! gate of
 //! [`ToolRegistry::call`](parlor_bot::tool::ToolRegistry::call): the tool exists, its
 //! arguments fit its schema, the caller's [`Role`](parlor_bot::tool::Role) is enough.
 //!

@@ -31,9 +31,9 @@
 //! # Ok::<(), BridgeError>(())
 //! ```
 //!
-//! The argument type `A` (`DeserializeOwned + JsonSchema`) gives the tool's schema through
-//! [`schema_for`]; the function returns anything [`IntoToolResult`]: a [`ToolResult`], or a
-//! `Result<T: Serialize, E: Into<ToolError>>`.
+//! The argument type `A` ([`ToolArgs`]: `DeserializeOwned + JsonSchema`) gives the tool's
+//! schema through [`schema_for`]; the function returns a future ([`ToolFuture`]) of anything
+//! [`IntoToolResult`]: a [`ToolResult`], or a `Result<T: Serialize, E: Into<ToolError>>`.
 //!
 //! Per-tool metadata (`.risk`, `.role`, `.role_in_chat_arg`, `.failure_codes`,
 //! `.result_doc`) is chained on the same
@@ -127,6 +127,16 @@ impl IntoToolResult for ToolResult {
         self
     }
 }
+
+/// An argument type of a tool: read from the call's JSON, its schema from [`schema_for`].
+pub trait ToolArgs: DeserializeOwned + JsonSchema + Send + 'static {}
+
+impl<T: DeserializeOwned + JsonSchema + Send + 'static> ToolArgs for T {}
+
+/// What a tool function returns: a future of anything [`IntoToolResult`].
+pub trait ToolFuture: Future<Output: IntoToolResult> + Send + 'static {}
+
+impl<T: Future<Output: IntoToolResult> + Send + 'static> ToolFuture for T {}
 
 /// `Ok(value)`: a success. A string becomes the message (no data); `()` / `None` give the
 /// message `"ok"` and no data; anything else is the `data`, with the message `"ok"`.
@@ -642,81 +652,57 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
     }
 
     /// Adds a tool `f(args)`.
-    pub fn add_function<A, F, Fut, R>(self, name: &str, description: &str, f: F) -> Self
-    where
-        A: DeserializeOwned + JsonSchema + Send + 'static,
-        F: Fn(A) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: IntoToolResult,
-    {
-        self.add_function_with_context(name, description, move |args: A, _cx: ToolContext| f(args))
+    pub fn add_function<A: ToolArgs, Fut: ToolFuture>(
+        self,
+        name: &str,
+        description: &str,
+        f: impl Fn(A) -> Fut + Send + Sync + 'static,
+    ) -> Self {
+        self.add_function_with_context(name, description, move |args: A, _| f(args))
     }
 
     /// Adds a tool `f(args, appender)` that may append messages to the conversation (an
     /// image as a user message, say); they follow this batch's tool results.
-    pub fn add_function_with_messages<A, F, Fut, R>(
+    pub fn add_function_with_messages<A: ToolArgs, Fut: ToolFuture>(
         self,
         name: &str,
         description: &str,
-        f: F,
-    ) -> Self
-    where
-        A: DeserializeOwned + JsonSchema + Send + 'static,
-        F: Fn(A, MessageAppender) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: IntoToolResult,
-    {
-        self.add_function_with_context(name, description, move |args: A, cx: ToolContext| {
-            f(args, cx.appender)
-        })
+        f: impl Fn(A, MessageAppender) -> Fut + Send + Sync + 'static,
+    ) -> Self {
+        self.add_function_with_context(name, description, move |args: A, cx| f(args, cx.appender))
     }
 
     /// Adds a tool `f(args, cancel)` that watches the call's cancellation token (cancelled by
     /// `/stop`, shutdown, a reset, or the call's timeout) to stop work and clean up.
-    pub fn add_function_cancellable<A, F, Fut, R>(self, name: &str, description: &str, f: F) -> Self
-    where
-        A: DeserializeOwned + JsonSchema + Send + 'static,
-        F: Fn(A, CancellationToken) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: IntoToolResult,
-    {
-        self.add_function_with_context(name, description, move |args: A, cx: ToolContext| {
-            f(args, cx.cancel)
-        })
+    pub fn add_function_cancellable<A: ToolArgs, Fut: ToolFuture>(
+        self,
+        name: &str,
+        description: &str,
+        f: impl Fn(A, CancellationToken) -> Fut + Send + Sync + 'static,
+    ) -> Self {
+        self.add_function_with_context(name, description, move |args: A, cx| f(args, cx.cancel))
     }
 
     /// Adds a tool `f(args, context)` seeing the whole [`ToolContext`] (session, caller,
     /// cancellation, appender).
-    pub fn add_function_with_context<A, F, Fut, R>(
+    pub fn add_function_with_context<A: ToolArgs, Fut: ToolFuture>(
         self,
         name: &str,
         description: &str,
-        f: F,
-    ) -> Self
-    where
-        A: DeserializeOwned + JsonSchema + Send + 'static,
-        F: Fn(A, ToolContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: IntoToolResult,
-    {
-        self.add_function_with_state(name, description, move |_: Arc<S>, args: A, cx| f(args, cx))
+        f: impl Fn(A, ToolContext) -> Fut + Send + Sync + 'static,
+    ) -> Self {
+        self.add_function_with_state(name, description, move |_, args: A, cx| f(args, cx))
     }
 
     /// Adds a tool `f(state, args, context)`: the toolset's state (this fork's, see
     /// [`ToolSetBridge::builder_with_state`]) and the whole [`ToolContext`]. The other
     /// `add_*` are built on this one.
-    pub fn add_function_with_state<A, F, Fut, R>(
+    pub fn add_function_with_state<A: ToolArgs, Fut: ToolFuture>(
         mut self,
         name: &str,
         description: &str,
-        f: F,
-    ) -> Self
-    where
-        A: DeserializeOwned + JsonSchema + Send + 'static,
-        F: Fn(Arc<S>, A, ToolContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = R> + Send + 'static,
-        R: IntoToolResult,
-    {
+        f: impl Fn(Arc<S>, A, ToolContext) -> Fut + Send + Sync + 'static,
+    ) -> Self {
         let parameters = schema_for::<A>();
         let schema = Arc::new(parameters.clone());
         let f = Arc::new(f);
