@@ -30,23 +30,23 @@
 //!   unless `fail_if_not_exists` is `false`.
 //! - Without `allowed_mentions`, Discord parses every mention in the content, `@everyone`
 //!   included; [`DiscordSent::pings_everyone`] tells whether a sent message would have pinged.
-//! - The bot's own messages come back as `MESSAGE_CREATE` (see [`FakeDiscord::set_echo_own`]).
+//! - The bot's own messages come back as `MESSAGE_CREATE`.
 //! - `nonce` (an integer, or a string of at most 25 characters; 400 code 50035 otherwise) is
 //!   echoed in the message. With `enforce_nonce: true`, a nonce the bot already used in that
-//!   channel within [`NONCE_WINDOW`] returns the message created then, and nothing new is
+//!   channel within five minutes returns the message created then, and nothing new is
 //!   created, recorded or dispatched.
 //!
 //! ## Gateway
 //! JSON text frames, no compression. On connect the fake sends Hello (op 10, from Discord's
-//! example, with a configurable `heartbeat_interval`); Identify (op 2) gets `READY`; a heartbeat
+//! example); Identify (op 2) gets `READY`; a heartbeat
 //! (op 1) gets an ACK (op 11); Resume (op 6) of the current session replays the events after
 //! the client's `seq` and then sends `RESUMED`; a resume of an unknown session gets Invalid
 //! Session (op 9, `d: false`). Events pushed while no connection is ready are queued and sent
 //! after the next `READY`/`RESUMED`, so a test never loses an event to a reconnect.
 //! [`FakeDiscord::disconnect`] closes the live connection with close code 4000 (resumable).
 //!
-//! Incoming messages are scripted with [`FakeDiscord::message`] (a builder based on Discord's
-//! documented example message) or [`FakeDiscord::dispatch`] (any raw event).
+//! Incoming messages are scripted with [`FakeDiscord::message`], a builder based on Discord's
+//! documented example message.
 //!
 //! Avoid `#[tokio::test(start_paused = true)]` with this fake: real sockets and heartbeats need
 //! a running clock.
@@ -117,11 +117,6 @@ pub fn discord_fixture(name: &str) -> Option<Value> {
         .and_then(|(_, text)| serde_json::from_str(text).ok())
 }
 
-/// The names of the copied Discord documentation examples.
-pub fn discord_fixture_names() -> Vec<&'static str> {
-    FIXTURES.iter().map(|(n, _)| *n).collect()
-}
-
 fn fixture(name: &str) -> Value {
     discord_fixture(name).unwrap_or_else(|| panic!("fake discord: fixture {name} is missing"))
 }
@@ -157,13 +152,13 @@ impl DiscordUser {
     }
 
     /// Marks the user as a bot.
-    pub fn bot(mut self) -> Self {
+    fn bot(mut self) -> Self {
         self.bot = true;
         self
     }
 
     /// The user object.
-    pub fn to_json(&self) -> Value {
+    fn to_json(&self) -> Value {
         json!({
             "id": self.id.to_string(),
             "username": self.username,
@@ -175,7 +170,7 @@ impl DiscordUser {
     }
 
     /// The mention markup `<@id>`.
-    pub fn mention(&self) -> String {
+    fn mention(&self) -> String {
         format!("<@{}>", self.id)
     }
 }
@@ -228,7 +223,7 @@ impl DiscordFailure {
 }
 
 /// How long Discord remembers a nonce for `enforce_nonce` ("the past few minutes").
-pub const NONCE_WINDOW: Duration = Duration::from_secs(5 * 60);
+const NONCE_WINDOW: Duration = Duration::from_secs(5 * 60);
 
 /// A message sent through `POST /channels/{id}/messages`.
 #[derive(Debug, Clone, PartialEq)]
@@ -342,8 +337,6 @@ struct Connection {
 
 struct Inner {
     bot: DiscordUser,
-    heartbeat_interval: u64,
-    echo_own: bool,
     reject_identify: bool,
     session_id: Option<String>,
     seq: u64,
@@ -431,9 +424,8 @@ fn flush_pending(inner: &mut Inner) {
     }
 }
 
-/// An in-process fake Discord (REST + gateway). Stops when dropped or on
-/// [`FakeDiscord::shutdown`]. All methods except `start*`, `wait_for_*` and `shutdown` are
-/// synchronous.
+/// An in-process fake Discord (REST + gateway). Stops when dropped. All methods except `start`
+/// and `wait_for_*` are synchronous.
 pub struct FakeDiscord {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
@@ -457,35 +449,22 @@ impl FakeDiscord {
     /// # Panics
     /// If no local port can be bound.
     pub async fn start(token: &str) -> Self {
-        Self::start_with(token, DiscordUser::default()).await
-    }
-
-    /// Like [`FakeDiscord::start`], impersonating `bot`.
-    ///
-    /// # Panics
-    /// If no local port can be bound.
-    pub async fn start_with(token: &str, bot: DiscordUser) -> Self {
-        match Self::try_start(token, bot).await {
-            Ok(fake) => fake,
-            Err(e) => panic!("fake discord: cannot bind 127.0.0.1:0: {e}"),
-        }
-    }
-
-    /// Starts the fake, returning the bind error if any.
-    pub async fn try_start(token: &str, bot: DiscordUser) -> std::io::Result<Self> {
-        let http = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-        let gw = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let bot = DiscordUser::default();
+        let bind = || async {
+            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+            let addr = listener.local_addr()?;
+            std::io::Result::Ok((listener, addr))
+        };
+        let ((http, http_addr), (gw, gw_addr)) = match (bind().await, bind().await) {
+            (Ok(http), Ok(gw)) => (http, gw),
+            (Err(e), _) | (_, Err(e)) => panic!("fake discord: cannot bind 127.0.0.1:0: {e}"),
+        };
         let shared = Arc::new(Shared {
             token: token.to_owned(),
-            http_addr: http.local_addr()?,
-            gw_addr: gw.local_addr()?,
+            http_addr,
+            gw_addr,
             inner: Mutex::new(Inner {
                 bot,
-                heartbeat_interval:
-                    fixture("gateway.Example_Hello_Event.L129.json")["d"]["heartbeat_interval"]
-                        .as_u64()
-                        .unwrap_or(45_000),
-                echo_own: true,
                 reject_identify: false,
                 session_id: None,
                 seq: 0,
@@ -536,10 +515,10 @@ impl FakeDiscord {
         });
         let gw_shared = Arc::clone(&shared);
         let gw_task = tokio::spawn(async move { accept_gateway(gw, gw_shared).await });
-        Ok(FakeDiscord {
+        FakeDiscord {
             shared,
             tasks: vec![http_task, gw_task],
-        })
+        }
     }
 
     /// The base URL for serenity's `HttpBuilder::proxy`: `http://127.0.0.1:PORT`.
@@ -552,36 +531,15 @@ impl FakeDiscord {
         self.shared.ws_url()
     }
 
-    /// The token the fake accepts.
-    pub fn token(&self) -> &str {
-        &self.shared.token
-    }
-
     /// The bot user.
     pub fn bot(&self) -> DiscordUser {
         self.shared.lock().bot.clone()
-    }
-
-    /// The `heartbeat_interval` (ms) of the next Hello.
-    pub fn set_heartbeat_interval(&self, millis: u64) {
-        self.shared.lock().heartbeat_interval = millis;
-    }
-
-    /// Whether messages the bot sends come back as `MESSAGE_CREATE` (default true, as on
-    /// Discord).
-    pub fn set_echo_own(&self, echo: bool) {
-        self.shared.lock().echo_own = echo;
     }
 
     /// Whether Identify is answered with close code 4004 (Authentication failed) whatever the
     /// token, as when a token is reset while the REST side still worked.
     pub fn set_reject_identify(&self, reject: bool) {
         self.shared.lock().reject_identify = reject;
-    }
-
-    /// A new snowflake id (unique within this fake).
-    pub fn snowflake(&self) -> u64 {
-        self.shared.snowflake()
     }
 
     /// Registers a guild with its owner; the `@everyone` role (id = guild id) has no
@@ -668,8 +626,6 @@ impl FakeDiscord {
             mentions: Vec::new(),
             reply_to: None,
             attachments: Vec::new(),
-            member_roles: None,
-            extra: Vec::new(),
         }
     }
 
@@ -685,7 +641,7 @@ impl FakeDiscord {
 
     /// Pushes any dispatch event (`op 0`, `t`, `d`); sent now if a connection is ready,
     /// else queued for the next one.
-    pub fn dispatch(&self, t: &str, d: Value) {
+    fn dispatch(&self, t: &str, d: Value) {
         if t == "MESSAGE_CREATE"
             && let Some(id) = d.get("id").and_then(snowflake_string)
         {
@@ -777,11 +733,6 @@ impl FakeDiscord {
         self.shared.lock().identifies.clone()
     }
 
-    /// The Resume payloads (`d`) received.
-    pub fn resumes(&self) -> Vec<Value> {
-        self.shared.lock().resumes.clone()
-    }
-
     /// Heartbeats received.
     pub fn heartbeats(&self) -> u64 {
         self.shared.lock().heartbeats
@@ -853,25 +804,6 @@ impl FakeDiscord {
         .await
     }
 
-    /// Waits until at least `n` typing calls were received.
-    pub async fn wait_for_typing(
-        &self,
-        n: usize,
-        timeout: Duration,
-    ) -> Result<Vec<DiscordTyping>, DiscordWaitTimeout> {
-        self.wait_until(timeout, |inner| {
-            if inner.typing.len() >= n {
-                Ok(inner.typing.clone())
-            } else {
-                Err((
-                    format!("{n} typing call(s)"),
-                    inner.typing.len().to_string(),
-                ))
-            }
-        })
-        .await
-    }
-
     async fn wait_until<T>(
         &self,
         timeout: Duration,
@@ -892,19 +824,6 @@ impl FakeDiscord {
                     seen,
                     timeout,
                 });
-            }
-        }
-    }
-
-    /// Stops both servers and closes the gateway connection.
-    pub async fn shutdown(mut self) {
-        self.shared.cancel.cancel();
-        for mut task in self.tasks.drain(..) {
-            if tokio::time::timeout(Duration::from_secs(2), &mut task)
-                .await
-                .is_err()
-            {
-                task.abort();
             }
         }
     }
@@ -931,8 +850,6 @@ pub struct DiscordMessageBuilder<'a> {
     mentions: Vec<DiscordUser>,
     reply_to: Option<String>,
     attachments: Vec<(String, String, Vec<u8>)>,
-    member_roles: Option<Vec<u64>>,
-    extra: Vec<(String, Value)>,
 }
 
 impl DiscordMessageBuilder<'_> {
@@ -981,20 +898,8 @@ impl DiscordMessageBuilder<'_> {
         self
     }
 
-    /// The author's roles in the `member` object (default: as registered, else none).
-    pub fn member_roles(mut self, roles: Vec<u64>) -> Self {
-        self.member_roles = Some(roles);
-        self
-    }
-
-    /// Sets any top-level field of the message.
-    pub fn field(mut self, key: impl Into<String>, value: Value) -> Self {
-        self.extra.push((key.into(), value));
-        self
-    }
-
     /// The message object (`d` of the event).
-    pub fn build(self) -> Value {
+    fn build(self) -> Value {
         let fake = self.fake;
         let id = fake.shared.snowflake().to_string();
         let mut message = fixture("message.Example_Message.L167.json");
@@ -1019,14 +924,13 @@ impl DiscordMessageBuilder<'_> {
         };
         if let Some(guild_id) = guild_id {
             message["guild_id"] = json!(guild_id.to_string());
-            let roles = self.member_roles.unwrap_or_else(|| {
-                fake.shared
-                    .lock()
-                    .guilds
-                    .get(&guild_id)
-                    .and_then(|g| g.members.get(&self.author.id).cloned())
-                    .unwrap_or_default()
-            });
+            let roles = fake
+                .shared
+                .lock()
+                .guilds
+                .get(&guild_id)
+                .and_then(|g| g.members.get(&self.author.id).cloned())
+                .unwrap_or_default();
             message["member"] = json!({
                 "roles": roles.iter().map(u64::to_string).collect::<Vec<_>>(),
                 "joined_at": "2020-01-01T00:00:00.000000+00:00",
@@ -1064,9 +968,6 @@ impl DiscordMessageBuilder<'_> {
             })
             .collect();
         message["attachments"] = Value::Array(attachments);
-        for (key, value) in self.extra {
-            message[key] = value;
-        }
         message
     }
 
@@ -1117,8 +1018,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             tx: tx.clone(),
             ready: false,
         });
-        let mut hello = fixture("gateway.Example_Hello_Event.L129.json");
-        hello["d"]["heartbeat_interval"] = json!(inner.heartbeat_interval);
+        let hello = fixture("gateway.Example_Hello_Event.L129.json");
         let _ = tx.send(WsMessage::Text(hello.to_string()));
         id
     };
@@ -1649,13 +1549,9 @@ async fn create_message(
         .cloned()
         .filter(|a| !a.is_null());
     let id = shared.snowflake().to_string();
-    let (bot, channel_info, echo) = {
+    let (bot, channel_info) = {
         let inner = shared.lock();
-        (
-            inner.bot.clone(),
-            inner.channels.get(&channel_id).cloned(),
-            inner.echo_own,
-        )
+        (inner.bot.clone(), inner.channels.get(&channel_id).cloned())
     };
     let sent = DiscordSent {
         channel_id: channel.clone(),
@@ -1709,20 +1605,18 @@ async fn create_message(
         inner.messages.insert(id.clone(), message.clone());
     }
     shared.changed.notify_waiters();
-    if echo {
-        let mut event = message.clone();
-        if let Some(guild) = channel_info.and_then(|c| c.guild_id) {
-            event["guild_id"] = json!(guild.to_string());
-            event["member"] = json!({
-                "roles": [],
-                "joined_at": "2020-01-01T00:00:00.000000+00:00",
-                "deaf": false,
-                "mute": false,
-                "flags": 0,
-            });
-        }
-        shared.dispatch("MESSAGE_CREATE", event);
+    let mut event = message.clone();
+    if let Some(guild) = channel_info.and_then(|c| c.guild_id) {
+        event["guild_id"] = json!(guild.to_string());
+        event["member"] = json!({
+            "roles": [],
+            "joined_at": "2020-01-01T00:00:00.000000+00:00",
+            "deaf": false,
+            "mute": false,
+            "flags": 0,
+        });
     }
+    shared.dispatch("MESSAGE_CREATE", event);
     json_response(StatusCode::OK, message)
 }
 
@@ -1810,7 +1704,7 @@ mod tests {
 
     #[test]
     fn fixtures_parse() {
-        for name in discord_fixture_names() {
+        for (name, _) in FIXTURES {
             assert!(discord_fixture(name).is_some(), "{name}");
         }
     }

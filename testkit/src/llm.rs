@@ -59,7 +59,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Usage numbers reported when a [`Reply`] does not set them with
 /// [`Reply::usage`]: `(prompt_tokens, completion_tokens)`.
-pub const DEFAULT_USAGE: (u64, u64) = (10, 5);
+const DEFAULT_USAGE: (u64, u64) = (10, 5);
 
 /// How many pieces streamed text and tool-call arguments are split into (at
 /// most; short strings give fewer pieces).
@@ -96,20 +96,6 @@ impl ToolCallSpec {
             arguments: args.to_string(),
         }
     }
-
-    /// A call whose arguments string is sent verbatim, e.g. malformed JSON to
-    /// test how a client copes with it.
-    pub fn raw(
-        id: impl Into<String>,
-        name: impl Into<String>,
-        arguments: impl Into<String>,
-    ) -> Self {
-        Self {
-            id: id.into(),
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -143,7 +129,6 @@ enum Kind {
 struct Completion {
     text: String,
     calls: Vec<ToolCallSpec>,
-    finish_reason: Option<String>,
     error: Option<String>,
     stall: bool,
 }
@@ -233,7 +218,7 @@ impl Reply {
     }
 
     /// Sets the reported usage (`total_tokens` is their sum). Defaults to
-    /// [`DEFAULT_USAGE`]. No-op for status and raw replies.
+    /// `(10, 5)`. No-op for status and raw replies.
     pub fn usage(mut self, prompt_tokens: u64, completion_tokens: u64) -> Self {
         self.usage = (prompt_tokens, completion_tokens);
         self
@@ -267,16 +252,6 @@ impl Reply {
     pub fn body(mut self, body: Value) -> Self {
         if let Kind::Status { body: b, .. } = &mut self.kind {
             *b = Some(body);
-        }
-        self
-    }
-
-    /// Overrides the finish reason (e.g. `"length"`), which otherwise is
-    /// `"tool_calls"` when the reply has tool calls and `"stop"` otherwise.
-    /// No-op for status and raw replies.
-    pub fn finish_reason(mut self, reason: impl Into<String>) -> Self {
-        if let Kind::Completion(c) = &mut self.kind {
-            c.finish_reason = Some(reason.into());
         }
         self
     }
@@ -475,18 +450,16 @@ impl FakeLlm {
     /// Starts the server on `127.0.0.1:0`.
     ///
     /// # Panics
-    /// If no local port can be bound (see [`FakeLlm::try_start`]).
+    /// If no local port can be bound.
     pub async fn start() -> Self {
-        match Self::try_start().await {
-            Ok(fake) => fake,
+        let listener = match tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await {
+            Ok(listener) => listener,
             Err(e) => panic!("fake llm: cannot bind 127.0.0.1:0: {e}"),
-        }
-    }
-
-    /// Starts the server on `127.0.0.1:0`, returning the bind error if any.
-    pub async fn try_start() -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-        let addr = listener.local_addr()?;
+        };
+        let addr = match listener.local_addr() {
+            Ok(addr) => addr,
+            Err(e) => panic!("fake llm: no local address: {e}"),
+        };
         let shared = Arc::new(Shared {
             script: Mutex::new(Script::default()),
             recorded: Notify::new(),
@@ -507,11 +480,11 @@ impl FakeLlm {
             // server is gone, which tests notice through failed requests.
             let _ = serve.await;
         });
-        Ok(Self {
+        Self {
             shared,
             addr,
             task: Some(task),
-        })
+        }
     }
 
     /// The base URL to configure a client with: `http://127.0.0.1:PORT/v1`.
@@ -920,7 +893,7 @@ fn sse_events(ctx: &Ctx, c: &Completion, usage: (u64, u64), include_usage: bool)
         return events;
     }
     let finish = finish_reason(c);
-    events.push(data_event(&ctx.chunk(json!({}), Some(&finish))));
+    events.push(data_event(&ctx.chunk(json!({}), Some(finish))));
     if include_usage {
         events.push(data_event(&json!({
             "id": ctx.id,
@@ -935,11 +908,11 @@ fn sse_events(ctx: &Ctx, c: &Completion, usage: (u64, u64), include_usage: bool)
     events
 }
 
-fn finish_reason(c: &Completion) -> String {
-    match &c.finish_reason {
-        Some(reason) => reason.clone(),
-        None if c.calls.is_empty() => "stop".to_owned(),
-        None => "tool_calls".to_owned(),
+fn finish_reason(c: &Completion) -> &'static str {
+    if c.calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
     }
 }
 

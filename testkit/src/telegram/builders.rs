@@ -12,9 +12,6 @@ use super::state::{Compose, now_unix, unique_id};
 pub(super) const PHOTO_SIZE: (i64, i64) = (1280, 960);
 
 /// A (human, by default) Telegram user that sends messages to the bot.
-///
-/// `TgUser::from((id, first_name, username))` and
-/// `TgUser::from((id, first_name))` are shorthands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TgUser {
     /// The user id; also the chat id of the private chat with the bot.
@@ -25,8 +22,6 @@ pub struct TgUser {
     pub last_name: Option<String>,
     /// `username` without `@`, omitted when `None`.
     pub username: Option<String>,
-    /// `language_code`, omitted when `None`.
-    pub language_code: Option<String>,
     /// `is_bot`.
     pub is_bot: bool,
 }
@@ -39,7 +34,6 @@ impl TgUser {
             first_name: first_name.into(),
             last_name: None,
             username: None,
-            language_code: None,
             is_bot: false,
         }
     }
@@ -56,20 +50,8 @@ impl TgUser {
         self
     }
 
-    /// Sets `language_code`, e.g. `"en"`.
-    pub fn language_code(mut self, code: impl Into<String>) -> Self {
-        self.language_code = Some(code.into());
-        self
-    }
-
-    /// Marks the user as a bot (`is_bot: true`).
-    pub fn bot(mut self) -> Self {
-        self.is_bot = true;
-        self
-    }
-
     /// The `User` object.
-    pub fn to_json(&self) -> Value {
+    pub(super) fn to_json(&self) -> Value {
         let mut user = json!({
             "id": self.id,
             "is_bot": self.is_bot,
@@ -80,9 +62,6 @@ impl TgUser {
         }
         if let Some(v) = &self.username {
             user["username"] = json!(v);
-        }
-        if let Some(v) = &self.language_code {
-            user["language_code"] = json!(v);
         }
         user
     }
@@ -100,18 +79,6 @@ impl TgUser {
             chat["username"] = json!(v);
         }
         chat
-    }
-}
-
-impl From<(i64, &str, &str)> for TgUser {
-    fn from((id, first_name, username): (i64, &str, &str)) -> Self {
-        Self::new(id, first_name).username(username)
-    }
-}
-
-impl From<(i64, &str)> for TgUser {
-    fn from((id, first_name): (i64, &str)) -> Self {
-        Self::new(id, first_name)
     }
 }
 
@@ -137,9 +104,6 @@ pub struct MessageBuilder<'a> {
     reply_to: Option<(i64, bool)>,
     topic: Option<i64>,
     photo: Option<(String, u64)>,
-    date: Option<i64>,
-    extra_entities: Vec<Value>,
-    fields: Map<String, Value>,
 }
 
 impl<'a> MessageBuilder<'a> {
@@ -154,9 +118,6 @@ impl<'a> MessageBuilder<'a> {
             reply_to: None,
             topic: None,
             photo: None,
-            date: None,
-            extra_entities: Vec::new(),
-            fields: Map::new(),
         }
     }
 
@@ -215,25 +176,6 @@ impl<'a> MessageBuilder<'a> {
         self
     }
 
-    /// Sets `date` (unix seconds; defaults to now).
-    pub fn date(mut self, unix_secs: i64) -> Self {
-        self.date = Some(unix_secs);
-        self
-    }
-
-    /// Adds a raw `MessageEntity` object (offsets in UTF-16 units of the
-    /// final text).
-    pub fn entity(mut self, entity: Value) -> Self {
-        self.extra_entities.push(entity);
-        self
-    }
-
-    /// Sets (or overrides) a top-level field of the message JSON.
-    pub fn field(mut self, key: impl Into<String>, value: Value) -> Self {
-        self.fields.insert(key.into(), value);
-        self
-    }
-
     /// Queues the message as `{"update_id":..,"message":..}` and returns its
     /// `message_id`.
     pub fn push(self) -> i64 {
@@ -273,8 +215,6 @@ impl<'a> MessageBuilder<'a> {
                 utf16_len(&mention),
             ));
         }
-        entities.extend(self.extra_entities);
-        sort_entities(&mut entities);
 
         let mut content = Map::new();
         match self.photo {
@@ -312,7 +252,6 @@ impl<'a> MessageBuilder<'a> {
                 }
             }
         }
-        content.extend(self.fields);
 
         let mut st = self.fake.shared.lock();
         st.remember_user(&self.from.to_json());
@@ -340,7 +279,7 @@ impl<'a> MessageBuilder<'a> {
         st.compose(Compose {
             chat_id,
             from: self.from.to_json(),
-            date: self.date.unwrap_or_else(now_unix),
+            date: now_unix(),
             reply,
             thread: topic,
             content,

@@ -115,7 +115,6 @@ pub use records::{
     ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage,
     TelegramWaitTimeout,
 };
-pub use state::BotUser;
 use state::{Inner, Shared, update_id};
 
 /// How long [`FakeTelegram::shutdown`] waits for the server task before
@@ -126,7 +125,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 ///
 /// The server runs on a tokio task owned by this value; it stops on
 /// [`FakeTelegram::shutdown`] or when the value is dropped (waiting long
-/// polls then end with an empty result). All methods except `start*`,
+/// polls then end with an empty result). All methods except `start`,
 /// `wait_for_*` and `shutdown` are synchronous and never block on the
 /// network.
 pub struct FakeTelegram {
@@ -148,33 +147,22 @@ impl fmt::Debug for FakeTelegram {
 }
 
 impl FakeTelegram {
-    /// Starts the server on `127.0.0.1:0` for bot token `token`, with the
-    /// default [`BotUser`].
-    ///
-    /// # Panics
-    /// If no local port can be bound (see [`FakeTelegram::try_start`]).
-    pub async fn start(token: &str) -> Self {
-        Self::start_with(token, BotUser::default()).await
-    }
-
-    /// Like [`FakeTelegram::start`], impersonating `bot`.
+    /// Starts the server on `127.0.0.1:0` for bot token `token`.
     ///
     /// # Panics
     /// If no local port can be bound.
-    pub async fn start_with(token: &str, bot: BotUser) -> Self {
-        match Self::try_start(token, bot).await {
-            Ok(fake) => fake,
+    pub async fn start(token: &str) -> Self {
+        let listener = match tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await {
+            Ok(listener) => listener,
             Err(e) => panic!("fake telegram: cannot bind 127.0.0.1:0: {e}"),
-        }
-    }
-
-    /// Starts the server on `127.0.0.1:0`, returning the bind error if any.
-    pub async fn try_start(token: &str, bot: BotUser) -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-        let addr = listener.local_addr()?;
+        };
+        let addr = match listener.local_addr() {
+            Ok(addr) => addr,
+            Err(e) => panic!("fake telegram: no local address: {e}"),
+        };
         let shared = Arc::new(Shared {
             token: token.to_owned(),
-            inner: Mutex::new(Inner::new(bot)),
+            inner: Mutex::new(Inner::new()),
             updates: Notify::new(),
             changed: Notify::new(),
             cancel: CancellationToken::new(),
@@ -190,11 +178,11 @@ impl FakeTelegram {
             // through failed requests.
             let _ = serve.await;
         });
-        Ok(Self {
+        Self {
             shared,
             addr,
             task: Some(task),
-        })
+        }
     }
 
     /// The API URL to configure a client with: `http://127.0.0.1:PORT`
@@ -206,21 +194,6 @@ impl FakeTelegram {
     /// The bound socket address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-
-    /// The bot token the fake accepts.
-    pub fn token(&self) -> &str {
-        &self.shared.token
-    }
-
-    /// The bot the fake impersonates.
-    pub fn bot(&self) -> BotUser {
-        self.shared.lock().bot.clone()
-    }
-
-    /// Replaces the impersonated bot (affects later answers and builders).
-    pub fn set_bot(&self, bot: BotUser) {
-        self.shared.lock().bot = bot;
     }
 
     // -- chats --------------------------------------------------------------
@@ -302,20 +275,16 @@ impl FakeTelegram {
     pub fn group_message(
         &self,
         chat_id: i64,
-        from: impl Into<TgUser>,
+        from: TgUser,
         text: impl Into<String>,
     ) -> MessageBuilder<'_> {
-        MessageBuilder::new(self, Target::Group(chat_id), from.into(), text.into())
+        MessageBuilder::new(self, Target::Group(chat_id), from, text.into())
     }
 
     /// Starts a message from `from` in their private chat with the bot
     /// (chat id = user id). Finish it with [`MessageBuilder::push`].
-    pub fn private_message(
-        &self,
-        from: impl Into<TgUser>,
-        text: impl Into<String>,
-    ) -> MessageBuilder<'_> {
-        MessageBuilder::new(self, Target::Private, from.into(), text.into())
+    pub fn private_message(&self, from: TgUser, text: impl Into<String>) -> MessageBuilder<'_> {
+        MessageBuilder::new(self, Target::Private, from, text.into())
     }
 
     /// Updates queued and not yet acknowledged (by a `getUpdates` offset
@@ -377,15 +346,6 @@ impl FakeTelegram {
     /// The file paths downloaded so far (successfully), oldest first.
     pub fn downloads(&self) -> Vec<String> {
         self.shared.lock().downloads.clone()
-    }
-
-    /// The bytes of a registered or uploaded file.
-    pub fn file_bytes(&self, file_id: &str) -> Option<Vec<u8>> {
-        self.shared
-            .lock()
-            .files
-            .get(file_id)
-            .map(|f| f.bytes.to_vec())
     }
 
     // -- failures -----------------------------------------------------------
@@ -454,17 +414,6 @@ impl FakeTelegram {
     /// Every method call received with the right token, oldest first.
     pub fn requests(&self) -> Vec<RecordedCall> {
         self.shared.lock().calls.clone()
-    }
-
-    /// The calls of `method` (case-insensitive), oldest first.
-    pub fn requests_for(&self, method: &str) -> Vec<RecordedCall> {
-        self.shared
-            .lock()
-            .calls
-            .iter()
-            .filter(|c| c.is(method))
-            .cloned()
-            .collect()
     }
 
     /// Names of called methods the fake does not implement (answered 404).
@@ -614,18 +563,13 @@ pub fn teloxide_fixture(name: &str) -> Option<Value> {
         .and_then(|(_, text)| serde_json::from_str(text).ok())
 }
 
-/// The names accepted by [`teloxide_fixture`].
-pub fn teloxide_fixture_names() -> Vec<&'static str> {
-    FIXTURES.iter().map(|(n, _)| *n).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn fixtures_parse() {
-        for name in teloxide_fixture_names() {
+        for (name, _) in FIXTURES {
             assert!(teloxide_fixture(name).is_some(), "{name}");
         }
     }

@@ -117,7 +117,7 @@ pub struct RecordedCall {
 
 impl RecordedCall {
     /// Whether this is a call of `method` (compared case-insensitively).
-    pub fn is(&self, method: &str) -> bool {
+    pub(super) fn is(&self, method: &str) -> bool {
         self.method.eq_ignore_ascii_case(method)
     }
 }

@@ -24,26 +24,20 @@ const TOPIC_ICON_COLOR: i64 = 7_322_096;
 /// Update kinds Telegram does not send unless `allowed_updates` names them.
 const OPT_IN_UPDATES: [&str; 3] = ["chat_member", "message_reaction", "message_reaction_count"];
 
-/// The bot the fake server impersonates, as returned by `getMe`.
+/// The bot the fake impersonates, as `getMe` returns it: `@parlor_bot`
+/// (id 4242) with privacy mode off.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BotUser {
-    /// The bot's user id (`4242` by default).
-    pub id: i64,
-    /// `first_name` (`"parlor"` by default).
-    pub first_name: String,
-    /// `username` without `@` (`"parlor_bot"` by default).
-    pub username: String,
-    /// `can_join_groups` (`true` by default).
-    pub can_join_groups: bool,
-    /// `can_read_all_group_messages`, i.e. privacy mode off (`true` by
-    /// default).
-    pub can_read_all_group_messages: bool,
-    /// `supports_inline_queries` (`false` by default).
-    pub supports_inline_queries: bool,
-    /// `can_connect_to_business` (`false` by default).
-    pub can_connect_to_business: bool,
-    /// `has_main_web_app` (`false` by default). teloxide requires the field.
-    pub has_main_web_app: bool,
+pub(super) struct BotUser {
+    pub(super) id: i64,
+    first_name: String,
+    pub(super) username: String,
+    can_join_groups: bool,
+    /// Privacy mode off.
+    can_read_all_group_messages: bool,
+    supports_inline_queries: bool,
+    can_connect_to_business: bool,
+    /// teloxide requires the field.
+    has_main_web_app: bool,
 }
 
 impl Default for BotUser {
@@ -63,7 +57,7 @@ impl Default for BotUser {
 
 impl BotUser {
     /// The bot as a `User` object (what appears in `from` of its messages).
-    pub fn user_json(&self) -> Value {
+    pub(super) fn user_json(&self) -> Value {
         json!({
             "id": self.id,
             "is_bot": true,
@@ -74,7 +68,7 @@ impl BotUser {
 
     /// The bot as `getMe` returns it: the `User` fields plus the bot-only
     /// capability flags.
-    pub fn me_json(&self) -> Value {
+    pub(super) fn me_json(&self) -> Value {
         let mut me = self.user_json();
         let extra = json!({
             "can_join_groups": self.can_join_groups,
@@ -174,9 +168,9 @@ pub(super) struct Inner {
 }
 
 impl Inner {
-    pub(super) fn new(bot: BotUser) -> Self {
+    pub(super) fn new() -> Self {
         Self {
-            bot,
+            bot: BotUser::default(),
             updates: VecDeque::new(),
             next_update_id: FIRST_UPDATE_ID,
             allowed_updates: None,
