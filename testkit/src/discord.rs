@@ -53,7 +53,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -68,11 +68,12 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc};
-use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
+
+use crate::server::{self, Server, Unmet, WaitTimeout, at_least};
 
 /// The guild a message goes to when neither the builder nor the channel says otherwise.
 pub const DEFAULT_GUILD_ID: u64 = 290_926_798_626_357_999;
@@ -111,10 +112,7 @@ const FIXTURES: &[(&str, &str)] = &[
 
 /// One of the copied Discord documentation examples, parsed; `None` for an unknown name.
 pub fn discord_fixture(name: &str) -> Option<Value> {
-    FIXTURES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, text)| serde_json::from_str(text).ok())
+    server::fixture(FIXTURES, name)
 }
 
 fn fixture(name: &str) -> Value {
@@ -287,29 +285,6 @@ pub struct DiscordRequest {
     pub path: String,
 }
 
-/// A `wait_for_*` gave up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiscordWaitTimeout {
-    /// What was awaited.
-    pub wanted: String,
-    /// What was there at the deadline.
-    pub seen: String,
-    /// How long it waited.
-    pub timeout: Duration,
-}
-
-impl fmt::Display for DiscordWaitTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "fake discord: waited {:?} for {}, saw {}",
-            self.timeout, self.wanted, self.seen
-        )
-    }
-}
-
-impl std::error::Error for DiscordWaitTimeout {}
-
 #[derive(Debug, Clone)]
 struct ChannelInfo {
     /// Discord's channel type: 0 text, 1 DM, 11 public thread.
@@ -376,7 +351,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        server::lock(&self.inner)
     }
 
     fn snowflake(&self) -> u64 {
@@ -428,7 +403,8 @@ fn flush_pending(inner: &mut Inner) {
 /// and `wait_for_*` are synchronous.
 pub struct FakeDiscord {
     shared: Arc<Shared>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Held for its `Drop`, which stops both servers.
+    _server: Server,
 }
 
 impl fmt::Debug for FakeDiscord {
@@ -450,15 +426,8 @@ impl FakeDiscord {
     /// If no local port can be bound.
     pub async fn start(token: &str) -> Self {
         let bot = DiscordUser::default();
-        let bind = || async {
-            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-            let addr = listener.local_addr()?;
-            std::io::Result::Ok((listener, addr))
-        };
-        let ((http, http_addr), (gw, gw_addr)) = match (bind().await, bind().await) {
-            (Ok(http), Ok(gw)) => (http, gw),
-            (Err(e), _) | (_, Err(e)) => panic!("fake discord: cannot bind 127.0.0.1:0: {e}"),
-        };
+        let (http, http_addr) = server::loopback("discord").await;
+        let (gw, gw_addr) = server::loopback("discord").await;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
             http_addr,
@@ -508,16 +477,12 @@ impl FakeDiscord {
             )
             .fallback(unknown)
             .with_state(Arc::clone(&shared));
-        let serve =
-            axum::serve(http, app).with_graceful_shutdown(shared.cancel.clone().cancelled_owned());
-        let http_task = tokio::spawn(async move {
-            let _ = serve.await;
-        });
-        let gw_shared = Arc::clone(&shared);
-        let gw_task = tokio::spawn(async move { accept_gateway(gw, gw_shared).await });
+        let mut server = Server::new(shared.cancel.clone());
+        server.serve(http, app);
+        server.spawn(accept_gateway(gw, Arc::clone(&shared)));
         FakeDiscord {
             shared,
-            tasks: vec![http_task, gw_task],
+            _server: server,
         }
     }
 
@@ -758,7 +723,7 @@ impl FakeDiscord {
     }
 
     /// Waits until a gateway connection is live (READY/RESUMED sent).
-    pub async fn wait_for_ready(&self, timeout: Duration) -> Result<(), DiscordWaitTimeout> {
+    pub async fn wait_for_ready(&self, timeout: Duration) -> Result<(), WaitTimeout> {
         self.wait_until(timeout, |inner| {
             if inner.connection.as_ref().is_some_and(|c| c.ready) {
                 Ok(())
@@ -777,15 +742,9 @@ impl FakeDiscord {
         &self,
         n: usize,
         timeout: Duration,
-    ) -> Result<Vec<Value>, DiscordWaitTimeout> {
-        self.wait_until(timeout, |inner| {
-            if inner.resumes.len() >= n {
-                Ok(inner.resumes.clone())
-            } else {
-                Err((format!("{n} resume(s)"), inner.resumes.len().to_string()))
-            }
-        })
-        .await
+    ) -> Result<Vec<Value>, WaitTimeout> {
+        self.wait_until(timeout, |inner| at_least(&inner.resumes, n, "resume(s)"))
+            .await
     }
 
     /// Waits until at least `n` messages were sent, then returns all of them.
@@ -793,48 +752,21 @@ impl FakeDiscord {
         &self,
         n: usize,
         timeout: Duration,
-    ) -> Result<Vec<DiscordSent>, DiscordWaitTimeout> {
-        self.wait_until(timeout, |inner| {
-            if inner.sent.len() >= n {
-                Ok(inner.sent.clone())
-            } else {
-                Err((format!("{n} sent message(s)"), inner.sent.len().to_string()))
-            }
-        })
-        .await
+    ) -> Result<Vec<DiscordSent>, WaitTimeout> {
+        self.wait_until(timeout, |inner| at_least(&inner.sent, n, "sent message(s)"))
+            .await
     }
 
+    /// Waits until `check` passes on the state; see [`server::wait_until`].
     async fn wait_until<T>(
         &self,
         timeout: Duration,
-        check: impl Fn(&Inner) -> Result<T, (String, String)>,
-    ) -> Result<T, DiscordWaitTimeout> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.shared.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let (wanted, seen) = match check(&self.shared.lock()) {
-                Ok(v) => return Ok(v),
-                Err(unmet) => unmet,
-            };
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(DiscordWaitTimeout {
-                    wanted,
-                    seen,
-                    timeout,
-                });
-            }
-        }
-    }
-}
-
-impl Drop for FakeDiscord {
-    fn drop(&mut self) {
-        self.shared.cancel.cancel();
-        for task in self.tasks.drain(..) {
-            task.abort();
-        }
+        check: impl Fn(&Inner) -> Result<T, Unmet>,
+    ) -> Result<T, WaitTimeout> {
+        server::wait_until("discord", &self.shared.changed, timeout, || {
+            check(&self.shared.lock())
+        })
+        .await
     }
 }
 
@@ -1328,6 +1260,13 @@ fn role_json(guild_id: u64, role_id: u64, permissions: u64) -> Value {
     })
 }
 
+/// The registered guild `guild` (a snowflake in the path), if any.
+fn known_guild(shared: &Shared, guild: &str) -> Option<(u64, GuildInfo)> {
+    let id = guild.parse::<u64>().ok()?;
+    let info = shared.lock().guilds.get(&id).cloned()?;
+    Some((id, info))
+}
+
 async fn get_guild(
     State(shared): Shr,
     Path(guild): Path<String>,
@@ -1337,10 +1276,7 @@ async fn get_guild(
     if let Some(r) = gate(&shared, "get_guild", "GET", uri.path(), &headers, true) {
         return r;
     }
-    let Ok(id) = guild.parse::<u64>() else {
-        return discord_error(StatusCode::NOT_FOUND, 10004, "Unknown Guild");
-    };
-    let Some(info) = shared.lock().guilds.get(&id).cloned() else {
+    let Some((id, info)) = known_guild(&shared, &guild) else {
         return discord_error(StatusCode::NOT_FOUND, 10004, "Unknown Guild");
     };
     json_response(
@@ -1366,10 +1302,7 @@ async fn get_roles(
     if let Some(r) = gate(&shared, "get_roles", "GET", uri.path(), &headers, true) {
         return r;
     }
-    let Ok(id) = guild.parse::<u64>() else {
-        return discord_error(StatusCode::NOT_FOUND, 10004, "Unknown Guild");
-    };
-    let Some(info) = shared.lock().guilds.get(&id).cloned() else {
+    let Some((id, info)) = known_guild(&shared, &guild) else {
         return discord_error(StatusCode::NOT_FOUND, 10004, "Unknown Guild");
     };
     json_response(

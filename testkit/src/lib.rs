@@ -26,12 +26,16 @@ pub mod discord;
 pub mod llm;
 pub mod telegram;
 
+mod server;
+
+pub use server::WaitTimeout;
+
 pub use discord::{
     DEFAULT_GUILD_ID, DiscordFailure, DiscordMessageBuilder, DiscordRequest, DiscordSent,
-    DiscordTyping, DiscordUser, DiscordWaitTimeout, FakeDiscord, discord_fixture,
+    DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,
 };
-pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, WaitTimeout, last_user_text};
+pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
-    SentMessage, TelegramWaitTimeout, TgUser, teloxide_fixture, utf16_len,
+    SentMessage, TgUser, teloxide_fixture, utf16_len,
 };

@@ -39,10 +39,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -54,8 +54,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::server::{self, Server, WaitTimeout, at_least};
 
 /// Usage numbers reported when a [`Reply`] does not set them with
 /// [`Reply::usage`]: `(prompt_tokens, completion_tokens)`.
@@ -64,9 +65,6 @@ const DEFAULT_USAGE: (u64, u64) = (10, 5);
 /// How many pieces streamed text and tool-call arguments are split into (at
 /// most; short strings give fewer pieces).
 const PIECES: usize = 3;
-
-/// How long [`FakeLlm::shutdown`] waits for the server task before aborting it.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Model name echoed when a request has no `model` string.
 const DEFAULT_MODEL: &str = "fake-model";
@@ -371,30 +369,6 @@ pub fn last_user_text(body: &Value) -> Option<String> {
     }
 }
 
-/// Returned by [`FakeLlm::wait_for_requests`] when not enough requests arrived
-/// in time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WaitTimeout {
-    /// How many requests were awaited.
-    pub wanted: usize,
-    /// How many had arrived when the wait gave up.
-    pub seen: usize,
-    /// How long the wait lasted.
-    pub timeout: Duration,
-}
-
-impl fmt::Display for WaitTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "fake llm: waited {:?} for {} request(s) but saw {}",
-            self.timeout, self.wanted, self.seen
-        )
-    }
-}
-
-impl std::error::Error for WaitTimeout {}
-
 // ---------------------------------------------------------------------------
 // Server
 // ---------------------------------------------------------------------------
@@ -418,9 +392,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Script> {
-        // A panic while holding the lock cannot leave the script in a broken
-        // state (every critical section is a single push/pop), so recover.
-        self.script.lock().unwrap_or_else(PoisonError::into_inner)
+        server::lock(&self.script)
     }
 }
 
@@ -433,7 +405,7 @@ impl Shared {
 pub struct FakeLlm {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    task: Option<JoinHandle<()>>,
+    server: Server,
 }
 
 impl fmt::Debug for FakeLlm {
@@ -452,14 +424,7 @@ impl FakeLlm {
     /// # Panics
     /// If no local port can be bound.
     pub async fn start() -> Self {
-        let listener = match tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await {
-            Ok(listener) => listener,
-            Err(e) => panic!("fake llm: cannot bind 127.0.0.1:0: {e}"),
-        };
-        let addr = match listener.local_addr() {
-            Ok(addr) => addr,
-            Err(e) => panic!("fake llm: no local address: {e}"),
-        };
+        let (listener, addr) = server::loopback("llm").await;
         let shared = Arc::new(Shared {
             script: Mutex::new(Script::default()),
             recorded: Notify::new(),
@@ -473,17 +438,12 @@ impl FakeLlm {
             .fallback(unknown_path)
             .layer(DefaultBodyLimit::disable())
             .with_state(Arc::clone(&shared));
-        let serve = axum::serve(listener, app)
-            .with_graceful_shutdown(shared.cancel.clone().cancelled_owned());
-        let task = tokio::spawn(async move {
-            // Accept errors are retried inside axum; an error here means the
-            // server is gone, which tests notice through failed requests.
-            let _ = serve.await;
-        });
+        let mut server = Server::new(shared.cancel.clone());
+        server.serve(listener, app);
         Self {
             shared,
             addr,
-            task: Some(task),
+            server,
         }
     }
 
@@ -555,27 +515,10 @@ impl FakeLlm {
         n: usize,
         timeout: Duration,
     ) -> Result<Vec<RecordedRequest>, WaitTimeout> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.shared.recorded.notified();
-            tokio::pin!(notified);
-            // Register before checking, so a request recorded in between
-            // still wakes us.
-            notified.as_mut().enable();
-            {
-                let script = self.shared.lock();
-                if script.requests.len() >= n {
-                    return Ok(script.requests.clone());
-                }
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(WaitTimeout {
-                    wanted: n,
-                    seen: self.request_count(),
-                    timeout,
-                });
-            }
-        }
+        server::wait_until("llm", &self.shared.recorded, timeout, || {
+            at_least(&self.shared.lock().requests, n, "request(s)")
+        })
+        .await
     }
 
     /// How many streamed response bodies were dropped before they finished,
@@ -589,23 +532,7 @@ impl FakeLlm {
     /// Stops the server: ends stalled and delayed responses, closes
     /// connections and waits (bounded) for the server task to finish.
     pub async fn shutdown(mut self) {
-        self.shared.cancel.cancel();
-        if let Some(mut task) = self.task.take()
-            && tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
-                .await
-                .is_err()
-        {
-            task.abort();
-        }
-    }
-}
-
-impl Drop for FakeLlm {
-    fn drop(&mut self) {
-        self.shared.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        self.server.shutdown().await;
     }
 }
 

@@ -285,7 +285,14 @@ async fn wait_for_requests_times_out() {
         .wait_for_requests(1, Duration::from_millis(50))
         .await
         .expect_err("no request was sent");
-    assert_eq!((err.wanted, err.seen), (1, 0));
+    assert_eq!(
+        (err.wanted.as_str(), err.seen.as_str()),
+        ("1 request(s)", "0")
+    );
+    assert_eq!(
+        err.to_string(),
+        "fake llm: waited 50ms for 1 request(s) but saw 0"
+    );
 }
 
 #[tokio::test]

@@ -66,17 +66,12 @@ impl TgUser {
         user
     }
 
+    /// The private chat with the bot: the user's names under the user's id.
     pub(super) fn private_chat_json(&self) -> Value {
-        let mut chat = json!({
-            "id": self.id,
-            "type": "private",
-            "first_name": self.first_name,
-        });
-        if let Some(v) = &self.last_name {
-            chat["last_name"] = json!(v);
-        }
-        if let Some(v) = &self.username {
-            chat["username"] = json!(v);
+        let mut chat = self.to_json();
+        if let Some(obj) = chat.as_object_mut() {
+            obj.remove("is_bot");
+            obj.insert("type".into(), json!("private"));
         }
         chat
     }

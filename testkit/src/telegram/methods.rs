@@ -10,12 +10,12 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::builders::{PHOTO_SIZE, utf16_len};
-use super::deadline_after;
 use super::encoding::{Params, as_i64};
 use super::html::parse_html;
 use super::http::{ApiErr, bad_request, ok};
 use super::records::{ChatAction, EditedMessage, Failure, GetUpdatesCall, SentMessage};
 use super::state::{Compose, Inner, Shared, now_unix, unique_id};
+use crate::server::deadline_after;
 
 /// Maximum text length of a message, in UTF-16 code units after entity
 /// parsing.
@@ -186,9 +186,17 @@ fn formatted(
     }
 }
 
-pub(super) fn send_message(shared: &Shared, name: &str, params: &Params) -> Result<Value, ApiErr> {
-    let mut inner = shared.lock();
-    let chat_id = chat_id_param(&inner, params)?;
+/// The `text` of a send or an edit: as sent, and as delivered after parsing.
+struct Text {
+    text: String,
+    parse_mode: Option<String>,
+    plain: String,
+    entities: Vec<Value>,
+}
+
+/// Parses and checks the `text` parameter the way Telegram does for messages
+/// (captions have their own limit).
+fn message_text(params: &Params) -> Result<Text, ApiErr> {
     let text = params.str("text").unwrap_or_default();
     let parse_mode = params.str("parse_mode");
     let (plain, entities) = formatted(&text, parse_mode.as_deref(), params.json("entities"))?;
@@ -198,10 +206,23 @@ pub(super) fn send_message(shared: &Shared, name: &str, params: &Params) -> Resu
     if utf16_len(&plain) > MAX_TEXT_UTF16 {
         return Err(bad_request("message is too long"));
     }
-    let thread = params.i64("message_thread_id");
-    let (reply_to, lenient) = reply_param(params);
-    let reply = send_context(&inner, chat_id, thread, reply_to, lenient)?;
+    Ok(Text {
+        text,
+        parse_mode,
+        plain,
+        entities,
+    })
+}
 
+pub(super) fn send_message(shared: &Shared, name: &str, params: &Params) -> Result<Value, ApiErr> {
+    let mut inner = shared.lock();
+    let chat_id = chat_id_param(&inner, params)?;
+    let Text {
+        text,
+        parse_mode,
+        plain,
+        entities,
+    } = message_text(params)?;
     let mut content = Map::new();
     content.insert("text".into(), json!(plain));
     if !entities.is_empty() {
@@ -210,29 +231,12 @@ pub(super) fn send_message(shared: &Shared, name: &str, params: &Params) -> Resu
     if let Some(markup) = params.json("reply_markup") {
         content.insert("reply_markup".into(), markup);
     }
-    let from = inner.bot.user_json();
-    let message = inner.compose(Compose {
-        chat_id,
-        from,
-        date: now_unix(),
-        reply,
-        thread,
-        content,
-    });
-    inner.sent.push(SentMessage {
-        method: name.to_owned(),
-        chat_id,
-        message_id: message["message_id"].as_i64().unwrap_or_default(),
+    let asked = Asked {
         text,
         parse_mode,
-        reply_to_message_id: reply_to,
-        thread_id: thread,
-        reply_markup: params.json("reply_markup"),
         file_id: None,
-        params: Value::Object(params.map.clone()),
-        message: message.clone(),
-    });
-    Ok(message)
+    };
+    post(&mut inner, name, params, chat_id, content, asked)
 }
 
 pub(super) fn send_media(
@@ -273,10 +277,6 @@ pub(super) fn send_media(
     if utf16_len(&plain) > MAX_CAPTION_UTF16 {
         return Err(bad_request("message caption is too long"));
     }
-    let thread = params.i64("message_thread_id");
-    let (reply_to, lenient) = reply_param(params);
-    let reply = send_context(&inner, chat_id, thread, reply_to, lenient)?;
-
     let mut content = Map::new();
     if field == "photo" {
         content.insert(
@@ -306,6 +306,34 @@ pub(super) fn send_media(
     if !entities.is_empty() {
         content.insert("caption_entities".into(), Value::Array(entities));
     }
+    let asked = Asked {
+        text: caption,
+        parse_mode,
+        file_id: Some(file_id),
+    };
+    post(&mut inner, name, params, chat_id, content, asked)
+}
+
+/// What a send call asked for, as its [`SentMessage`] reports it.
+struct Asked {
+    text: String,
+    parse_mode: Option<String>,
+    file_id: Option<String>,
+}
+
+/// Posts `content` from the bot into `chat_id`, in the thread and as the
+/// reply the call asked for, and records it as sent.
+fn post(
+    inner: &mut Inner,
+    name: &str,
+    params: &Params,
+    chat_id: i64,
+    content: Map<String, Value>,
+    asked: Asked,
+) -> Result<Value, ApiErr> {
+    let thread = params.i64("message_thread_id");
+    let (reply_to, lenient) = reply_param(params);
+    let reply = send_context(inner, chat_id, thread, reply_to, lenient)?;
     let from = inner.bot.user_json();
     let message = inner.compose(Compose {
         chat_id,
@@ -319,12 +347,12 @@ pub(super) fn send_media(
         method: name.to_owned(),
         chat_id,
         message_id: message["message_id"].as_i64().unwrap_or_default(),
-        text: caption,
-        parse_mode,
+        text: asked.text,
+        parse_mode: asked.parse_mode,
         reply_to_message_id: reply_to,
         thread_id: thread,
         reply_markup: params.json("reply_markup"),
-        file_id: Some(file_id),
+        file_id: asked.file_id,
         params: Value::Object(params.map.clone()),
         message: message.clone(),
     });
@@ -346,15 +374,12 @@ pub(super) fn edit_message_text(shared: &Shared, params: &Params) -> Result<Valu
     if message.pointer("/from/id").and_then(Value::as_i64) != Some(inner.bot.id) {
         return Err(bad_request("message can't be edited"));
     }
-    let text = params.str("text").unwrap_or_default();
-    let parse_mode = params.str("parse_mode");
-    let (plain, entities) = formatted(&text, parse_mode.as_deref(), params.json("entities"))?;
-    if plain.trim().is_empty() {
-        return Err(bad_request("message text is empty"));
-    }
-    if utf16_len(&plain) > MAX_TEXT_UTF16 {
-        return Err(bad_request("message is too long"));
-    }
+    let Text {
+        text,
+        parse_mode,
+        plain,
+        entities,
+    } = message_text(params)?;
     let markup = params.json("reply_markup");
     let old_entities = message
         .get("entities")

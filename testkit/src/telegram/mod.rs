@@ -97,7 +97,7 @@ mod state;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -106,20 +106,14 @@ use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use builders::Target;
 pub use builders::{MessageBuilder, TgUser, utf16_len};
-pub use records::{
-    ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage,
-    TelegramWaitTimeout,
-};
+pub use records::{ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage};
 use state::{Inner, Shared, update_id};
 
-/// How long [`FakeTelegram::shutdown`] waits for the server task before
-/// aborting it.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+use crate::server::{self, Server, Unmet, WaitTimeout, at_least};
 
 /// A running fake Telegram Bot API server.
 ///
@@ -131,7 +125,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub struct FakeTelegram {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    task: Option<JoinHandle<()>>,
+    server: Server,
 }
 
 impl fmt::Debug for FakeTelegram {
@@ -152,14 +146,7 @@ impl FakeTelegram {
     /// # Panics
     /// If no local port can be bound.
     pub async fn start(token: &str) -> Self {
-        let listener = match tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await {
-            Ok(listener) => listener,
-            Err(e) => panic!("fake telegram: cannot bind 127.0.0.1:0: {e}"),
-        };
-        let addr = match listener.local_addr() {
-            Ok(addr) => addr,
-            Err(e) => panic!("fake telegram: no local address: {e}"),
-        };
+        let (listener, addr) = server::loopback("telegram").await;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
             inner: Mutex::new(Inner::new()),
@@ -171,17 +158,12 @@ impl FakeTelegram {
             .fallback(http::handle)
             .layer(DefaultBodyLimit::disable())
             .with_state(Arc::clone(&shared));
-        let serve = axum::serve(listener, app)
-            .with_graceful_shutdown(shared.cancel.clone().cancelled_owned());
-        let task = tokio::spawn(async move {
-            // An error here means the server is gone, which tests notice
-            // through failed requests.
-            let _ = serve.await;
-        });
+        let mut server = Server::new(shared.cancel.clone());
+        server.serve(listener, app);
         Self {
             shared,
             addr,
-            task: Some(task),
+            server,
         }
     }
 
@@ -313,11 +295,7 @@ impl FakeTelegram {
 
     /// Waits until update `update_id` is acknowledged (a `getUpdates` call
     /// sent an offset above it).
-    pub async fn wait_for_ack(
-        &self,
-        update_id: i64,
-        timeout: Duration,
-    ) -> Result<(), TelegramWaitTimeout> {
+    pub async fn wait_for_ack(&self, update_id: i64, timeout: Duration) -> Result<(), WaitTimeout> {
         self.wait_until(timeout, |inner| {
             if inner.acked_offset.is_some_and(|o| o > update_id) {
                 Ok(())
@@ -427,15 +405,9 @@ impl FakeTelegram {
         &self,
         n: usize,
         timeout: Duration,
-    ) -> Result<Vec<SentMessage>, TelegramWaitTimeout> {
-        self.wait_until(timeout, |inner| {
-            if inner.sent.len() >= n {
-                Ok(inner.sent.clone())
-            } else {
-                Err((format!("{n} sent message(s)"), inner.sent.len().to_string()))
-            }
-        })
-        .await
+    ) -> Result<Vec<SentMessage>, WaitTimeout> {
+        self.wait_until(timeout, |inner| at_least(&inner.sent, n, "sent message(s)"))
+            .await
     }
 
     /// Waits until at least `n` calls of `method` were received, then
@@ -445,7 +417,7 @@ impl FakeTelegram {
         method: &str,
         n: usize,
         timeout: Duration,
-    ) -> Result<Vec<RecordedCall>, TelegramWaitTimeout> {
+    ) -> Result<Vec<RecordedCall>, WaitTimeout> {
         self.wait_until(timeout, |inner| {
             let calls: Vec<RecordedCall> = inner
                 .calls
@@ -453,70 +425,28 @@ impl FakeTelegram {
                 .filter(|c| c.is(method))
                 .cloned()
                 .collect();
-            if calls.len() >= n {
-                Ok(calls)
-            } else {
-                Err((format!("{n} {method} call(s)"), calls.len().to_string()))
-            }
+            at_least(&calls, n, &format!("{method} call(s)"))
         })
         .await
     }
 
-    /// Waits until `check` returns `Ok`; `Err((wanted, seen))` describes the
-    /// unmet condition for the timeout error.
+    /// Waits until `check` passes on the state; see [`server::wait_until`].
     async fn wait_until<T>(
         &self,
         timeout: Duration,
-        check: impl Fn(&Inner) -> Result<T, (String, String)>,
-    ) -> Result<T, TelegramWaitTimeout> {
-        let deadline = deadline_after(timeout);
-        loop {
-            let notified = self.shared.changed.notified();
-            tokio::pin!(notified);
-            // Register before checking so a change in between still wakes us.
-            notified.as_mut().enable();
-            let (wanted, seen) = match check(&self.shared.lock()) {
-                Ok(v) => return Ok(v),
-                Err(unmet) => unmet,
-            };
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(TelegramWaitTimeout {
-                    wanted,
-                    seen,
-                    timeout,
-                });
-            }
-        }
+        check: impl Fn(&Inner) -> Result<T, Unmet>,
+    ) -> Result<T, WaitTimeout> {
+        server::wait_until("telegram", &self.shared.changed, timeout, || {
+            check(&self.shared.lock())
+        })
+        .await
     }
 
     /// Stops the server: ends waiting long polls, closes connections and
     /// waits (bounded) for the server task to finish.
     pub async fn shutdown(mut self) {
-        self.shared.cancel.cancel();
-        if let Some(mut task) = self.task.take()
-            && tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
-                .await
-                .is_err()
-        {
-            task.abort();
-        }
+        self.server.shutdown().await;
     }
-}
-
-impl Drop for FakeTelegram {
-    fn drop(&mut self) {
-        self.shared.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
-}
-
-/// `now + timeout`, saturating at a year from now.
-fn deadline_after(timeout: Duration) -> tokio::time::Instant {
-    let now = tokio::time::Instant::now();
-    now.checked_add(timeout.min(Duration::from_secs(365 * 24 * 3600)))
-        .unwrap_or(now)
 }
 
 /// Real payloads from teloxide v0.17.0's tests (MIT), see
@@ -557,10 +487,7 @@ const FIXTURES: [(&str, &str); 7] = [
 /// updates, `message.*` files are `Message` objects to wrap as
 /// `{"message": ..}`). `None` for an unknown name.
 pub fn teloxide_fixture(name: &str) -> Option<Value> {
-    FIXTURES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, text)| serde_json::from_str(text).ok())
+    server::fixture(&FIXTURES, name)
 }
 
 #[cfg(test)]

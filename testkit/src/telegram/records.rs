@@ -1,9 +1,6 @@
 //! What the fake records of the bot's calls, and the failures it can be
 //! scripted to answer with.
 
-use std::fmt;
-use std::time::Duration;
-
 use serde_json::Value;
 
 #[cfg(doc)]
@@ -121,27 +118,3 @@ impl RecordedCall {
         self.method.eq_ignore_ascii_case(method)
     }
 }
-
-/// Returned by the `wait_for_*` methods of [`FakeTelegram`] when the awaited
-/// condition did not happen in time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TelegramWaitTimeout {
-    /// What was awaited, e.g. `"3 sent message(s)"`.
-    pub wanted: String,
-    /// What had happened when the wait gave up, e.g. `"1"`.
-    pub seen: String,
-    /// How long the wait lasted.
-    pub timeout: Duration,
-}
-
-impl fmt::Display for TelegramWaitTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "fake telegram: waited {:?} for {} but saw {}",
-            self.timeout, self.wanted, self.seen
-        )
-    }
-}
-
-impl std::error::Error for TelegramWaitTimeout {}

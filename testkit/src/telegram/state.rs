@@ -2,7 +2,7 @@
 //! failures and everything it recorded, behind one lock.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -468,9 +468,7 @@ pub(super) struct Shared {
 
 impl Shared {
     pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Critical sections never leave the state half-updated in a way that
-        // matters to tests, so recover from poisoning.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::server::lock(&self.inner)
     }
 }
 
