@@ -71,9 +71,7 @@ pub(super) fn as_i64(v: &Value) -> Option<i64> {
 pub(super) fn parse_params(uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Result<Params, String> {
     let mut map = Map::new();
     if let Some(query) = uri.query() {
-        for (k, v) in parse_form(query.as_bytes()) {
-            map.insert(k, Value::String(v));
-        }
+        map.extend(parse_form(query.as_bytes()));
     }
     let mut uploads = Vec::new();
     let content_type = headers
@@ -115,17 +113,13 @@ pub(super) fn parse_params(uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Resul
             }
         }
     } else if content_type.starts_with("application/x-www-form-urlencoded") {
-        for (k, v) in parse_form(body) {
-            map.insert(k, Value::String(v));
-        }
+        map.extend(parse_form(body));
     } else if !is_blank {
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(obj)) => map.extend(obj),
             Ok(_) => return Err("can't parse request JSON object".to_owned()),
             Err(_) if !content_type.starts_with("application/json") => {
-                for (k, v) in parse_form(body) {
-                    map.insert(k, Value::String(v));
-                }
+                map.extend(parse_form(body));
             }
             Err(_) => return Err("can't parse request JSON object".to_owned()),
         }
@@ -133,56 +127,16 @@ pub(super) fn parse_params(uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Resul
     Ok(Params { map, uploads })
 }
 
-fn parse_form(raw: &[u8]) -> Vec<(String, String)> {
-    raw.split(|b| *b == b'&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (k, v) = match pair.iter().position(|b| *b == b'=') {
-                Some(i) => (&pair[..i], &pair[i + 1..]),
-                None => (pair, &[][..]),
-            };
-            (form_decode(k), form_decode(v))
-        })
-        .collect()
+/// The pairs of a query string or urlencoded form (`+` is a space).
+fn parse_form(raw: &[u8]) -> impl Iterator<Item = (String, Value)> + '_ {
+    form_urlencoded::parse(raw).map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
 }
 
-fn form_decode(raw: &[u8]) -> String {
-    let plus: Vec<u8> = raw
-        .iter()
-        .map(|b| if *b == b'+' { b' ' } else { *b })
-        .collect();
-    percent_decode_bytes(&plus)
-}
-
-pub(super) fn percent_decode(s: &str) -> String {
-    percent_decode_bytes(s.as_bytes())
-}
-
-fn percent_decode_bytes(raw: &[u8]) -> String {
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] == b'%'
-            && i + 2 < raw.len()
-            && let (Some(h), Some(l)) = (hex(raw[i + 1]), hex(raw[i + 2]))
-        {
-            out.push(h * 16 + l);
-            i += 3;
-            continue;
-        }
-        out.push(raw[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
+/// A percent-encoded URL path segment (where `+` stays a plus), as text.
+pub(super) fn percent_decode(segment: &str) -> String {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 struct Part {
@@ -254,6 +208,25 @@ fn parse_multipart(body: &[u8], boundary: &str) -> Vec<Part> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forms_and_paths_decode_like_telegram_clients_encode() {
+        let form: Vec<(String, Value)> =
+            parse_form(b"a=1&&b=two+words%21&c&d=%zz&e=%E2%9C%93").collect();
+        let text = |s: &str| Value::String(s.to_owned());
+        assert_eq!(
+            form,
+            vec![
+                ("a".to_owned(), text("1")),
+                ("b".to_owned(), text("two words!")),
+                ("c".to_owned(), text("")),
+                ("d".to_owned(), text("%zz")),
+                ("e".to_owned(), text("\u{2713}")),
+            ]
+        );
+        // A path keeps its `+`: only forms and queries encode spaces so.
+        assert_eq!(percent_decode("documents%2Ffile_1+x"), "documents/file_1+x");
+    }
 
     #[test]
     fn multipart_parts() {
