@@ -186,17 +186,17 @@ fn formatted(
     }
 }
 
-/// The `text` of a send or an edit: as sent, and as delivered after parsing.
-struct Text {
+/// What a send or edit call asked for, as its record reports it.
+struct Asked {
     text: String,
     parse_mode: Option<String>,
-    plain: String,
-    entities: Vec<Value>,
+    file_id: Option<String>,
 }
 
 /// Parses and checks the `text` parameter the way Telegram does for messages
-/// (captions have their own limit).
-fn message_text(params: &Params) -> Result<Text, ApiErr> {
+/// (captions have their own limit): what was asked, and the delivered text
+/// with its entities.
+fn message_text(params: &Params) -> Result<(Asked, String, Vec<Value>), ApiErr> {
     let text = params.str("text").unwrap_or_default();
     let parse_mode = params.str("parse_mode");
     let (plain, entities) = formatted(&text, parse_mode.as_deref(), params.json("entities"))?;
@@ -206,23 +206,18 @@ fn message_text(params: &Params) -> Result<Text, ApiErr> {
     if utf16_len(&plain) > MAX_TEXT_UTF16 {
         return Err(bad_request("message is too long"));
     }
-    Ok(Text {
+    let asked = Asked {
         text,
         parse_mode,
-        plain,
-        entities,
-    })
+        file_id: None,
+    };
+    Ok((asked, plain, entities))
 }
 
 pub(super) fn send_message(shared: &Shared, name: &str, params: &Params) -> Result<Value, ApiErr> {
     let mut inner = shared.lock();
     let chat_id = chat_id_param(&inner, params)?;
-    let Text {
-        text,
-        parse_mode,
-        plain,
-        entities,
-    } = message_text(params)?;
+    let (asked, plain, entities) = message_text(params)?;
     let mut content = Map::new();
     content.insert("text".into(), json!(plain));
     if !entities.is_empty() {
@@ -231,11 +226,6 @@ pub(super) fn send_message(shared: &Shared, name: &str, params: &Params) -> Resu
     if let Some(markup) = params.json("reply_markup") {
         content.insert("reply_markup".into(), markup);
     }
-    let asked = Asked {
-        text,
-        parse_mode,
-        file_id: None,
-    };
     post(&mut inner, name, params, chat_id, content, asked)
 }
 
@@ -314,13 +304,6 @@ pub(super) fn send_media(
     post(&mut inner, name, params, chat_id, content, asked)
 }
 
-/// What a send call asked for, as its [`SentMessage`] reports it.
-struct Asked {
-    text: String,
-    parse_mode: Option<String>,
-    file_id: Option<String>,
-}
-
 /// Posts `content` from the bot into `chat_id`, in the thread and as the
 /// reply the call asked for, and records it as sent.
 fn post(
@@ -374,12 +357,7 @@ pub(super) fn edit_message_text(shared: &Shared, params: &Params) -> Result<Valu
     if message.pointer("/from/id").and_then(Value::as_i64) != Some(inner.bot.id) {
         return Err(bad_request("message can't be edited"));
     }
-    let Text {
-        text,
-        parse_mode,
-        plain,
-        entities,
-    } = message_text(params)?;
+    let (asked, plain, entities) = message_text(params)?;
     let markup = params.json("reply_markup");
     let old_entities = message
         .get("entities")
@@ -411,8 +389,8 @@ pub(super) fn edit_message_text(shared: &Shared, params: &Params) -> Result<Valu
     inner.edits.push(EditedMessage {
         chat_id,
         message_id,
-        text,
-        parse_mode,
+        text: asked.text,
+        parse_mode: asked.parse_mode,
         params: Value::Object(params.map.clone()),
     });
     Ok(message)
