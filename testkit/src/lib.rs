@@ -11,6 +11,10 @@
 //!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
 //!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to.
 //!
+//! What the three have in common (a loopback server that stops with the fake,
+//! the state lock, bounded waits and their [`WaitTimeout`]) lives once, in the
+//! private `server` module.
+//!
 //! Rules for this crate:
 //! - It is only ever a **dev-dependency**. Non-test code must never depend on
 //!   it.

@@ -20,6 +20,8 @@
 //! and `allowed_updates`; `sendMessage` and friends are recorded
 //! ([`FakeTelegram::sent_messages`]) and answered with full `Message`
 //! objects. Failures are scripted per method with [`FakeTelegram::fail_next`].
+//! The bot it impersonates is `@parlor_bot` (id 4242, first name `parlor`),
+//! with privacy mode off.
 //!
 //! Served methods: `getMe`, `getUpdates`, `sendMessage`, `sendPhoto`,
 //! `sendDocument`, `editMessageText`, `sendChatAction`, `sendMessageDraft`,
@@ -86,6 +88,9 @@
 //! - `html`: the HTML parse mode;
 //! - `builders`: [`TgUser`] and [`MessageBuilder`] for incoming messages;
 //! - `records`: [`SentMessage`] and the other records, and [`Failure`].
+//!
+//! Binding, the server task, the state lock and bounded waits are
+//! `crate::server`'s, shared with the other fakes.
 
 mod builders;
 mod encoding;
