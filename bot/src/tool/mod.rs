@@ -299,7 +299,8 @@ impl std::fmt::Debug for ToolContext {
     }
 }
 
-/// A set of tools sharing state and prompts. See DESIGN.md §3 for the three prompt paths.
+/// A set of tools sharing state and prompts. See docs/contract.md, "Prompt paths" for the
+/// three prompt paths.
 ///
 /// The built-in toolsets implement it through [`ToolSetBridge`] (directly, or as a type of
 /// their own that is [`Bridged`]); a hand-written implementation is for what the bridge cannot

@@ -1,5 +1,5 @@
 //! `terminal`: a persistent shell per session and background tasks that report back into
-//! the chat by themselves (issue 6, DESIGN.md §5).
+//! the chat by themselves (issue 6, docs/contract.md, "Asynchronous results").
 //!
 //! Tools: `shell {command, timeout_secs?, run_in_background?, description?}`,
 //! `task_output {task_id, tail_chars?}`, `task_stop {task_id}`, `task_list {}`.
