@@ -22,6 +22,16 @@ impl SessionManager {
             }
             state.actor_running = true;
         }
+        // Claimed in the same critical section that sets `actor_running`, and released in
+        // the one that clears it, so a claim still held means two live actors for one chat
+        // (two `Session`s for one key), not an old actor finishing its bookkeeping.
+        if !self.claim_actor(&session.key) {
+            self.inner
+                .counters
+                .double_actors
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::error!(session = %session.key, "a second actor started for one chat");
+        }
         let manager = self.clone();
         let session = Arc::clone(session);
         self.inner
@@ -35,25 +45,25 @@ impl SessionManager {
         let counters = &self.inner.counters;
         counters.actors_started.fetch_add(1, Ordering::Relaxed);
         counters.actors_running.fetch_add(1, Ordering::Relaxed);
-        let fresh = self
-            .inner
+        self.actor_loop(&session).await;
+        counters.actors_running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Records that `key` has a live actor; `false` when it already had one.
+    fn claim_actor(&self, key: &str) -> bool {
+        self.inner
             .active_actors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(session.key.clone());
-        if !fresh {
-            counters.double_actors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(session = %session.key, "a second actor started for one chat");
-        }
-        self.actor_loop(&session).await;
-        if fresh {
-            self.inner
-                .active_actors
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&session.key);
-        }
-        counters.actors_running.fetch_sub(1, Ordering::Relaxed);
+            .insert(key.to_owned())
+    }
+
+    fn release_actor(&self, key: &str) {
+        self.inner
+            .active_actors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
     }
 
     async fn actor_loop(&self, session: &Arc<Session>) {
@@ -80,7 +90,9 @@ impl SessionManager {
             self.resolve_roles(&mut item).await;
             self.run_item(session, item).await;
         }
-        session.state().actor_running = false;
+        let mut state = session.state();
+        state.actor_running = false;
+        self.release_actor(&session.key);
     }
 
     /// Ends the actor and drops the session from memory if nothing arrived meanwhile;
@@ -93,6 +105,7 @@ impl SessionManager {
             return false;
         }
         state.actor_running = false;
+        self.release_actor(&session.key);
         // Toolset state that is not in the store would be lost with the session, so such
         // a session stays (its actor still ends; the next push starts a new one).
         if !session.agent.tools().holds_session_state()
