@@ -548,15 +548,14 @@ impl Messages {
         reply_to: Option<&str>,
         ids: &[String],
     ) {
-        let Some(first) = ids.first() else { return };
-        let message = StoredMessage::from_bot(
+        if let Err(error) = self.store.record_own(
+            &cx.session,
             platform.name(),
             &self.options.bot_name,
-            first,
+            ids,
             text,
             reply_to,
-        );
-        if let Err(error) = self.store.record_message(&cx.session, &message) {
+        ) {
             tracing::warn!(session = %cx.session, %error, "could not record a sent message");
         }
     }

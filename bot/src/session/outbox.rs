@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::manager::{ScheduledOutcome, SessionManager};
 use crate::backoff::Backoff;
 use crate::platform::PlatformError;
-use crate::store::{OutboxEntry, StoredMessage};
+use crate::store::OutboxEntry;
 
 /// The longest a single send may take; the adapters retry inside it.
 const SEND_TIMEOUT: Duration = Duration::from_secs(300);
@@ -153,17 +153,15 @@ impl SessionManager {
         if let Err(e) = store.mark_sent(entry.id, ids).and_then(|()| self.durable()) {
             tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
         }
-        if let Some(first) = ids.first() {
-            let message = StoredMessage::from_bot(
-                &entry.chat.platform,
-                &self.inner.config.bot_name,
-                first,
-                &entry.text,
-                entry.reply_to.as_deref(),
-            );
-            if let Err(e) = store.record_message(&entry.session, &message) {
-                tracing::warn!(chat = %entry.chat, error = %e, "could not record the bot's own message");
-            }
+        if let Err(e) = store.record_own(
+            &entry.session,
+            &entry.chat.platform,
+            &self.inner.config.bot_name,
+            ids,
+            &entry.text,
+            entry.reply_to.as_deref(),
+        ) {
+            tracing::warn!(chat = %entry.chat, error = %e, "could not record the bot's own message");
         }
         self.report(entry.id, ScheduledOutcome::Posted(ids.to_vec()));
     }

@@ -247,6 +247,25 @@ pub trait Store: Send + Sync + 'static {
         Ok(self.record_inbound(session, message, Intake::Record)? != Inbound::Duplicate)
     }
 
+    /// Records a message the bot posted (under the first of the platform's `ids`; nothing
+    /// without one) in the chat log, so that `get_message` and the group context see the
+    /// bot's side of the conversation.
+    fn record_own(
+        &self,
+        session: &str,
+        platform: &str,
+        bot_name: &str,
+        ids: &[String],
+        text: &str,
+        reply_to: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let Some(first) = ids.first() else {
+            return Ok(());
+        };
+        let message = StoredMessage::from_bot(platform, bot_name, first, text, reply_to);
+        self.record_message(session, &message).map(drop)
+    }
+
     /// One recorded message of a session.
     fn get_message(
         &self,
