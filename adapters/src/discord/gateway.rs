@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use parlor_bot::backoff::{Backoff, Failures};
 use parlor_bot::platform::{Inbox, InboxError, PlatformError};
 use serenity::Client;
 use serenity::all::{GatewayIntents, HttpBuilder};
@@ -23,6 +24,13 @@ use super::convert::convert_message;
 
 /// Attempts to store one message before it is given up (the gateway cannot redeliver it).
 const DELIVERY_ATTEMPTS: u32 = 5;
+
+/// Waits between those attempts: a store that fails is usually busy for a moment, and the
+/// gateway keeps sending meanwhile, so the waits stay short.
+const DELIVERY_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(400),
+    max: Duration::from_millis(3200),
+};
 
 /// What the event handler forwards.
 enum Item {
@@ -91,7 +99,7 @@ impl DiscordAdapter {
         R: FnOnce() + Send,
     {
         let mut ready = Some(ready);
-        let mut failures = 0u32;
+        let mut failures = Failures::new(Backoff::default());
         loop {
             let started = tokio::time::Instant::now();
             match self.run_client(&inbox, &shutdown, &mut ready).await {
@@ -99,12 +107,9 @@ impl DiscordAdapter {
                 Ended::Failed(error) => return Err(error),
                 Ended::Retry(why) => {
                     if started.elapsed() > Duration::from_secs(60) {
-                        failures = 0;
+                        failures.reset();
                     }
-                    let wait = Duration::from_secs(1)
-                        .saturating_mul(2u32.saturating_pow(failures.min(6)))
-                        .min(Duration::from_secs(60));
-                    failures += 1;
+                    let wait = failures.next_delay();
                     tracing::warn!(error = %why, ?wait, "the Discord gateway client stopped; reconnecting");
                     tokio::select! {
                         () = shutdown.cancelled() => return Ok(()),
@@ -265,7 +270,7 @@ impl DiscordAdapter {
                             tracing::error!(chat = %incoming.chat, message_id = id, %error, "could not store a Discord message; it is lost");
                             break;
                         }
-                        let wait = Duration::from_millis(200) * 2u32.pow(attempt);
+                        let wait = DELIVERY_BACKOFF.delay(attempt - 1);
                         tracing::warn!(chat = %incoming.chat, message_id = id, %error, ?wait, "could not store a Discord message; retrying");
                         tokio::select! {
                             () = shutdown.cancelled() => return false,

@@ -13,9 +13,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use parlor_bot::platform::PlatformError;
+use parlor_bot::ratelimit::SlidingWindow;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use parlor_bot::ratelimit::SlidingWindow;
 use tokio::time::Instant;
 
 /// What a failed attempt calls for.

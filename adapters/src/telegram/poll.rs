@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use parlor_bot::backoff::Failures;
 use parlor_bot::platform::{Inbox, InboxError, IncomingMessage, PlatformError};
 use serde_json::Value;
 use teloxide::RequestError;
@@ -100,8 +101,7 @@ impl TelegramAdapter {
         let mut offset: Option<i32> = None;
         // The offset Telegram has confirmed receiving (the last successful poll's).
         let mut acknowledged: Option<i32> = None;
-        // Consecutive failures, for the backoff.
-        let mut failures: u32 = 0;
+        let mut failures = Failures::new(config.backoff);
 
         tracing::info!(
             username = ?self.inner.me.username,
@@ -124,11 +124,11 @@ impl TelegramAdapter {
                         .await
                     {
                         Batch::Done => {
-                            failures = 0;
+                            failures.reset();
                             continue;
                         }
                         Batch::Stopped => break,
-                        Batch::StoreFailed => self.backoff(&mut failures),
+                        Batch::StoreFailed => failures.next_delay(),
                     }
                 }
                 Err(Failure::RetryAfter(wait)) => {
@@ -136,7 +136,7 @@ impl TelegramAdapter {
                     wait
                 }
                 Err(Failure::Transient(error)) => {
-                    let wait = self.backoff(&mut failures);
+                    let wait = failures.next_delay();
                     tracing::warn!(%error, ?wait, "polling Telegram failed; retrying");
                     wait
                 }
@@ -145,7 +145,7 @@ impl TelegramAdapter {
                     return Err(PlatformError::Unauthorized);
                 }
                 Err(Failure::Fatal(PlatformError::Conflict(description))) => {
-                    let wait = self.backoff(&mut failures);
+                    let wait = failures.next_delay();
                     let secs = wait.as_secs_f32();
                     if description.contains("webhook") {
                         tracing::error!(
@@ -163,7 +163,7 @@ impl TelegramAdapter {
                     wait
                 }
                 Err(Failure::Fatal(error)) => {
-                    let wait = self.backoff(&mut failures);
+                    let wait = failures.next_delay();
                     tracing::error!(%error, ?wait, "Telegram refused getUpdates; retrying");
                     wait
                 }
@@ -182,13 +182,6 @@ impl TelegramAdapter {
         }
         tracing::info!("stopped polling Telegram");
         Ok(())
-    }
-
-    /// The next backoff wait; counts the failure.
-    fn backoff(&self, failures: &mut u32) -> Duration {
-        let wait = self.inner.config.backoff.delay(*failures);
-        *failures = failures.saturating_add(1);
-        wait
     }
 
     /// One `getUpdates` call under the request timeout.
