@@ -670,13 +670,13 @@ async fn images_are_bounded_and_only_from_discord() {
 async fn a_wrong_token_is_unauthorized_and_never_shown() {
     let fake = fake().await;
     let mut config = config(&fake);
-    config.token = "WRONG-SECRET".to_owned();
+    config.token = "WRONG-SECRET".into();
     let error = DiscordAdapter::connect(config.clone())
         .await
         .expect_err("refused");
     assert!(matches!(error, PlatformError::Unauthorized));
     assert!(!format!("{config:?}").contains("WRONG-SECRET"));
-    config.token = "  ".to_owned();
+    config.token = "  ".into();
     assert!(matches!(
         DiscordAdapter::connect(config).await,
         Err(PlatformError::Unauthorized)

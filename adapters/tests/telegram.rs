@@ -164,7 +164,7 @@ async fn connect_asks_who_we_are() {
 async fn a_wrong_token_is_unauthorized_at_once() {
     let fake = FakeTelegram::start(TOKEN).await;
     let mut config = config(&fake);
-    config.token = "999:wrong".to_owned();
+    config.token = "999:wrong".into();
     let result = TelegramAdapter::connect(config).await;
     assert!(
         matches!(result, Err(PlatformError::Unauthorized)),
@@ -181,7 +181,7 @@ async fn a_wrong_token_is_unauthorized_at_once() {
 async fn a_token_file_newline_is_ignored() {
     let fake = FakeTelegram::start(TOKEN).await;
     let mut config = config(&fake);
-    config.token = format!("{TOKEN}\n");
+    config.token = format!("{TOKEN}\n").into();
     assert!(TelegramAdapter::connect(config).await.is_ok());
 }
 
@@ -201,7 +201,7 @@ async fn bad_config_is_refused_before_any_request() {
         Err(PlatformError::Refused(message)) if message.contains("messages")
     ));
     let mut empty = config(&fake);
-    empty.token = "  ".to_owned();
+    empty.token = "  ".into();
     assert!(matches!(
         TelegramAdapter::connect(empty).await,
         Err(PlatformError::Unauthorized)

@@ -52,6 +52,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
 use reqwest::Method;
+use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -121,7 +122,7 @@ impl DiscordAdapter {
     /// [`PlatformError::Unavailable`] when Discord (or `api_url`) cannot be reached after
     /// retries, [`PlatformError::Refused`] for an unusable `api_url`.
     pub async fn connect(config: DiscordConfig) -> Result<DiscordAdapter, PlatformError> {
-        let token = config.token.trim().to_owned();
+        let token = config.token.expose_secret().trim().to_owned();
         if token.is_empty() {
             return Err(PlatformError::Unauthorized);
         }

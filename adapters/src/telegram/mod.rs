@@ -53,6 +53,7 @@ const MAX_PROGRESS: usize = 1024;
 use async_trait::async_trait;
 use futures::StreamExt;
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
+use secrecy::ExposeSecret;
 use teloxide::net::Download;
 use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
 use teloxide::prelude::Requester;
@@ -109,7 +110,7 @@ impl TelegramAdapter {
     /// [`PlatformError::Refused`] for an unusable config (bad `api_url`, unknown update
     /// type); [`PlatformError::Unavailable`] when Telegram cannot be reached after retries.
     pub async fn connect(config: TelegramConfig) -> Result<TelegramAdapter, PlatformError> {
-        let token = config.token.trim().to_owned();
+        let token = config.token.expose_secret().trim().to_owned();
         if token.is_empty() {
             return Err(PlatformError::Unauthorized);
         }
