@@ -18,9 +18,12 @@
 //!   at most 2000 characters with explicit `allowed_mentions`, paced per channel and honouring
 //!   429s, admins from role permissions.
 //! - [`console`] — the local terminal adapter behind `parlor chat`.
+//! - `common` (private) — what Telegram and Discord share: bounded retries around a call,
+//!   the bot token kept secret and scrubbed from error texts, the cap on image downloads.
 
 #![warn(missing_docs)]
 
+mod common;
 pub mod console;
 pub mod discord;
 pub mod telegram;

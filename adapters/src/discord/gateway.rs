@@ -130,7 +130,7 @@ impl DiscordAdapter {
         R: FnOnce() + Send,
     {
         let config = &self.inner.config;
-        let mut http = HttpBuilder::new(&self.inner.token);
+        let mut http = HttpBuilder::new(self.inner.rest.token().expose());
         if let Some(url) = &config.api_url {
             // serenity honours the proxy only with its rate limiter off; parlor paces its own
             // REST calls (see `rest.rs`), serenity itself only asks for the gateway URL.
@@ -147,7 +147,7 @@ impl DiscordAdapter {
             .await;
         let mut client: Client = match built {
             Ok(client) => client,
-            Err(error) => return Ended::Retry(self.inner.rest.redact(&error.to_string())),
+            Err(error) => return Ended::Retry(self.inner.rest.token().redact(&error.to_string())),
         };
         let shards = client.shard_manager.clone();
         let mut running = tokio::spawn(async move { client.start().await });
@@ -235,7 +235,7 @@ impl DiscordAdapter {
                  the bot in the Developer Portal"
                     .to_owned(),
             )),
-            Ok(Err(error)) => Ended::Retry(self.inner.rest.redact(&error.to_string())),
+            Ok(Err(error)) => Ended::Retry(self.inner.rest.token().redact(&error.to_string())),
             Err(join) => Ended::Retry(format!("the gateway task ended: {join}")),
         }
     }

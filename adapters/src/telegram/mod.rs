@@ -41,7 +41,6 @@ mod convert;
 mod error;
 mod poll;
 mod render;
-mod retry;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -51,9 +50,7 @@ use std::sync::Arc;
 const MAX_PROGRESS: usize = 1024;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
-use secrecy::ExposeSecret;
 use teloxide::net::Download;
 use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
 use teloxide::prelude::Requester;
@@ -67,8 +64,12 @@ pub use convert::{BotIdentity, convert_message};
 pub use render::{MAX_MESSAGE_UTF16, RenderedPart, render};
 
 use convert::PLATFORM;
-use error::{Failure, classify, error_chain, redact};
-use retry::{RetryPolicy, with_retries};
+use error::classify;
+
+use crate::common::{Failure, RetryPolicy, SizeLimit, Token, with_retries};
+
+/// The platform as logs and error texts name it.
+const NAME: &str = "Telegram";
 
 /// A connected Telegram bot: receives with [`run`](Self::run), answers through
 /// [`Platform`]. Cloning is cheap (one `Arc`); clones share the HTTP client.
@@ -83,7 +84,7 @@ struct Inner {
     bot: Bot,
     config: TelegramConfig,
     /// The (trimmed) token, for scrubbing it out of error messages.
-    token: String,
+    token: Token,
     me: BotIdentity,
     /// `config.allowed_updates`, parsed once at connect.
     allowed_updates: Vec<AllowedUpdate>,
@@ -110,10 +111,7 @@ impl TelegramAdapter {
     /// [`PlatformError::Refused`] for an unusable config (bad `api_url`, unknown update
     /// type); [`PlatformError::Unavailable`] when Telegram cannot be reached after retries.
     pub async fn connect(config: TelegramConfig) -> Result<TelegramAdapter, PlatformError> {
-        let token = config.token.expose_secret().trim().to_owned();
-        if token.is_empty() {
-            return Err(PlatformError::Unauthorized);
-        }
+        let token = Token::new(&config.token).ok_or(PlatformError::Unauthorized)?;
         let allowed_updates = config
             .allowed_updates
             .iter()
@@ -140,9 +138,9 @@ impl TelegramAdapter {
             .map_err(|error| {
                 PlatformError::Unavailable(format!("cannot build the HTTP client: {error}"))
             })?;
-        let bot = Bot::with_client(token.clone(), client).set_api_url(api_url);
+        let bot = Bot::with_client(token.expose(), client).set_api_url(api_url);
 
-        let policy = RetryPolicy::standard(config.backoff, config.request_timeout());
+        let policy = RetryPolicy::standard(NAME, config.backoff, config.request_timeout());
         let me = with_retries("getMe", &policy, || async {
             match bot.get_me().await {
                 Ok(me) => Ok(BotIdentity {
@@ -187,6 +185,7 @@ impl TelegramAdapter {
 
     fn policy(&self) -> RetryPolicy {
         RetryPolicy::standard(
+            NAME,
             self.inner.config.backoff,
             self.inner.config.request_timeout(),
         )
@@ -373,7 +372,7 @@ impl Platform for TelegramAdapter {
     /// One `sendChatAction(typing)`, not retried: it is cosmetic and repeated by the caller.
     async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError> {
         let target = Target::parse(chat)?;
-        let policy = RetryPolicy::once(self.inner.config.request_timeout());
+        let policy = RetryPolicy::once(NAME, self.inner.config.request_timeout());
         with_retries("sendChatAction", &policy, || {
             let mut request = self
                 .inner
@@ -415,17 +414,8 @@ impl Platform for TelegramAdapter {
     /// `getFile`, then the download, never more than `max_image_bytes`: refused up front
     /// when the size is known, and cut off while streaming when it is not.
     async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        let max = self.inner.config.max_image_bytes;
-        let too_large = |size: u64| {
-            PlatformError::Refused(format!(
-                "the image has {size} bytes or more; the limit is {max} bytes"
-            ))
-        };
-        if let Some(size) = image.size
-            && size > max
-        {
-            return Err(too_large(size));
-        }
+        let limit = SizeLimit(self.inner.config.max_image_bytes);
+        limit.check(image.size)?;
         let policy = self.policy();
         let file = with_retries("getFile", &policy, || async {
             self.inner
@@ -437,33 +427,17 @@ impl Platform for TelegramAdapter {
         .await?;
         // teloxide reports an unknown size as u32::MAX.
         let known_size = (file.meta.size != u32::MAX).then_some(u64::from(file.meta.size));
-        if let Some(size) = known_size
-            && size > max
-        {
-            return Err(too_large(size));
-        }
-        with_retries("downloadFile", &policy, || async {
-            let mut stream = self.inner.bot.download_file_stream(&file.path);
-            let capacity = known_size.unwrap_or(0).min(max);
-            let mut bytes = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|error| {
-                    let message = redact(&error_chain(&error), &self.inner.token);
-                    match error.status().map(|status| status.as_u16()) {
-                        Some(404) => Failure::Fatal(PlatformError::NotFound(message)),
-                        Some(status) if status < 500 => {
-                            Failure::Fatal(PlatformError::Refused(message))
-                        }
-                        _ => Failure::Transient(message),
-                    }
-                })?;
-                let total = bytes.len() as u64 + chunk.len() as u64;
-                if total > max {
-                    return Err(Failure::Fatal(too_large(total)));
+        limit.check(known_size)?;
+        with_retries("downloadFile", &policy, || {
+            let stream = self.inner.bot.download_file_stream(&file.path);
+            limit.read(stream, known_size.unwrap_or(0), |error| {
+                let message = self.inner.token.describe(&error);
+                match error.status().map(|status| status.as_u16()) {
+                    Some(404) => Failure::Fatal(PlatformError::NotFound(message)),
+                    Some(status) if status < 500 => Failure::Fatal(PlatformError::Refused(message)),
+                    _ => Failure::Transient(message),
                 }
-                bytes.extend_from_slice(&chunk);
-            }
-            Ok(bytes)
+            })
         })
         .await
     }

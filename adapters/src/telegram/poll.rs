@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::TelegramAdapter;
 use super::convert::convert_message;
-use super::error::Failure;
+use crate::common::Failure;
 
 /// How long the farewell acknowledgement at shutdown may take: shutdown must stay prompt,
 /// and a missed acknowledgement only costs a re-delivery that the runtime dedupes.
