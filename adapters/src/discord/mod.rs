@@ -61,7 +61,10 @@ pub use render::{MAX_MESSAGE_CHARS, render_parts};
 use convert::PLATFORM;
 use rest::{REST_BACKOFF, Rest, SendLimiter};
 
-use crate::common::{Failure, RetryPolicy, SizeLimit, Token, with_retries};
+use crate::common::{
+    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
+    reply_target, with_retries,
+};
 
 /// The platform as logs and error texts name it.
 const NAME: &str = "Discord";
@@ -307,18 +310,10 @@ impl DiscordAdapter {
         key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         let channel = channel_of(chat)?;
-        let reply_to = reply_to.and_then(|id| match id.parse::<u64>() {
-            Ok(id) => Some(id),
-            Err(_) => {
-                tracing::warn!(%chat, reply_to = id, "not a Discord message id; sending without reply");
-                None
-            }
-        });
+        let reply_to: Option<u64> = reply_target(chat, reply_to, NAME);
         let parts = render_parts(text, self.inner.config.allow_mass_mentions);
         if parts.is_empty() {
-            return Err(PlatformError::Refused(
-                "the message is empty; Discord cannot send empty text".to_owned(),
-            ));
+            return Err(nothing_to_send(NAME));
         }
         let path = format!("/channels/{channel}/messages");
         let policy = self.policy();
@@ -390,14 +385,8 @@ fn snowflake(value: &Value) -> Option<u64> {
 
 /// The channel id of a [`ChatRef`] on Discord.
 fn channel_of(chat: &ChatRef) -> Result<u64, PlatformError> {
-    if chat.platform != PLATFORM {
-        return Err(PlatformError::Refused(format!(
-            "`{chat}` is not a Discord chat"
-        )));
-    }
-    chat.chat_id.parse::<u64>().map_err(|_| {
-        PlatformError::NotFound(format!("`{}` is not a Discord channel id", chat.chat_id))
-    })
+    ensure_platform(chat, PLATFORM, NAME)?;
+    parse_id(&chat.chat_id, NAME, "channel")
 }
 
 #[async_trait]

@@ -66,7 +66,10 @@ pub use render::{MAX_MESSAGE_UTF16, RenderedPart, render};
 use convert::PLATFORM;
 use error::classify;
 
-use crate::common::{Failure, RetryPolicy, SizeLimit, Token, with_retries};
+use crate::common::{
+    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
+    reply_target, with_retries,
+};
 
 /// The platform as logs and error texts name it.
 const NAME: &str = "Telegram";
@@ -217,19 +220,11 @@ struct Target {
 
 impl Target {
     fn parse(chat: &ChatRef) -> Result<Target, PlatformError> {
-        if chat.platform != PLATFORM {
-            return Err(PlatformError::Refused(format!(
-                "`{chat}` is not a Telegram chat"
-            )));
-        }
-        let id = chat.chat_id.parse::<i64>().map_err(|_| {
-            PlatformError::NotFound(format!("`{}` is not a Telegram chat id", chat.chat_id))
-        })?;
+        ensure_platform(chat, PLATFORM, NAME)?;
+        let id = parse_id(&chat.chat_id, NAME, "chat")?;
         let thread = match &chat.thread_id {
             None => None,
-            Some(thread) => Some(ThreadId(MessageId(thread.parse::<i32>().map_err(
-                |_| PlatformError::NotFound(format!("`{thread}` is not a Telegram topic id")),
-            )?))),
+            Some(thread) => Some(ThreadId(MessageId(parse_id(thread, NAME, "topic")?))),
         };
         Ok(Target {
             chat: ChatId(id),
@@ -249,19 +244,10 @@ impl TelegramAdapter {
         key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         let target = Target::parse(chat)?;
-        let reply_to = reply_to.and_then(|id| match id.parse::<i32>() {
-            Ok(id) => Some(MessageId(id)),
-            Err(_) => {
-                // Losing the threading is better than losing the answer.
-                tracing::warn!(%chat, reply_to = id, "not a Telegram message id; sending without reply");
-                None
-            }
-        });
+        let reply_to = reply_target(chat, reply_to, NAME).map(MessageId);
         let parts = render(text);
         if parts.is_empty() {
-            return Err(PlatformError::Refused(
-                "the message is empty; Telegram cannot send empty text".to_owned(),
-            ));
+            return Err(nothing_to_send(NAME));
         }
         let policy = self.policy();
         let mut message_ids = key.map(|k| self.progress(k)).unwrap_or_default();
