@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parlor_adapters::Receiver;
 use parlor_adapters::discord::{DiscordAdapter, DiscordConfig, MAX_MESSAGE_CHARS};
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError, Message};

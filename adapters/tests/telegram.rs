@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parlor_adapters::Receiver;
 use parlor_adapters::telegram::{Backoff, TelegramAdapter, TelegramConfig};
 use parlor_bot::platform::{
     ChatKind, ChatRef, ImageRef, Inbox, InboxError, IncomingMessage, Platform, PlatformError,

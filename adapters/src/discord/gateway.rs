@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::DiscordAdapter;
 use super::convert::convert_message;
+use crate::Receiver;
 
 /// Attempts to store one message before it is given up (the gateway cannot redeliver it).
 const DELIVERY_ATTEMPTS: u32 = 5;
@@ -67,17 +68,7 @@ enum Ended {
     Retry(String),
 }
 
-impl DiscordAdapter {
-    /// Connects to the gateway and delivers every message to `inbox` until `shutdown` is
-    /// cancelled; same as [`run_with_ready`](Self::run_with_ready) without a ready callback.
-    pub async fn run(
-        &self,
-        inbox: Arc<dyn Inbox>,
-        shutdown: CancellationToken,
-    ) -> Result<(), PlatformError> {
-        self.run_with_ready(inbox, shutdown, || {}).await
-    }
-
+impl Receiver for DiscordAdapter {
     /// Connects to the gateway (URL from `GET /api/v10/gateway`, at `api_url` when set) and
     /// delivers every message to `inbox` until `shutdown` is cancelled, then closes the
     /// connection and returns `Ok(())`.
@@ -89,7 +80,7 @@ impl DiscordAdapter {
     /// [`PlatformError::Refused`] when the intents are not allowed (enable *Message Content
     /// Intent* in the Developer Portal). When the inbox answers `ShuttingDown` the loop stops;
     /// a store failure is retried a few times, then the message is logged as lost.
-    pub async fn run_with_ready<R>(
+    async fn run_with_ready<R>(
         &self,
         inbox: Arc<dyn Inbox>,
         shutdown: CancellationToken,
@@ -119,7 +110,9 @@ impl DiscordAdapter {
             }
         }
     }
+}
 
+impl DiscordAdapter {
     async fn run_client<R>(
         &self,
         inbox: &Arc<dyn Inbox>,

@@ -1,6 +1,6 @@
 //! The Discord adapter: serenity's gateway in, [`Platform`] out.
 //!
-//! ## Receiving ([`DiscordAdapter::run_with_ready`])
+//! ## Receiving ([`Receiver::run_with_ready`](crate::Receiver::run_with_ready))
 //! serenity's `Client` holds the gateway connection (intents `GUILD_MESSAGES`,
 //! `DIRECT_MESSAGES`, `MESSAGE_CONTENT`; the last is privileged and must be enabled in the
 //! Developer Portal). Its shard runner heartbeats, and after a disconnect resumes the session
@@ -79,7 +79,7 @@ const MANAGE_GUILD: u64 = 1 << 5;
 /// How long a guild's owner and role permissions are reused.
 const GUILD_CACHE_TTL: Duration = Duration::from_secs(300);
 
-/// A connected Discord bot: receives with [`run_with_ready`](Self::run_with_ready), answers
+/// A connected Discord bot: receives as a [`Receiver`](crate::Receiver), answers
 /// through [`Platform`]. Cloning is cheap (one `Arc`).
 #[derive(Clone)]
 pub struct DiscordAdapter {

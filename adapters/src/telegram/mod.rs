@@ -1,7 +1,7 @@
 //! The Telegram adapter: Bot API long polling in, [`Platform`] out.
 //!
 //! ## Receiving
-//! [`TelegramAdapter::run`] long-polls `getUpdates` itself rather than through teloxide's
+//! [`Receiver::run`](crate::Receiver::run) long-polls `getUpdates` itself rather than through teloxide's
 //! `Dispatcher`/polling listener, because parlor decides when an update is acknowledged:
 //! each message is handed to the runtime's [`Inbox`](parlor_bot::platform::Inbox), and only
 //! once `deliver` returned `Ok` (the message is durably recorded) does the next
@@ -74,7 +74,7 @@ use crate::common::{
 /// The platform as logs and error texts name it.
 const NAME: &str = "Telegram";
 
-/// A connected Telegram bot: receives with [`run`](Self::run), answers through
+/// A connected Telegram bot: receives as a [`Receiver`](crate::Receiver), answers through
 /// [`Platform`]. Cloning is cheap (one `Arc`); clones share the HTTP client.
 #[derive(Clone)]
 pub struct TelegramAdapter {

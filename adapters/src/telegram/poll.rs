@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::TelegramAdapter;
 use super::convert::convert_message;
+use crate::Receiver;
 use crate::common::Failure;
 
 /// How long the farewell acknowledgement at shutdown may take: shutdown must stay prompt,
@@ -56,17 +57,7 @@ enum Batch {
     StoreFailed,
 }
 
-impl TelegramAdapter {
-    /// Long-polls Telegram and delivers every message to `inbox` until `shutdown` is
-    /// cancelled; same as [`run_with_ready`](Self::run_with_ready) with no ready callback.
-    pub async fn run(
-        &self,
-        inbox: Arc<dyn Inbox>,
-        shutdown: CancellationToken,
-    ) -> Result<(), PlatformError> {
-        self.run_with_ready(inbox, shutdown, || {}).await
-    }
-
+impl Receiver for TelegramAdapter {
     /// Long-polls Telegram and delivers every message to `inbox` until `shutdown` is
     /// cancelled, then returns `Ok(())` promptly (an in-flight long poll is abandoned).
     ///
@@ -87,7 +78,7 @@ impl TelegramAdapter {
     /// - 401: returns [`PlatformError::Unauthorized`].
     ///
     /// Every wait also ends on `shutdown`.
-    pub async fn run_with_ready<R>(
+    async fn run_with_ready<R>(
         &self,
         inbox: Arc<dyn Inbox>,
         shutdown: CancellationToken,
@@ -183,7 +174,9 @@ impl TelegramAdapter {
         tracing::info!("stopped polling Telegram");
         Ok(())
     }
+}
 
+impl TelegramAdapter {
     /// One `getUpdates` call under the request timeout.
     async fn fetch(
         &self,
