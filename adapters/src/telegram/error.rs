@@ -11,7 +11,7 @@
 //! so the prefixes Telegram uses (`Conflict:`, `... not found`, ...) are matched here too.
 
 use parlor_bot::platform::PlatformError;
-use teloxide::{ApiError, RequestError};
+use teloxide_core::{ApiError, RequestError};
 
 use crate::common::{Failure, Token};
 
@@ -147,7 +147,7 @@ mod tests {
         ));
         assert!(matches!(
             classify(
-                &RequestError::RetryAfter(teloxide::types::Seconds::from_seconds(7)),
+                &RequestError::RetryAfter(teloxide_core::types::Seconds::from_seconds(7)),
                 &token()
             ),
             Failure::RetryAfter(wait) if wait == Duration::from_secs(7)

@@ -1,8 +1,9 @@
 //! The Telegram adapter: Bot API long polling in, [`Platform`] out.
 //!
 //! ## Receiving
-//! [`Receiver::run`](crate::Receiver::run) long-polls `getUpdates` itself rather than through teloxide's
-//! `Dispatcher`/polling listener, because parlor decides when an update is acknowledged:
+//! As a [`Receiver`](crate::Receiver) the adapter long-polls `getUpdates` itself rather than
+//! through teloxide's `Dispatcher`/polling listener (so it needs only `teloxide-core`, the Bot
+//! API client), because parlor decides when an update is acknowledged:
 //! each message is handed to the runtime's [`Inbox`](parlor_bot::platform::Inbox), and only
 //! once `deliver` returned `Ok` (the message is durably recorded) does the next
 //! `getUpdates` carry an `offset` past it. If the daemon stops or crashes before that,
@@ -51,13 +52,13 @@ const MAX_PROGRESS: usize = 1024;
 
 use async_trait::async_trait;
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
-use teloxide::net::Download;
-use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
-use teloxide::prelude::Requester;
-use teloxide::types::{
+use teloxide_core::net::Download;
+use teloxide_core::payloads::{SendChatActionSetters, SendMessageSetters};
+use teloxide_core::prelude::Requester;
+use teloxide_core::types::{
     AllowedUpdate, ChatAction, ChatId, FileId, MessageId, ReplyParameters, ThreadId,
 };
-use teloxide::{Bot, RequestError};
+use teloxide_core::{Bot, RequestError};
 
 pub use config::{Backoff, DEFAULT_API_URL, TELEGRAM_MAX_DOWNLOAD_BYTES, TelegramConfig};
 pub use convert::{BotIdentity, convert_message};
@@ -135,7 +136,7 @@ impl TelegramAdapter {
         })?;
         // teloxide's defaults (5 s connect timeout, TCP_NODELAY) with a request timeout
         // longer than the long poll: its default 17 s would cut every quiet 30 s poll.
-        let client = teloxide::net::default_reqwest_settings()
+        let client = teloxide_core::net::default_reqwest_settings()
             .timeout(config.request_timeout())
             .build()
             .map_err(|error| {

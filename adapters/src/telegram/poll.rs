@@ -12,10 +12,10 @@ use std::time::Duration;
 use parlor_bot::backoff::Failures;
 use parlor_bot::platform::{Inbox, InboxError, IncomingMessage, PlatformError};
 use serde_json::Value;
-use teloxide::RequestError;
-use teloxide::payloads::GetUpdatesSetters;
-use teloxide::prelude::Requester;
-use teloxide::types::{Update, UpdateKind};
+use teloxide_core::RequestError;
+use teloxide_core::payloads::GetUpdatesSetters;
+use teloxide_core::prelude::Requester;
+use teloxide_core::types::{Update, UpdateKind};
 use tokio_util::sync::CancellationToken;
 
 use super::TelegramAdapter;
