@@ -1,8 +1,21 @@
 //! # parlor — the daemon binary
 //!
-//! Owns the command line, the configuration file and the wiring of the runtime (`bot`),
-//! the platform adapters and the plugins. It is the only crate that uses `anyhow`; it holds
-//! no agent logic of its own.
+//! Owns the command line, the configuration file and the wiring of the runtime
+//! (`parlor-bot`), the platform adapters (`parlor-adapters`) and the toolsets
+//! (`parlor-toolsets`). It is the only crate that uses `anyhow`; it holds no agent logic of
+//! its own.
+//!
+//! ## Layout
+//! - `main.rs` — the command line: `run`, `chat`, `ask`, `tools`, `check-config`.
+//! - `config.rs` — the TOML file, then the environment, then defaults; every option checked
+//!   at load with a message naming it.
+//! - `secrets.rs` — secrets resolved once (`*_file`, file value, systemd credential,
+//!   environment), scrubbed from the process environment, the process made non-dumpable.
+//! - `wiring.rs` — config into runtime objects: the agent, its toolsets, the session
+//!   manager, the clock service.
+//! - `daemon.rs` — `parlor run`'s life cycle: adapters in a `JoinSet`, signals, the draining
+//!   shutdown.
+//! - `systemd.rs` — readiness and the watchdog.
 
 mod config;
 mod daemon;

@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions};
-use parlor_toolsets::clock::{ClockHandle, ClockOptions, ClockService};
 use parlor_bot::llm::{OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
+use parlor_toolsets::clock::{ClockHandle, ClockOptions, ClockService};
 use parlor_toolsets::terminal::{
     LateNotifier, Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
 };
-use parlor_toolsets::{PromptToolset, TodoList, time};
 use parlor_toolsets::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
+use parlor_toolsets::{PromptToolset, TodoList, time};
 
 use tokio_util::sync::CancellationToken;
 

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{SecondsFormat, TimeDelta, Utc};
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_toolsets::clock::{ClockHandle, ClockOptions, ClockService, MissedPolicy, NewClock};
 use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError};
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::tool::{Caller, Role, ToolRegistry};
+use parlor_toolsets::clock::{ClockHandle, ClockOptions, ClockService, MissedPolicy, NewClock};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

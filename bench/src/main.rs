@@ -1,4 +1,5 @@
-//! `parlor-bench`: figures for issue 7, measured on the real `parlor` binary.
+//! `parlor-bench`: the footprint and speed figures of the README, measured on the real
+//! `parlor` binary (how each is taken: `docs/perf.md`).
 //!
 //! Run with `cargo run --release -p parlor-bench`. The bench builds the release `parlor`
 //! binary first (`cargo build --release -p parlor --bin parlor`, a no-op when it is up to

@@ -30,7 +30,7 @@ pub mod platform;
 pub mod ratelimit;
 pub mod session;
 pub mod store;
-pub mod text;
-pub mod tool;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod text;
+pub mod tool;

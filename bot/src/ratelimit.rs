@@ -47,7 +47,10 @@ mod tests {
         let minute = Duration::from_secs(60);
         let start = Instant::now();
         assert!(w.try_take(start, 2, minute).is_ok());
-        assert!(w.try_take(start + Duration::from_secs(10), 2, minute).is_ok());
+        assert!(
+            w.try_take(start + Duration::from_secs(10), 2, minute)
+                .is_ok()
+        );
         assert_eq!(
             w.try_take(start + Duration::from_secs(20), 2, minute),
             Err(Duration::from_secs(40))

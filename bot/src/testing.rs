@@ -88,8 +88,7 @@ pub fn tool_results(messages: &[crate::llm::Message]) -> Vec<(String, serde_json
                 content,
             } => Some((
                 tool_call_id.clone(),
-                serde_json::from_str(content)
-                    .unwrap_or(serde_json::Value::String(content.clone())),
+                serde_json::from_str(content).unwrap_or(serde_json::Value::String(content.clone())),
             )),
             _ => None,
         })

@@ -1,4 +1,4 @@
-//! The `Store` contract (DESIGN.md §6). Every behaviour has one test body that runs against
+//! The `Store` contract (docs/contract.md, "Storage"). Every behaviour has one test body that runs against
 //! both backends ([`MemoryStore`] and a [`SledStore`] in a temporary directory); restart,
 //! locking and corruption are sled-only.
 

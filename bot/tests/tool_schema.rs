@@ -1,4 +1,4 @@
-//! Schema generation (one snapshot per rule of DESIGN.md §2) and argument validation.
+//! Schema generation (one snapshot per rule of docs/contract.md, "Tools") and argument validation.
 
 #![allow(dead_code)] // The argument types only exist for their schemas.
 

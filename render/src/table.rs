@@ -52,33 +52,8 @@ fn pad(cell: &str, width: usize, alignment: Alignment) -> String {
     format!("{}{cell}{}", " ".repeat(left), " ".repeat(right))
 }
 
-/// Approximate terminal/monospace width: combining marks and zero-width characters 0, East
-/// Asian wide and emoji 2, everything else 1. Good enough to align a chat table without a
-/// Unicode width table.
+/// Monospace width by Unicode's East Asian Width and emoji presentation tables: combining
+/// marks and zero-width characters 0, wide characters and emoji 2.
 pub(crate) fn display_width(s: &str) -> usize {
-    s.chars().map(char_width).sum()
-}
-
-fn char_width(c: char) -> usize {
-    let u = c as u32;
-    match u {
-        0x0300..=0x036F | 0x200B..=0x200F | 0x20D0..=0x20FF | 0xFE00..=0xFE0F | 0xFE20..=0xFE2F => {
-            0
-        }
-        0x1100..=0x115F
-        | 0x2E80..=0x303E
-        | 0x3041..=0x33FF
-        | 0x3400..=0x4DBF
-        | 0x4E00..=0x9FFF
-        | 0xA000..=0xA4CF
-        | 0xAC00..=0xD7A3
-        | 0xF900..=0xFAFF
-        | 0xFE30..=0xFE4F
-        | 0xFF00..=0xFF60
-        | 0xFFE0..=0xFFE6
-        | 0x1F300..=0x1F64F
-        | 0x1F900..=0x1F9FF
-        | 0x20000..=0x3FFFD => 2,
-        _ => 1,
-    }
+    unicode_width::UnicodeWidthStr::width(s)
 }

@@ -30,30 +30,30 @@
 //!   unless `fail_if_not_exists` is `false`.
 //! - Without `allowed_mentions`, Discord parses every mention in the content, `@everyone`
 //!   included; [`DiscordSent::pings_everyone`] tells whether a sent message would have pinged.
-//! - The bot's own messages come back as `MESSAGE_CREATE` (see [`FakeDiscord::set_echo_own`]).
+//! - The bot's own messages come back as `MESSAGE_CREATE`.
 //! - `nonce` (an integer, or a string of at most 25 characters; 400 code 50035 otherwise) is
 //!   echoed in the message. With `enforce_nonce: true`, a nonce the bot already used in that
-//!   channel within [`NONCE_WINDOW`] returns the message created then, and nothing new is
+//!   channel within five minutes returns the message created then, and nothing new is
 //!   created, recorded or dispatched.
 //!
 //! ## Gateway
 //! JSON text frames, no compression. On connect the fake sends Hello (op 10, from Discord's
-//! example, with a configurable `heartbeat_interval`); Identify (op 2) gets `READY`; a heartbeat
+//! example); Identify (op 2) gets `READY`; a heartbeat
 //! (op 1) gets an ACK (op 11); Resume (op 6) of the current session replays the events after
 //! the client's `seq` and then sends `RESUMED`; a resume of an unknown session gets Invalid
 //! Session (op 9, `d: false`). Events pushed while no connection is ready are queued and sent
 //! after the next `READY`/`RESUMED`, so a test never loses an event to a reconnect.
 //! [`FakeDiscord::disconnect`] closes the live connection with close code 4000 (resumable).
 //!
-//! Incoming messages are scripted with [`FakeDiscord::message`] (a builder based on Discord's
-//! documented example message) or [`FakeDiscord::dispatch`] (any raw event).
+//! Incoming messages are scripted with [`FakeDiscord::message`], a builder based on Discord's
+//! documented example message.
 //!
 //! Avoid `#[tokio::test(start_paused = true)]` with this fake: real sockets and heartbeats need
 //! a running clock.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -68,11 +68,12 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc};
-use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
+
+use crate::server::{self, Server, Unmet, WaitTimeout, at_least};
 
 /// The guild a message goes to when neither the builder nor the channel says otherwise.
 pub const DEFAULT_GUILD_ID: u64 = 290_926_798_626_357_999;
@@ -111,15 +112,7 @@ const FIXTURES: &[(&str, &str)] = &[
 
 /// One of the copied Discord documentation examples, parsed; `None` for an unknown name.
 pub fn discord_fixture(name: &str) -> Option<Value> {
-    FIXTURES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, text)| serde_json::from_str(text).ok())
-}
-
-/// The names of the copied Discord documentation examples.
-pub fn discord_fixture_names() -> Vec<&'static str> {
-    FIXTURES.iter().map(|(n, _)| *n).collect()
+    server::fixture(FIXTURES, name)
 }
 
 fn fixture(name: &str) -> Value {
@@ -157,13 +150,13 @@ impl DiscordUser {
     }
 
     /// Marks the user as a bot.
-    pub fn bot(mut self) -> Self {
+    fn bot(mut self) -> Self {
         self.bot = true;
         self
     }
 
     /// The user object.
-    pub fn to_json(&self) -> Value {
+    fn to_json(&self) -> Value {
         json!({
             "id": self.id.to_string(),
             "username": self.username,
@@ -175,7 +168,7 @@ impl DiscordUser {
     }
 
     /// The mention markup `<@id>`.
-    pub fn mention(&self) -> String {
+    fn mention(&self) -> String {
         format!("<@{}>", self.id)
     }
 }
@@ -228,7 +221,7 @@ impl DiscordFailure {
 }
 
 /// How long Discord remembers a nonce for `enforce_nonce` ("the past few minutes").
-pub const NONCE_WINDOW: Duration = Duration::from_secs(5 * 60);
+const NONCE_WINDOW: Duration = Duration::from_secs(5 * 60);
 
 /// A message sent through `POST /channels/{id}/messages`.
 #[derive(Debug, Clone, PartialEq)]
@@ -292,29 +285,6 @@ pub struct DiscordRequest {
     pub path: String,
 }
 
-/// A `wait_for_*` gave up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiscordWaitTimeout {
-    /// What was awaited.
-    pub wanted: String,
-    /// What was there at the deadline.
-    pub seen: String,
-    /// How long it waited.
-    pub timeout: Duration,
-}
-
-impl fmt::Display for DiscordWaitTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "fake discord: waited {:?} for {}, saw {}",
-            self.timeout, self.wanted, self.seen
-        )
-    }
-}
-
-impl std::error::Error for DiscordWaitTimeout {}
-
 #[derive(Debug, Clone)]
 struct ChannelInfo {
     /// Discord's channel type: 0 text, 1 DM, 11 public thread.
@@ -342,8 +312,6 @@ struct Connection {
 
 struct Inner {
     bot: DiscordUser,
-    heartbeat_interval: u64,
-    echo_own: bool,
     reject_identify: bool,
     session_id: Option<String>,
     seq: u64,
@@ -383,7 +351,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        server::lock(&self.inner)
     }
 
     fn snowflake(&self) -> u64 {
@@ -431,12 +399,12 @@ fn flush_pending(inner: &mut Inner) {
     }
 }
 
-/// An in-process fake Discord (REST + gateway). Stops when dropped or on
-/// [`FakeDiscord::shutdown`]. All methods except `start*`, `wait_for_*` and `shutdown` are
-/// synchronous.
+/// An in-process fake Discord (REST + gateway). Stops when dropped. All methods except `start`
+/// and `wait_for_*` are synchronous.
 pub struct FakeDiscord {
     shared: Arc<Shared>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Held for its `Drop`, which stops both servers.
+    _server: Server,
 }
 
 impl fmt::Debug for FakeDiscord {
@@ -457,35 +425,15 @@ impl FakeDiscord {
     /// # Panics
     /// If no local port can be bound.
     pub async fn start(token: &str) -> Self {
-        Self::start_with(token, DiscordUser::default()).await
-    }
-
-    /// Like [`FakeDiscord::start`], impersonating `bot`.
-    ///
-    /// # Panics
-    /// If no local port can be bound.
-    pub async fn start_with(token: &str, bot: DiscordUser) -> Self {
-        match Self::try_start(token, bot).await {
-            Ok(fake) => fake,
-            Err(e) => panic!("fake discord: cannot bind 127.0.0.1:0: {e}"),
-        }
-    }
-
-    /// Starts the fake, returning the bind error if any.
-    pub async fn try_start(token: &str, bot: DiscordUser) -> std::io::Result<Self> {
-        let http = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-        let gw = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let bot = DiscordUser::default();
+        let (http, http_addr) = server::loopback("discord").await;
+        let (gw, gw_addr) = server::loopback("discord").await;
         let shared = Arc::new(Shared {
             token: token.to_owned(),
-            http_addr: http.local_addr()?,
-            gw_addr: gw.local_addr()?,
+            http_addr,
+            gw_addr,
             inner: Mutex::new(Inner {
                 bot,
-                heartbeat_interval:
-                    fixture("gateway.Example_Hello_Event.L129.json")["d"]["heartbeat_interval"]
-                        .as_u64()
-                        .unwrap_or(45_000),
-                echo_own: true,
                 reject_identify: false,
                 session_id: None,
                 seq: 0,
@@ -529,17 +477,13 @@ impl FakeDiscord {
             )
             .fallback(unknown)
             .with_state(Arc::clone(&shared));
-        let serve =
-            axum::serve(http, app).with_graceful_shutdown(shared.cancel.clone().cancelled_owned());
-        let http_task = tokio::spawn(async move {
-            let _ = serve.await;
-        });
-        let gw_shared = Arc::clone(&shared);
-        let gw_task = tokio::spawn(async move { accept_gateway(gw, gw_shared).await });
-        Ok(FakeDiscord {
+        let mut server = Server::new(shared.cancel.clone());
+        server.serve(http, app);
+        server.spawn(accept_gateway(gw, Arc::clone(&shared)));
+        FakeDiscord {
             shared,
-            tasks: vec![http_task, gw_task],
-        })
+            _server: server,
+        }
     }
 
     /// The base URL for serenity's `HttpBuilder::proxy`: `http://127.0.0.1:PORT`.
@@ -552,36 +496,15 @@ impl FakeDiscord {
         self.shared.ws_url()
     }
 
-    /// The token the fake accepts.
-    pub fn token(&self) -> &str {
-        &self.shared.token
-    }
-
     /// The bot user.
     pub fn bot(&self) -> DiscordUser {
         self.shared.lock().bot.clone()
-    }
-
-    /// The `heartbeat_interval` (ms) of the next Hello.
-    pub fn set_heartbeat_interval(&self, millis: u64) {
-        self.shared.lock().heartbeat_interval = millis;
-    }
-
-    /// Whether messages the bot sends come back as `MESSAGE_CREATE` (default true, as on
-    /// Discord).
-    pub fn set_echo_own(&self, echo: bool) {
-        self.shared.lock().echo_own = echo;
     }
 
     /// Whether Identify is answered with close code 4004 (Authentication failed) whatever the
     /// token, as when a token is reset while the REST side still worked.
     pub fn set_reject_identify(&self, reject: bool) {
         self.shared.lock().reject_identify = reject;
-    }
-
-    /// A new snowflake id (unique within this fake).
-    pub fn snowflake(&self) -> u64 {
-        self.shared.snowflake()
     }
 
     /// Registers a guild with its owner; the `@everyone` role (id = guild id) has no
@@ -668,8 +591,6 @@ impl FakeDiscord {
             mentions: Vec::new(),
             reply_to: None,
             attachments: Vec::new(),
-            member_roles: None,
-            extra: Vec::new(),
         }
     }
 
@@ -685,7 +606,7 @@ impl FakeDiscord {
 
     /// Pushes any dispatch event (`op 0`, `t`, `d`); sent now if a connection is ready,
     /// else queued for the next one.
-    pub fn dispatch(&self, t: &str, d: Value) {
+    fn dispatch(&self, t: &str, d: Value) {
         if t == "MESSAGE_CREATE"
             && let Some(id) = d.get("id").and_then(snowflake_string)
         {
@@ -777,11 +698,6 @@ impl FakeDiscord {
         self.shared.lock().identifies.clone()
     }
 
-    /// The Resume payloads (`d`) received.
-    pub fn resumes(&self) -> Vec<Value> {
-        self.shared.lock().resumes.clone()
-    }
-
     /// Heartbeats received.
     pub fn heartbeats(&self) -> u64 {
         self.shared.lock().heartbeats
@@ -807,7 +723,7 @@ impl FakeDiscord {
     }
 
     /// Waits until a gateway connection is live (READY/RESUMED sent).
-    pub async fn wait_for_ready(&self, timeout: Duration) -> Result<(), DiscordWaitTimeout> {
+    pub async fn wait_for_ready(&self, timeout: Duration) -> Result<(), WaitTimeout> {
         self.wait_until(timeout, |inner| {
             if inner.connection.as_ref().is_some_and(|c| c.ready) {
                 Ok(())
@@ -826,15 +742,9 @@ impl FakeDiscord {
         &self,
         n: usize,
         timeout: Duration,
-    ) -> Result<Vec<Value>, DiscordWaitTimeout> {
-        self.wait_until(timeout, |inner| {
-            if inner.resumes.len() >= n {
-                Ok(inner.resumes.clone())
-            } else {
-                Err((format!("{n} resume(s)"), inner.resumes.len().to_string()))
-            }
-        })
-        .await
+    ) -> Result<Vec<Value>, WaitTimeout> {
+        self.wait_until(timeout, |inner| at_least(&inner.resumes, n, "resume(s)"))
+            .await
     }
 
     /// Waits until at least `n` messages were sent, then returns all of them.
@@ -842,80 +752,21 @@ impl FakeDiscord {
         &self,
         n: usize,
         timeout: Duration,
-    ) -> Result<Vec<DiscordSent>, DiscordWaitTimeout> {
-        self.wait_until(timeout, |inner| {
-            if inner.sent.len() >= n {
-                Ok(inner.sent.clone())
-            } else {
-                Err((format!("{n} sent message(s)"), inner.sent.len().to_string()))
-            }
-        })
-        .await
+    ) -> Result<Vec<DiscordSent>, WaitTimeout> {
+        self.wait_until(timeout, |inner| at_least(&inner.sent, n, "sent message(s)"))
+            .await
     }
 
-    /// Waits until at least `n` typing calls were received.
-    pub async fn wait_for_typing(
-        &self,
-        n: usize,
-        timeout: Duration,
-    ) -> Result<Vec<DiscordTyping>, DiscordWaitTimeout> {
-        self.wait_until(timeout, |inner| {
-            if inner.typing.len() >= n {
-                Ok(inner.typing.clone())
-            } else {
-                Err((
-                    format!("{n} typing call(s)"),
-                    inner.typing.len().to_string(),
-                ))
-            }
-        })
-        .await
-    }
-
+    /// Waits until `check` passes on the state; see [`server::wait_until`].
     async fn wait_until<T>(
         &self,
         timeout: Duration,
-        check: impl Fn(&Inner) -> Result<T, (String, String)>,
-    ) -> Result<T, DiscordWaitTimeout> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.shared.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let (wanted, seen) = match check(&self.shared.lock()) {
-                Ok(v) => return Ok(v),
-                Err(unmet) => unmet,
-            };
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(DiscordWaitTimeout {
-                    wanted,
-                    seen,
-                    timeout,
-                });
-            }
-        }
-    }
-
-    /// Stops both servers and closes the gateway connection.
-    pub async fn shutdown(mut self) {
-        self.shared.cancel.cancel();
-        for mut task in self.tasks.drain(..) {
-            if tokio::time::timeout(Duration::from_secs(2), &mut task)
-                .await
-                .is_err()
-            {
-                task.abort();
-            }
-        }
-    }
-}
-
-impl Drop for FakeDiscord {
-    fn drop(&mut self) {
-        self.shared.cancel.cancel();
-        for task in self.tasks.drain(..) {
-            task.abort();
-        }
+        check: impl Fn(&Inner) -> Result<T, Unmet>,
+    ) -> Result<T, WaitTimeout> {
+        server::wait_until("discord", &self.shared.changed, timeout, || {
+            check(&self.shared.lock())
+        })
+        .await
     }
 }
 
@@ -931,8 +782,6 @@ pub struct DiscordMessageBuilder<'a> {
     mentions: Vec<DiscordUser>,
     reply_to: Option<String>,
     attachments: Vec<(String, String, Vec<u8>)>,
-    member_roles: Option<Vec<u64>>,
-    extra: Vec<(String, Value)>,
 }
 
 impl DiscordMessageBuilder<'_> {
@@ -981,20 +830,8 @@ impl DiscordMessageBuilder<'_> {
         self
     }
 
-    /// The author's roles in the `member` object (default: as registered, else none).
-    pub fn member_roles(mut self, roles: Vec<u64>) -> Self {
-        self.member_roles = Some(roles);
-        self
-    }
-
-    /// Sets any top-level field of the message.
-    pub fn field(mut self, key: impl Into<String>, value: Value) -> Self {
-        self.extra.push((key.into(), value));
-        self
-    }
-
     /// The message object (`d` of the event).
-    pub fn build(self) -> Value {
+    fn build(self) -> Value {
         let fake = self.fake;
         let id = fake.shared.snowflake().to_string();
         let mut message = fixture("message.Example_Message.L167.json");
@@ -1019,14 +856,13 @@ impl DiscordMessageBuilder<'_> {
         };
         if let Some(guild_id) = guild_id {
             message["guild_id"] = json!(guild_id.to_string());
-            let roles = self.member_roles.unwrap_or_else(|| {
-                fake.shared
-                    .lock()
-                    .guilds
-                    .get(&guild_id)
-                    .and_then(|g| g.members.get(&self.author.id).cloned())
-                    .unwrap_or_default()
-            });
+            let roles = fake
+                .shared
+                .lock()
+                .guilds
+                .get(&guild_id)
+                .and_then(|g| g.members.get(&self.author.id).cloned())
+                .unwrap_or_default();
             message["member"] = json!({
                 "roles": roles.iter().map(u64::to_string).collect::<Vec<_>>(),
                 "joined_at": "2020-01-01T00:00:00.000000+00:00",
@@ -1064,9 +900,6 @@ impl DiscordMessageBuilder<'_> {
             })
             .collect();
         message["attachments"] = Value::Array(attachments);
-        for (key, value) in self.extra {
-            message[key] = value;
-        }
         message
     }
 
@@ -1117,8 +950,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
             tx: tx.clone(),
             ready: false,
         });
-        let mut hello = fixture("gateway.Example_Hello_Event.L129.json");
-        hello["d"]["heartbeat_interval"] = json!(inner.heartbeat_interval);
+        let hello = fixture("gateway.Example_Hello_Event.L129.json");
         let _ = tx.send(WsMessage::Text(hello.to_string()));
         id
     };
@@ -1428,6 +1260,13 @@ fn role_json(guild_id: u64, role_id: u64, permissions: u64) -> Value {
     })
 }
 
+/// The registered guild `guild` (a snowflake in the path), if any.
+fn known_guild(shared: &Shared, guild: &str) -> Option<(u64, GuildInfo)> {
+    let id = guild.parse::<u64>().ok()?;
+    let info = shared.lock().guilds.get(&id).cloned()?;
+    Some((id, info))
+}
+
 async fn get_guild(
     State(shared): Shr,
     Path(guild): Path<String>,
@@ -1437,10 +1276,7 @@ async fn get_guild(
     if let Some(r) = gate(&shared, "get_guild", "GET", uri.path(), &headers, true) {
         return r;
     }
-    let Ok(id) = guild.parse::<u64>() else {
-        return discord_error(StatusCode::NOT_FOUND, 10004, "Unknown Guild");
-    };
-    let Some(info) = shared.lock().guilds.get(&id).cloned() else {
+    let Some((id, info)) = known_guild(&shared, &guild) else {
         return discord_error(StatusCode::NOT_FOUND, 10004, "Unknown Guild");
     };
     json_response(
@@ -1466,10 +1302,7 @@ async fn get_roles(
     if let Some(r) = gate(&shared, "get_roles", "GET", uri.path(), &headers, true) {
         return r;
     }
-    let Ok(id) = guild.parse::<u64>() else {
-        return discord_error(StatusCode::NOT_FOUND, 10004, "Unknown Guild");
-    };
-    let Some(info) = shared.lock().guilds.get(&id).cloned() else {
+    let Some((id, info)) = known_guild(&shared, &guild) else {
         return discord_error(StatusCode::NOT_FOUND, 10004, "Unknown Guild");
     };
     json_response(
@@ -1649,13 +1482,9 @@ async fn create_message(
         .cloned()
         .filter(|a| !a.is_null());
     let id = shared.snowflake().to_string();
-    let (bot, channel_info, echo) = {
+    let (bot, channel_info) = {
         let inner = shared.lock();
-        (
-            inner.bot.clone(),
-            inner.channels.get(&channel_id).cloned(),
-            inner.echo_own,
-        )
+        (inner.bot.clone(), inner.channels.get(&channel_id).cloned())
     };
     let sent = DiscordSent {
         channel_id: channel.clone(),
@@ -1709,20 +1538,18 @@ async fn create_message(
         inner.messages.insert(id.clone(), message.clone());
     }
     shared.changed.notify_waiters();
-    if echo {
-        let mut event = message.clone();
-        if let Some(guild) = channel_info.and_then(|c| c.guild_id) {
-            event["guild_id"] = json!(guild.to_string());
-            event["member"] = json!({
-                "roles": [],
-                "joined_at": "2020-01-01T00:00:00.000000+00:00",
-                "deaf": false,
-                "mute": false,
-                "flags": 0,
-            });
-        }
-        shared.dispatch("MESSAGE_CREATE", event);
+    let mut event = message.clone();
+    if let Some(guild) = channel_info.and_then(|c| c.guild_id) {
+        event["guild_id"] = json!(guild.to_string());
+        event["member"] = json!({
+            "roles": [],
+            "joined_at": "2020-01-01T00:00:00.000000+00:00",
+            "deaf": false,
+            "mute": false,
+            "flags": 0,
+        });
     }
+    shared.dispatch("MESSAGE_CREATE", event);
     json_response(StatusCode::OK, message)
 }
 
@@ -1810,7 +1637,7 @@ mod tests {
 
     #[test]
     fn fixtures_parse() {
-        for name in discord_fixture_names() {
+        for (name, _) in FIXTURES {
             assert!(discord_fixture(name).is_some(), "{name}");
         }
     }

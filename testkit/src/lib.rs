@@ -11,11 +11,15 @@
 //!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
 //!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to.
 //!
+//! What the three have in common (a loopback server that stops with the fake,
+//! the state lock, bounded waits and their [`WaitTimeout`]) lives once, in the
+//! private `server` module.
+//!
 //! Rules for this crate:
 //! - It is only ever a **dev-dependency**. Non-test code must never depend on
 //!   it.
 //! - It must not depend on any of parlor's own crates (`parlor`,
-//!   `parlor-bot`, `parlor-adapters`, `parlor-plugins`, ...), so that every
+//!   `parlor-bot`, `parlor-adapters`, `parlor-toolsets`, ...), so that every
 //!   crate in the workspace can dev-depend on it without cycles. It speaks the
 //!   wire protocols (HTTP + JSON) only.
 //! - Every wait inside a fake is bounded or cancellable, so a misbehaving test
@@ -26,16 +30,16 @@ pub mod discord;
 pub mod llm;
 pub mod telegram;
 
+mod server;
+
+pub use server::WaitTimeout;
+
 pub use discord::{
     DEFAULT_GUILD_ID, DiscordFailure, DiscordMessageBuilder, DiscordRequest, DiscordSent,
-    DiscordTyping, DiscordUser, DiscordWaitTimeout, FakeDiscord, discord_fixture,
-    discord_fixture_names,
+    DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,
 };
-pub use llm::{
-    DEFAULT_USAGE, FakeLlm, RecordedRequest, Reply, ToolCallSpec, WaitTimeout, last_user_text,
-};
+pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
 pub use telegram::{
-    BotUser, ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder,
-    RecordedCall, SentMessage, TelegramWaitTimeout, TgUser, teloxide_fixture,
-    teloxide_fixture_names, utf16_len,
+    ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
+    SentMessage, TgUser, teloxide_fixture, utf16_len,
 };

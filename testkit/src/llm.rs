@@ -39,10 +39,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -54,19 +54,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::server::{self, Server, WaitTimeout, at_least};
 
 /// Usage numbers reported when a [`Reply`] does not set them with
 /// [`Reply::usage`]: `(prompt_tokens, completion_tokens)`.
-pub const DEFAULT_USAGE: (u64, u64) = (10, 5);
+const DEFAULT_USAGE: (u64, u64) = (10, 5);
 
 /// How many pieces streamed text and tool-call arguments are split into (at
 /// most; short strings give fewer pieces).
 const PIECES: usize = 3;
-
-/// How long [`FakeLlm::shutdown`] waits for the server task before aborting it.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Model name echoed when a request has no `model` string.
 const DEFAULT_MODEL: &str = "fake-model";
@@ -94,20 +92,6 @@ impl ToolCallSpec {
             id: id.into(),
             name: name.into(),
             arguments: args.to_string(),
-        }
-    }
-
-    /// A call whose arguments string is sent verbatim, e.g. malformed JSON to
-    /// test how a client copes with it.
-    pub fn raw(
-        id: impl Into<String>,
-        name: impl Into<String>,
-        arguments: impl Into<String>,
-    ) -> Self {
-        Self {
-            id: id.into(),
-            name: name.into(),
-            arguments: arguments.into(),
         }
     }
 }
@@ -143,7 +127,6 @@ enum Kind {
 struct Completion {
     text: String,
     calls: Vec<ToolCallSpec>,
-    finish_reason: Option<String>,
     error: Option<String>,
     stall: bool,
 }
@@ -233,7 +216,7 @@ impl Reply {
     }
 
     /// Sets the reported usage (`total_tokens` is their sum). Defaults to
-    /// [`DEFAULT_USAGE`]. No-op for status and raw replies.
+    /// `(10, 5)`. No-op for status and raw replies.
     pub fn usage(mut self, prompt_tokens: u64, completion_tokens: u64) -> Self {
         self.usage = (prompt_tokens, completion_tokens);
         self
@@ -267,16 +250,6 @@ impl Reply {
     pub fn body(mut self, body: Value) -> Self {
         if let Kind::Status { body: b, .. } = &mut self.kind {
             *b = Some(body);
-        }
-        self
-    }
-
-    /// Overrides the finish reason (e.g. `"length"`), which otherwise is
-    /// `"tool_calls"` when the reply has tool calls and `"stop"` otherwise.
-    /// No-op for status and raw replies.
-    pub fn finish_reason(mut self, reason: impl Into<String>) -> Self {
-        if let Kind::Completion(c) = &mut self.kind {
-            c.finish_reason = Some(reason.into());
         }
         self
     }
@@ -396,30 +369,6 @@ pub fn last_user_text(body: &Value) -> Option<String> {
     }
 }
 
-/// Returned by [`FakeLlm::wait_for_requests`] when not enough requests arrived
-/// in time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WaitTimeout {
-    /// How many requests were awaited.
-    pub wanted: usize,
-    /// How many had arrived when the wait gave up.
-    pub seen: usize,
-    /// How long the wait lasted.
-    pub timeout: Duration,
-}
-
-impl fmt::Display for WaitTimeout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "fake llm: waited {:?} for {} request(s) but saw {}",
-            self.timeout, self.wanted, self.seen
-        )
-    }
-}
-
-impl std::error::Error for WaitTimeout {}
-
 // ---------------------------------------------------------------------------
 // Server
 // ---------------------------------------------------------------------------
@@ -443,9 +392,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Script> {
-        // A panic while holding the lock cannot leave the script in a broken
-        // state (every critical section is a single push/pop), so recover.
-        self.script.lock().unwrap_or_else(PoisonError::into_inner)
+        server::lock(&self.script)
     }
 }
 
@@ -458,7 +405,7 @@ impl Shared {
 pub struct FakeLlm {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    task: Option<JoinHandle<()>>,
+    server: Server,
 }
 
 impl fmt::Debug for FakeLlm {
@@ -475,18 +422,9 @@ impl FakeLlm {
     /// Starts the server on `127.0.0.1:0`.
     ///
     /// # Panics
-    /// If no local port can be bound (see [`FakeLlm::try_start`]).
+    /// If no local port can be bound.
     pub async fn start() -> Self {
-        match Self::try_start().await {
-            Ok(fake) => fake,
-            Err(e) => panic!("fake llm: cannot bind 127.0.0.1:0: {e}"),
-        }
-    }
-
-    /// Starts the server on `127.0.0.1:0`, returning the bind error if any.
-    pub async fn try_start() -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = server::loopback("llm").await;
         let shared = Arc::new(Shared {
             script: Mutex::new(Script::default()),
             recorded: Notify::new(),
@@ -500,18 +438,13 @@ impl FakeLlm {
             .fallback(unknown_path)
             .layer(DefaultBodyLimit::disable())
             .with_state(Arc::clone(&shared));
-        let serve = axum::serve(listener, app)
-            .with_graceful_shutdown(shared.cancel.clone().cancelled_owned());
-        let task = tokio::spawn(async move {
-            // Accept errors are retried inside axum; an error here means the
-            // server is gone, which tests notice through failed requests.
-            let _ = serve.await;
-        });
-        Ok(Self {
+        let mut server = Server::new(shared.cancel.clone());
+        server.serve(listener, app);
+        Self {
             shared,
             addr,
-            task: Some(task),
-        })
+            server,
+        }
     }
 
     /// The base URL to configure a client with: `http://127.0.0.1:PORT/v1`.
@@ -582,27 +515,10 @@ impl FakeLlm {
         n: usize,
         timeout: Duration,
     ) -> Result<Vec<RecordedRequest>, WaitTimeout> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.shared.recorded.notified();
-            tokio::pin!(notified);
-            // Register before checking, so a request recorded in between
-            // still wakes us.
-            notified.as_mut().enable();
-            {
-                let script = self.shared.lock();
-                if script.requests.len() >= n {
-                    return Ok(script.requests.clone());
-                }
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(WaitTimeout {
-                    wanted: n,
-                    seen: self.request_count(),
-                    timeout,
-                });
-            }
-        }
+        server::wait_until("llm", &self.shared.recorded, timeout, || {
+            at_least(&self.shared.lock().requests, n, "request(s)")
+        })
+        .await
     }
 
     /// How many streamed response bodies were dropped before they finished,
@@ -616,23 +532,7 @@ impl FakeLlm {
     /// Stops the server: ends stalled and delayed responses, closes
     /// connections and waits (bounded) for the server task to finish.
     pub async fn shutdown(mut self) {
-        self.shared.cancel.cancel();
-        if let Some(mut task) = self.task.take()
-            && tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
-                .await
-                .is_err()
-        {
-            task.abort();
-        }
-    }
-}
-
-impl Drop for FakeLlm {
-    fn drop(&mut self) {
-        self.shared.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        self.server.shutdown().await;
     }
 }
 
@@ -920,7 +820,7 @@ fn sse_events(ctx: &Ctx, c: &Completion, usage: (u64, u64), include_usage: bool)
         return events;
     }
     let finish = finish_reason(c);
-    events.push(data_event(&ctx.chunk(json!({}), Some(&finish))));
+    events.push(data_event(&ctx.chunk(json!({}), Some(finish))));
     if include_usage {
         events.push(data_event(&json!({
             "id": ctx.id,
@@ -935,11 +835,11 @@ fn sse_events(ctx: &Ctx, c: &Completion, usage: (u64, u64), include_usage: bool)
     events
 }
 
-fn finish_reason(c: &Completion) -> String {
-    match &c.finish_reason {
-        Some(reason) => reason.clone(),
-        None if c.calls.is_empty() => "stop".to_owned(),
-        None => "tool_calls".to_owned(),
+fn finish_reason(c: &Completion) -> &'static str {
+    if c.calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
     }
 }
 

@@ -1,8 +1,6 @@
 //! `FakeDiscord` spoken to on the wire (reqwest + a raw WebSocket client), with the payloads of
 //! Discord's documentation examples. The adapter's tests cover it with the real serenity.
 
-use std::time::Duration;
-
 use futures::{SinkExt, StreamExt};
 use parlor_testkit::{DiscordFailure, DiscordUser, FakeDiscord, discord_fixture};
 use serde_json::{Value, json};
@@ -10,13 +8,17 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+mod support;
+use support::{WAIT, client};
+
 const TOKEN: &str = "MTEwMA.fake.token";
-const WAIT: Duration = Duration::from_secs(5);
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 async fn connect(fake: &FakeDiscord) -> Ws {
-    let url: Value = reqwest::get(format!("{}/api/v10/gateway", fake.api_url()))
+    let url: Value = client()
+        .get(format!("{}/api/v10/gateway", fake.api_url()))
+        .send()
         .await
         .unwrap()
         .json()
@@ -48,6 +50,21 @@ async fn next(ws: &mut Ws) -> Result<Value, u16> {
 
 async fn send(ws: &mut Ws, payload: &Value) {
     ws.send(Message::Text(payload.to_string())).await.unwrap();
+}
+
+/// GETs `path` under `/api/v10` as the bot.
+async fn get(fake: &FakeDiscord, path: &str) -> reqwest::Response {
+    client()
+        .get(format!("{}/api/v10{path}", fake.api_url()))
+        .header("authorization", format!("Bot {TOKEN}"))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// GETs `path` under `/api/v10` as the bot; the JSON answer.
+async fn get_json(fake: &FakeDiscord, path: &str) -> Value {
+    get(fake, path).await.json().await.unwrap()
 }
 
 fn identify(token: &str) -> Value {
@@ -143,58 +160,26 @@ async fn rest_routes_answer_like_discord() {
     fake.role(10, 12, 8);
     fake.member(10, 13, vec![12]);
     fake.text_channel(10, 20);
-    let http = reqwest::Client::new();
+    let http = client();
     let api = format!("{}/api/v10", fake.api_url());
     let auth = format!("Bot {TOKEN}");
 
     let me = http.get(format!("{api}/users/@me")).send().await.unwrap();
     assert_eq!(me.status(), 401, "no token");
-    let me: Value = http
-        .get(format!("{api}/users/@me"))
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let me = get_json(&fake, "/users/@me").await;
     assert_eq!(
         (me["id"].clone(), me["bot"].clone()),
         (json!("1100"), json!(true))
     );
 
-    let gw: Value = http
-        .get(format!("{api}/gateway/bot"))
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let gw = get_json(&fake, "/gateway/bot").await;
     assert_eq!(gw["url"], fake.gateway_url());
     assert_eq!(gw["shards"], 1);
     assert_eq!(gw["session_start_limit"]["max_concurrency"], 1);
 
-    let guild: Value = http
-        .get(format!("{api}/guilds/10"))
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let guild = get_json(&fake, "/guilds/10").await;
     assert_eq!(guild["owner_id"], "11");
-    let roles: Value = http
-        .get(format!("{api}/guilds/10/roles"))
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let roles = get_json(&fake, "/guilds/10/roles").await;
     assert!(
         roles
             .as_array()
@@ -202,25 +187,9 @@ async fn rest_routes_answer_like_discord() {
             .iter()
             .any(|r| r["id"] == "12" && r["permissions"] == "8")
     );
-    let member: Value = http
-        .get(format!("{api}/guilds/10/members/13"))
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let member = get_json(&fake, "/guilds/10/members/13").await;
     assert_eq!(member["roles"], json!(["12"]));
-    let channel: Value = http
-        .get(format!("{api}/channels/20"))
-        .header("authorization", &auth)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let channel = get_json(&fake, "/channels/20").await;
     assert_eq!(
         (channel["type"].clone(), channel["guild_id"].clone()),
         (json!(0), json!("10"))
@@ -286,15 +255,17 @@ async fn rest_routes_answer_like_discord() {
     assert_eq!(fake.typing_calls().len(), 1);
 
     let url = fake.add_attachment(20, "a.png", vec![9, 8, 7]);
-    let bytes = reqwest::get(&url).await.unwrap().bytes().await.unwrap();
-    assert_eq!(&bytes[..], &[9, 8, 7]);
-
-    let nowhere = http
-        .get(format!("{api}/applications/@me"))
-        .header("authorization", &auth)
+    let bytes = client()
+        .get(&url)
         .send()
         .await
+        .unwrap()
+        .bytes()
+        .await
         .unwrap();
+    assert_eq!(&bytes[..], &[9, 8, 7]);
+
+    let nowhere = get(&fake, "/applications/@me").await;
     assert_eq!(nowhere.status(), 404);
     assert_eq!(fake.unknown_routes(), ["GET /api/v10/applications/@me"]);
 }

@@ -7,14 +7,8 @@ use futures::StreamExt;
 use parlor_testkit::{FakeLlm, Reply, ToolCallSpec};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(5);
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("reqwest client")
-}
+mod support;
+use support::{WAIT, client};
 
 fn stream_body(user: &str) -> Value {
     json!({
@@ -36,6 +30,15 @@ async fn post(fake: &FakeLlm, body: &Value) -> reqwest::Response {
         .send()
         .await
         .expect("request to fake llm")
+}
+
+/// The whole SSE body answering a streamed chat turn from `user`.
+async fn stream_turn(fake: &FakeLlm, user: &str) -> String {
+    post(fake, &stream_body(user))
+        .await
+        .text()
+        .await
+        .expect("body")
 }
 
 /// The `data:` payloads of an SSE body, in order.
@@ -160,11 +163,7 @@ async fn tool_call_arguments_reassemble() {
         ToolCallSpec::new("call_2", "clock", args2.clone()),
     ]));
 
-    let sse = post(&fake, &stream_body("todo?"))
-        .await
-        .text()
-        .await
-        .expect("body");
+    let sse = stream_turn(&fake, "todo?").await;
     let got = assemble(&sse);
     assert_eq!(got.content, "");
     assert_eq!(got.finish_reason.as_deref(), Some("tool_calls"));
@@ -193,24 +192,12 @@ async fn text_and_tools_and_push_tool_call() {
     ));
     fake.push_tool_call("c2", "todo_list", json!({"op": "list"}));
 
-    let got = assemble(
-        &post(&fake, &stream_body("a"))
-            .await
-            .text()
-            .await
-            .expect("body"),
-    );
+    let got = assemble(&stream_turn(&fake, "a").await);
     assert_eq!(got.content, "let me check");
     assert_eq!(got.calls[&0].name, "search");
     assert_eq!(got.finish_reason.as_deref(), Some("tool_calls"));
 
-    let got = assemble(
-        &post(&fake, &stream_body("b"))
-            .await
-            .text()
-            .await
-            .expect("body"),
-    );
+    let got = assemble(&stream_turn(&fake, "b").await);
     assert_eq!(got.calls[&0].id, "c2");
     assert_eq!(
         serde_json::from_str::<Value>(&got.calls[&0].args).expect("json"),
@@ -285,7 +272,14 @@ async fn wait_for_requests_times_out() {
         .wait_for_requests(1, Duration::from_millis(50))
         .await
         .expect_err("no request was sent");
-    assert_eq!((err.wanted, err.seen), (1, 0));
+    assert_eq!(
+        (err.wanted.as_str(), err.seen.as_str()),
+        ("1 request(s)", "0")
+    );
+    assert_eq!(
+        err.to_string(),
+        "fake llm: waited 50ms for 1 request(s) but saw 0"
+    );
 }
 
 #[tokio::test]
@@ -317,20 +311,8 @@ async fn responder_answers_when_script_is_empty() {
             parlor_testkit::last_user_text(body).unwrap_or_default()
         ))
     });
-    let a = assemble(
-        &post(&fake, &stream_body("one"))
-            .await
-            .text()
-            .await
-            .expect("body"),
-    );
-    let b = assemble(
-        &post(&fake, &stream_body("two"))
-            .await
-            .text()
-            .await
-            .expect("body"),
-    );
+    let a = assemble(&stream_turn(&fake, "one").await);
+    let b = assemble(&stream_turn(&fake, "two").await);
     assert_eq!(a.content, "scripted");
     assert_eq!(b.content, "echo: two");
 
@@ -365,22 +347,14 @@ async fn stream_error_mid_stream() {
     fake.push(Reply::stream_error("overloaded"));
     fake.push(Reply::text("partial answer").then_stream_error("boom"));
 
-    let sse = post(&fake, &stream_body("x"))
-        .await
-        .text()
-        .await
-        .expect("body");
+    let sse = stream_turn(&fake, "x").await;
     let events = data_events(&sse);
     assert_eq!(events.len(), 2, "{sse}");
     let err: Value = serde_json::from_str(&events[1]).expect("json");
     assert_eq!(err["error"]["message"], "overloaded");
     assert!(!sse.contains("[DONE]"));
 
-    let sse = post(&fake, &stream_body("y"))
-        .await
-        .text()
-        .await
-        .expect("body");
+    let sse = stream_turn(&fake, "y").await;
     let events = data_events(&sse);
     let last: Value = serde_json::from_str(events.last().expect("events")).expect("json");
     assert_eq!(last["error"]["message"], "boom");
@@ -450,13 +424,7 @@ async fn delay_and_chunk_delay() {
             .chunk_delay(Duration::from_millis(20)),
     );
     let start = std::time::Instant::now();
-    let got = assemble(
-        &post(&fake, &stream_body("x"))
-            .await
-            .text()
-            .await
-            .expect("body"),
-    );
+    let got = assemble(&stream_turn(&fake, "x").await);
     assert!(start.elapsed() >= Duration::from_millis(140));
     assert_eq!(got.content, "slow text");
 }

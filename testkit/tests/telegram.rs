@@ -6,17 +6,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use parlor_testkit::{Failure, FakeTelegram, TgUser, teloxide_fixture, utf16_len};
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+mod support;
+use support::{WAIT, client};
 
 const TOKEN: &str = "123456:TEST-token";
 const GROUP: i64 = -1_001_234_567_890;
-const WAIT: Duration = Duration::from_secs(5);
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("reqwest client")
-}
 
 fn alice() -> TgUser {
     TgUser::new(1001, "Alice").username("alice")
@@ -34,11 +30,51 @@ async fn api(fake: &FakeTelegram, method: &str, body: Value) -> (u16, Value) {
     (status, resp.json().await.expect("JSON answer"))
 }
 
+/// GETs `path` (under the API URL) without parameters.
+async fn get(fake: &FakeTelegram, path: &str) -> reqwest::Response {
+    client()
+        .get(format!("{}{path}", fake.api_url()))
+        .send()
+        .await
+        .expect("request to fake telegram")
+}
+
+/// POSTs an urlencoded `form` to `method`.
+async fn post_form(fake: &FakeTelegram, method: &str, form: String) -> reqwest::Response {
+    client()
+        .post(format!("{}/bot{TOKEN}/{method}", fake.api_url()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form)
+        .send()
+        .await
+        .expect("request to fake telegram")
+}
+
 async fn ok_result(fake: &FakeTelegram, method: &str, body: Value) -> Value {
     let (status, answer) = api(fake, method, body).await;
     assert_eq!(status, 200, "{method}: {answer}");
     assert_eq!(answer["ok"], json!(true), "{method}: {answer}");
     answer["result"].clone()
+}
+
+/// Starts a 30 s `getUpdates` long poll on a task, and returns once the fake
+/// has it; the task ends with the poll's status and answer.
+async fn long_poll(fake: &FakeTelegram) -> JoinHandle<(u16, Value)> {
+    let url = format!("{}/bot{TOKEN}/getUpdates", fake.api_url());
+    let polls = fake.calls("getUpdates");
+    let poll = tokio::spawn(async move {
+        let resp = client()
+            .post(url)
+            .json(&json!({"timeout": 30}))
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+    });
+    fake.wait_for_calls("getUpdates", polls + 1, WAIT)
+        .await
+        .unwrap();
+    poll
 }
 
 fn update_ids(updates: &Value) -> Vec<i64> {
@@ -69,11 +105,7 @@ async fn get_me_token_check_and_unknown_methods() {
     assert_eq!(me["supports_inline_queries"], json!(false));
 
     // Method names are case-insensitive; GET without a body works too.
-    let resp = client()
-        .get(format!("{}/bot{TOKEN}/GETME", fake.api_url()))
-        .send()
-        .await
-        .unwrap();
+    let resp = get(&fake, &format!("/bot{TOKEN}/GETME")).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(fake.calls("getme"), 2);
 
@@ -94,36 +126,20 @@ async fn get_me_token_check_and_unknown_methods() {
     assert_eq!(fake.unknown_methods(), vec!["sendSticker".to_owned()]);
     assert_eq!(fake.calls("sendsticker"), 1);
 
-    let resp = client()
-        .get(format!("{}/nothing/here", fake.api_url()))
-        .send()
-        .await
-        .unwrap();
+    let resp = get(&fake, "/nothing/here").await;
     assert_eq!(resp.status(), 404);
 }
 
 #[tokio::test]
 async fn long_poll_wakes_when_an_update_is_pushed() {
     let fake = FakeTelegram::start(TOKEN).await;
-    let url = format!("{}/bot{TOKEN}/getUpdates", fake.api_url());
     let started = Instant::now();
-    let poll = tokio::spawn(async move {
-        client()
-            .post(url)
-            .json(&json!({"timeout": 30}))
-            .send()
-            .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()
-    });
-    fake.wait_for_calls("getUpdates", 1, WAIT).await.unwrap();
+    let poll = long_poll(&fake).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(!poll.is_finished(), "the poll must wait for an update");
 
     let message_id = fake.group_message(GROUP, alice(), "hello").push();
-    let answer = tokio::time::timeout(Duration::from_secs(2), poll)
+    let (_, answer) = tokio::time::timeout(Duration::from_secs(2), poll)
         .await
         .expect("the poll wakes on push")
         .unwrap();
@@ -183,13 +199,7 @@ async fn offsets_acknowledge_and_unacknowledged_updates_are_redelivered() {
     assert_eq!(fresh, vec![b_update]);
 
     // Form-encoded offset acknowledges everything.
-    let resp = client()
-        .post(format!("{}/bot{TOKEN}/getUpdates", fake.api_url()))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("offset={}&timeout=0", c + 1))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_form(&fake, "getUpdates", format!("offset={}&timeout=0", c + 1)).await;
     assert_eq!(resp.json::<Value>().await.unwrap()["result"], json!([]));
     assert!(fake.pending_updates().is_empty());
     fake.wait_for_ack(c, WAIT).await.unwrap();
@@ -244,17 +254,7 @@ async fn allowed_updates_filters_like_telegram() {
 #[tokio::test]
 async fn a_new_poll_ends_a_waiting_one_with_409() {
     let fake = FakeTelegram::start(TOKEN).await;
-    let url = format!("{}/bot{TOKEN}/getUpdates", fake.api_url());
-    let first = tokio::spawn(async move {
-        let resp = client()
-            .post(url)
-            .json(&json!({"timeout": 30}))
-            .send()
-            .await
-            .unwrap();
-        (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
-    });
-    fake.wait_for_calls("getUpdates", 1, WAIT).await.unwrap();
+    let first = long_poll(&fake).await;
     let second = ok_result(&fake, "getUpdates", json!({"timeout": 0})).await;
     assert_eq!(second, json!([]));
     let (status, body) = tokio::time::timeout(WAIT, first).await.unwrap().unwrap();
@@ -417,25 +417,17 @@ async fn send_message_is_recorded_and_answered_with_a_message() {
     assert!(record.reply_markup.is_some());
 
     // Form-encoded, with the legacy reply parameter and a JSON string param.
-    let resp = client()
-        .post(format!("{}/bot{TOKEN}/sendMessage", fake.api_url()))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!(
-            "chat_id={GROUP}&text=two+words%21&reply_parameters=%7B%22message_id%22%3A{asked}%7D"
-        ))
-        .send()
-        .await
-        .unwrap();
+    let form = format!(
+        "chat_id={GROUP}&text=two+words%21&reply_parameters=%7B%22message_id%22%3A{asked}%7D"
+    );
+    let resp = post_form(&fake, "sendMessage", form).await;
     assert_eq!(resp.status(), 200);
     // Query parameters.
-    let resp = client()
-        .get(format!(
-            "{}/bot{TOKEN}/sendMessage?chat_id={GROUP}&text=q",
-            fake.api_url()
-        ))
-        .send()
-        .await
-        .unwrap();
+    let resp = get(
+        &fake,
+        &format!("/bot{TOKEN}/sendMessage?chat_id={GROUP}&text=q"),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let all = fake.sent_messages();
     assert_eq!(all[1].text, "two words!");
@@ -704,11 +696,7 @@ async fn get_file_and_download() {
     );
 
     for url_path in [path.clone(), path.replace('/', "%2F")] {
-        let resp = client()
-            .get(format!("{}/file/bot{TOKEN}/{url_path}", fake.api_url()))
-            .send()
-            .await
-            .unwrap();
+        let resp = get(&fake, &format!("/file/bot{TOKEN}/{url_path}")).await;
         assert_eq!(resp.status(), 200, "{url_path}");
         assert_eq!(resp.bytes().await.unwrap().to_vec(), bytes);
     }
@@ -719,17 +707,9 @@ async fn get_file_and_download() {
         (status, answer["description"].as_str()),
         (400, Some("Bad Request: invalid file_id"))
     );
-    let resp = client()
-        .get(format!("{}/file/bot{TOKEN}/documents/nope", fake.api_url()))
-        .send()
-        .await
-        .unwrap();
+    let resp = get(&fake, &format!("/file/bot{TOKEN}/documents/nope")).await;
     assert_eq!(resp.status(), 404);
-    let resp = client()
-        .get(format!("{}/file/botWRONG/{path}", fake.api_url()))
-        .send()
-        .await
-        .unwrap();
+    let resp = get(&fake, &format!("/file/botWRONG/{path}")).await;
     assert_eq!(resp.status(), 401);
 }
 
@@ -743,22 +723,10 @@ async fn waits_time_out_and_shutdown_ends_long_polls() {
     assert_eq!(err.seen, "0");
     assert!(err.to_string().contains("1 sent message(s)"));
 
-    let url = format!("{}/bot{TOKEN}/getUpdates", fake.api_url());
-    let poll = tokio::spawn(async move {
-        client()
-            .post(url)
-            .json(&json!({"timeout": 30}))
-            .send()
-            .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()
-    });
-    fake.wait_for_calls("getUpdates", 1, WAIT).await.unwrap();
+    let poll = long_poll(&fake).await;
     fake.shutdown().await;
     let answer = tokio::time::timeout(WAIT, poll).await.unwrap().unwrap();
-    assert_eq!(answer, json!({"ok": true, "result": []}));
+    assert_eq!(answer, (200, json!({"ok": true, "result": []})));
 }
 
 // ---------------------------------------------------------------------------
@@ -941,11 +909,7 @@ mod with_teloxide {
             "{err:?}"
         );
 
-        assert!(
-            fake.unknown_methods().is_empty(),
-            "{:?}",
-            fake.unknown_methods()
-        );
+        assert_eq!(fake.unknown_methods(), Vec::<String>::new());
     }
 
     #[tokio::test]
@@ -1033,43 +997,38 @@ mod with_teloxide {
         let third_update = fake.get_updates_calls().last().cloned().unwrap();
         assert_eq!(third_update.timeout, Some(0));
         assert_eq!(fake.acked_offset(), third_update.offset);
-        assert!(
-            fake.unknown_methods().is_empty(),
-            "{:?}",
-            fake.unknown_methods()
-        );
+        assert_eq!(fake.unknown_methods(), Vec::<String>::new());
     }
-}
 
-/// Documents a teloxide 0.17 limitation the daemon must live with: it has no
-/// `date_time` entity kind (Bot API `<tg-time>`), and because `MessageKind`
-/// is an untagged enum ending in `Empty {}`, such a message parses without
-/// error as `MessageKind::Empty`: its text is lost.
-#[tokio::test]
-async fn teloxide_turns_messages_with_unknown_entities_into_empty_ones() {
-    use teloxide::prelude::*;
-    use teloxide::types::{MessageKind, ParseMode, UpdateKind};
-    let fake = FakeTelegram::start(TOKEN).await;
-    fake.group_chat(GROUP, "g");
-    let bot = Bot::new(TOKEN).set_api_url(reqwest::Url::parse(&fake.api_url()).unwrap());
-    let sent = bot
-        .send_message(
-            ChatId(GROUP),
-            "at <tg-time unix=\"1647531900\">noon</tg-time>",
-        )
-        .parse_mode(ParseMode::Html)
-        .await
-        .expect("parses, but lossily");
-    assert!(matches!(sent.kind, MessageKind::Empty {}));
-    assert_eq!(sent.text(), None);
-    let record = fake.sent_messages().pop().unwrap();
-    assert_eq!(record.message["text"], json!("at noon"));
-    assert_eq!(record.message["entities"][0]["type"], json!("date_time"));
+    /// Documents a teloxide 0.17 limitation the daemon must live with: it has no
+    /// `date_time` entity kind (Bot API `<tg-time>`), and because `MessageKind`
+    /// is an untagged enum ending in `Empty {}`, such a message parses without
+    /// error as `MessageKind::Empty`: its text is lost.
+    #[tokio::test]
+    async fn teloxide_turns_messages_with_unknown_entities_into_empty_ones() {
+        use teloxide::types::{MessageKind, ParseMode};
+        let fake = FakeTelegram::start(TOKEN).await;
+        fake.group_chat(GROUP, "g");
+        let bot = bot(&fake);
+        let sent = bot
+            .send_message(
+                ChatId(GROUP),
+                "at <tg-time unix=\"1647531900\">noon</tg-time>",
+            )
+            .parse_mode(ParseMode::Html)
+            .await
+            .expect("parses, but lossily");
+        assert!(matches!(sent.kind, MessageKind::Empty {}));
+        assert_eq!(sent.text(), None);
+        let record = fake.sent_messages().pop().unwrap();
+        assert_eq!(record.message["text"], json!("at noon"));
+        assert_eq!(record.message["entities"][0]["type"], json!("date_time"));
 
-    fake.push_update(json!({ "message": record.message }));
-    let updates = bot.get_updates().await.expect("getUpdates");
-    let UpdateKind::Message(msg) = &updates[0].kind else {
-        panic!("{:?}", updates[0].kind);
-    };
-    assert_eq!(msg.text(), None);
+        fake.push_update(json!({ "message": record.message }));
+        let updates = bot.get_updates().await.expect("getUpdates");
+        let UpdateKind::Message(msg) = &updates[0].kind else {
+            panic!("{:?}", updates[0].kind);
+        };
+        assert_eq!(msg.text(), None);
+    }
 }

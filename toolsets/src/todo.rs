@@ -15,7 +15,9 @@ use serde_json::json;
 
 use parlor_bot::store::{Store, StoreError};
 use parlor_bot::tool::schema::schema_for;
-use parlor_bot::tool::{Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec, codes};
+use parlor_bot::tool::{
+    Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec, codes,
+};
 
 /// Most steps a plan may hold; a longer plan is a sign the model is looping.
 pub const MAX_STEPS: usize = 50;

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clock_support::*;
-use parlor_toolsets::clock::{
-    ClockHandle, ClockOptions, WallTime, MissedPolicy, NewClock, RunStatus,
-};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::tool::{Caller, Role};
+use parlor_toolsets::clock::{
+    ClockHandle, ClockOptions, MissedPolicy, NewClock, RunStatus, WallTime,
+};
 use std::sync::Arc;
 use tokio::time::Instant;
 

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use clock_support::*;
-use parlor_toolsets::clock::{ClockOptions, WallTime, RunStatus};
 use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::{ChatRef, Platform, Sender};
 use parlor_bot::session::SessionConfig;
@@ -16,6 +15,7 @@ use parlor_bot::store::{MemoryStore, Store, StoredMessage};
 use parlor_bot::tool::{
     Caller, Risk, Role, RoleError, RoleResolver, ToolContext, ToolResult, ToolSpec,
 };
+use parlor_toolsets::clock::{ClockOptions, RunStatus, WallTime};
 use serde_json::{Value, json};
 
 const START: &str = "2026-06-01T08:00:00Z";

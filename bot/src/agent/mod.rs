@@ -1,4 +1,4 @@
-//! The agent loop (DESIGN.md §4): assembles the prompt from the three paths, calls the model
+//! The agent loop (docs/contract.md, "A turn"): assembles the prompt from the three paths, calls the model
 //! while it asks for tools, runs each batch of tool calls concurrently but bounded, and
 //! returns the turn whole.
 //!
@@ -29,7 +29,7 @@ use crate::tool::{Caller, MessageAppender, ToolContext, ToolRegistry, ToolResult
 pub use events::{AgentEvent, AgentObserver, TracingObserver};
 pub use images::{ImageOptions, strip_image_data};
 
-/// Limits and model settings of the loop. Defaults follow DESIGN.md §4.
+/// Limits and model settings of the loop. Defaults follow docs/contract.md, "A turn".
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentConfig {
     /// Model name sent with every request.
@@ -450,10 +450,7 @@ fn with_injections(content: Content, injections: &[String]) -> Content {
 pub fn truncate_result(text: &str, max_chars: usize) -> String {
     crate::text::clip_with(text, max_chars, |rest| {
         let cut = rest.chars().count();
-        format!(
-            "\n[truncated: {cut} of {} characters cut]",
-            cut + max_chars
-        )
+        format!("\n[truncated: {cut} of {} characters cut]", cut + max_chars)
     })
     .into_owned()
 }

@@ -1,4 +1,4 @@
-//! Sessions (DESIGN.md §4): one agent session per chat, each an actor with a bounded, typed
+//! Sessions (docs/contract.md, "A turn"): one agent session per chat, each an actor with a bounded, typed
 //! queue, running one item at a time.
 //!
 //! # Layout, along the path of a message

@@ -1,4 +1,4 @@
-//! Durable state behind the [`Store`] trait (DESIGN.md §6): the message log of every chat,
+//! Durable state behind the [`Store`] trait (docs/contract.md, "Storage"): the message log of every chat,
 //! session history, addressed inputs waiting for a turn (pending), replies waiting to be
 //! sent (outbox) and small adapter state (poll offsets).
 //!

@@ -1,4 +1,4 @@
-//! [`ToolSetBridge`]: typed async functions as tools (DESIGN.md §2).
+//! [`ToolSetBridge`]: typed async functions as tools (docs/contract.md, "Tools").
 //!
 //! ```
 //! use parlor_bot::tool::bridge::{BridgeError, ToolError, ToolSetBridge};

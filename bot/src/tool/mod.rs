@@ -298,7 +298,7 @@ impl std::fmt::Debug for ToolContext {
     }
 }
 
-/// A set of tools sharing state and prompts. See DESIGN.md §3 for the three prompt paths.
+/// A set of tools sharing state and prompts. See docs/contract.md, "Prompt paths" for the three prompt paths.
 #[async_trait]
 pub trait ToolSet: Send + Sync {
     /// The toolset's name (`todo_list`, `time`...), as the config and the catalog know it.

@@ -1,6 +1,6 @@
 //! [`ToolRegistry`]: the toolsets of one session and the gate every tool call passes.
 //!
-//! The program, not the model, enforces policy (DESIGN.md §2). Before a toolset sees a call
+//! The program, not the model, enforces policy (docs/contract.md, "Tools"). Before a toolset sees a call
 //! the registry checks that the tool exists, that the caller holds the tool's
 //! [`ToolSpec::role`] in this chat, that the arguments parse and fit the schema, and, when
 //! the tool's [`ToolSpec::role_in_chat_arg`] names another chat, that the caller holds the

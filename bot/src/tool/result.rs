@@ -1,4 +1,4 @@
-//! The stable result JSON every tool call answers with (DESIGN.md §2):
+//! The stable result JSON every tool call answers with (docs/contract.md, "Tools"):
 //! `{"success":true,"message":...,"data":...}` or
 //! `{"success":false,"error_code":...,"message":...,"data":...}`.
 

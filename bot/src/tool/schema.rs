@@ -1,5 +1,5 @@
 //! JSON Schema from Rust argument types, in the self-contained shape function-calling
-//! providers accept (DESIGN.md §2).
+//! providers accept (docs/contract.md, "Tools").
 //!
 //! [`schema_for`] asks schemars for the schema of the argument type, then [`normalize`]
 //! rewrites it:

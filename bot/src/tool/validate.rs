@@ -1,4 +1,4 @@
-//! Argument validation (DESIGN.md §2): the model's arguments string becomes JSON
+//! Argument validation (docs/contract.md, "Tools"): the model's arguments string becomes JSON
 //! ([`parse_arguments`]) and is checked against the tool's schema ([`ArgValidator`]) before
 //! any tool code runs. Every error is written for the model: where (a JSON pointer such as
 //! `/plan/0/status`) and what was expected, so it can correct the call itself.

@@ -13,10 +13,10 @@ use tokio::sync::Notify;
 use super::schedule::{Schedule, format_in};
 use super::task::{ClockRun, ClockTask, MissedPolicy, RECORD_VERSION, RunStatus, Versioned};
 use super::{ClockOptions, RUNS_KEPT};
+use crate::time::parse_timezone;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{Store, StoreError};
 use parlor_bot::tool::Caller;
-use crate::time::parse_timezone;
 
 /// Store space of the tasks (key = id).
 pub const TASKS: &str = "clocks";

@@ -1,4 +1,4 @@
-//! Clock tasks (DESIGN.md §5): chat admins schedule a text that fires into a chat — a cron
+//! Clock tasks (docs/contract.md, "Asynchronous results"): chat admins schedule a text that fires into a chat — a cron
 //! expression, a one-shot date-time or `every <duration>`, in an IANA time zone — and the
 //! target chat's session runs it as a turn whose reply is posted there.
 //!

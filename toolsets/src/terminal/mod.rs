@@ -1,5 +1,5 @@
 //! `terminal`: a persistent shell per session and background tasks that report back into
-//! the chat by themselves (issue 6, DESIGN.md §5).
+//! the chat by themselves (issue 6, docs/contract.md, "Asynchronous results").
 //!
 //! Tools: `shell {command, timeout_secs?, run_in_background?, description?}`,
 //! `task_output {task_id, tail_chars?}`, `task_stop {task_id}`, `task_list {}`.
@@ -53,7 +53,9 @@ use parlor_bot::platform::ChatRef;
 use parlor_bot::session::{SessionManager, SubmitError};
 use parlor_bot::store::{KvWrite, Store};
 use parlor_bot::tool::schema::schema_for;
-use parlor_bot::tool::{Caller, Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
+use parlor_bot::tool::{
+    Caller, Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec,
+};
 
 pub use output::xml_escape;
 pub use sys::process_alive;
@@ -532,7 +534,9 @@ impl TerminalService {
                 let command =
                     match self.command(&workspace, &[&state_dir], &["--noprofile", "--norc"]) {
                         Ok(c) => c,
-                        Err(why) => return ToolResult::err(parlor_bot::tool::codes::UNAVAILABLE, why),
+                        Err(why) => {
+                            return ToolResult::err(parlor_bot::tool::codes::UNAVAILABLE, why);
+                        }
                     };
                 match Shell::spawn(command, &cx.session, state_file, self.shells.clone()).await {
                     Ok(shell) => {
@@ -830,9 +834,10 @@ impl ToolSet for TerminalToolset {
         match call.name.as_str() {
             "shell" => match parse::<ShellArgs>(call.arguments) {
                 Err(e) => e,
-                Ok(args) if args.command.trim().is_empty() => {
-                    ToolResult::err(parlor_bot::tool::codes::INVALID_ARGUMENTS, "command is empty")
-                }
+                Ok(args) if args.command.trim().is_empty() => ToolResult::err(
+                    parlor_bot::tool::codes::INVALID_ARGUMENTS,
+                    "command is empty",
+                ),
                 Ok(args) if args.run_in_background == Some(true) => {
                     service.start_background(args, &cx).await
                 }

@@ -313,7 +313,10 @@ impl TerminalService {
         let logs = self.config.data_dir.join("task_logs");
         if let Err(e) = std::fs::create_dir_all(&logs) {
             tracing::error!(error = %e, "cannot create the task log directory");
-            return ToolResult::err(parlor_bot::tool::codes::INTERNAL, "the task could not start");
+            return ToolResult::err(
+                parlor_bot::tool::codes::INTERNAL,
+                "the task could not start",
+            );
         }
         let id = new_task_id();
         let log_path = logs.join(format!("{id}.log"));
@@ -327,7 +330,10 @@ impl TerminalService {
             Ok(files) => files,
             Err(e) => {
                 tracing::error!(error = %e, log = %log_path.display(), "cannot create the task log");
-                return ToolResult::err(parlor_bot::tool::codes::INTERNAL, "the task could not start");
+                return ToolResult::err(
+                    parlor_bot::tool::codes::INTERNAL,
+                    "the task could not start",
+                );
             }
         };
         command

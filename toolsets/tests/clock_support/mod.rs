@@ -11,7 +11,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_toolsets::clock::{self, ClockHandle, ClockOptions, ClockRun, ClockService, WallTime};
 use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError, Message, ToolCall};
 use parlor_bot::platform::{
     ChatKind, ChatRef, ImageRef, Inbox, IncomingMessage, Platform, PlatformError, Sender,
@@ -20,6 +19,7 @@ use parlor_bot::platform::{
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::tool::ToolRegistry;
+use parlor_toolsets::clock::{self, ClockHandle, ClockOptions, ClockRun, ClockService, WallTime};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
