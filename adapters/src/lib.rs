@@ -2,10 +2,10 @@
 //!
 //! Owns the code that speaks a chat platform's protocol: as a [`Receiver`] it turns the
 //! platform's updates into [`parlor_bot::platform::IncomingMessage`]s for the runtime's
-//! [`Inbox`](parlor_bot::platform::Inbox), and it implements
-//! [`Platform`](parlor_bot::platform::Platform) so the runtime and the plugins can answer.
+//! [`Inbox`], and it implements [`Platform`](parlor_bot::platform::Platform) so the runtime
+//! and the plugins can answer.
 //!
-//! **Invariant:** only this crate touches platform SDKs (teloxide, later serenity); it depends
+//! **Invariant:** only this crate touches platform SDKs (teloxide-core, serenity); it depends
 //! on `parlor-bot` for the normalized types and never on `parlor-plugins` — adapters and
 //! plugins meet at `parlor_bot::platform`, never directly.
 //!

@@ -25,7 +25,7 @@
 //!   runtime does not take it.
 //!
 //! ## Sending
-//! [`render`] turns the model's Markdown into message parts: plain text plus explicit
+//! [`render()`] turns the model's Markdown into message parts: plain text plus explicit
 //! entities, at most 4096 UTF-16 units each, never a `parse_mode` (so no reply can be refused
 //! for bad markup). The first part
 //! replies to the triggering message (without failing if that message was deleted); all
@@ -333,9 +333,9 @@ impl Platform for TelegramAdapter {
         PLATFORM
     }
 
-    /// Sends `text` (Markdown) as [`render`] renders and splits it; the first part replies to `reply_to` (and is
-    /// still sent if that message is gone), every part goes to the chat's topic. Returns the
-    /// ids of all parts. An empty text is refused (Telegram would refuse it too).
+    /// Sends `text` (Markdown) as [`render()`] renders and splits it; the first part replies
+    /// to `reply_to` (and is still sent if that message is gone), every part goes to the
+    /// chat's topic. Returns the ids of all parts. An empty text is refused (Telegram would refuse it too).
     async fn send_message(
         &self,
         chat: &ChatRef,
