@@ -335,7 +335,8 @@ impl Platform for TelegramAdapter {
 
     /// Sends `text` (Markdown) as [`render()`] renders and splits it; the first part replies
     /// to `reply_to` (and is still sent if that message is gone), every part goes to the
-    /// chat's topic. Returns the ids of all parts. An empty text is refused (Telegram would refuse it too).
+    /// chat's topic. Returns the ids of all parts. An empty text is refused (Telegram would
+    /// refuse it too).
     async fn send_message(
         &self,
         chat: &ChatRef,
