@@ -141,6 +141,19 @@ mod tests {
         )
     }
 
+    /// `with_retries` over an attempt that fails with `failure()` every time: what it
+    /// returned, how many attempts it made, how long it waited.
+    async fn always(failure: impl Fn() -> Failure) -> (Result<(), PlatformError>, u32, Duration) {
+        let calls = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let result = with_retries("sendMessage", &policy(), || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Err(failure()))
+        })
+        .await;
+        (result, calls.load(Ordering::SeqCst), started.elapsed())
+    }
+
     #[tokio::test(start_paused = true)]
     async fn retry_after_is_waited_exactly_then_retried() {
         let calls = AtomicU32::new(0);
@@ -159,45 +172,29 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn rate_limit_budget_is_bounded() {
-        let calls = AtomicU32::new(0);
-        let started = tokio::time::Instant::now();
-        let result: Result<(), _> = with_retries("sendMessage", &policy(), || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(Failure::RetryAfter(Duration::from_secs(1)))
-        })
-        .await;
+        let (result, calls, waited) = always(|| Failure::RetryAfter(Duration::from_secs(1))).await;
         assert!(matches!(result, Err(PlatformError::RateLimited(_))));
-        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        assert_eq!(calls, 5);
         // Four waits as asked, none after the last attempt.
-        assert_eq!(started.elapsed(), Duration::from_secs(4));
+        assert_eq!(waited, Duration::from_secs(4));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_long_retry_after_is_returned_not_slept() {
-        let started = tokio::time::Instant::now();
-        let result: Result<(), _> = with_retries("sendMessage", &policy(), || async {
-            Err(Failure::RetryAfter(Duration::from_secs(3600)))
-        })
-        .await;
+        let (result, _, waited) = always(|| Failure::RetryAfter(Duration::from_secs(3600))).await;
         assert!(
             matches!(result, Err(PlatformError::RateLimited(wait)) if wait == Duration::from_secs(3600))
         );
-        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(waited, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
     async fn transient_failures_are_retried_three_times_with_backoff() {
-        let calls = AtomicU32::new(0);
-        let started = tokio::time::Instant::now();
-        let result: Result<(), _> = with_retries("getFile", &policy(), || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(Failure::Transient("connection refused".into()))
-        })
-        .await;
+        let (result, calls, waited) =
+            always(|| Failure::Transient("connection refused".into())).await;
         assert!(matches!(result, Err(PlatformError::Unavailable(m)) if m == "connection refused"));
-        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        assert_eq!(calls, 3);
         // Two waits: [0.5, 1] s and [1, 2] s.
-        let waited = started.elapsed();
         assert!(waited >= Duration::from_millis(1500) && waited <= Duration::from_secs(3));
     }
 
@@ -215,13 +212,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn fatal_errors_are_not_retried() {
-        let calls = AtomicU32::new(0);
-        let result: Result<(), _> = with_retries("sendMessage", &policy(), || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(Failure::Fatal(PlatformError::Unauthorized))
-        })
-        .await;
+        let (result, calls, _) = always(|| Failure::Fatal(PlatformError::Unauthorized)).await;
         assert!(matches!(result, Err(PlatformError::Unauthorized)));
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(calls, 1);
     }
 }
