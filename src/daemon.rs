@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use parlor_adapters::Receiver;
 use parlor_adapters::discord::{DiscordAdapter, DiscordConfig};
 use parlor_adapters::telegram::{TelegramAdapter, TelegramConfig};
 use parlor_bot::platform::{Inbox, Platform};

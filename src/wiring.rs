@@ -187,7 +187,7 @@ pub fn agent(
 ) -> anyhow::Result<Agent> {
     let llm = OpenAiClient::with_retries(OpenAiConfig {
         base_url: config.base_url(),
-        api_key: config.api_key().map(|k| k.expose().to_owned()),
+        api_key: config.api_key().map(|k| k.expose().into()),
         request_timeout: config.request_timeout(),
         connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
         idle_timeout: Duration::from_secs(config.llm.idle_timeout_secs),

@@ -1,11 +1,11 @@
 //! # parlor-adapters — the platform adapters
 //!
-//! Owns the code that speaks a chat platform's protocol: it turns the platform's updates into
-//! [`parlor_bot::platform::IncomingMessage`]s for the runtime's
-//! [`Inbox`](parlor_bot::platform::Inbox), and implements
-//! [`Platform`](parlor_bot::platform::Platform) so the runtime and the plugins can answer.
+//! Owns the code that speaks a chat platform's protocol: as a [`Receiver`] it turns the
+//! platform's updates into [`parlor_bot::platform::IncomingMessage`]s for the runtime's
+//! [`Inbox`], and it implements [`Platform`](parlor_bot::platform::Platform) so the runtime
+//! and the plugins can answer.
 //!
-//! **Invariant:** only this crate touches platform SDKs (teloxide, later serenity); it depends
+//! **Invariant:** only this crate touches platform SDKs (teloxide-core, serenity); it depends
 //! on `parlor-bot` for the normalized types and never on `parlor-plugins` — adapters and
 //! plugins meet at `parlor_bot::platform`, never directly.
 //!
@@ -18,9 +18,44 @@
 //!   at most 2000 characters with explicit `allowed_mentions`, paced per channel and honouring
 //!   429s, admins from role permissions.
 //! - [`console`] — the local terminal adapter behind `parlor chat`.
+//! - `common` (private) — what Telegram and Discord share: bounded retries around a call,
+//!   the bot token kept secret and scrubbed from error texts, the cap on image downloads.
 
 #![warn(missing_docs)]
 
+mod common;
 pub mod console;
 pub mod discord;
 pub mod telegram;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use parlor_bot::platform::{Inbox, PlatformError};
+use tokio_util::sync::CancellationToken;
+
+/// The receiving side of a platform adapter ([`Platform`](parlor_bot::platform::Platform) is
+/// the answering side): what the platform sends goes to an inbox until shutdown.
+pub trait Receiver {
+    /// Receives and delivers every message to `inbox` until `shutdown` is cancelled, then
+    /// returns `Ok(())`; an `Err` means the adapter cannot go on (a rejected token). `ready`
+    /// is called once, when messages start to flow: the daemon's systemd `READY=1` hangs on
+    /// it. What is retried, and how, is each adapter's own (see its implementation).
+    fn run_with_ready<R>(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+        ready: R,
+    ) -> impl Future<Output = Result<(), PlatformError>> + Send
+    where
+        R: FnOnce() + Send;
+
+    /// [`run_with_ready`](Self::run_with_ready) without a ready callback.
+    fn run(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+    ) -> impl Future<Output = Result<(), PlatformError>> + Send {
+        self.run_with_ready(inbox, shutdown, || {})
+    }
+}

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parlor_adapters::Receiver;
 use parlor_adapters::discord::{DiscordAdapter, DiscordConfig, MAX_MESSAGE_CHARS};
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError, Message};
@@ -18,8 +19,11 @@ use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::tool::ToolRegistry;
 use parlor_testkit::{DiscordFailure, DiscordSent, DiscordUser, FakeDiscord};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+mod support;
+
+use support::{Running, TestInbox, eventually};
 
 const TOKEN: &str = "MTEwMA.test.SECRET-token";
 const GUILD: u64 = 900_000_000_000_000_001;
@@ -63,94 +67,18 @@ async fn connect(fake: &FakeDiscord) -> DiscordAdapter {
         .expect("connects to the fake")
 }
 
-/// Records deliveries.
-#[derive(Default)]
-struct TestInbox {
-    messages: Mutex<Vec<IncomingMessage>>,
-}
-
-impl TestInbox {
-    fn messages(&self) -> Vec<IncomingMessage> {
-        self.messages.lock().unwrap().clone()
-    }
-
-    async fn wait_for(&self, n: usize) -> Vec<IncomingMessage> {
-        eventually(&format!("{n} delivered message(s)"), || {
-            let messages = self.messages();
-            (messages.len() >= n).then_some(messages)
-        })
+/// The adapter running against the fake, once the gateway is ready.
+async fn start(adapter: &DiscordAdapter, inbox: Arc<dyn Inbox>, fake: &FakeDiscord) -> Running {
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let running = Running::spawn(adapter, inbox, move || {
+        let _ = ready_tx.send(());
+    });
+    tokio::time::timeout(WAIT, ready_rx)
         .await
-    }
-}
-
-#[async_trait]
-impl Inbox for TestInbox {
-    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        self.messages.lock().unwrap().push(message);
-        Ok(())
-    }
-}
-
-async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// The adapter running against the fake until dropped.
-struct Running {
-    shutdown: CancellationToken,
-    task: Option<JoinHandle<Result<(), PlatformError>>>,
-}
-
-impl Running {
-    async fn start(adapter: &DiscordAdapter, inbox: Arc<dyn Inbox>, fake: &FakeDiscord) -> Self {
-        let shutdown = CancellationToken::new();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn({
-            let adapter = adapter.clone();
-            let shutdown = shutdown.clone();
-            async move {
-                adapter
-                    .run_with_ready(inbox, shutdown, move || {
-                        let _ = ready_tx.send(());
-                    })
-                    .await
-            }
-        });
-        tokio::time::timeout(WAIT, ready_rx)
-            .await
-            .expect("ready is called at READY")
-            .expect("ready is called");
-        fake.wait_for_ready(WAIT).await.expect("gateway ready");
-        Running {
-            shutdown,
-            task: Some(task),
-        }
-    }
-
-    async fn stop(mut self) -> Result<(), PlatformError> {
-        self.shutdown.cancel();
-        let task = self.task.take().expect("running");
-        tokio::time::timeout(WAIT, task)
-            .await
-            .expect("stops promptly")
-            .expect("no panic")
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
+        .expect("ready is called at READY")
+        .expect("ready is called");
+    fake.wait_for_ready(WAIT).await.expect("gateway ready");
+    running
 }
 
 /// A model that answers `echo: <last line of the user message>`.
@@ -194,7 +122,7 @@ async fn rig() -> Rig {
         vec![Arc::new(adapter.clone()) as Arc<dyn Platform>],
         SessionConfig::default(),
     );
-    let running = Running::start(&adapter, Arc::new(manager.clone()), &fake).await;
+    let running = start(&adapter, Arc::new(manager.clone()), &fake).await;
     Rig {
         fake,
         adapter,
@@ -263,7 +191,7 @@ async fn a_mention_gets_a_reply_in_the_channel_and_chatter_is_only_recorded() {
     assert!(ids.contains(&asked.as_str()), "{ids:?}");
     assert_eq!(log.iter().filter(|m| m.from_self).count(), 1, "{log:?}");
 
-    rig.running.stop().await.expect("clean stop");
+    rig.running.stop(WAIT).await.expect("clean stop");
     rig.manager.shutdown(Duration::from_secs(1)).await;
     drop(rig.adapter);
 }
@@ -317,7 +245,7 @@ async fn messages_are_normalized() {
     let fake = fake().await;
     let adapter = connect(&fake).await;
     let inbox = Arc::new(TestInbox::default());
-    let running = Running::start(&adapter, inbox.clone(), &fake).await;
+    let running = start(&adapter, inbox.clone(), &fake).await;
     let bot = fake.bot();
 
     // The bot's own message, even mentioning itself, is never delivered.
@@ -404,7 +332,7 @@ async fn messages_are_normalized() {
         .expect("downloads");
     assert_eq!(bytes, vec![1, 2, 3, 4]);
 
-    running.stop().await.expect("clean stop");
+    running.stop(WAIT).await.expect("clean stop");
 }
 
 #[tokio::test]
@@ -605,7 +533,7 @@ async fn typing_and_admins() {
     fake.member(GUILD, carol.id, vec![2, 3]);
     let adapter = connect(&fake).await;
     let inbox = Arc::new(TestInbox::default());
-    let running = Running::start(&adapter, inbox.clone(), &fake).await;
+    let running = start(&adapter, inbox.clone(), &fake).await;
     fake.message_create(CHANNEL, &alice(), "a");
     fake.message_create(CHANNEL, &bob(), "b");
     fake.message_create(CHANNEL, &carol, "c");
@@ -627,7 +555,7 @@ async fn typing_and_admins() {
         .await
         .expect("no admins in a DM");
     assert!(dm.is_empty());
-    running.stop().await.expect("clean stop");
+    running.stop(WAIT).await.expect("clean stop");
 }
 
 #[tokio::test]
@@ -670,13 +598,13 @@ async fn images_are_bounded_and_only_from_discord() {
 async fn a_wrong_token_is_unauthorized_and_never_shown() {
     let fake = fake().await;
     let mut config = config(&fake);
-    config.token = "WRONG-SECRET".to_owned();
+    config.token = "WRONG-SECRET".into();
     let error = DiscordAdapter::connect(config.clone())
         .await
         .expect_err("refused");
     assert!(matches!(error, PlatformError::Unauthorized));
     assert!(!format!("{config:?}").contains("WRONG-SECRET"));
-    config.token = "  ".to_owned();
+    config.token = "  ".into();
     assert!(matches!(
         DiscordAdapter::connect(config).await,
         Err(PlatformError::Unauthorized)
@@ -730,12 +658,12 @@ async fn a_store_failure_is_retried_and_shutting_down_stops() {
         failures: Mutex::new(2),
         inner: TestInbox::default(),
     });
-    let running = Running::start(&adapter, inbox.clone(), &fake).await;
+    let running = start(&adapter, inbox.clone(), &fake).await;
     let id = fake.message_create(CHANNEL, &alice(), "keep me");
     let delivered = inbox.inner.wait_for(1).await;
     assert_eq!(delivered[0].message_id, id);
     assert_eq!(*inbox.failures.lock().unwrap(), 0);
-    running.stop().await.expect("clean stop");
+    running.stop(WAIT).await.expect("clean stop");
 
     // An inbox that is shutting down ends the run without an error.
     struct Closing;

@@ -5,19 +5,20 @@
 //! adapter's backoff is configured in milliseconds and long polls to one second, so only
 //! the `retry_after` test waits a real second.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use parlor_adapters::Receiver;
 use parlor_adapters::telegram::{Backoff, TelegramAdapter, TelegramConfig};
-use parlor_bot::platform::{
-    ChatKind, ChatRef, ImageRef, Inbox, InboxError, IncomingMessage, Platform, PlatformError,
-};
+use parlor_bot::platform::{ChatKind, ChatRef, ImageRef, Platform, PlatformError};
 use parlor_testkit::{Failure, FakeTelegram, TgUser};
 use serde_json::json;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+mod support;
+
+use support::{Mode, Running, TestInbox, eventually};
 
 const TOKEN: &str = "123456:TEST-secret-token";
 const GROUP: i64 = -100123;
@@ -38,120 +39,38 @@ fn config(fake: &FakeTelegram) -> TelegramConfig {
     config
 }
 
-async fn connect(fake: &FakeTelegram) -> TelegramAdapter {
-    TelegramAdapter::connect(config(fake))
+/// A fake and the adapter connected to it with [`config`].
+async fn connected() -> (FakeTelegram, TelegramAdapter) {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = TelegramAdapter::connect(config(&fake))
         .await
-        .expect("connects to the fake")
+        .expect("connects to the fake");
+    (fake, adapter)
+}
+
+/// The id of the oldest update the fake holds for the bot.
+fn first_pending_update(fake: &FakeTelegram) -> i64 {
+    fake.pending_updates()[0]["update_id"]
+        .as_i64()
+        .expect("an update id")
 }
 
 fn group() -> ChatRef {
     ChatRef::new("telegram", GROUP.to_string())
 }
 
-/// What a [`TestInbox`] does with a delivery.
-enum Mode {
-    Accept,
-    /// Waits for a permit before accepting: lets a test look at the world mid-delivery.
-    Gate(tokio::sync::Semaphore),
-    FailStore,
-    ShuttingDown,
-}
-
-/// Records deliveries, in the mode the test picks.
-struct TestInbox {
-    mode: Mode,
-    attempts: AtomicUsize,
-    messages: Mutex<Vec<IncomingMessage>>,
-}
-
-impl TestInbox {
-    fn new(mode: Mode) -> Arc<Self> {
-        Arc::new(TestInbox {
-            mode,
-            attempts: AtomicUsize::new(0),
-            messages: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn messages(&self) -> Vec<IncomingMessage> {
-        self.messages
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-
-    fn attempts(&self) -> usize {
-        self.attempts.load(Ordering::SeqCst)
-    }
-
-    async fn wait_for_messages(&self, n: usize) -> Vec<IncomingMessage> {
-        eventually(&format!("{n} delivered message(s)"), || {
-            let messages = self.messages();
-            (messages.len() >= n).then_some(messages)
-        })
-        .await
-    }
-}
-
-#[async_trait]
-impl Inbox for TestInbox {
-    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        match &self.mode {
-            Mode::Accept => {}
-            Mode::Gate(gate) => gate.acquire().await.expect("the gate stays open").forget(),
-            Mode::FailStore => return Err(InboxError::Store("disk full".to_owned())),
-            Mode::ShuttingDown => return Err(InboxError::ShuttingDown),
-        }
-        self.messages
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(message);
-        Ok(())
-    }
-}
-
-/// Polls `check` every 10 ms until it answers `Some`, for at most [`WAIT`].
-async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-struct Running {
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), PlatformError>>,
-}
-
-impl Running {
-    async fn stop(self) -> Result<(), PlatformError> {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(2), self.task)
-            .await
-            .expect("run() stops promptly")
-            .expect("run() does not panic")
-    }
-}
+/// How long `run()` may take to stop: promptly, an in-flight long poll is abandoned.
+const STOP: Duration = Duration::from_secs(2);
 
 fn start(adapter: &TelegramAdapter, inbox: Arc<TestInbox>) -> Running {
-    let shutdown = CancellationToken::new();
-    let adapter = adapter.clone();
-    let token = shutdown.clone();
-    let task = tokio::spawn(async move { adapter.run(inbox, token).await });
-    Running { shutdown, task }
+    Running::spawn(adapter, inbox, || {})
 }
 
 // --- connect -----------------------------------------------------------------------------
 
 #[tokio::test]
 async fn connect_asks_who_we_are() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     assert_eq!(adapter.identity().id, 4242);
     assert_eq!(adapter.identity().username.as_deref(), Some("parlor_bot"));
     assert_eq!(adapter.name(), "telegram");
@@ -164,7 +83,7 @@ async fn connect_asks_who_we_are() {
 async fn a_wrong_token_is_unauthorized_at_once() {
     let fake = FakeTelegram::start(TOKEN).await;
     let mut config = config(&fake);
-    config.token = "999:wrong".to_owned();
+    config.token = "999:wrong".into();
     let result = TelegramAdapter::connect(config).await;
     assert!(
         matches!(result, Err(PlatformError::Unauthorized)),
@@ -181,7 +100,7 @@ async fn a_wrong_token_is_unauthorized_at_once() {
 async fn a_token_file_newline_is_ignored() {
     let fake = FakeTelegram::start(TOKEN).await;
     let mut config = config(&fake);
-    config.token = format!("{TOKEN}\n");
+    config.token = format!("{TOKEN}\n").into();
     assert!(TelegramAdapter::connect(config).await.is_ok());
 }
 
@@ -201,7 +120,7 @@ async fn bad_config_is_refused_before_any_request() {
         Err(PlatformError::Refused(message)) if message.contains("messages")
     ));
     let mut empty = config(&fake);
-    empty.token = "  ".to_owned();
+    empty.token = "  ".into();
     assert!(matches!(
         TelegramAdapter::connect(empty).await,
         Err(PlatformError::Unauthorized)
@@ -234,32 +153,19 @@ async fn unreachable_api_errors_never_show_the_token() {
 
 #[tokio::test]
 async fn a_group_mention_is_delivered_and_acknowledged_only_afterwards() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     let message_id = fake
         .group_message(GROUP, alice().last_name("Liddell"), "what is 2+2?")
         .mention_bot()
         .push();
-    let update_id = fake.pending_updates()[0]["update_id"]
-        .as_i64()
-        .expect("an update id");
+    let update_id = first_pending_update(&fake);
 
     let inbox = TestInbox::new(Mode::Gate(tokio::sync::Semaphore::new(0)));
     let ready = Arc::new(AtomicBool::new(false));
-    let shutdown = CancellationToken::new();
-    let task = {
-        let (adapter, inbox, shutdown, ready) = (
-            adapter.clone(),
-            inbox.clone(),
-            shutdown.clone(),
-            ready.clone(),
-        );
-        tokio::spawn(async move {
-            adapter
-                .run_with_ready(inbox, shutdown, move || ready.store(true, Ordering::SeqCst))
-                .await
-        })
-    };
+    let run = Running::spawn(&adapter, inbox.clone(), {
+        let ready = ready.clone();
+        move || ready.store(true, Ordering::SeqCst)
+    });
 
     // The inbox holds the message; Telegram must not have been told it is done.
     eventually("a delivery attempt", || {
@@ -297,9 +203,8 @@ async fn a_group_mention_is_delivered_and_acknowledged_only_afterwards() {
     assert!(!message.reply_to_bot);
     assert_eq!(message.reply_to, None);
 
-    shutdown.cancel();
-    let stopped = tokio::time::timeout(Duration::from_secs(2), task).await;
-    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+    let stopped = run.stop(STOP).await;
+    assert!(stopped.is_ok(), "{stopped:?}");
     let calls = fake.get_updates_calls();
     assert_eq!(calls[0].timeout, Some(1));
     assert_eq!(calls[0].allowed_updates, Some(vec!["message".to_owned()]));
@@ -307,14 +212,11 @@ async fn a_group_mention_is_delivered_and_acknowledged_only_afterwards() {
 
 #[tokio::test]
 async fn a_failing_inbox_gets_no_acknowledgement_and_the_next_run_receives_it_again() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.group_message(GROUP, alice(), "remember this")
         .mention_bot()
         .push();
-    let update_id = fake.pending_updates()[0]["update_id"]
-        .as_i64()
-        .expect("an update id");
+    let update_id = first_pending_update(&fake);
 
     let failing = TestInbox::new(Mode::FailStore);
     let run = start(&adapter, failing.clone());
@@ -323,7 +225,7 @@ async fn a_failing_inbox_gets_no_acknowledgement_and_the_next_run_receives_it_ag
         (failing.attempts() >= 3).then_some(())
     })
     .await;
-    assert!(run.stop().await.is_ok());
+    assert!(run.stop(STOP).await.is_ok());
     assert!(
         fake.acked_offset().is_none_or(|offset| offset <= update_id),
         "a failed delivery was acknowledged: {:?}",
@@ -333,22 +235,19 @@ async fn a_failing_inbox_gets_no_acknowledgement_and_the_next_run_receives_it_ag
 
     let working = TestInbox::new(Mode::Accept);
     let run = start(&adapter, working.clone());
-    let messages = working.wait_for_messages(1).await;
+    let messages = working.wait_for(1).await;
     assert_eq!(messages[0].text, "@parlor_bot remember this");
     fake.wait_for_ack(update_id, WAIT)
         .await
         .expect("acknowledged now");
-    assert!(run.stop().await.is_ok());
+    assert!(run.stop(STOP).await.is_ok());
 }
 
 #[tokio::test]
 async fn an_inbox_shutting_down_ends_the_run_without_acknowledging() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.private_message(alice(), "hello").push();
-    let update_id = fake.pending_updates()[0]["update_id"]
-        .as_i64()
-        .expect("an update id");
+    let update_id = first_pending_update(&fake);
 
     let inbox = TestInbox::new(Mode::ShuttingDown);
     let result = tokio::time::timeout(WAIT, adapter.run(inbox.clone(), CancellationToken::new()))
@@ -361,8 +260,7 @@ async fn an_inbox_shutting_down_ends_the_run_without_acknowledging() {
 
 #[tokio::test]
 async fn what_cannot_be_represented_is_skipped_but_acknowledged() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     let skipped = [
         // A service message (no text, no image).
         fake.push_update(json!({"message": {
@@ -383,7 +281,7 @@ async fn what_cannot_be_represented_is_skipped_but_acknowledged() {
 
     let inbox = TestInbox::new(Mode::Accept);
     let run = start(&adapter, inbox.clone());
-    let messages = inbox.wait_for_messages(1).await;
+    let messages = inbox.wait_for(1).await;
     assert_eq!(messages.len(), 1);
     assert_eq!(messages[0].message_id, last.to_string());
     assert_eq!(messages[0].kind, ChatKind::Private);
@@ -392,13 +290,12 @@ async fn what_cannot_be_represented_is_skipped_but_acknowledged() {
         .await
         .expect("everything acknowledged");
     assert!(skipped.iter().all(|id| *id < last_update));
-    assert!(run.stop().await.is_ok());
+    assert!(run.stop(STOP).await.is_ok());
 }
 
 #[tokio::test]
 async fn commands_topics_replies_and_photos_arrive_normalized() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     let ours = fake
         .group_message(GROUP, alice(), "")
         .command("/help@parlor_bot")
@@ -423,8 +320,8 @@ async fn commands_topics_replies_and_photos_arrive_normalized() {
 
     let inbox = TestInbox::new(Mode::Accept);
     let run = start(&adapter, inbox.clone());
-    let messages = inbox.wait_for_messages(5).await;
-    assert!(run.stop().await.is_ok());
+    let messages = inbox.wait_for(5).await;
+    assert!(run.stop(STOP).await.is_ok());
     let by_id = |id: i64| {
         messages
             .iter()
@@ -479,8 +376,8 @@ async fn edited_messages_are_delivered_when_asked_for() {
 
     let inbox = TestInbox::new(Mode::Accept);
     let run = start(&adapter, inbox.clone());
-    let messages = inbox.wait_for_messages(1).await;
-    assert!(run.stop().await.is_ok());
+    let messages = inbox.wait_for(1).await;
+    assert!(run.stop(STOP).await.is_ok());
     assert_eq!(json!(messages[0].message_id), json!(message_id.to_string()));
     assert_eq!(messages[0].text, "@parlor_bot fixed typo");
     assert_eq!(
@@ -494,17 +391,16 @@ async fn a_conflict_on_get_updates_is_logged_and_polling_continues() {
     let logs = capture::Logs::default();
     let _guard = tracing::subscriber::set_default(logs.clone());
 
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.fail_next("getUpdates", Failure::Conflict);
     fake.fail_next("getUpdates", Failure::Conflict);
     fake.private_message(alice(), "still polling?").push();
 
     let inbox = TestInbox::new(Mode::Accept);
     let run = start(&adapter, inbox.clone());
-    let messages = inbox.wait_for_messages(1).await;
+    let messages = inbox.wait_for(1).await;
     assert_eq!(messages[0].text, "still polling?");
-    assert!(run.stop().await.is_ok());
+    assert!(run.stop(STOP).await.is_ok());
     assert!(fake.calls("getUpdates") >= 3);
 
     let errors = logs.errors();
@@ -521,16 +417,15 @@ async fn a_conflict_on_get_updates_is_logged_and_polling_continues() {
 
 #[tokio::test]
 async fn retry_after_on_get_updates_is_waited_out() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.fail_next("getUpdates", Failure::RetryAfter(1));
     fake.private_message(alice(), "patience").push();
     let started = Instant::now();
     let inbox = TestInbox::new(Mode::Accept);
     let run = start(&adapter, inbox.clone());
-    inbox.wait_for_messages(1).await;
+    inbox.wait_for(1).await;
     assert!(started.elapsed() >= Duration::from_secs(1));
-    assert!(run.stop().await.is_ok());
+    assert!(run.stop(STOP).await.is_ok());
 }
 
 #[tokio::test]
@@ -546,18 +441,14 @@ async fn shutdown_ends_a_waiting_long_poll_within_a_second() {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let stopping = Instant::now();
-    run.shutdown.cancel();
-    let result = tokio::time::timeout(Duration::from_secs(1), run.task)
-        .await
-        .expect("stopped within a second");
-    assert!(matches!(result, Ok(Ok(()))));
+    let result = run.stop(Duration::from_secs(1)).await;
+    assert!(result.is_ok(), "{result:?}");
     assert!(stopping.elapsed() < Duration::from_secs(1));
 }
 
 #[tokio::test]
 async fn a_token_revoked_while_polling_ends_the_run() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.fail_next(
         "getUpdates",
         Failure::Status(401, "Unauthorized".to_owned()),
@@ -575,8 +466,7 @@ async fn a_token_revoked_while_polling_ends_the_run() {
 
 #[tokio::test]
 async fn a_long_answer_is_split_and_threaded_to_the_question() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     let asked = fake
         .group_message(GROUP, alice(), "tell me everything")
         .mention_bot()
@@ -616,8 +506,7 @@ async fn a_long_answer_is_split_and_threaded_to_the_question() {
 
 #[tokio::test]
 async fn a_retried_long_reply_sends_only_the_parts_that_are_missing() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.group_message(GROUP, alice(), "tell me everything")
         .mention_bot()
         .push();
@@ -661,8 +550,7 @@ async fn a_retried_long_reply_sends_only_the_parts_that_are_missing() {
 
 #[tokio::test]
 async fn answers_go_to_the_topic_and_survive_a_deleted_original() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.forum_topic(GROUP, 7);
     let topic = group().in_thread("7");
     // Message 999 does not exist (deleted): the answer still goes out.
@@ -693,8 +581,7 @@ async fn answers_go_to_the_topic_and_survive_a_deleted_original() {
 
 #[tokio::test]
 async fn retry_after_on_send_message_is_honoured() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.group_chat(GROUP, "Parlor test");
     fake.fail_next("sendMessage", Failure::RetryAfter(1));
     let started = Instant::now();
@@ -710,8 +597,7 @@ async fn retry_after_on_send_message_is_honoured() {
 
 #[tokio::test]
 async fn send_errors_map_to_platform_errors() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     // Never seen: Telegram answers "chat not found".
     let unknown = ChatRef::new("telegram", "-100999");
     assert!(matches!(
@@ -749,8 +635,7 @@ async fn send_errors_map_to_platform_errors() {
 
 #[tokio::test]
 async fn chat_admins_are_platform_qualified_and_private_chats_have_none() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     fake.set_admins(GROUP, vec![1001, 1002]);
     let admins = adapter.chat_admins(&group()).await.expect("admins");
     assert_eq!(
@@ -771,8 +656,7 @@ async fn chat_admins_are_platform_qualified_and_private_chats_have_none() {
 
 #[tokio::test]
 async fn download_image_returns_the_bytes() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = connect(&fake).await;
+    let (fake, adapter) = connected().await;
     let bytes: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     fake.add_file("photo-1", bytes.clone());
     let image = ImageRef {

@@ -5,7 +5,7 @@ use chrono::{TimeZone, Utc};
 use parlor_adapters::telegram::{BotIdentity, convert_message};
 use parlor_bot::platform::{ChatKind, ImageRef, IncomingMessage};
 use serde_json::{Value, json};
-use teloxide::types::{Message, Update, UpdateKind};
+use teloxide_core::types::{Message, Update, UpdateKind};
 
 const BOT_ID: u64 = 4242;
 

@@ -1,7 +1,8 @@
 //! The Discord adapter's settings.
 
-use std::fmt;
 use std::time::Duration;
+
+use secrecy::SecretString;
 
 /// Discord's attachment size limit for bots without boosts (25 MiB); a sensible cap for
 /// images the model may look at.
@@ -10,10 +11,10 @@ pub const DISCORD_MAX_IMAGE_BYTES: u64 = 25 * 1024 * 1024;
 /// How the Discord adapter connects and behaves.
 ///
 /// `Debug` never shows the token, so the whole config may be logged.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct DiscordConfig {
     /// The bot token (Developer Portal -> Bot -> Token). A secret: never logged.
-    pub token: String,
+    pub token: SecretString,
     /// Where REST calls go instead of `https://discord.com` (a proxy, or a test fake); the
     /// gateway URL is then whatever `GET {api_url}/api/v10/gateway` answers. `None`: Discord.
     pub api_url: Option<String>,
@@ -35,7 +36,7 @@ pub struct DiscordConfig {
 
 impl DiscordConfig {
     /// A config for `token` with every other setting at its default.
-    pub fn new(token: impl Into<String>) -> Self {
+    pub fn new(token: impl Into<SecretString>) -> Self {
         DiscordConfig {
             token: token.into(),
             api_url: None,
@@ -48,20 +49,6 @@ impl DiscordConfig {
     }
 }
 
-impl fmt::Debug for DiscordConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DiscordConfig")
-            .field("token", &"<redacted>")
-            .field("api_url", &self.api_url)
-            .field("allow_mass_mentions", &self.allow_mass_mentions)
-            .field("max_image_bytes", &self.max_image_bytes)
-            .field("request_timeout", &self.request_timeout)
-            .field("sends_per_window", &self.sends_per_window)
-            .field("send_window", &self.send_window)
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +57,6 @@ mod tests {
     fn debug_hides_the_token() {
         let shown = format!("{:?}", DiscordConfig::new("MTIz.SECRET.token"));
         assert!(!shown.contains("SECRET"), "{shown}");
-        assert!(shown.contains("<redacted>"));
+        assert!(shown.contains("REDACTED"), "{shown}");
     }
 }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use parlor_bot::backoff::{Backoff, Failures};
 use parlor_bot::platform::{Inbox, InboxError, PlatformError};
 use serenity::Client;
 use serenity::all::{GatewayIntents, HttpBuilder};
@@ -20,9 +21,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::DiscordAdapter;
 use super::convert::convert_message;
+use crate::Receiver;
 
 /// Attempts to store one message before it is given up (the gateway cannot redeliver it).
 const DELIVERY_ATTEMPTS: u32 = 5;
+
+/// Waits between those attempts: a store that fails is usually busy for a moment, and the
+/// gateway keeps sending meanwhile, so the waits stay short.
+const DELIVERY_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(400),
+    max: Duration::from_millis(3200),
+};
 
 /// What the event handler forwards.
 enum Item {
@@ -59,17 +68,7 @@ enum Ended {
     Retry(String),
 }
 
-impl DiscordAdapter {
-    /// Connects to the gateway and delivers every message to `inbox` until `shutdown` is
-    /// cancelled; same as [`run_with_ready`](Self::run_with_ready) without a ready callback.
-    pub async fn run(
-        &self,
-        inbox: Arc<dyn Inbox>,
-        shutdown: CancellationToken,
-    ) -> Result<(), PlatformError> {
-        self.run_with_ready(inbox, shutdown, || {}).await
-    }
-
+impl Receiver for DiscordAdapter {
     /// Connects to the gateway (URL from `GET /api/v10/gateway`, at `api_url` when set) and
     /// delivers every message to `inbox` until `shutdown` is cancelled, then closes the
     /// connection and returns `Ok(())`.
@@ -81,7 +80,7 @@ impl DiscordAdapter {
     /// [`PlatformError::Refused`] when the intents are not allowed (enable *Message Content
     /// Intent* in the Developer Portal). When the inbox answers `ShuttingDown` the loop stops;
     /// a store failure is retried a few times, then the message is logged as lost.
-    pub async fn run_with_ready<R>(
+    async fn run_with_ready<R>(
         &self,
         inbox: Arc<dyn Inbox>,
         shutdown: CancellationToken,
@@ -91,7 +90,7 @@ impl DiscordAdapter {
         R: FnOnce() + Send,
     {
         let mut ready = Some(ready);
-        let mut failures = 0u32;
+        let mut failures = Failures::new(Backoff::default());
         loop {
             let started = tokio::time::Instant::now();
             match self.run_client(&inbox, &shutdown, &mut ready).await {
@@ -99,12 +98,9 @@ impl DiscordAdapter {
                 Ended::Failed(error) => return Err(error),
                 Ended::Retry(why) => {
                     if started.elapsed() > Duration::from_secs(60) {
-                        failures = 0;
+                        failures.reset();
                     }
-                    let wait = Duration::from_secs(1)
-                        .saturating_mul(2u32.saturating_pow(failures.min(6)))
-                        .min(Duration::from_secs(60));
-                    failures += 1;
+                    let wait = failures.next_delay();
                     tracing::warn!(error = %why, ?wait, "the Discord gateway client stopped; reconnecting");
                     tokio::select! {
                         () = shutdown.cancelled() => return Ok(()),
@@ -114,7 +110,9 @@ impl DiscordAdapter {
             }
         }
     }
+}
 
+impl DiscordAdapter {
     async fn run_client<R>(
         &self,
         inbox: &Arc<dyn Inbox>,
@@ -125,7 +123,7 @@ impl DiscordAdapter {
         R: FnOnce() + Send,
     {
         let config = &self.inner.config;
-        let mut http = HttpBuilder::new(&self.inner.token);
+        let mut http = HttpBuilder::new(self.inner.rest.token().expose());
         if let Some(url) = &config.api_url {
             // serenity honours the proxy only with its rate limiter off; parlor paces its own
             // REST calls (see `rest.rs`), serenity itself only asks for the gateway URL.
@@ -142,7 +140,7 @@ impl DiscordAdapter {
             .await;
         let mut client: Client = match built {
             Ok(client) => client,
-            Err(error) => return Ended::Retry(self.inner.rest.redact(&error.to_string())),
+            Err(error) => return Ended::Retry(self.inner.rest.token().redact(&error.to_string())),
         };
         let shards = client.shard_manager.clone();
         let mut running = tokio::spawn(async move { client.start().await });
@@ -230,7 +228,7 @@ impl DiscordAdapter {
                  the bot in the Developer Portal"
                     .to_owned(),
             )),
-            Ok(Err(error)) => Ended::Retry(self.inner.rest.redact(&error.to_string())),
+            Ok(Err(error)) => Ended::Retry(self.inner.rest.token().redact(&error.to_string())),
             Err(join) => Ended::Retry(format!("the gateway task ended: {join}")),
         }
     }
@@ -265,7 +263,7 @@ impl DiscordAdapter {
                             tracing::error!(chat = %incoming.chat, message_id = id, %error, "could not store a Discord message; it is lost");
                             break;
                         }
-                        let wait = Duration::from_millis(200) * 2u32.pow(attempt);
+                        let wait = DELIVERY_BACKOFF.delay(attempt - 1);
                         tracing::warn!(chat = %incoming.chat, message_id = id, %error, ?wait, "could not store a Discord message; retrying");
                         tokio::select! {
                             () = shutdown.cancelled() => return false,

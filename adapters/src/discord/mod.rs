@@ -1,6 +1,6 @@
 //! The Discord adapter: serenity's gateway in, [`Platform`] out.
 //!
-//! ## Receiving ([`DiscordAdapter::run_with_ready`])
+//! ## Receiving ([`Receiver::run_with_ready`](crate::Receiver::run_with_ready))
 //! serenity's `Client` holds the gateway connection (intents `GUILD_MESSAGES`,
 //! `DIRECT_MESSAGES`, `MESSAGE_CONTENT`; the last is privileged and must be enabled in the
 //! Developer Portal). Its shard runner heartbeats, and after a disconnect resumes the session
@@ -49,7 +49,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -60,7 +59,15 @@ pub use convert::{BotIdentity, convert_message};
 pub use render::{MAX_MESSAGE_CHARS, render_parts};
 
 use convert::PLATFORM;
-use rest::{Failure, Rest, RetryPolicy, SendLimiter, error_chain, with_retries};
+use rest::{REST_BACKOFF, Rest, SendLimiter};
+
+use crate::common::{
+    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
+    reply_target, with_retries,
+};
+
+/// The platform as logs and error texts name it.
+const NAME: &str = "Discord";
 
 /// Discord's own REST host; `api_url` replaces it.
 pub const DEFAULT_API_URL: &str = "https://discord.com";
@@ -72,7 +79,7 @@ const MANAGE_GUILD: u64 = 1 << 5;
 /// How long a guild's owner and role permissions are reused.
 const GUILD_CACHE_TTL: Duration = Duration::from_secs(300);
 
-/// A connected Discord bot: receives with [`run_with_ready`](Self::run_with_ready), answers
+/// A connected Discord bot: receives as a [`Receiver`](crate::Receiver), answers
 /// through [`Platform`]. Cloning is cheap (one `Arc`).
 #[derive(Clone)]
 pub struct DiscordAdapter {
@@ -81,7 +88,6 @@ pub struct DiscordAdapter {
 
 struct Inner {
     config: DiscordConfig,
-    token: String,
     rest: Rest,
     me: BotIdentity,
     limiter: SendLimiter,
@@ -121,10 +127,7 @@ impl DiscordAdapter {
     /// [`PlatformError::Unavailable`] when Discord (or `api_url`) cannot be reached after
     /// retries, [`PlatformError::Refused`] for an unusable `api_url`.
     pub async fn connect(config: DiscordConfig) -> Result<DiscordAdapter, PlatformError> {
-        let token = config.token.trim().to_owned();
-        if token.is_empty() {
-            return Err(PlatformError::Unauthorized);
-        }
+        let token = Token::new(&config.token).ok_or(PlatformError::Unauthorized)?;
         let base = match &config.api_url {
             Some(url) => {
                 let url = url.trim().trim_end_matches('/');
@@ -137,8 +140,8 @@ impl DiscordAdapter {
             }
             None => DEFAULT_API_URL.to_owned(),
         };
-        let rest = Rest::new(&base, &token)?;
-        let policy = RetryPolicy::standard(config.request_timeout);
+        let rest = Rest::new(&base, token)?;
+        let policy = RetryPolicy::standard(NAME, REST_BACKOFF, config.request_timeout);
         let me = with_retries("GET /users/@me", &policy, || {
             rest.call(Method::GET, "/users/@me", None)
         })
@@ -159,7 +162,6 @@ impl DiscordAdapter {
             inner: Arc::new(Inner {
                 limiter: SendLimiter::new(config.sends_per_window, config.send_window),
                 config,
-                token,
                 rest,
                 me,
                 known: Mutex::new(Known::default()),
@@ -178,7 +180,7 @@ impl DiscordAdapter {
     }
 
     fn policy(&self) -> RetryPolicy {
-        RetryPolicy::standard(self.inner.config.request_timeout)
+        RetryPolicy::standard(NAME, REST_BACKOFF, self.inner.config.request_timeout)
     }
 
     fn known(&self) -> std::sync::MutexGuard<'_, Known> {
@@ -308,18 +310,10 @@ impl DiscordAdapter {
         key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         let channel = channel_of(chat)?;
-        let reply_to = reply_to.and_then(|id| match id.parse::<u64>() {
-            Ok(id) => Some(id),
-            Err(_) => {
-                tracing::warn!(%chat, reply_to = id, "not a Discord message id; sending without reply");
-                None
-            }
-        });
+        let reply_to: Option<u64> = reply_target(chat, reply_to, NAME);
         let parts = render_parts(text, self.inner.config.allow_mass_mentions);
         if parts.is_empty() {
-            return Err(PlatformError::Refused(
-                "the message is empty; Discord cannot send empty text".to_owned(),
-            ));
+            return Err(nothing_to_send(NAME));
         }
         let path = format!("/channels/{channel}/messages");
         let policy = self.policy();
@@ -391,14 +385,8 @@ fn snowflake(value: &Value) -> Option<u64> {
 
 /// The channel id of a [`ChatRef`] on Discord.
 fn channel_of(chat: &ChatRef) -> Result<u64, PlatformError> {
-    if chat.platform != PLATFORM {
-        return Err(PlatformError::Refused(format!(
-            "`{chat}` is not a Discord chat"
-        )));
-    }
-    chat.chat_id.parse::<u64>().map_err(|_| {
-        PlatformError::NotFound(format!("`{}` is not a Discord channel id", chat.chat_id))
-    })
+    ensure_platform(chat, PLATFORM, NAME)?;
+    parse_id(&chat.chat_id, NAME, "channel")
 }
 
 #[async_trait]
@@ -436,7 +424,7 @@ impl Platform for DiscordAdapter {
     async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError> {
         let channel = channel_of(chat)?;
         let path = format!("/channels/{channel}/typing");
-        let policy = RetryPolicy::once(self.inner.config.request_timeout);
+        let policy = RetryPolicy::once(NAME, self.inner.config.request_timeout);
         with_retries("POST /channels/{id}/typing", &policy, || {
             self.inner.rest.call(Method::POST, &path, None)
         })
@@ -479,23 +467,15 @@ impl Platform for DiscordAdapter {
     /// Downloads an attachment by its URL (Discord's CDN or the configured `api_url` host
     /// only), never more than `max_image_bytes`.
     async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        let max = self.inner.config.max_image_bytes;
-        let too_large = |size: u64| {
-            PlatformError::Refused(format!(
-                "the image has {size} bytes or more; the limit is {max} bytes"
-            ))
-        };
-        if let Some(size) = image.size
-            && size > max
-        {
-            return Err(too_large(size));
-        }
+        let limit = SizeLimit(self.inner.config.max_image_bytes);
+        limit.check(image.size)?;
         if !self.download_allowed(&image.file_id) {
             return Err(PlatformError::Refused(
                 "not a Discord attachment URL".to_owned(),
             ));
         }
         let url = image.file_id.as_str();
+        let token = self.inner.rest.token();
         with_retries("attachment download", &self.policy(), || async {
             let response = self
                 .inner
@@ -504,7 +484,7 @@ impl Platform for DiscordAdapter {
                 .get(url)
                 .send()
                 .await
-                .map_err(|e| Failure::Transient(self.inner.rest.redact(&error_chain(&e))))?;
+                .map_err(|e| Failure::Transient(token.describe(&e)))?;
             let status = response.status();
             if !status.is_success() {
                 let message = format!("attachment download: {}", status.as_u16());
@@ -515,24 +495,13 @@ impl Platform for DiscordAdapter {
                     _ => Failure::Fatal(PlatformError::Refused(message)),
                 });
             }
-            if let Some(length) = response.content_length()
-                && length > max
-            {
-                return Err(Failure::Fatal(too_large(length)));
-            }
-            let mut stream = response.bytes_stream();
-            let mut bytes = Vec::new();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk
-                    .map_err(|e| Failure::Transient(self.inner.rest.redact(&error_chain(&e))))?;
-                if bytes.len() as u64 + chunk.len() as u64 > max {
-                    return Err(Failure::Fatal(too_large(
-                        bytes.len() as u64 + chunk.len() as u64,
-                    )));
-                }
-                bytes.extend_from_slice(&chunk);
-            }
-            Ok(bytes)
+            let length = response.content_length();
+            limit.check(length).map_err(Failure::Fatal)?;
+            limit
+                .read(response.bytes_stream(), length.unwrap_or(0), |e| {
+                    Failure::Transient(token.describe(&e))
+                })
+                .await
         })
         .await
     }

@@ -3,112 +3,30 @@
 //! serenity's `Http` is not used for REST: with a proxy (`api_url`) its rate limiter must be
 //! off, and its error for a 429 keeps only the status and Discord's `code`/`message` (the
 //! `retry_after` of the body and the `Retry-After` header are dropped). So requests go through
-//! reqwest here, to `{base}/api/v10{path}` with `Authorization: Bot {token}`, and every call
-//! runs under a timeout with bounded retries: a 429's `retry_after` is honoured, network
+//! reqwest here, to `{base}/api/v10{path}` with `Authorization: Bot {token}`; [`classify`]
+//! maps each answer to a [`Failure`] for the adapters' shared
+//! [`with_retries`](crate::common::with_retries): a 429's `retry_after` is honoured, network
 //! trouble and 5xx are retried with backoff, other answers map to [`PlatformError`].
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use parlor_bot::backoff::Backoff;
 use parlor_bot::platform::PlatformError;
 use parlor_bot::ratelimit::SlidingWindow;
 use reqwest::{Method, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::Value;
 use tokio::time::Instant;
 
-/// What a failed attempt calls for.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// Discord's rate limit: wait this long, then the same request may succeed.
-    RetryAfter(Duration),
-    /// Network or server trouble (or our timeout): retry with backoff.
-    Transient(String),
-    /// Retrying cannot help.
-    Fatal(PlatformError),
-}
+use crate::common::{Failure, Token};
 
-/// How patiently a call is retried.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RetryPolicy {
-    pub rate_limited_attempts: u32,
-    pub transient_attempts: u32,
-    /// A longer `retry_after` is returned as [`PlatformError::RateLimited`] at once.
-    pub max_retry_after: Duration,
-    pub attempt_timeout: Duration,
-}
-
-impl RetryPolicy {
-    pub(crate) fn standard(attempt_timeout: Duration) -> Self {
-        RetryPolicy {
-            rate_limited_attempts: 5,
-            transient_attempts: 3,
-            max_retry_after: Duration::from_secs(60),
-            attempt_timeout,
-        }
-    }
-
-    pub(crate) fn once(attempt_timeout: Duration) -> Self {
-        RetryPolicy {
-            rate_limited_attempts: 1,
-            transient_attempts: 1,
-            max_retry_after: Duration::ZERO,
-            attempt_timeout,
-        }
-    }
-}
-
-/// The wait before transient retry `retry` (0-based): 500 ms doubled, at most 10 s.
-fn backoff(retry: u32) -> Duration {
-    Duration::from_millis(500)
-        .saturating_mul(2u32.saturating_pow(retry.min(16)))
-        .min(Duration::from_secs(10))
-}
-
-/// Runs `attempt` until it succeeds, fails fatally, or the budget is spent.
-pub(crate) async fn with_retries<T, F, Fut>(
-    what: &'static str,
-    policy: &RetryPolicy,
-    mut attempt: F,
-) -> Result<T, PlatformError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, Failure>>,
-{
-    let mut rate_limited = 0u32;
-    let mut transient = 0u32;
-    loop {
-        let failure = match tokio::time::timeout(policy.attempt_timeout, attempt()).await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(failure)) => failure,
-            Err(_) => Failure::Transient(format!(
-                "{what} timed out after {:?}",
-                policy.attempt_timeout
-            )),
-        };
-        match failure {
-            Failure::Fatal(error) => return Err(error),
-            Failure::RetryAfter(wait) => {
-                rate_limited += 1;
-                if rate_limited >= policy.rate_limited_attempts || wait > policy.max_retry_after {
-                    return Err(PlatformError::RateLimited(wait));
-                }
-                tracing::warn!(what, ?wait, "rate limited by Discord; waiting as asked");
-                tokio::time::sleep(wait).await;
-            }
-            Failure::Transient(message) => {
-                transient += 1;
-                if transient >= policy.transient_attempts {
-                    return Err(PlatformError::Unavailable(message));
-                }
-                let wait = backoff(transient - 1);
-                tracing::warn!(what, ?wait, error = %message, "Discord request failed; retrying");
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-}
+/// Waits between transient failures of one call: short, since a turn waits for the answer.
+pub(crate) const REST_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(500),
+    max: Duration::from_secs(10),
+};
 
 /// A REST client for one bot: base URL, token, reqwest client.
 pub(crate) struct Rest {
@@ -116,12 +34,12 @@ pub(crate) struct Rest {
     /// `https://discord.com` or the configured `api_url`, without a trailing slash.
     base: String,
     /// `Bot {token}`.
-    authorization: String,
-    token: String,
+    authorization: SecretString,
+    token: Token,
 }
 
 impl Rest {
-    pub(crate) fn new(base: &str, token: &str) -> Result<Rest, PlatformError> {
+    pub(crate) fn new(base: &str, token: Token) -> Result<Rest, PlatformError> {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
@@ -131,8 +49,8 @@ impl Rest {
         Ok(Rest {
             client,
             base: base.trim().trim_end_matches('/').to_owned(),
-            authorization: format!("Bot {token}"),
-            token: token.to_owned(),
+            authorization: format!("Bot {}", token.expose()).into(),
+            token,
         })
     }
 
@@ -144,13 +62,8 @@ impl Rest {
         &self.client
     }
 
-    /// `text` without the token.
-    pub(crate) fn redact(&self, text: &str) -> String {
-        if self.token.is_empty() {
-            text.to_owned()
-        } else {
-            text.replace(&self.token, "<token>")
-        }
+    pub(crate) fn token(&self) -> &Token {
+        &self.token
     }
 
     /// One attempt: `method {base}/api/v10{path}` with an optional JSON body. `Ok` carries
@@ -165,7 +78,7 @@ impl Rest {
         let mut request = self
             .client
             .request(method, &url)
-            .header("authorization", &self.authorization)
+            .header("authorization", self.authorization.expose_secret())
             .header(
                 "user-agent",
                 concat!(
@@ -181,13 +94,13 @@ impl Rest {
         let response = request
             .send()
             .await
-            .map_err(|e| Failure::Transient(self.redact(&error_chain(&e))))?;
+            .map_err(|e| Failure::Transient(self.token.describe(&e)))?;
         let status = response.status();
         let headers = response.headers().clone();
         let bytes = response
             .bytes()
             .await
-            .map_err(|e| Failure::Transient(self.redact(&error_chain(&e))))?;
+            .map_err(|e| Failure::Transient(self.token.describe(&e)))?;
         let json: Value = if bytes.is_empty() {
             Value::Null
         } else {
@@ -248,21 +161,6 @@ pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap, body: &Value) ->
         .filter(|s| s.is_finite() && *s >= 0.0)
         .unwrap_or(1.0);
     Duration::from_secs_f64(secs.min(3600.0))
-}
-
-/// The error and its sources, `: `-separated.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// At most `max` sends per `window` per channel: parlor's own pacing, since serenity's limiter
@@ -364,20 +262,5 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::ZERO);
         limiter.acquire(1).await;
         assert_eq!(start.elapsed(), Duration::from_secs(5));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn retries_honour_retry_after_then_give_up() {
-        let policy = RetryPolicy::standard(Duration::from_secs(10));
-        let start = Instant::now();
-        let mut calls = 0;
-        let result: Result<(), _> = with_retries("t", &policy, || {
-            calls += 1;
-            async { Err(Failure::RetryAfter(Duration::from_millis(300))) }
-        })
-        .await;
-        assert!(matches!(result, Err(PlatformError::RateLimited(_))));
-        assert_eq!(calls, 5);
-        assert_eq!(start.elapsed(), Duration::from_millis(1200));
     }
 }

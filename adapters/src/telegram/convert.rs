@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use parlor_bot::platform::{ChatKind, ChatRef, ImageRef, IncomingMessage, Sender};
-use teloxide::types::{
+use teloxide_core::types::{
     Chat, ChatKind as TgChatKind, ChatPublic, Message, MessageEntityKind, PublicChatKind,
     PublicChatSupergroup, User,
 };

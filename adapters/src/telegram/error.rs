@@ -4,29 +4,19 @@
 //! (`/bot{token}/getUpdates`, `/file/bot{token}/...`) and reqwest's errors print their URL:
 //! teloxide hides it in the errors it converts itself, but the chunk errors of
 //! `Download::download_file_stream` are raw reqwest errors with the full URL. So every
-//! message derived from an error goes through [`redact`] before it is logged or returned.
+//! message derived from an error goes through [`Token::redact`] before it is logged or
+//! returned.
 //! And teloxide ignores the HTTP status and `error_code`, recognising errors only by their
 //! exact `description`; anything it does not know arrives as `ApiError::Unknown(description)`,
 //! so the prefixes Telegram uses (`Conflict:`, `... not found`, ...) are matched here too.
 
-use std::time::Duration;
-
 use parlor_bot::platform::PlatformError;
-use teloxide::{ApiError, RequestError};
+use teloxide_core::{ApiError, RequestError};
 
-/// What a failed request calls for.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// Telegram's flood control: wait exactly this long, then the same request may succeed.
-    RetryAfter(Duration),
-    /// Network or server trouble (or a timeout on our side): retry with backoff.
-    Transient(String),
-    /// Retrying the same request cannot help.
-    Fatal(PlatformError),
-}
+use crate::common::{Failure, Token};
 
 /// Classifies a teloxide error; `token` is scrubbed from every message.
-pub(crate) fn classify(error: &RequestError, token: &str) -> Failure {
+pub(crate) fn classify(error: &RequestError, token: &Token) -> Failure {
     match error {
         RequestError::RetryAfter(seconds) => Failure::RetryAfter(seconds.duration()),
         RequestError::Api(api) => classify_api(api, token),
@@ -34,25 +24,20 @@ pub(crate) fn classify(error: &RequestError, token: &str) -> Failure {
             "the group was upgraded to a supergroup; its new chat id is {}",
             new_id.0
         ))),
-        RequestError::Network(_) | RequestError::Io(_) => {
-            Failure::Transient(redact(&error_chain(error), token))
-        }
-        RequestError::InvalidJson { source, raw } => Failure::Transient(redact(
-            &format!(
-                "unexpected answer from the Bot API ({source}): {}",
-                truncate(raw, 200)
-            ),
-            token,
-        )),
+        RequestError::Network(_) | RequestError::Io(_) => Failure::Transient(token.describe(error)),
+        RequestError::InvalidJson { source, raw } => Failure::Transient(token.redact(&format!(
+            "unexpected answer from the Bot API ({source}): {}",
+            truncate(raw, 200)
+        ))),
     }
 }
 
-fn classify_api(error: &ApiError, token: &str) -> Failure {
+fn classify_api(error: &ApiError, token: &Token) -> Failure {
     let description = match error {
         ApiError::Unknown(description) => description.clone(),
         known => known.to_string(),
     };
-    let description = redact(&description, token);
+    let description = token.redact(&description);
     let fatal = |error| Failure::Fatal(error);
     match error {
         ApiError::InvalidToken => fatal(PlatformError::Unauthorized),
@@ -99,38 +84,19 @@ fn is_server_trouble(description: &str) -> bool {
     .any(|prefix| description.starts_with(prefix))
 }
 
-/// The error and its sources, `: `-separated (reqwest hides the cause, e.g. "connection
-/// refused", in the source chain).
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-/// `text` without the bot token.
-pub(crate) fn redact(text: &str, token: &str) -> String {
-    if token.is_empty() {
-        text.to_owned()
-    } else {
-        text.replace(token, "<token>")
-    }
-}
-
 fn truncate(text: &str, max_chars: usize) -> &str {
     parlor_bot::text::split_chars(text, max_chars).0
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    fn token() -> Token {
+        Token::new(&"tok".into()).expect("not blank")
+    }
 
     fn api(description: &str) -> RequestError {
         let json = format!(r#"{{"description":{description:?}}}"#);
@@ -166,7 +132,7 @@ mod tests {
             ),
         ];
         for (description, expected) in cases {
-            let kind = match classify(&api(description), "tok") {
+            let kind = match classify(&api(description), &token()) {
                 Failure::Fatal(PlatformError::Unauthorized) => "Unauthorized",
                 Failure::Fatal(PlatformError::Conflict(_)) => "Conflict",
                 Failure::Fatal(PlatformError::NotFound(_)) => "NotFound",
@@ -176,24 +142,15 @@ mod tests {
             assert_eq!(kind, *expected, "{description}");
         }
         assert!(matches!(
-            classify(&api("Internal Server Error: restart"), "tok"),
+            classify(&api("Internal Server Error: restart"), &token()),
             Failure::Transient(_)
         ));
         assert!(matches!(
             classify(
-                &RequestError::RetryAfter(teloxide::types::Seconds::from_seconds(7)),
-                "tok"
+                &RequestError::RetryAfter(teloxide_core::types::Seconds::from_seconds(7)),
+                &token()
             ),
             Failure::RetryAfter(wait) if wait == Duration::from_secs(7)
         ));
-    }
-
-    #[test]
-    fn redaction_removes_every_occurrence() {
-        let text = "error sending request for url (http://x/bot1:AB/getMe) 1:AB";
-        assert_eq!(
-            redact(text, "1:AB"),
-            "error sending request for url (http://x/bot<token>/getMe) <token>"
-        );
     }
 }

@@ -1,8 +1,9 @@
 //! The Telegram adapter: Bot API long polling in, [`Platform`] out.
 //!
 //! ## Receiving
-//! [`TelegramAdapter::run`] long-polls `getUpdates` itself rather than through teloxide's
-//! `Dispatcher`/polling listener, because parlor decides when an update is acknowledged:
+//! As a [`Receiver`](crate::Receiver) the adapter long-polls `getUpdates` itself rather than
+//! through teloxide's `Dispatcher`/polling listener (so it needs only `teloxide-core`, the Bot
+//! API client), because parlor decides when an update is acknowledged:
 //! each message is handed to the runtime's [`Inbox`](parlor_bot::platform::Inbox), and only
 //! once `deliver` returned `Ok` (the message is durably recorded) does the next
 //! `getUpdates` carry an `offset` past it. If the daemon stops or crashes before that,
@@ -24,7 +25,7 @@
 //!   runtime does not take it.
 //!
 //! ## Sending
-//! [`render`] turns the model's Markdown into message parts: plain text plus explicit
+//! [`render()`] turns the model's Markdown into message parts: plain text plus explicit
 //! entities, at most 4096 UTF-16 units each, never a `parse_mode` (so no reply can be refused
 //! for bad markup). The first part
 //! replies to the triggering message (without failing if that message was deleted); all
@@ -41,7 +42,6 @@ mod convert;
 mod error;
 mod poll;
 mod render;
-mod retry;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -51,25 +51,31 @@ use std::sync::Arc;
 const MAX_PROGRESS: usize = 1024;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
-use teloxide::net::Download;
-use teloxide::payloads::{SendChatActionSetters, SendMessageSetters};
-use teloxide::prelude::Requester;
-use teloxide::types::{
+use teloxide_core::net::Download;
+use teloxide_core::payloads::{SendChatActionSetters, SendMessageSetters};
+use teloxide_core::prelude::Requester;
+use teloxide_core::types::{
     AllowedUpdate, ChatAction, ChatId, FileId, MessageId, ReplyParameters, ThreadId,
 };
-use teloxide::{Bot, RequestError};
+use teloxide_core::{Bot, RequestError};
 
 pub use config::{Backoff, DEFAULT_API_URL, TELEGRAM_MAX_DOWNLOAD_BYTES, TelegramConfig};
 pub use convert::{BotIdentity, convert_message};
 pub use render::{MAX_MESSAGE_UTF16, RenderedPart, render};
 
 use convert::PLATFORM;
-use error::{Failure, classify, error_chain, redact};
-use retry::{RetryPolicy, with_retries};
+use error::classify;
 
-/// A connected Telegram bot: receives with [`run`](Self::run), answers through
+use crate::common::{
+    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
+    reply_target, with_retries,
+};
+
+/// The platform as logs and error texts name it.
+const NAME: &str = "Telegram";
+
+/// A connected Telegram bot: receives as a [`Receiver`](crate::Receiver), answers through
 /// [`Platform`]. Cloning is cheap (one `Arc`); clones share the HTTP client.
 #[derive(Clone)]
 pub struct TelegramAdapter {
@@ -82,7 +88,7 @@ struct Inner {
     bot: Bot,
     config: TelegramConfig,
     /// The (trimmed) token, for scrubbing it out of error messages.
-    token: String,
+    token: Token,
     me: BotIdentity,
     /// `config.allowed_updates`, parsed once at connect.
     allowed_updates: Vec<AllowedUpdate>,
@@ -109,10 +115,7 @@ impl TelegramAdapter {
     /// [`PlatformError::Refused`] for an unusable config (bad `api_url`, unknown update
     /// type); [`PlatformError::Unavailable`] when Telegram cannot be reached after retries.
     pub async fn connect(config: TelegramConfig) -> Result<TelegramAdapter, PlatformError> {
-        let token = config.token.trim().to_owned();
-        if token.is_empty() {
-            return Err(PlatformError::Unauthorized);
-        }
+        let token = Token::new(&config.token).ok_or(PlatformError::Unauthorized)?;
         let allowed_updates = config
             .allowed_updates
             .iter()
@@ -133,15 +136,15 @@ impl TelegramAdapter {
         })?;
         // teloxide's defaults (5 s connect timeout, TCP_NODELAY) with a request timeout
         // longer than the long poll: its default 17 s would cut every quiet 30 s poll.
-        let client = teloxide::net::default_reqwest_settings()
+        let client = teloxide_core::net::default_reqwest_settings()
             .timeout(config.request_timeout())
             .build()
             .map_err(|error| {
                 PlatformError::Unavailable(format!("cannot build the HTTP client: {error}"))
             })?;
-        let bot = Bot::with_client(token.clone(), client).set_api_url(api_url);
+        let bot = Bot::with_client(token.expose(), client).set_api_url(api_url);
 
-        let policy = RetryPolicy::standard(config.backoff, config.request_timeout());
+        let policy = RetryPolicy::standard(NAME, config.backoff, config.request_timeout());
         let me = with_retries("getMe", &policy, || async {
             match bot.get_me().await {
                 Ok(me) => Ok(BotIdentity {
@@ -186,6 +189,7 @@ impl TelegramAdapter {
 
     fn policy(&self) -> RetryPolicy {
         RetryPolicy::standard(
+            NAME,
             self.inner.config.backoff,
             self.inner.config.request_timeout(),
         )
@@ -217,19 +221,11 @@ struct Target {
 
 impl Target {
     fn parse(chat: &ChatRef) -> Result<Target, PlatformError> {
-        if chat.platform != PLATFORM {
-            return Err(PlatformError::Refused(format!(
-                "`{chat}` is not a Telegram chat"
-            )));
-        }
-        let id = chat.chat_id.parse::<i64>().map_err(|_| {
-            PlatformError::NotFound(format!("`{}` is not a Telegram chat id", chat.chat_id))
-        })?;
+        ensure_platform(chat, PLATFORM, NAME)?;
+        let id = parse_id(&chat.chat_id, NAME, "chat")?;
         let thread = match &chat.thread_id {
             None => None,
-            Some(thread) => Some(ThreadId(MessageId(thread.parse::<i32>().map_err(
-                |_| PlatformError::NotFound(format!("`{thread}` is not a Telegram topic id")),
-            )?))),
+            Some(thread) => Some(ThreadId(MessageId(parse_id(thread, NAME, "topic")?))),
         };
         Ok(Target {
             chat: ChatId(id),
@@ -249,19 +245,10 @@ impl TelegramAdapter {
         key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         let target = Target::parse(chat)?;
-        let reply_to = reply_to.and_then(|id| match id.parse::<i32>() {
-            Ok(id) => Some(MessageId(id)),
-            Err(_) => {
-                // Losing the threading is better than losing the answer.
-                tracing::warn!(%chat, reply_to = id, "not a Telegram message id; sending without reply");
-                None
-            }
-        });
+        let reply_to = reply_target(chat, reply_to, NAME).map(MessageId);
         let parts = render(text);
         if parts.is_empty() {
-            return Err(PlatformError::Refused(
-                "the message is empty; Telegram cannot send empty text".to_owned(),
-            ));
+            return Err(nothing_to_send(NAME));
         }
         let policy = self.policy();
         let mut message_ids = key.map(|k| self.progress(k)).unwrap_or_default();
@@ -346,9 +333,10 @@ impl Platform for TelegramAdapter {
         PLATFORM
     }
 
-    /// Sends `text` (Markdown) as [`render`] renders and splits it; the first part replies to `reply_to` (and is
-    /// still sent if that message is gone), every part goes to the chat's topic. Returns the
-    /// ids of all parts. An empty text is refused (Telegram would refuse it too).
+    /// Sends `text` (Markdown) as [`render()`] renders and splits it; the first part replies
+    /// to `reply_to` (and is still sent if that message is gone), every part goes to the
+    /// chat's topic. Returns the ids of all parts. An empty text is refused (Telegram would
+    /// refuse it too).
     async fn send_message(
         &self,
         chat: &ChatRef,
@@ -372,7 +360,7 @@ impl Platform for TelegramAdapter {
     /// One `sendChatAction(typing)`, not retried: it is cosmetic and repeated by the caller.
     async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError> {
         let target = Target::parse(chat)?;
-        let policy = RetryPolicy::once(self.inner.config.request_timeout());
+        let policy = RetryPolicy::once(NAME, self.inner.config.request_timeout());
         with_retries("sendChatAction", &policy, || {
             let mut request = self
                 .inner
@@ -414,17 +402,8 @@ impl Platform for TelegramAdapter {
     /// `getFile`, then the download, never more than `max_image_bytes`: refused up front
     /// when the size is known, and cut off while streaming when it is not.
     async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        let max = self.inner.config.max_image_bytes;
-        let too_large = |size: u64| {
-            PlatformError::Refused(format!(
-                "the image has {size} bytes or more; the limit is {max} bytes"
-            ))
-        };
-        if let Some(size) = image.size
-            && size > max
-        {
-            return Err(too_large(size));
-        }
+        let limit = SizeLimit(self.inner.config.max_image_bytes);
+        limit.check(image.size)?;
         let policy = self.policy();
         let file = with_retries("getFile", &policy, || async {
             self.inner
@@ -436,33 +415,17 @@ impl Platform for TelegramAdapter {
         .await?;
         // teloxide reports an unknown size as u32::MAX.
         let known_size = (file.meta.size != u32::MAX).then_some(u64::from(file.meta.size));
-        if let Some(size) = known_size
-            && size > max
-        {
-            return Err(too_large(size));
-        }
-        with_retries("downloadFile", &policy, || async {
-            let mut stream = self.inner.bot.download_file_stream(&file.path);
-            let capacity = known_size.unwrap_or(0).min(max);
-            let mut bytes = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|error| {
-                    let message = redact(&error_chain(&error), &self.inner.token);
-                    match error.status().map(|status| status.as_u16()) {
-                        Some(404) => Failure::Fatal(PlatformError::NotFound(message)),
-                        Some(status) if status < 500 => {
-                            Failure::Fatal(PlatformError::Refused(message))
-                        }
-                        _ => Failure::Transient(message),
-                    }
-                })?;
-                let total = bytes.len() as u64 + chunk.len() as u64;
-                if total > max {
-                    return Err(Failure::Fatal(too_large(total)));
+        limit.check(known_size)?;
+        with_retries("downloadFile", &policy, || {
+            let stream = self.inner.bot.download_file_stream(&file.path);
+            limit.read(stream, known_size.unwrap_or(0), |error| {
+                let message = self.inner.token.describe(&error);
+                match error.status().map(|status| status.as_u16()) {
+                    Some(404) => Failure::Fatal(PlatformError::NotFound(message)),
+                    Some(status) if status < 500 => Failure::Fatal(PlatformError::Refused(message)),
+                    _ => Failure::Transient(message),
                 }
-                bytes.extend_from_slice(&chunk);
-            }
-            Ok(bytes)
+            })
         })
         .await
     }

@@ -9,17 +9,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use parlor_bot::backoff::Failures;
 use parlor_bot::platform::{Inbox, InboxError, IncomingMessage, PlatformError};
 use serde_json::Value;
-use teloxide::RequestError;
-use teloxide::payloads::GetUpdatesSetters;
-use teloxide::prelude::Requester;
-use teloxide::types::{Update, UpdateKind};
+use teloxide_core::RequestError;
+use teloxide_core::payloads::GetUpdatesSetters;
+use teloxide_core::prelude::Requester;
+use teloxide_core::types::{Update, UpdateKind};
 use tokio_util::sync::CancellationToken;
 
 use super::TelegramAdapter;
 use super::convert::convert_message;
-use super::error::Failure;
+use crate::Receiver;
+use crate::common::Failure;
 
 /// How long the farewell acknowledgement at shutdown may take: shutdown must stay prompt,
 /// and a missed acknowledgement only costs a re-delivery that the runtime dedupes.
@@ -55,17 +57,7 @@ enum Batch {
     StoreFailed,
 }
 
-impl TelegramAdapter {
-    /// Long-polls Telegram and delivers every message to `inbox` until `shutdown` is
-    /// cancelled; same as [`run_with_ready`](Self::run_with_ready) with no ready callback.
-    pub async fn run(
-        &self,
-        inbox: Arc<dyn Inbox>,
-        shutdown: CancellationToken,
-    ) -> Result<(), PlatformError> {
-        self.run_with_ready(inbox, shutdown, || {}).await
-    }
-
+impl Receiver for TelegramAdapter {
     /// Long-polls Telegram and delivers every message to `inbox` until `shutdown` is
     /// cancelled, then returns `Ok(())` promptly (an in-flight long poll is abandoned).
     ///
@@ -86,7 +78,7 @@ impl TelegramAdapter {
     /// - 401: returns [`PlatformError::Unauthorized`].
     ///
     /// Every wait also ends on `shutdown`.
-    pub async fn run_with_ready<R>(
+    async fn run_with_ready<R>(
         &self,
         inbox: Arc<dyn Inbox>,
         shutdown: CancellationToken,
@@ -100,8 +92,7 @@ impl TelegramAdapter {
         let mut offset: Option<i32> = None;
         // The offset Telegram has confirmed receiving (the last successful poll's).
         let mut acknowledged: Option<i32> = None;
-        // Consecutive failures, for the backoff.
-        let mut failures: u32 = 0;
+        let mut failures = Failures::new(config.backoff);
 
         tracing::info!(
             username = ?self.inner.me.username,
@@ -124,11 +115,11 @@ impl TelegramAdapter {
                         .await
                     {
                         Batch::Done => {
-                            failures = 0;
+                            failures.reset();
                             continue;
                         }
                         Batch::Stopped => break,
-                        Batch::StoreFailed => self.backoff(&mut failures),
+                        Batch::StoreFailed => failures.next_delay(),
                     }
                 }
                 Err(Failure::RetryAfter(wait)) => {
@@ -136,7 +127,7 @@ impl TelegramAdapter {
                     wait
                 }
                 Err(Failure::Transient(error)) => {
-                    let wait = self.backoff(&mut failures);
+                    let wait = failures.next_delay();
                     tracing::warn!(%error, ?wait, "polling Telegram failed; retrying");
                     wait
                 }
@@ -145,7 +136,7 @@ impl TelegramAdapter {
                     return Err(PlatformError::Unauthorized);
                 }
                 Err(Failure::Fatal(PlatformError::Conflict(description))) => {
-                    let wait = self.backoff(&mut failures);
+                    let wait = failures.next_delay();
                     let secs = wait.as_secs_f32();
                     if description.contains("webhook") {
                         tracing::error!(
@@ -163,7 +154,7 @@ impl TelegramAdapter {
                     wait
                 }
                 Err(Failure::Fatal(error)) => {
-                    let wait = self.backoff(&mut failures);
+                    let wait = failures.next_delay();
                     tracing::error!(%error, ?wait, "Telegram refused getUpdates; retrying");
                     wait
                 }
@@ -183,14 +174,9 @@ impl TelegramAdapter {
         tracing::info!("stopped polling Telegram");
         Ok(())
     }
+}
 
-    /// The next backoff wait; counts the failure.
-    fn backoff(&self, failures: &mut u32) -> Duration {
-        let wait = self.inner.config.backoff.delay(*failures);
-        *failures = failures.saturating_add(1);
-        wait
-    }
-
+impl TelegramAdapter {
     /// One `getUpdates` call under the request timeout.
     async fn fetch(
         &self,

@@ -7,7 +7,7 @@
 //! teloxide's types.
 
 use parlor_render::telegram::{self as renderer, EntityKind};
-use teloxide::types::{MessageEntity, MessageEntityKind};
+use teloxide_core::types::{MessageEntity, MessageEntityKind};
 
 /// Telegram's limit for `sendMessage.text`, in UTF-16 code units.
 pub const MAX_MESSAGE_UTF16: usize = renderer::MAX_MESSAGE_UTF16;

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +36,7 @@ pub struct OpenAiConfig {
     /// ignored.
     pub base_url: String,
     /// Sent as `Authorization: Bearer ...` when set (and not empty). Never logged.
-    pub api_key: Option<String>,
+    pub api_key: Option<SecretString>,
     /// Limit for one whole attempt: connecting, waiting, and reading the entire stream.
     pub request_timeout: Duration,
     /// Limit for establishing the TCP/TLS connection.
@@ -114,7 +115,12 @@ impl OpenAiClient {
             header_value.set_sensitive(true);
             headers.insert(header_name, header_value);
         }
-        if let Some(key) = config.api_key.as_deref().filter(|k| !k.is_empty()) {
+        if let Some(key) = config
+            .api_key
+            .as_ref()
+            .map(ExposeSecret::expose_secret)
+            .filter(|k| !k.is_empty())
+        {
             let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
                 LlmError::Connect("the API key contains characters not allowed in a header".into())
             })?;
@@ -397,7 +403,7 @@ fn redact(config: &OpenAiConfig, text: &str) -> String {
     let secrets = config
         .api_key
         .iter()
-        .map(String::as_str)
+        .map(ExposeSecret::expose_secret)
         .chain(config.extra_headers.iter().map(|(_, v)| v.as_str()));
     for secret in secrets.filter(|s| s.len() >= 8) {
         text = text.replace(secret, "[redacted]");

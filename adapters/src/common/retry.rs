@@ -1,22 +1,36 @@
-//! Bounded retries around one Bot API call: every attempt under a timeout, Telegram's
-//! `retry_after` honoured, network trouble retried with backoff, everything else returned.
+//! Bounded retries around one platform call: every attempt under a timeout, the platform's
+//! `retry_after` honoured, network and server trouble retried with backoff, everything else
+//! returned.
 //!
-//! A helper rather than a teloxide `Requester` adaptor: the policy must see our
-//! [`Failure`] classification (which also covers file downloads), and a function taking a
-//! closure keeps each call site one readable expression.
+//! A helper taking a closure rather than a client middleware (a teloxide `Requester`
+//! adaptor, a reqwest layer): the policy must see the adapter's own [`Failure`]
+//! classification, which also covers file downloads, and each call site stays one readable
+//! expression.
 
 use std::future::Future;
 use std::time::Duration;
 
+use parlor_bot::backoff::Backoff;
 use parlor_bot::platform::PlatformError;
 
-use super::config::Backoff;
-use super::error::Failure;
+/// What a failed attempt calls for.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The platform's rate limit (Telegram's flood control, Discord's 429): wait exactly
+    /// this long, then the same request may succeed.
+    RetryAfter(Duration),
+    /// Network or server trouble (or a timeout on our side): retry with backoff.
+    Transient(String),
+    /// Retrying the same request cannot help.
+    Fatal(PlatformError),
+}
 
 /// How patiently one kind of call is retried.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RetryPolicy {
-    /// Attempts in total while Telegram keeps answering 429.
+    /// The platform as the logs name it (`Telegram`).
+    pub platform: &'static str,
+    /// Attempts in total while the platform keeps answering 429.
     pub rate_limited_attempts: u32,
     /// Attempts in total while the network or server keeps failing.
     pub transient_attempts: u32,
@@ -32,8 +46,13 @@ pub(crate) struct RetryPolicy {
 impl RetryPolicy {
     /// For calls whose result matters (sending, admins, files): 5 tries through flood
     /// control, 3 through network trouble.
-    pub(crate) fn standard(backoff: Backoff, attempt_timeout: Duration) -> Self {
+    pub(crate) fn standard(
+        platform: &'static str,
+        backoff: Backoff,
+        attempt_timeout: Duration,
+    ) -> Self {
         RetryPolicy {
+            platform,
             rate_limited_attempts: 5,
             transient_attempts: 3,
             max_retry_after: Duration::from_secs(60),
@@ -43,8 +62,9 @@ impl RetryPolicy {
     }
 
     /// For best-effort calls ("typing..."): one try; the next turn shows typing again anyway.
-    pub(crate) fn once(attempt_timeout: Duration) -> Self {
+    pub(crate) fn once(platform: &'static str, attempt_timeout: Duration) -> Self {
         RetryPolicy {
+            platform,
             rate_limited_attempts: 1,
             transient_attempts: 1,
             max_retry_after: Duration::ZERO,
@@ -86,7 +106,8 @@ where
                     method,
                     ?wait,
                     attempt = rate_limited,
-                    "rate limited by Telegram; waiting as asked"
+                    "rate limited by {}; waiting as asked",
+                    policy.platform
                 );
                 tokio::time::sleep(wait).await;
             }
@@ -96,7 +117,7 @@ where
                     return Err(PlatformError::Unavailable(message));
                 }
                 let wait = policy.backoff.delay(transient - 1);
-                tracing::warn!(method, ?wait, attempt = transient, error = %message, "Telegram request failed; retrying");
+                tracing::warn!(method, ?wait, attempt = transient, error = %message, "{} request failed; retrying", policy.platform);
                 tokio::time::sleep(wait).await;
             }
         }
@@ -111,12 +132,26 @@ mod tests {
 
     fn policy() -> RetryPolicy {
         RetryPolicy::standard(
+            "Test",
             Backoff {
                 initial: Duration::from_secs(1),
                 max: Duration::from_secs(60),
             },
             Duration::from_secs(10),
         )
+    }
+
+    /// `with_retries` over an attempt that fails with `failure()` every time: what it
+    /// returned, how many attempts it made, how long it waited.
+    async fn always(failure: impl Fn() -> Failure) -> (Result<(), PlatformError>, u32, Duration) {
+        let calls = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let result = with_retries("sendMessage", &policy(), || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Err(failure()))
+        })
+        .await;
+        (result, calls.load(Ordering::SeqCst), started.elapsed())
     }
 
     #[tokio::test(start_paused = true)]
@@ -137,42 +172,29 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn rate_limit_budget_is_bounded() {
-        let calls = AtomicU32::new(0);
-        let result: Result<(), _> = with_retries("sendMessage", &policy(), || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(Failure::RetryAfter(Duration::from_secs(1)))
-        })
-        .await;
+        let (result, calls, waited) = always(|| Failure::RetryAfter(Duration::from_secs(1))).await;
         assert!(matches!(result, Err(PlatformError::RateLimited(_))));
-        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        assert_eq!(calls, 5);
+        // Four waits as asked, none after the last attempt.
+        assert_eq!(waited, Duration::from_secs(4));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_long_retry_after_is_returned_not_slept() {
-        let started = tokio::time::Instant::now();
-        let result: Result<(), _> = with_retries("sendMessage", &policy(), || async {
-            Err(Failure::RetryAfter(Duration::from_secs(3600)))
-        })
-        .await;
+        let (result, _, waited) = always(|| Failure::RetryAfter(Duration::from_secs(3600))).await;
         assert!(
             matches!(result, Err(PlatformError::RateLimited(wait)) if wait == Duration::from_secs(3600))
         );
-        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(waited, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
     async fn transient_failures_are_retried_three_times_with_backoff() {
-        let calls = AtomicU32::new(0);
-        let started = tokio::time::Instant::now();
-        let result: Result<(), _> = with_retries("getFile", &policy(), || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(Failure::Transient("connection refused".into()))
-        })
-        .await;
+        let (result, calls, waited) =
+            always(|| Failure::Transient("connection refused".into())).await;
         assert!(matches!(result, Err(PlatformError::Unavailable(m)) if m == "connection refused"));
-        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        assert_eq!(calls, 3);
         // Two waits: [0.5, 1] s and [1, 2] s.
-        let waited = started.elapsed();
         assert!(waited >= Duration::from_millis(1500) && waited <= Duration::from_secs(3));
     }
 
@@ -190,13 +212,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn fatal_errors_are_not_retried() {
-        let calls = AtomicU32::new(0);
-        let result: Result<(), _> = with_retries("sendMessage", &policy(), || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err(Failure::Fatal(PlatformError::Unauthorized))
-        })
-        .await;
+        let (result, calls, _) = always(|| Failure::Fatal(PlatformError::Unauthorized)).await;
         assert!(matches!(result, Err(PlatformError::Unauthorized)));
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(calls, 1);
     }
 }
