@@ -254,6 +254,19 @@ pub fn echo(request: &ChatRequest) -> Completion {
     }
 }
 
+/// A request for `model` with `messages` and nothing else (no tools, no sampling settings).
+pub fn chat_request(model: &str, messages: Vec<Message>) -> ChatRequest {
+    ChatRequest {
+        model: model.to_owned(),
+        messages,
+        tools: Vec::new(),
+        tool_choice: None,
+        parallel_tool_calls: None,
+        temperature: None,
+        max_completion_tokens: None,
+    }
+}
+
 /// A final text answer, with a fixed usage of 10 + 2 tokens.
 pub fn text(t: &str) -> Completion {
     Completion {

@@ -14,7 +14,7 @@ use parlor_bot::llm::{
     ChatRequest, Completion, Content, ContentPart, ImageUrl, Message, OpenAiClient,
 };
 use parlor_bot::platform::{ChatRef, ImageRef, Platform};
-use parlor_bot::testing::{ScriptedLlm, TestPlatform, calls, text};
+use parlor_bot::testing::{ScriptedLlm, TestPlatform, calls, chat_request, text};
 use parlor_bot::tool::{
     Caller, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSpec,
 };
@@ -425,17 +425,12 @@ async fn a_turn_cancelled_while_its_photo_downloads_ends_without_a_request() {
 
 #[test]
 fn a_request_body_never_carries_a_reference_even_if_one_slips_through() {
-    let request = ChatRequest {
-        model: "m".into(),
-        messages: vec![Message::User {
+    let request = chat_request(
+        "m",
+        vec![Message::User {
             content: with_images("look", vec![image_ref("f1", "7")]),
         }],
-        tools: vec![],
-        tool_choice: None,
-        parallel_tool_calls: None,
-        temperature: None,
-        max_completion_tokens: None,
-    };
+    );
     let body = OpenAiClient::request_body(&request);
     assert_eq!(
         body["messages"][0]["content"],
