@@ -8,14 +8,15 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use clock_support::*;
-use parlor_toolsets::clock::{ClockOptions, WallTime, RunStatus};
 use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::{ChatRef, Platform, Sender};
 use parlor_bot::session::SessionConfig;
 use parlor_bot::store::{MemoryStore, Store, StoredMessage};
+use parlor_bot::testing::TestPlatform;
 use parlor_bot::tool::{
     Caller, Risk, Role, RoleError, RoleResolver, ToolContext, ToolResult, ToolSpec,
 };
+use parlor_toolsets::clock::{ClockOptions, RunStatus, WallTime};
 use serde_json::{Value, json};
 
 const START: &str = "2026-06-01T08:00:00Z";
@@ -62,7 +63,7 @@ struct World {
 
 async fn world_with(options: impl FnOnce(ClockOptions) -> ClockOptions) -> World {
     let clock = WallTime::anchored_at(utc(START));
-    let platform = TestPlatform::new(clock.clone(), "m");
+    let platform = clock_support::platform(&clock, "m");
     platform.set_admins(&group_a(), &["test:alice"]);
     platform.set_admins(&group_b(), &["test:alice", "test:dora"]);
     let roles = Arc::new(FakeRoles {
@@ -72,7 +73,7 @@ async fn world_with(options: impl FnOnce(ClockOptions) -> ClockOptions) -> World
     let rig = Rig::start_with(
         Arc::new(MemoryStore::new()),
         platform,
-        TestLlm::new(),
+        model(),
         options(clock_support::options(&clock)),
         SessionConfig {
             admins: vec![OPERATOR.into()],
@@ -174,7 +175,8 @@ async fn the_toolset_has_six_tools_open_reads_and_admin_writes() {
 #[tokio::test(start_paused = true)]
 async fn an_operator_asks_in_group_a_and_the_reply_arrives_in_group_b() {
     let w = world().await;
-    w.rig.llm.script_tool_call(
+    script_tool_call(
+        &w.rig.llm,
         "clock_create",
         json!({
             "name": "hello-b",
@@ -192,20 +194,20 @@ async fn an_operator_asks_in_group_a_and_the_reply_arrives_in_group_b() {
         )
         .await;
     sleep_until_wall(&w.clock, utc("2026-06-01T08:00:10Z")).await;
-    let results = w.rig.llm.tool_results();
+    let results = tool_results_seen(&w.rig.llm);
     assert_eq!(results.len(), 1);
     assert_eq!(results[0]["success"], true, "{:?}", results[0]);
     assert_eq!(
         results[0]["data"]["next_fires"],
         json!(["2026-06-01T08:00:30+00:00"])
     );
-    let a_posts = w.rig.platform.posts_in(&group_a());
+    let a_posts = w.rig.platform.sent_in(&group_a());
     assert_eq!(a_posts.len(), 1, "the model's answer in A");
     assert!(a_posts[0].text.starts_with("done: "));
-    assert!(w.rig.platform.posts_in(&group_b()).is_empty());
+    assert!(w.rig.platform.sent_in(&group_b()).is_empty());
 
     sleep_until_wall(&w.clock, utc("2026-06-01T08:01:00Z")).await;
-    let b_posts = w.rig.platform.posts_in(&group_b());
+    let b_posts = w.rig.platform.sent_in(&group_b());
     assert_eq!(b_posts.len(), 1);
     assert_eq!(
         b_posts[0].text,
@@ -213,7 +215,7 @@ async fn an_operator_asks_in_group_a_and_the_reply_arrives_in_group_b() {
     );
     assert_eq!(b_posts[0].wall, utc("2026-06-01T08:00:30Z"));
     assert_eq!(
-        w.rig.platform.posts_in(&group_a()).len(),
+        w.rig.platform.sent_in(&group_a()).len(),
         1,
         "nothing more in A"
     );
@@ -589,7 +591,7 @@ async fn update_pauses_resumes_retimes_and_retargets() {
     assert!(r.message.contains("paused"));
     // Paused over its due time: nothing fires.
     sleep_until_wall(&w.clock, utc("2026-06-01T09:30:00Z")).await;
-    assert!(w.rig.platform.posts_in(&group_a()).is_empty());
+    assert!(w.rig.platform.sent_in(&group_a()).is_empty());
     let r = call(
         &w,
         &alice,
@@ -640,7 +642,7 @@ async fn update_pauses_resumes_retimes_and_retargets() {
 
     // It fires into B at 12:30 Berlin.
     sleep_until_wall(&w.clock, utc("2026-06-01T10:31:00Z")).await;
-    let posts = w.rig.platform.posts_in(&group_b());
+    let posts = w.rig.platform.sent_in(&group_b());
     assert_eq!(posts.len(), 1);
     assert_eq!(posts[0].wall, utc("2026-06-01T10:30:00Z"));
     let r = call(&w, &alice, "clock_log", json!({"limit": 5})).await;
