@@ -391,27 +391,38 @@ async fn ask_reports_an_unreachable_or_failing_model_clearly() {
 }
 
 /// Runs `parlor chat` with `input` on stdin and only the environment as configuration.
-async fn chat(fake: &FakeLlm, data: &Path, args: &[&str], input: &str) -> Output {
-    use tokio::io::AsyncWriteExt;
-    let mut child = parlor()
-        .arg("chat")
+/// `parlor chat ARGS` against the model at `llm_url`, on the data dir `data`, with every
+/// stream piped.
+fn chat_command(llm_url: &str, data: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = parlor();
+    cmd.arg("chat")
         .args(args)
-        .env("OPENAI_BASE_URL", fake.base_url())
-        .env("OPENAI_API_KEY", "sk-test")
-        .env("PARLOR_MODEL", "env-model")
+        .env("OPENAI_BASE_URL", llm_url)
         .env("PARLOR_DATA_DIR", data)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// Writes `input` to the child's stdin, closes it and waits for the child's end.
+async fn finish(mut child: tokio::process::Child, input: &str) -> Output {
+    use tokio::io::AsyncWriteExt;
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(input.as_bytes()).await.unwrap();
     drop(stdin);
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+    child.wait_with_output().await.unwrap()
+}
+
+async fn chat(fake: &FakeLlm, data: &Path, args: &[&str], input: &str) -> Output {
+    let child = chat_command(&fake.base_url(), data, args)
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("PARLOR_MODEL", "env-model")
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), finish(child, input))
         .await
         .expect("parlor chat did not finish")
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,20 +482,8 @@ async fn a_second_daemon_on_the_same_data_dir_is_refused() {
         let fake_url = fake.base_url();
         let dir = data.path().to_owned();
         tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            let mut child = parlor()
-                .args(["chat", "--dm"])
-                .env("OPENAI_BASE_URL", fake_url)
-                .env("PARLOR_DATA_DIR", &dir)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut stdin = child.stdin.take().unwrap();
-            stdin.write_all(b"hello\n").await.unwrap();
-            drop(stdin);
-            child.wait_with_output().await.unwrap()
+            let child = chat_command(&fake_url, &dir, &["--dm"]).spawn().unwrap();
+            finish(child, "hello\n").await
         })
     };
     fake.wait_for_requests(1, Duration::from_secs(30))
@@ -564,14 +563,8 @@ async fn chat_is_not_dumpable_so_its_own_user_cannot_read_its_environment() {
     if as_other {
         std::os::unix::fs::chown(data.path(), Some(NOBODY), Some(NOBODY)).unwrap();
     }
-    let mut cmd = parlor();
-    cmd.args(["chat", "--dm"])
-        .env("OPENAI_BASE_URL", fake.base_url())
-        .env("OPENAI_API_KEY", "sk-dumpable-check-1618")
-        .env("PARLOR_DATA_DIR", data.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    let mut cmd = chat_command(&fake.base_url(), data.path(), &["--dm"]);
+    cmd.env("OPENAI_API_KEY", "sk-dumpable-check-1618");
     if as_other {
         cmd.as_std_mut().uid(NOBODY).gid(NOBODY);
     }

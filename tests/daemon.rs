@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
+use parlor_bot::testing::PNG_1X1;
 use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
@@ -706,6 +707,19 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
     assert!(status.success(), "{log}");
 }
 
+/// The results of the tool call `call_id` the model received, one per request that ends in
+/// it.
+fn tool_results_of(llm: &FakeLlm, call_id: &str) -> Vec<serde_json::Value> {
+    llm.requests()
+        .iter()
+        .filter_map(|r| {
+            let last = r.messages().last()?.clone();
+            (last["role"] == "tool" && last["tool_call_id"] == call_id)
+                .then(|| serde_json::from_str(last["content"].as_str()?).ok())?
+        })
+        .collect()
+}
+
 /// The JSON of the last tool result in a request the model received.
 fn last_tool_result(request: &parlor_testkit::RecordedRequest) -> serde_json::Value {
     let message = request
@@ -853,18 +867,8 @@ fn with_vision(path: PathBuf) -> PathBuf {
     path
 }
 
-/// A valid 1×1 PNG.
-const PNG_1X1: &[u8] = &[
-    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
-    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
-    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
-    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
-    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
-];
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
-    use parlor_testkit::ToolCallSpec;
+/// A daemon with vision on, and Telegram holding the photo `photo-1` ([`PNG_1X1`]).
+async fn vision_daemon() -> (FakeLlm, FakeTelegram, tempfile::TempDir, Daemon) {
     let llm = FakeLlm::start().await;
     let telegram = FakeTelegram::start(TOKEN).await;
     telegram.add_file("photo-1", PNG_1X1.to_vec());
@@ -875,6 +879,23 @@ async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
         &telegram,
     )
     .await;
+    (llm, telegram, dir, daemon)
+}
+
+/// The group's stored history, as JSON.
+fn stored_history(dir: &Path) -> String {
+    serde_json::to_string(
+        &open_store(dir)
+            .load_history(&format!("telegram:{GROUP}"))
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
+    use parlor_testkit::ToolCallSpec;
+    let (llm, telegram, dir, daemon) = vision_daemon().await;
     let photo = telegram
         .group_message(GROUP, bob(), "our summit picture")
         .photo("photo-1", PNG_1X1.len() as u64)
@@ -912,12 +933,7 @@ async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
     daemon.terminate().await;
 
     // The picture was for that turn: the stored history keeps its label, not its bytes.
-    let history = serde_json::to_string(
-        &open_store(dir.path())
-            .load_history(&format!("telegram:{GROUP}"))
-            .unwrap(),
-    )
-    .unwrap();
+    let history = stored_history(dir.path());
     assert!(!history.contains("data:"), "{history}");
     assert!(
         history.contains(&format!("[image from message {photo} by Bob]")),
@@ -928,16 +944,7 @@ async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_photo_is_shown_in_its_own_turn_and_only_named_after_it() {
     use base64::Engine as _;
-    let llm = FakeLlm::start().await;
-    let telegram = FakeTelegram::start(TOKEN).await;
-    telegram.add_file("photo-1", PNG_1X1.to_vec());
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = start(
-        &with_vision(config(dir.path(), &telegram, "")),
-        &llm,
-        &telegram,
-    )
-    .await;
+    let (llm, telegram, dir, daemon) = vision_daemon().await;
     llm.push(Reply::text("A tiny picture."));
     llm.push(Reply::text("Still tiny."));
     let photo = telegram
@@ -971,12 +978,7 @@ async fn a_photo_is_shown_in_its_own_turn_and_only_named_after_it() {
     );
     daemon.terminate().await;
 
-    let history = serde_json::to_string(
-        &open_store(dir.path())
-            .load_history(&format!("telegram:{GROUP}"))
-            .unwrap(),
-    )
-    .unwrap();
+    let history = stored_history(dir.path());
     assert!(!history.contains("data:"), "{history}");
     assert!(!history.contains(&encoded), "{history}");
     assert!(history.contains(r#""file_id":"photo-1""#), "{history}");
@@ -1019,15 +1021,7 @@ async fn memory_survives_a_restart_and_stays_in_its_group() {
         let n = if chat == GROUP { 2 } else { 3 };
         telegram.wait_for_sent(n, WAIT).await.unwrap();
     }
-    let results: Vec<serde_json::Value> = llm
-        .requests()
-        .iter()
-        .filter_map(|r| {
-            let last = r.messages().last()?.clone();
-            (last["role"] == "tool" && last["tool_call_id"] == "r")
-                .then(|| serde_json::from_str(last["content"].as_str()?).ok())?
-        })
-        .collect();
+    let results = tool_results_of(&llm, "r");
     assert_eq!(results.len(), 2);
     assert_eq!(results[0]["success"], true, "{}", results[0]);
     assert!(results[0].to_string().contains("hikes on Sundays"));
@@ -1090,14 +1084,9 @@ async fn the_shell_finds_no_secret_in_the_daemons_environment() {
         .mention_bot()
         .push();
     telegram.wait_for_sent(1, WAIT).await.unwrap();
-    let result: serde_json::Value = llm
-        .requests()
-        .iter()
-        .find_map(|r| {
-            let last = r.messages().last()?.clone();
-            (last["role"] == "tool" && last["tool_call_id"] == "c1")
-                .then(|| serde_json::from_str(last["content"].as_str()?).ok())?
-        })
+    let result = tool_results_of(&llm, "c1")
+        .into_iter()
+        .next()
         .expect("no request carried the shell's result");
     assert_eq!(result["success"], true, "{result}");
     let output = result["data"]["output"].as_str().unwrap_or_default();
