@@ -122,7 +122,6 @@ async fn cron_one_shot_and_interval_tasks_fire_at_their_instants() {
     life.until("2026-06-01T09:30:00Z").await;
 
     let posts = rig.platform.sent();
-    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
     assert_eq!(
         fired(&posts, life.t0, life.start),
         [
@@ -179,19 +178,30 @@ async fn cron_one_shot_and_interval_tasks_fire_at_their_instants() {
     rig.stop().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn berlin_spring_forward_day_fires_at_the_shifted_instants() {
-    let life = life("2026-03-28T12:00:00Z");
+/// What a daily 09:00 and a daily 02:30 task in Europe/Berlin post from `start` until
+/// `until`, as [`fired`] gives it.
+async fn berlin_days(start: &str, until: &str) -> Vec<(String, String)> {
+    let life = life(start);
     let rig = life.default_rig("m").await;
     for (name, schedule) in [("nine", "0 9 * * *"), ("half-past-two", "30 2 * * *")] {
         let mut clock = new_clock(name, schedule, group_a());
         clock.timezone = Some("Europe/Berlin".into());
         create(&rig.handle, clock);
     }
-    life.until("2026-03-30T12:00:00Z").await;
-    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    life.until(until).await;
+    let posts = fired(&rig.platform.sent(), life.t0, life.start);
+    rig.stop().await;
+    posts
+}
+
+fn s(a: &str, b: &str) -> (String, String) {
+    (a.to_owned(), b.to_owned())
+}
+
+#[tokio::test(start_paused = true)]
+async fn berlin_spring_forward_day_fires_at_the_shifted_instants() {
     assert_eq!(
-        fired(&rig.platform.sent(), life.t0, life.start),
+        berlin_days("2026-03-28T12:00:00Z", "2026-03-30T12:00:00Z").await,
         [
             // 02:30 does not exist on the 29th: the first instant after the gap, 03:00 CEST.
             s("2026-03-29T01:00:00Z", "half-past-two"),
@@ -201,22 +211,12 @@ async fn berlin_spring_forward_day_fires_at_the_shifted_instants() {
             s("2026-03-30T07:00:00Z", "nine"),
         ]
     );
-    rig.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn berlin_fall_back_day_fires_once_in_the_repeated_hour() {
-    let life = life("2026-10-24T12:00:00Z");
-    let rig = life.default_rig("m").await;
-    for (name, schedule) in [("nine", "0 9 * * *"), ("half-past-two", "30 2 * * *")] {
-        let mut clock = new_clock(name, schedule, group_a());
-        clock.timezone = Some("Europe/Berlin".into());
-        create(&rig.handle, clock);
-    }
-    life.until("2026-10-26T12:00:00Z").await;
-    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
     assert_eq!(
-        fired(&rig.platform.sent(), life.t0, life.start),
+        berlin_days("2026-10-24T12:00:00Z", "2026-10-26T12:00:00Z").await,
         [
             // 02:30 CEST, the first pass; not again at 02:30 CET.
             s("2026-10-25T00:30:00Z", "half-past-two"),
@@ -226,7 +226,6 @@ async fn berlin_fall_back_day_fires_once_in_the_repeated_hour() {
             s("2026-10-26T08:00:00Z", "nine"),
         ]
     );
-    rig.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
