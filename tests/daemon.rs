@@ -126,6 +126,14 @@ async fn spawn(mut command: tokio::process::Command, telegram: &FakeTelegram) ->
     Daemon { child, log }
 }
 
+/// `user` sends the command `text` (a bot command entity over all of it) in the group.
+fn command(telegram: &FakeTelegram, user: TgUser, text: &str) {
+    telegram
+        .group_message(GROUP, user, text)
+        .command(text)
+        .push();
+}
+
 fn echo(llm: &FakeLlm) {
     llm.respond_with(|body| {
         let last = parlor_testkit::last_user_text(body).unwrap_or_default();
@@ -293,30 +301,18 @@ async fn stop_and_reset_work_from_the_group() {
         .mention_bot()
         .push();
     llm.wait_for_requests(1, WAIT).await.unwrap();
-    telegram
-        .group_message(GROUP, bob(), "/stop")
-        .command("/stop")
-        .push();
+    command(&telegram, bob(), "/stop");
     let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
     assert_eq!(sent[0].text, "Stopped.");
 
-    telegram
-        .group_message(GROUP, bob(), "/reset@parlor_bot")
-        .command("/reset@parlor_bot")
-        .push();
+    command(&telegram, bob(), "/reset@parlor_bot");
     let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
     assert_eq!(sent[1].text, "Only an admin can reset this chat.");
-    telegram
-        .group_message(GROUP, alice(), "/reset")
-        .command("/reset")
-        .push();
+    command(&telegram, alice(), "/reset");
     let sent = telegram.wait_for_sent(3, WAIT).await.unwrap();
     assert!(sent[2].text.starts_with("Done"), "{}", sent[2].text);
     // A command for another bot is not ours.
-    telegram
-        .group_message(GROUP, alice(), "/reset@other_bot")
-        .command("/reset@other_bot")
-        .push();
+    command(&telegram, alice(), "/reset@other_bot");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(telegram.sent_messages().len(), 3);
     let (status, log) = daemon.terminate().await;
