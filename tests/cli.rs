@@ -32,6 +32,11 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `text` holds `part`; the message shows all of `text`.
+fn assert_contains(text: &str, part: &str) {
+    assert!(text.contains(part), "{text}");
+}
+
 fn write_config(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("config.toml");
     std::fs::write(&path, text).unwrap();
@@ -213,10 +218,9 @@ async fn the_terminal_tools_need_an_operator_in_the_catalog() {
         ]
     );
     let out = run(parlor().arg("tools").arg("--config").arg(&config)).await;
-    assert!(
-        stdout(&out).contains("Toolset `terminal` · risk `dangerous` · role `operator`"),
-        "{}",
-        stdout(&out)
+    assert_contains(
+        &stdout(&out),
+        "Toolset `terminal` · risk `dangerous` · role `operator`",
     );
 }
 
@@ -285,11 +289,7 @@ async fn a_broken_config_is_a_clear_error() {
         .arg("tools"))
     .await;
     assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("cannot read config file"),
-        "{}",
-        stderr(&out)
-    );
+    assert_contains(&stderr(&out), "cannot read config file");
 }
 
 fn llm_config(fake: &FakeLlm, extra: &str) -> String {
@@ -465,10 +465,9 @@ async fn chat_plays_a_group_with_only_an_llm_endpoint_configured() {
             .any(|t| t == "alice (console:alice): hi @parlor"),
         "{texts:?}"
     );
-    assert!(
-        stdout(&out).contains("parlor: echo <you (console:you): what did I say?>"),
-        "{}",
-        stdout(&out)
+    assert_contains(
+        &stdout(&out),
+        "parlor: echo <you (console:you): what did I say?>",
     );
 }
 
@@ -491,17 +490,9 @@ async fn a_second_daemon_on_the_same_data_dir_is_refused() {
         .unwrap();
     let second = chat(&fake, data.path(), &["--dm"], "me too\n").await;
     assert!(!second.status.success());
-    assert!(
-        stderr(&second).contains("in use by another parlor process"),
-        "{}",
-        stderr(&second)
-    );
+    assert_contains(&stderr(&second), "in use by another parlor process");
     let first = first.await.unwrap();
-    assert!(
-        stdout(&first).contains("parlor: slow"),
-        "{}",
-        stdout(&first)
-    );
+    assert_contains(&stdout(&first), "parlor: slow");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,11 +526,7 @@ async fn a_systemd_credential_is_the_key_and_an_empty_one_is_an_error() {
         .env("CREDENTIALS_DIRECTORY", &creds))
     .await;
     assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("telegram_token is empty"),
-        "{}",
-        stderr(&out)
-    );
+    assert_contains(&stderr(&out), "telegram_token is empty");
 }
 
 /// The effective user id of this test process.
@@ -600,5 +587,5 @@ async fn chat_is_not_dumpable_so_its_own_user_cannot_read_its_environment() {
         .unwrap()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("hello"), "{}", stdout(&out));
+    assert_contains(&stdout(&out), "hello");
 }
