@@ -325,32 +325,61 @@ async fn stop_and_reset_work_from_the_group() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_kill_9_a_pending_mention_is_answered_once() {
+/// A daemon in the middle of a turn: its model takes 30 s to answer `who`'s private `text`.
+struct MidTurn {
+    /// Kept: the model is still answering.
+    _llm: FakeLlm,
+    telegram: FakeTelegram,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    daemon: Daemon,
+}
+
+async fn mid_turn(who: TgUser, text: &str) -> MidTurn {
     let llm = FakeLlm::start().await;
-    // The first daemon dies while the model is still thinking.
-    llm.push(Reply::text("too late").delay(Duration::from_secs(30)));
+    llm.push(Reply::text("never sent").delay(Duration::from_secs(30)));
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &telegram, "");
-    let first = start(&config, &llm, &telegram).await;
-    telegram.private_message(alice(), "first question").push();
+    let daemon = start(&config, &llm, &telegram).await;
+    telegram.private_message(who, text).push();
     llm.wait_for_requests(1, WAIT).await.unwrap();
-    first.kill9().await;
+    MidTurn {
+        _llm: llm,
+        telegram,
+        dir,
+        config,
+        daemon,
+    }
+}
+
+/// A new daemon on `config` with an echoing model; it must send one message, whose text is
+/// returned.
+async fn restart_echoing(config: &Path, telegram: &FakeTelegram) -> (FakeLlm, Daemon, String) {
+    let llm = FakeLlm::start().await;
+    echo(&llm);
+    let daemon = start(config, &llm, telegram).await;
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    (llm, daemon, sent[0].text.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_a_pending_mention_is_answered_once() {
+    // The first daemon dies while the model is still thinking.
+    let first = mid_turn(alice(), "first question").await;
+    let (telegram, config) = (&first.telegram, &first.config);
+    first.daemon.kill9().await;
     assert!(telegram.sent_messages().is_empty());
 
-    let llm2 = FakeLlm::start().await;
-    echo(&llm2);
-    let second = start(&config, &llm2, &telegram).await;
-    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
-    assert_eq!(sent[0].text, "echo <Alice (telegram:1001): first question>");
+    let (llm2, second, answer) = restart_echoing(config, telegram).await;
+    assert_eq!(answer, "echo <Alice (telegram:1001): first question>");
     // Nothing more: no second answer to the same question after another hard restart.
     // (The kill waits a moment: between Telegram accepting a reply and the outbox marking
     // it sent there is one HTTP round trip in which a kill -9 makes the reply go out again
     // after the restart — the Bot API has no idempotency key to close that window.)
     tokio::time::sleep(Duration::from_millis(500)).await;
     second.kill9().await;
-    let third = start(&config, &llm2, &telegram).await;
+    let third = start(config, &llm2, telegram).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(telegram.sent_messages().len(), 1, "answered twice");
     assert_eq!(llm2.request_count(), 1, "the turn ran twice");
@@ -360,27 +389,17 @@ async fn after_kill_9_a_pending_mention_is_answered_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_a_running_turn_into_pending_and_the_restart_answers_it() {
-    let llm = FakeLlm::start().await;
-    llm.push(Reply::text("slow").delay(Duration::from_secs(30)));
-    let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), &telegram, "");
-    let first = start(&config, &llm, &telegram).await;
-    telegram.private_message(bob(), "are you there?").push();
-    llm.wait_for_requests(1, WAIT).await.unwrap();
-    let (status, log) = first.terminate().await;
+    let first = mid_turn(bob(), "are you there?").await;
+    let (status, log) = first.daemon.terminate().await;
     assert!(status.success(), "{log}");
     assert!(
         log.contains("cancelling"),
         "the grace period ran out: {log}"
     );
-    assert_eq!(open_store(dir.path()).pending().unwrap().len(), 1);
+    assert_eq!(open_store(first.dir.path()).pending().unwrap().len(), 1);
 
-    let llm2 = FakeLlm::start().await;
-    echo(&llm2);
-    let second = start(&config, &llm2, &telegram).await;
-    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
-    assert_eq!(sent[0].text, "echo <Bob (telegram:1002): are you there?>");
+    let (_llm2, second, answer) = restart_echoing(&first.config, &first.telegram).await;
+    assert_eq!(answer, "echo <Bob (telegram:1002): are you there?>");
     second.terminate().await;
 }
 
