@@ -129,6 +129,17 @@ async fn wait_status(service: &TerminalService, id: &str, want: TaskStatus) -> T
     );
 }
 
+/// Waits until process `pid` is gone, for at most 6 s. (It polls: the end of a process that
+/// is not our child has no event to wait on.)
+async fn wait_gone(pid: u32) {
+    for _ in 0..600 {
+        if !process_alive(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn start_bg(tools: &dyn ToolSet, command: &str, description: &str) -> String {
     let r = call(
         tools,
@@ -262,12 +273,7 @@ async fn a_timeout_kills_the_command_and_its_children_and_returns_partial_output
         .strip_prefix("child=")
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("partial output: {out:?}"));
-    for _ in 0..300 {
-        if !process_alive(pid) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_gone(pid).await;
     assert!(
         !process_alive(pid),
         "the backgrounded child {pid} outlived the timeout"
@@ -319,12 +325,7 @@ async fn cancellation_interrupts_and_a_dropped_call_leaves_no_process() {
         .trim()
         .parse()
         .unwrap();
-    for _ in 0..300 {
-        if !process_alive(pid) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_gone(pid).await;
     assert!(!process_alive(pid), "{pid} outlived the dropped call");
     let r = call(
         &*rig.tools,
@@ -508,12 +509,7 @@ async fn task_stop_kills_the_group_and_sends_no_notice() {
     assert!(r.success, "{r:?}");
     assert_eq!(data(&r)["status"], "stopped");
     assert!(!process_alive(row.pgid));
-    for _ in 0..300 {
-        if !process_alive(child) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_gone(child).await;
     assert!(!process_alive(child), "the task's child survived task_stop");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(rig.notes.notices().is_empty(), "no notice after task_stop");
@@ -910,12 +906,7 @@ async fn shutdown_kills_everything_and_the_next_start_tells_once() {
         !process_alive(pgid),
         "the background task outlived shutdown"
     );
-    for _ in 0..300 {
-        if !process_alive(shell_child) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_gone(shell_child).await;
     assert!(
         !process_alive(shell_child),
         "the shell's child outlived shutdown"
