@@ -887,33 +887,16 @@ async fn load_image_fetches_an_image_url_within_the_limits() {
     assert_eq!(label, format!("[image from {url}]"));
     assert_eq!(data_url_bytes(&data_url, "image/png"), bytes);
 
-    let redirected = h
-        .call("load_image", json!({"url": format!("http://{addr}/moved")}))
-        .await;
+    let load = |path: &str| h.call("load_image", json!({"url": format!("http://{addr}{path}")}));
+    let redirected = load("/moved").await;
     assert_eq!(redirected["success"], true, "{redirected:#}");
 
-    let page = h
-        .call("load_image", json!({"url": format!("http://{addr}/page")}))
-        .await;
+    let page = load("/page").await;
     assert_code(&page, NOT_AN_IMAGE);
     assert!(page["message"].as_str().unwrap().contains("text/html"));
-    let fake = h
-        .call(
-            "load_image",
-            json!({"url": format!("http://{addr}/fake.png")}),
-        )
-        .await;
-    assert_code(&fake, NOT_AN_IMAGE);
-    let endless = h
-        .call(
-            "load_image",
-            json!({"url": format!("http://{addr}/endless")}),
-        )
-        .await;
-    assert_code(&endless, IMAGE_TOO_LARGE);
-    let gone = h
-        .call("load_image", json!({"url": format!("http://{addr}/gone")}))
-        .await;
+    assert_code(&load("/fake.png").await, NOT_AN_IMAGE);
+    assert_code(&load("/endless").await, IMAGE_TOO_LARGE);
+    let gone = load("/gone").await;
     assert_code(&gone, "UNAVAILABLE");
     assert!(gone["message"].as_str().unwrap().contains("404"));
 }
