@@ -364,7 +364,7 @@ pub struct TestPlatform {
     next_id: Mutex<u64>,
     wall: WallClock,
     sent: watch::Sender<Vec<Sent>>,
-    attempts: AtomicUsize,
+    attempts: watch::Sender<usize>,
     typing: AtomicUsize,
     next_failures: Mutex<VecDeque<PlatformError>>,
     failure: Mutex<Option<PlatformError>>,
@@ -384,7 +384,7 @@ impl Default for TestPlatform {
             next_id: Mutex::new(1),
             wall: Box::new(Utc::now),
             sent: watch::Sender::new(Vec::new()),
-            attempts: AtomicUsize::new(0),
+            attempts: watch::Sender::new(0),
             typing: AtomicUsize::new(0),
             next_failures: Mutex::default(),
             failure: Mutex::default(),
@@ -512,7 +512,18 @@ impl TestPlatform {
 
     /// Send attempts so far, taken or failed.
     pub fn attempts(&self) -> usize {
-        self.attempts.load(Ordering::SeqCst)
+        *self.attempts.borrow()
+    }
+
+    /// Waits until `n` send attempts were made (taken or failed), for at most
+    /// [`WAIT_LIMIT`].
+    pub async fn wait_attempts(&self, n: usize) {
+        if wait_for(&self.attempts, WAIT_LIMIT, |made| *made >= n)
+            .await
+            .is_none()
+        {
+            panic!("expected {n} send attempts, got {}", self.attempts());
+        }
     }
 
     /// "typing..." calls so far.
@@ -538,7 +549,7 @@ impl Platform for TestPlatform {
         text: &str,
         reply_to: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.attempts.send_modify(|n| *n += 1);
         if let Some(error) = self.next_failures.lock().unwrap().pop_front() {
             return Err(error);
         }

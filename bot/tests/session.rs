@@ -330,12 +330,8 @@ async fn a_reply_the_platform_could_not_take_is_sent_after_restart() {
     down.fail_sends(Some(network_down()));
     let first = rig_with(store.clone(), model(true), down, SessionConfig::default());
     first.say(1, "alice", "@parlor hi").await;
-    for _ in 0..200 {
-        if !store.unsent_outbox().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // A reply is sent from the outbox: once the platform refused it, it is there.
+    first.platform.wait_attempts(1).await;
     assert_eq!(store.unsent_outbox().unwrap().len(), 1);
     drop(first);
 
