@@ -84,8 +84,7 @@ async fn the_todo_reminder_appears_while_the_plan_is_non_empty() {
         text("cleared"),
         text("nothing planned"),
     ]);
-    let agent = agent_with(llm.clone())
-    .fork();
+    let agent = agent_with(llm.clone()).fork();
     let mut history = Vec::new();
     for text in ["plan it", "go on", "clear it", "anything?"] {
         let turn = agent
@@ -186,4 +185,3 @@ async fn the_todo_list_refuses_two_steps_in_progress() {
         "a refused plan is not stored"
     );
 }
-
