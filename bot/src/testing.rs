@@ -7,6 +7,12 @@
 //!   fails as told, knows chat admins.
 //! - [`CrashStore`]: a [`Store`] that "dies" after a number of writes.
 //!
+//! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
+//! a request ([`chat_request`]), an incoming group message ([`message`]), an image
+//! ([`PNG_1X1`]), and the tool results of a conversation ([`tool_results`]). The double of
+//! parlor-toolsets' `Notifier`, which this crate cannot name, is in that crate's
+//! `tests/support`.
+//!
 //! Waiting is on events (a `watch` channel), never on polling: under paused time a wait
 //! lets tokio jump to the next timer, and its bound is tokio time too.
 //!
