@@ -43,6 +43,18 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
     path
 }
 
+/// `parlor tools --config CONFIG --json`, which must succeed: the tools.
+async fn tools_json(config: &Path) -> Value {
+    let out = run(parlor()
+        .arg("tools")
+        .arg("--config")
+        .arg(config)
+        .arg("--json"))
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
+}
+
 /// A validator for one schema of OpenAI's published API schemas.
 fn openai_validator(name: &str) -> jsonschema::Validator {
     let path = concat!(
@@ -169,14 +181,7 @@ name = "house_rules"
 prompt = "Be brief."
 "#,
     );
-    let out = run(parlor()
-        .arg("tools")
-        .arg("--config")
-        .arg(&config)
-        .arg("--json"))
-    .await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    let tools: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let tools = tools_json(&config).await;
     assert_eq!(tools.as_array().unwrap().len(), 1);
     assert_eq!(tools[0]["function"]["name"], "time_now");
 }
@@ -188,14 +193,7 @@ async fn the_terminal_tools_need_an_operator_in_the_catalog() {
         dir.path(),
         "[toolsets]\nenabled = []\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
     );
-    let out = run(parlor()
-        .arg("tools")
-        .arg("--config")
-        .arg(&config)
-        .arg("--json"))
-    .await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    let tools: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let tools = tools_json(&config).await;
     let policy: Vec<(&str, &str, &str)> = tools
         .as_array()
         .unwrap()

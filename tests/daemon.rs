@@ -15,6 +15,9 @@ use tokio::process::Child;
 const TOKEN: &str = "123456:TEST-token";
 const GROUP: i64 = -100_123;
 const WAIT: Duration = Duration::from_secs(30);
+/// Config lines: Alice (telegram:1001) is an operator, and the shell is on, unsandboxed.
+const OPERATOR_SHELL: &str =
+    "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n";
 
 fn alice() -> TgUser {
     TgUser::new(1001, "Alice").username("alice")
@@ -676,11 +679,7 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
     let daemon = start(
-        &config(
-            dir.path(),
-            &telegram,
-            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
-        ),
+        &config(dir.path(), &telegram, OPERATOR_SHELL),
         &llm,
         &telegram,
     )
@@ -770,11 +769,7 @@ async fn a_groups_own_admin_is_refused_the_shell_and_an_operator_may_use_it() {
     // operator (bot.admins).
     telegram.set_admins(GROUP, vec![1002]);
     let daemon = start(
-        &config(
-            dir.path(),
-            &telegram,
-            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
-        ),
+        &config(dir.path(), &telegram, OPERATOR_SHELL),
         &llm,
         &telegram,
     )
@@ -1067,11 +1062,7 @@ async fn the_shell_finds_no_secret_in_the_daemons_environment() {
     llm.push(Reply::text("looked around"));
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
-        "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
-    );
+    let config = config(dir.path(), &telegram, OPERATOR_SHELL);
     let mut command = daemon_command(&config, &llm);
     command.env("OPENAI_API_KEY", KEY);
     let daemon = spawn(command, &telegram).await;
