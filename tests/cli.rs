@@ -32,10 +32,27 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `text` holds `part`; the message shows all of `text`.
+fn assert_contains(text: &str, part: &str) {
+    assert!(text.contains(part), "{text}");
+}
+
 fn write_config(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("config.toml");
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// `parlor tools --config CONFIG --json`, which must succeed: the tools.
+async fn tools_json(config: &Path) -> Value {
+    let out = run(parlor()
+        .arg("tools")
+        .arg("--config")
+        .arg(config)
+        .arg("--json"))
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).unwrap()
 }
 
 /// A validator for one schema of OpenAI's published API schemas.
@@ -164,14 +181,7 @@ name = "house_rules"
 prompt = "Be brief."
 "#,
     );
-    let out = run(parlor()
-        .arg("tools")
-        .arg("--config")
-        .arg(&config)
-        .arg("--json"))
-    .await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    let tools: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let tools = tools_json(&config).await;
     assert_eq!(tools.as_array().unwrap().len(), 1);
     assert_eq!(tools[0]["function"]["name"], "time_now");
 }
@@ -183,14 +193,7 @@ async fn the_terminal_tools_need_an_operator_in_the_catalog() {
         dir.path(),
         "[toolsets]\nenabled = []\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
     );
-    let out = run(parlor()
-        .arg("tools")
-        .arg("--config")
-        .arg(&config)
-        .arg("--json"))
-    .await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    let tools: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let tools = tools_json(&config).await;
     let policy: Vec<(&str, &str, &str)> = tools
         .as_array()
         .unwrap()
@@ -213,10 +216,9 @@ async fn the_terminal_tools_need_an_operator_in_the_catalog() {
         ]
     );
     let out = run(parlor().arg("tools").arg("--config").arg(&config)).await;
-    assert!(
-        stdout(&out).contains("Toolset `terminal` · risk `dangerous` · role `operator`"),
-        "{}",
-        stdout(&out)
+    assert_contains(
+        &stdout(&out),
+        "Toolset `terminal` · risk `dangerous` · role `operator`",
     );
 }
 
@@ -285,11 +287,7 @@ async fn a_broken_config_is_a_clear_error() {
         .arg("tools"))
     .await;
     assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("cannot read config file"),
-        "{}",
-        stderr(&out)
-    );
+    assert_contains(&stderr(&out), "cannot read config file");
 }
 
 fn llm_config(fake: &FakeLlm, extra: &str) -> String {
@@ -391,27 +389,38 @@ async fn ask_reports_an_unreachable_or_failing_model_clearly() {
 }
 
 /// Runs `parlor chat` with `input` on stdin and only the environment as configuration.
-async fn chat(fake: &FakeLlm, data: &Path, args: &[&str], input: &str) -> Output {
-    use tokio::io::AsyncWriteExt;
-    let mut child = parlor()
-        .arg("chat")
+/// `parlor chat ARGS` against the model at `llm_url`, on the data dir `data`, with every
+/// stream piped.
+fn chat_command(llm_url: &str, data: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = parlor();
+    cmd.arg("chat")
         .args(args)
-        .env("OPENAI_BASE_URL", fake.base_url())
-        .env("OPENAI_API_KEY", "sk-test")
-        .env("PARLOR_MODEL", "env-model")
+        .env("OPENAI_BASE_URL", llm_url)
         .env("PARLOR_DATA_DIR", data)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// Writes `input` to the child's stdin, closes it and waits for the child's end.
+async fn finish(mut child: tokio::process::Child, input: &str) -> Output {
+    use tokio::io::AsyncWriteExt;
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(input.as_bytes()).await.unwrap();
     drop(stdin);
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+    child.wait_with_output().await.unwrap()
+}
+
+async fn chat(fake: &FakeLlm, data: &Path, args: &[&str], input: &str) -> Output {
+    let child = chat_command(&fake.base_url(), data, args)
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("PARLOR_MODEL", "env-model")
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), finish(child, input))
         .await
         .expect("parlor chat did not finish")
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,10 +463,9 @@ async fn chat_plays_a_group_with_only_an_llm_endpoint_configured() {
             .any(|t| t == "alice (console:alice): hi @parlor"),
         "{texts:?}"
     );
-    assert!(
-        stdout(&out).contains("parlor: echo <you (console:you): what did I say?>"),
-        "{}",
-        stdout(&out)
+    assert_contains(
+        &stdout(&out),
+        "parlor: echo <you (console:you): what did I say?>",
     );
 }
 
@@ -471,20 +479,8 @@ async fn a_second_daemon_on_the_same_data_dir_is_refused() {
         let fake_url = fake.base_url();
         let dir = data.path().to_owned();
         tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            let mut child = parlor()
-                .args(["chat", "--dm"])
-                .env("OPENAI_BASE_URL", fake_url)
-                .env("PARLOR_DATA_DIR", &dir)
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut stdin = child.stdin.take().unwrap();
-            stdin.write_all(b"hello\n").await.unwrap();
-            drop(stdin);
-            child.wait_with_output().await.unwrap()
+            let child = chat_command(&fake_url, &dir, &["--dm"]).spawn().unwrap();
+            finish(child, "hello\n").await
         })
     };
     fake.wait_for_requests(1, Duration::from_secs(30))
@@ -492,17 +488,9 @@ async fn a_second_daemon_on_the_same_data_dir_is_refused() {
         .unwrap();
     let second = chat(&fake, data.path(), &["--dm"], "me too\n").await;
     assert!(!second.status.success());
-    assert!(
-        stderr(&second).contains("in use by another parlor process"),
-        "{}",
-        stderr(&second)
-    );
+    assert_contains(&stderr(&second), "in use by another parlor process");
     let first = first.await.unwrap();
-    assert!(
-        stdout(&first).contains("parlor: slow"),
-        "{}",
-        stdout(&first)
-    );
+    assert_contains(&stdout(&first), "parlor: slow");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -536,11 +524,7 @@ async fn a_systemd_credential_is_the_key_and_an_empty_one_is_an_error() {
         .env("CREDENTIALS_DIRECTORY", &creds))
     .await;
     assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("telegram_token is empty"),
-        "{}",
-        stderr(&out)
-    );
+    assert_contains(&stderr(&out), "telegram_token is empty");
 }
 
 /// The effective user id of this test process.
@@ -564,14 +548,8 @@ async fn chat_is_not_dumpable_so_its_own_user_cannot_read_its_environment() {
     if as_other {
         std::os::unix::fs::chown(data.path(), Some(NOBODY), Some(NOBODY)).unwrap();
     }
-    let mut cmd = parlor();
-    cmd.args(["chat", "--dm"])
-        .env("OPENAI_BASE_URL", fake.base_url())
-        .env("OPENAI_API_KEY", "sk-dumpable-check-1618")
-        .env("PARLOR_DATA_DIR", data.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    let mut cmd = chat_command(&fake.base_url(), data.path(), &["--dm"]);
+    cmd.env("OPENAI_API_KEY", "sk-dumpable-check-1618");
     if as_other {
         cmd.as_std_mut().uid(NOBODY).gid(NOBODY);
     }
@@ -607,5 +585,5 @@ async fn chat_is_not_dumpable_so_its_own_user_cannot_read_its_environment() {
         .unwrap()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).contains("hello"), "{}", stdout(&out));
+    assert_contains(&stdout(&out), "hello");
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
+use parlor_bot::testing::PNG_1X1;
 use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
@@ -14,6 +15,9 @@ use tokio::process::Child;
 const TOKEN: &str = "123456:TEST-token";
 const GROUP: i64 = -100_123;
 const WAIT: Duration = Duration::from_secs(30);
+/// Config lines: Alice (telegram:1001) is an operator, and the shell is on, unsandboxed.
+const OPERATOR_SHELL: &str =
+    "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n";
 
 fn alice() -> TgUser {
     TgUser::new(1001, "Alice").username("alice")
@@ -123,6 +127,14 @@ async fn spawn(mut command: tokio::process::Command, telegram: &FakeTelegram) ->
         .await
         .unwrap_or_else(|e| panic!("the daemon never polled: {e}\n{}", log.lock().unwrap()));
     Daemon { child, log }
+}
+
+/// `user` sends the command `text` (a bot command entity over all of it) in the group.
+fn command(telegram: &FakeTelegram, user: TgUser, text: &str) {
+    telegram
+        .group_message(GROUP, user, text)
+        .command(text)
+        .push();
 }
 
 fn echo(llm: &FakeLlm) {
@@ -292,30 +304,18 @@ async fn stop_and_reset_work_from_the_group() {
         .mention_bot()
         .push();
     llm.wait_for_requests(1, WAIT).await.unwrap();
-    telegram
-        .group_message(GROUP, bob(), "/stop")
-        .command("/stop")
-        .push();
+    command(&telegram, bob(), "/stop");
     let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
     assert_eq!(sent[0].text, "Stopped.");
 
-    telegram
-        .group_message(GROUP, bob(), "/reset@parlor_bot")
-        .command("/reset@parlor_bot")
-        .push();
+    command(&telegram, bob(), "/reset@parlor_bot");
     let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
     assert_eq!(sent[1].text, "Only an admin can reset this chat.");
-    telegram
-        .group_message(GROUP, alice(), "/reset")
-        .command("/reset")
-        .push();
+    command(&telegram, alice(), "/reset");
     let sent = telegram.wait_for_sent(3, WAIT).await.unwrap();
     assert!(sent[2].text.starts_with("Done"), "{}", sent[2].text);
     // A command for another bot is not ours.
-    telegram
-        .group_message(GROUP, alice(), "/reset@other_bot")
-        .command("/reset@other_bot")
-        .push();
+    command(&telegram, alice(), "/reset@other_bot");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(telegram.sent_messages().len(), 3);
     let (status, log) = daemon.terminate().await;
@@ -328,32 +328,61 @@ async fn stop_and_reset_work_from_the_group() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_kill_9_a_pending_mention_is_answered_once() {
+/// A daemon in the middle of a turn: its model takes 30 s to answer `who`'s private `text`.
+struct MidTurn {
+    /// Kept: the model is still answering.
+    _llm: FakeLlm,
+    telegram: FakeTelegram,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    daemon: Daemon,
+}
+
+async fn mid_turn(who: TgUser, text: &str) -> MidTurn {
     let llm = FakeLlm::start().await;
-    // The first daemon dies while the model is still thinking.
-    llm.push(Reply::text("too late").delay(Duration::from_secs(30)));
+    llm.push(Reply::text("never sent").delay(Duration::from_secs(30)));
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &telegram, "");
-    let first = start(&config, &llm, &telegram).await;
-    telegram.private_message(alice(), "first question").push();
+    let daemon = start(&config, &llm, &telegram).await;
+    telegram.private_message(who, text).push();
     llm.wait_for_requests(1, WAIT).await.unwrap();
-    first.kill9().await;
+    MidTurn {
+        _llm: llm,
+        telegram,
+        dir,
+        config,
+        daemon,
+    }
+}
+
+/// A new daemon on `config` with an echoing model; it must send one message, whose text is
+/// returned.
+async fn restart_echoing(config: &Path, telegram: &FakeTelegram) -> (FakeLlm, Daemon, String) {
+    let llm = FakeLlm::start().await;
+    echo(&llm);
+    let daemon = start(config, &llm, telegram).await;
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    (llm, daemon, sent[0].text.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_a_pending_mention_is_answered_once() {
+    // The first daemon dies while the model is still thinking.
+    let first = mid_turn(alice(), "first question").await;
+    let (telegram, config) = (&first.telegram, &first.config);
+    first.daemon.kill9().await;
     assert!(telegram.sent_messages().is_empty());
 
-    let llm2 = FakeLlm::start().await;
-    echo(&llm2);
-    let second = start(&config, &llm2, &telegram).await;
-    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
-    assert_eq!(sent[0].text, "echo <Alice (telegram:1001): first question>");
+    let (llm2, second, answer) = restart_echoing(config, telegram).await;
+    assert_eq!(answer, "echo <Alice (telegram:1001): first question>");
     // Nothing more: no second answer to the same question after another hard restart.
     // (The kill waits a moment: between Telegram accepting a reply and the outbox marking
     // it sent there is one HTTP round trip in which a kill -9 makes the reply go out again
     // after the restart — the Bot API has no idempotency key to close that window.)
     tokio::time::sleep(Duration::from_millis(500)).await;
     second.kill9().await;
-    let third = start(&config, &llm2, &telegram).await;
+    let third = start(config, &llm2, telegram).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(telegram.sent_messages().len(), 1, "answered twice");
     assert_eq!(llm2.request_count(), 1, "the turn ran twice");
@@ -363,27 +392,17 @@ async fn after_kill_9_a_pending_mention_is_answered_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_a_running_turn_into_pending_and_the_restart_answers_it() {
-    let llm = FakeLlm::start().await;
-    llm.push(Reply::text("slow").delay(Duration::from_secs(30)));
-    let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), &telegram, "");
-    let first = start(&config, &llm, &telegram).await;
-    telegram.private_message(bob(), "are you there?").push();
-    llm.wait_for_requests(1, WAIT).await.unwrap();
-    let (status, log) = first.terminate().await;
+    let first = mid_turn(bob(), "are you there?").await;
+    let (status, log) = first.daemon.terminate().await;
     assert!(status.success(), "{log}");
     assert!(
         log.contains("cancelling"),
         "the grace period ran out: {log}"
     );
-    assert_eq!(open_store(dir.path()).pending().unwrap().len(), 1);
+    assert_eq!(open_store(first.dir.path()).pending().unwrap().len(), 1);
 
-    let llm2 = FakeLlm::start().await;
-    echo(&llm2);
-    let second = start(&config, &llm2, &telegram).await;
-    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
-    assert_eq!(sent[0].text, "echo <Bob (telegram:1002): are you there?>");
+    let (_llm2, second, answer) = restart_echoing(&first.config, &first.telegram).await;
+    assert_eq!(answer, "echo <Bob (telegram:1002): are you there?>");
     second.terminate().await;
 }
 
@@ -660,11 +679,7 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
     let daemon = start(
-        &config(
-            dir.path(),
-            &telegram,
-            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
-        ),
+        &config(dir.path(), &telegram, OPERATOR_SHELL),
         &llm,
         &telegram,
     )
@@ -706,6 +721,19 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
     assert!(status.success(), "{log}");
 }
 
+/// The results of the tool call `call_id` the model received, one per request that ends in
+/// it.
+fn tool_results_of(llm: &FakeLlm, call_id: &str) -> Vec<serde_json::Value> {
+    llm.requests()
+        .iter()
+        .filter_map(|r| {
+            let last = r.messages().last()?.clone();
+            (last["role"] == "tool" && last["tool_call_id"] == call_id)
+                .then(|| serde_json::from_str(last["content"].as_str()?).ok())?
+        })
+        .collect()
+}
+
 /// The JSON of the last tool result in a request the model received.
 fn last_tool_result(request: &parlor_testkit::RecordedRequest) -> serde_json::Value {
     let message = request
@@ -741,11 +769,7 @@ async fn a_groups_own_admin_is_refused_the_shell_and_an_operator_may_use_it() {
     // operator (bot.admins).
     telegram.set_admins(GROUP, vec![1002]);
     let daemon = start(
-        &config(
-            dir.path(),
-            &telegram,
-            "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
-        ),
+        &config(dir.path(), &telegram, OPERATOR_SHELL),
         &llm,
         &telegram,
     )
@@ -853,18 +877,8 @@ fn with_vision(path: PathBuf) -> PathBuf {
     path
 }
 
-/// A valid 1×1 PNG.
-const PNG_1X1: &[u8] = &[
-    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
-    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
-    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
-    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
-    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
-];
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
-    use parlor_testkit::ToolCallSpec;
+/// A daemon with vision on, and Telegram holding the photo `photo-1` ([`PNG_1X1`]).
+async fn vision_daemon() -> (FakeLlm, FakeTelegram, tempfile::TempDir, Daemon) {
     let llm = FakeLlm::start().await;
     let telegram = FakeTelegram::start(TOKEN).await;
     telegram.add_file("photo-1", PNG_1X1.to_vec());
@@ -875,6 +889,23 @@ async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
         &telegram,
     )
     .await;
+    (llm, telegram, dir, daemon)
+}
+
+/// The group's stored history, as JSON.
+fn stored_history(dir: &Path) -> String {
+    serde_json::to_string(
+        &open_store(dir)
+            .load_history(&format!("telegram:{GROUP}"))
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
+    use parlor_testkit::ToolCallSpec;
+    let (llm, telegram, dir, daemon) = vision_daemon().await;
     let photo = telegram
         .group_message(GROUP, bob(), "our summit picture")
         .photo("photo-1", PNG_1X1.len() as u64)
@@ -912,12 +943,7 @@ async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
     daemon.terminate().await;
 
     // The picture was for that turn: the stored history keeps its label, not its bytes.
-    let history = serde_json::to_string(
-        &open_store(dir.path())
-            .load_history(&format!("telegram:{GROUP}"))
-            .unwrap(),
-    )
-    .unwrap();
+    let history = stored_history(dir.path());
     assert!(!history.contains("data:"), "{history}");
     assert!(
         history.contains(&format!("[image from message {photo} by Bob]")),
@@ -928,16 +954,7 @@ async fn load_image_puts_a_photo_of_the_chat_into_the_next_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_photo_is_shown_in_its_own_turn_and_only_named_after_it() {
     use base64::Engine as _;
-    let llm = FakeLlm::start().await;
-    let telegram = FakeTelegram::start(TOKEN).await;
-    telegram.add_file("photo-1", PNG_1X1.to_vec());
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = start(
-        &with_vision(config(dir.path(), &telegram, "")),
-        &llm,
-        &telegram,
-    )
-    .await;
+    let (llm, telegram, dir, daemon) = vision_daemon().await;
     llm.push(Reply::text("A tiny picture."));
     llm.push(Reply::text("Still tiny."));
     let photo = telegram
@@ -971,12 +988,7 @@ async fn a_photo_is_shown_in_its_own_turn_and_only_named_after_it() {
     );
     daemon.terminate().await;
 
-    let history = serde_json::to_string(
-        &open_store(dir.path())
-            .load_history(&format!("telegram:{GROUP}"))
-            .unwrap(),
-    )
-    .unwrap();
+    let history = stored_history(dir.path());
     assert!(!history.contains("data:"), "{history}");
     assert!(!history.contains(&encoded), "{history}");
     assert!(history.contains(r#""file_id":"photo-1""#), "{history}");
@@ -1019,15 +1031,7 @@ async fn memory_survives_a_restart_and_stays_in_its_group() {
         let n = if chat == GROUP { 2 } else { 3 };
         telegram.wait_for_sent(n, WAIT).await.unwrap();
     }
-    let results: Vec<serde_json::Value> = llm
-        .requests()
-        .iter()
-        .filter_map(|r| {
-            let last = r.messages().last()?.clone();
-            (last["role"] == "tool" && last["tool_call_id"] == "r")
-                .then(|| serde_json::from_str(last["content"].as_str()?).ok())?
-        })
-        .collect();
+    let results = tool_results_of(&llm, "r");
     assert_eq!(results.len(), 2);
     assert_eq!(results[0]["success"], true, "{}", results[0]);
     assert!(results[0].to_string().contains("hikes on Sundays"));
@@ -1058,11 +1062,7 @@ async fn the_shell_finds_no_secret_in_the_daemons_environment() {
     llm.push(Reply::text("looked around"));
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
-        "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n",
-    );
+    let config = config(dir.path(), &telegram, OPERATOR_SHELL);
     let mut command = daemon_command(&config, &llm);
     command.env("OPENAI_API_KEY", KEY);
     let daemon = spawn(command, &telegram).await;
@@ -1090,14 +1090,9 @@ async fn the_shell_finds_no_secret_in_the_daemons_environment() {
         .mention_bot()
         .push();
     telegram.wait_for_sent(1, WAIT).await.unwrap();
-    let result: serde_json::Value = llm
-        .requests()
-        .iter()
-        .find_map(|r| {
-            let last = r.messages().last()?.clone();
-            (last["role"] == "tool" && last["tool_call_id"] == "c1")
-                .then(|| serde_json::from_str(last["content"].as_str()?).ok())?
-        })
+    let result = tool_results_of(&llm, "c1")
+        .into_iter()
+        .next()
         .expect("no request carried the shell's result");
     assert_eq!(result["success"], true, "{result}");
     let output = result["data"]["output"].as_str().unwrap_or_default();

@@ -4,16 +4,15 @@
 //! service handed the fire to the session, against when it was due.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use chrono::{SecondsFormat, TimeDelta, Utc};
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError};
-use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
+use parlor_bot::llm::Completion;
+use parlor_bot::platform::{ChatRef, Platform};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::testing::{ScriptedLlm, TestPlatform};
 use parlor_bot::tool::{Caller, Role, ToolRegistry};
 use parlor_toolsets::clock::{ClockHandle, ClockOptions, ClockService, MissedPolicy, NewClock};
 use serde_json::Value;
@@ -31,54 +30,6 @@ const LEAD: Duration = Duration::from_secs(4);
 const REAL_CREATES: usize = 300;
 /// The store space of clock tasks.
 const TASKS_SPACE: &str = parlor_toolsets::clock::handle::TASKS;
-
-struct Instant0;
-
-#[async_trait]
-impl LlmBackend for Instant0 {
-    async fn stream(
-        &self,
-        _request: &ChatRequest,
-        _cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        Ok(Completion {
-            content: "done".into(),
-            ..Completion::default()
-        })
-    }
-}
-
-#[derive(Default)]
-struct Counting {
-    posts: AtomicUsize,
-}
-
-#[async_trait]
-impl Platform for Counting {
-    fn name(&self) -> &str {
-        "bench"
-    }
-    async fn send_message(
-        &self,
-        _chat: &ChatRef,
-        _text: &str,
-        _reply_to: Option<&str>,
-    ) -> Result<SentMessage, PlatformError> {
-        let n = self.posts.fetch_add(1, Ordering::SeqCst);
-        Ok(SentMessage {
-            message_ids: vec![n.to_string()],
-        })
-    }
-    async fn send_typing(&self, _chat: &ChatRef) -> Result<(), PlatformError> {
-        Ok(())
-    }
-    async fn chat_admins(&self, _chat: &ChatRef) -> Result<Vec<String>, PlatformError> {
-        Ok(Vec::new())
-    }
-    async fn download_image(&self, _image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        Err(PlatformError::NotFound("no images".into()))
-    }
-}
 
 /// What the clock phase measured.
 pub struct ClockFigures {
@@ -108,17 +59,19 @@ pub async fn run(rss: impl Fn() -> u64) -> ClockFigures {
         ..ClockOptions::default()
     };
     let handle = ClockHandle::new(store.clone() as Arc<dyn Store>, options);
-    let platform = Arc::new(Counting::default());
+    // The platform only counts posts; the model answers at once.
+    let platform = TestPlatform::default().named("bench").shared();
     let registry = match ToolRegistry::new(vec![]) {
         Ok(r) => r,
         Err(e) => return failed(format!("tool registry: {e}")),
     };
-    let agent = Agent::new(
-        Arc::new(Instant0),
-        registry,
-        "bench",
-        AgentConfig::default(),
-    );
+    let model = ScriptedLlm::answering(|_, _| {
+        Ok(Completion {
+            content: "done".into(),
+            ..Completion::default()
+        })
+    });
+    let agent = Agent::new(model.shared(), registry, "bench", AgentConfig::default());
     let sessions = SessionManager::new(
         store.clone() as Arc<dyn Store>,
         agent,
@@ -231,7 +184,7 @@ pub async fn run(rss: impl Fn() -> u64) -> ClockFigures {
         fired: lateness.len(),
         lateness_ms: lateness,
         rss_delta,
-        posts: platform.posts.load(Ordering::SeqCst),
+        posts: platform.sent().len(),
         error: None,
     }
 }

@@ -1,37 +1,208 @@
 //! Test doubles shared by every crate's tests, behind the `test-util` feature: one double
 //! per trait, so a change to a trait is made once here and not in each test file.
 //!
-//! Not for production: nothing here has a timeout or a bound, and locks are unwrapped
-//! (a poisoned lock in a test is the test's failure).
+//! - [`ScriptedLlm`]: the model ([`LlmBackend`]): a script of answers, then a fallback
+//!   (an error, an echo, or any function of the request), optionally held at a gate.
+//! - [`TestPlatform`]: the chat platform ([`Platform`]): records every send, serves images,
+//!   fails as told, knows chat admins.
+//! - [`CrashStore`]: a [`Store`] that "dies" after a number of writes.
+//!
+//! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
+//! a request ([`chat_request`]), an incoming group message ([`message`]), an image
+//! ([`PNG_1X1`]), and the tool results of a conversation ([`tool_results`]). The double of
+//! parlor-toolsets' `Notifier`, which this crate cannot name, is in that crate's
+//! `tests/support`.
+//!
+//! Waiting is on events (a `watch` channel), never on polling: under paused time a wait
+//! lets tokio jump to the next timer, and its bound is tokio time too.
+//!
+//! Not for production: nothing here has a bound on memory, and locks are unwrapped (a
+//! poisoned lock in a test is the test's failure).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::llm::{ChatRequest, Completion, LlmBackend, LlmError, ToolCall, Usage};
+use crate::llm::{ChatRequest, Completion, LlmBackend, LlmError, Message, ToolCall, Usage};
+use crate::platform::{
+    ChatKind, ChatRef, ImageRef, IncomingMessage, Platform, PlatformError, Sender, SentMessage,
+};
+use crate::store::{
+    Inbound, Intake, KvWrite, MemoryStore, OutboxEntry, PendingItem, Store, StoreError,
+    StoredMessage, TurnCommit,
+};
 
-/// A model that answers from a script and records every request.
-#[derive(Default)]
+/// How long a `wait_*` of these doubles waits (tokio time) before it fails the test.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
+
+/// Waits until `value` satisfies `done` for at most `limit` of tokio time; `None` when it
+/// did not.
+async fn wait_for<T: Clone>(
+    value: &watch::Sender<T>,
+    limit: Duration,
+    done: impl FnMut(&T) -> bool,
+) -> Option<T> {
+    let mut seen = value.subscribe();
+    let waited = tokio::time::timeout(limit, seen.wait_for(done)).await;
+    match waited {
+        Ok(Ok(v)) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The model
+
+type Answer = Box<dyn Fn(&ChatRequest, usize) -> Result<Completion, LlmError> + Send + Sync>;
+type RequestTest = Box<dyn Fn(&ChatRequest) -> bool + Send + Sync>;
+
+/// A model that answers from a script and records every request (with when it came).
+///
+/// Each request is recorded, then waits at the gate when the model is
+/// [gated](ScriptedLlm::gated) (until [`release`](ScriptedLlm::release) or cancellation),
+/// then takes the next scripted answer (only a request that
+/// [`script_when`](ScriptedLlm::script_when) accepts takes one); with the script empty it
+/// gets the fallback: "script exhausted" ([`LlmError::Malformed`]) unless built with
+/// [`echo`](ScriptedLlm::echo) or [`answering`](ScriptedLlm::answering).
 pub struct ScriptedLlm {
-    replies: Mutex<VecDeque<Completion>>,
-    requests: Mutex<Vec<ChatRequest>>,
+    script: Mutex<VecDeque<Result<Completion, LlmError>>>,
+    takes_script: Option<RequestTest>,
+    answer: Answer,
+    gate: Semaphore,
+    gated: Option<RequestTest>,
+    log: watch::Sender<Vec<(ChatRequest, Instant)>>,
+}
+
+impl Default for ScriptedLlm {
+    fn default() -> Self {
+        ScriptedLlm {
+            script: Mutex::default(),
+            takes_script: None,
+            answer: Box::new(|_, _| Err(LlmError::Malformed("script exhausted".into()))),
+            gate: Semaphore::new(0),
+            gated: None,
+            log: watch::Sender::new(Vec::new()),
+        }
+    }
 }
 
 impl ScriptedLlm {
     /// A model that gives `replies` in order, then fails as malformed.
     pub fn new(replies: Vec<Completion>) -> Arc<Self> {
-        Arc::new(ScriptedLlm {
-            replies: Mutex::new(replies.into()),
-            requests: Mutex::default(),
-        })
+        Self::results(replies.into_iter().map(Ok).collect()).shared()
+    }
+
+    /// A model that gives `results` (answers and errors) in order, then fails as malformed.
+    pub fn results(results: Vec<Result<Completion, LlmError>>) -> Self {
+        ScriptedLlm {
+            script: Mutex::new(results.into()),
+            ..ScriptedLlm::default()
+        }
+    }
+
+    /// A model that answers a user message with `reply: <its last line>` and a tool result
+    /// with `done: <the result>` (see [`echo`]).
+    pub fn echo() -> Self {
+        Self::answering(|request, _| Ok(echo(request)))
+    }
+
+    /// A model whose fallback answer is `answer(request, requests so far)`; the count
+    /// includes this request and is read once the request has passed the gate.
+    pub fn answering(
+        answer: impl Fn(&ChatRequest, usize) -> Result<Completion, LlmError> + Send + Sync + 'static,
+    ) -> Self {
+        ScriptedLlm {
+            answer: Box::new(answer),
+            ..ScriptedLlm::default()
+        }
+    }
+
+    /// Every request waits at the gate for a [`release`](ScriptedLlm::release).
+    pub fn gated(self) -> Self {
+        self.gated_when(|_| true)
+    }
+
+    /// The requests whose last message (user text or tool result) contains `word` wait at
+    /// the gate.
+    pub fn gated_on(self, word: &str) -> Self {
+        let word = word.to_owned();
+        self.gated_when(move |request| last_text(request).contains(&word))
+    }
+
+    /// The requests `test` accepts wait at the gate.
+    pub fn gated_when(
+        mut self,
+        test: impl Fn(&ChatRequest) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.gated = Some(Box::new(test));
+        self
+    }
+
+    /// Only the requests `test` accepts take a scripted answer; the others get the
+    /// fallback.
+    pub fn script_when(
+        mut self,
+        test: impl Fn(&ChatRequest) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.takes_script = Some(Box::new(test));
+        self
+    }
+
+    pub fn shared(self) -> Arc<Self> {
+        Arc::new(self)
+    }
+
+    /// Lets `n` more gated requests through.
+    pub fn release(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+
+    /// Appends an answer to the script.
+    pub fn push(&self, result: Result<Completion, LlmError>) {
+        self.script.lock().unwrap().push_back(result);
     }
 
     /// Every request so far.
     pub fn requests(&self) -> Vec<ChatRequest> {
-        self.requests.lock().unwrap().clone()
+        self.log.borrow().iter().map(|(r, _)| r.clone()).collect()
+    }
+
+    /// When each request came (tokio time).
+    pub fn request_times(&self) -> Vec<Instant> {
+        self.log.borrow().iter().map(|(_, at)| *at).collect()
+    }
+
+    /// The text of the user message that ends each request; panics when one ends in
+    /// something else.
+    pub fn user_inputs(&self) -> Vec<String> {
+        self.log
+            .borrow()
+            .iter()
+            .map(|(r, _)| match r.messages.last() {
+                Some(Message::User { content }) => content.text(),
+                other => panic!("last message is not the user's: {other:?}"),
+            })
+            .collect()
+    }
+
+    /// Waits until `n` requests have come (a gated one is then held at the gate); the
+    /// requests so far.
+    pub async fn wait_requests(&self, n: usize) -> Vec<ChatRequest> {
+        if wait_for(&self.log, WAIT_LIMIT, |log| log.len() >= n)
+            .await
+            .is_none()
+        {
+            panic!("expected {n} requests, got {:?}", self.requests());
+        }
+        self.requests()
     }
 }
 
@@ -40,14 +211,65 @@ impl LlmBackend for ScriptedLlm {
     async fn stream(
         &self,
         request: &ChatRequest,
-        _cancel: &CancellationToken,
+        cancel: &CancellationToken,
     ) -> Result<Completion, LlmError> {
-        self.requests.lock().unwrap().push(request.clone());
-        self.replies
-            .lock()
-            .unwrap()
-            .pop_front()
-            .ok_or_else(|| LlmError::Malformed("script exhausted".into()))
+        self.log
+            .send_modify(|log| log.push((request.clone(), Instant::now())));
+        if self.gated.as_ref().is_some_and(|test| test(request)) {
+            let permit = tokio::select! {
+                p = self.gate.acquire() => p,
+                () = cancel.cancelled() => return Err(LlmError::Cancelled),
+            };
+            permit.expect("gate closed").forget();
+        }
+        if self.takes_script.as_ref().is_none_or(|test| test(request)) {
+            let next = self.script.lock().unwrap().pop_front();
+            if let Some(next) = next {
+                return next;
+            }
+        }
+        let count = self.log.borrow().len();
+        (self.answer)(request, count)
+    }
+}
+
+/// The text of a request's last message: a user's text or a tool's result; empty for
+/// anything else.
+pub fn last_text(request: &ChatRequest) -> String {
+    match request.messages.last() {
+        Some(Message::User { content }) => content.text(),
+        Some(Message::Tool { content, .. }) => content.clone(),
+        _ => String::new(),
+    }
+}
+
+/// The echo answer: `reply: <last line of the user's text>` to a user message,
+/// `done: <result>` to a tool result, `reply: ` to anything else. No usage, no finish
+/// reason.
+pub fn echo(request: &ChatRequest) -> Completion {
+    let content = match request.messages.last() {
+        Some(Message::Tool { content, .. }) => format!("done: {content}"),
+        _ => format!(
+            "reply: {}",
+            last_text(request).lines().last().unwrap_or_default()
+        ),
+    };
+    Completion {
+        content,
+        ..Completion::default()
+    }
+}
+
+/// A request for `model` with `messages` and nothing else (no tools, no sampling settings).
+pub fn chat_request(model: &str, messages: Vec<Message>) -> ChatRequest {
+    ChatRequest {
+        model: model.to_owned(),
+        messages,
+        tools: Vec::new(),
+        tool_choice: None,
+        parallel_tool_calls: None,
+        temperature: None,
+        max_completion_tokens: None,
     }
 }
 
@@ -79,11 +301,11 @@ pub fn calls(calls: &[(&str, &str, serde_json::Value)]) -> Completion {
 
 /// The tool results among `messages`, as `(call id, parsed JSON)`; a result that is not
 /// JSON comes back as a JSON string.
-pub fn tool_results(messages: &[crate::llm::Message]) -> Vec<(String, serde_json::Value)> {
+pub fn tool_results(messages: &[Message]) -> Vec<(String, serde_json::Value)> {
     messages
         .iter()
         .filter_map(|m| match m {
-            crate::llm::Message::Tool {
+            Message::Tool {
                 tool_call_id,
                 content,
             } => Some((
@@ -93,4 +315,452 @@ pub fn tool_results(messages: &[crate::llm::Message]) -> Vec<(String, serde_json
             _ => None,
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The platform
+
+/// A valid 1×1 PNG.
+pub const PNG_1X1: &[u8] = &[
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
+    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
+    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
+];
+
+/// One message a [`TestPlatform`] took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    pub chat: ChatRef,
+    pub text: String,
+    pub reply_to: Option<String>,
+    /// The id the platform gave it.
+    pub id: String,
+    /// Tokio's clock when it was sent.
+    pub at: Instant,
+    /// Wall time when it was sent, by the platform's [wall clock](TestPlatform::wall_clock).
+    pub wall: DateTime<Utc>,
+}
+
+/// What a [`TestPlatform`] does for one image file id.
+#[derive(Debug, Clone)]
+enum Image {
+    Bytes(Vec<u8>),
+    /// Never answers.
+    Hangs,
+}
+
+type WallClock = Box<dyn Fn() -> DateTime<Utc> + Send + Sync>;
+
+/// A chat platform in memory.
+///
+/// Sends are recorded ([`sent`](TestPlatform::sent), [`wait_sent`](TestPlatform::wait_sent))
+/// with ids `bot-1`, `bot-2`, ... (see [`ids`](TestPlatform::ids)); an attempt may be made
+/// to fail: the next ones ([`fail_next`](TestPlatform::fail_next)), every one
+/// ([`fail_sends`](TestPlatform::fail_sends)) or those into one chat
+/// ([`fail_sends_in`](TestPlatform::fail_sends_in)), checked in that order. Images are
+/// served by file id ([`serve`](TestPlatform::serve), [`serve_any`](TestPlatform::serve_any),
+/// [`hang`](TestPlatform::hang)), any other is not found. Chat admins are set per chat or
+/// for every chat. Its name (the session-key prefix) is `test` unless
+/// [`named`](TestPlatform::named).
+pub struct TestPlatform {
+    name: String,
+    id_prefix: String,
+    next_id: Mutex<u64>,
+    wall: WallClock,
+    sent: watch::Sender<Vec<Sent>>,
+    attempts: watch::Sender<usize>,
+    typing: AtomicUsize,
+    next_failures: Mutex<VecDeque<PlatformError>>,
+    failure: Mutex<Option<PlatformError>>,
+    chat_failures: Mutex<HashMap<String, PlatformError>>,
+    admins: Mutex<HashMap<String, Vec<String>>>,
+    admins_everywhere: Mutex<Vec<String>>,
+    images: Mutex<HashMap<String, Image>>,
+    any_image: Mutex<Option<Vec<u8>>>,
+    downloads: Mutex<Vec<String>>,
+}
+
+impl Default for TestPlatform {
+    fn default() -> Self {
+        TestPlatform {
+            name: "test".into(),
+            id_prefix: "bot-".into(),
+            next_id: Mutex::new(1),
+            wall: Box::new(Utc::now),
+            sent: watch::Sender::new(Vec::new()),
+            attempts: watch::Sender::new(0),
+            typing: AtomicUsize::new(0),
+            next_failures: Mutex::default(),
+            failure: Mutex::default(),
+            chat_failures: Mutex::default(),
+            admins: Mutex::default(),
+            admins_everywhere: Mutex::default(),
+            images: Mutex::default(),
+            any_image: Mutex::default(),
+            downloads: Mutex::default(),
+        }
+    }
+}
+
+impl TestPlatform {
+    /// A platform named `test`, with the defaults.
+    pub fn new() -> Arc<Self> {
+        TestPlatform::default().shared()
+    }
+
+    /// Named `name` (`telegram`, say): the prefix of its chats' session keys.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// Message ids `{prefix}{first}`, `{prefix}{first + 1}`, ...; a failed attempt takes
+    /// none.
+    pub fn ids(mut self, prefix: &str, first: u64) -> Self {
+        self.id_prefix = prefix.to_owned();
+        self.next_id = Mutex::new(first);
+        self
+    }
+
+    /// Where [`Sent::wall`] is read (`Utc::now` unless set).
+    pub fn wall_clock(mut self, now: impl Fn() -> DateTime<Utc> + Send + Sync + 'static) -> Self {
+        self.wall = Box::new(now);
+        self
+    }
+
+    pub fn shared(self) -> Arc<Self> {
+        Arc::new(self)
+    }
+
+    /// Fails the next send attempt with `error` (each call one more attempt).
+    pub fn fail_next(&self, error: PlatformError) {
+        self.next_failures.lock().unwrap().push_back(error);
+    }
+
+    /// Fails every send attempt with `error`; `None` takes sends again.
+    pub fn fail_sends(&self, error: Option<PlatformError>) {
+        *self.failure.lock().unwrap() = error;
+    }
+
+    /// Fails every send attempt into `chat` with `error`; `None` takes them again.
+    pub fn fail_sends_in(&self, chat: &ChatRef, error: Option<PlatformError>) {
+        let mut failures = self.chat_failures.lock().unwrap();
+        match error {
+            Some(error) => failures.insert(chat.session_key(), error),
+            None => failures.remove(&chat.session_key()),
+        };
+    }
+
+    /// The admins of `chat` (platform-qualified ids).
+    pub fn set_admins(&self, chat: &ChatRef, admins: &[&str]) {
+        self.admins.lock().unwrap().insert(
+            chat.session_key(),
+            admins.iter().map(|a| (*a).to_owned()).collect(),
+        );
+    }
+
+    /// The admins of every chat without its own.
+    pub fn set_admins_everywhere(&self, admins: &[&str]) {
+        *self.admins_everywhere.lock().unwrap() = admins.iter().map(|a| (*a).to_owned()).collect();
+    }
+
+    /// Serves `bytes` for the image `file_id`.
+    pub fn serve(&self, file_id: &str, bytes: Vec<u8>) {
+        self.images
+            .lock()
+            .unwrap()
+            .insert(file_id.to_owned(), Image::Bytes(bytes));
+    }
+
+    /// Serves `bytes` for every image without its own.
+    pub fn serve_any(&self, bytes: Vec<u8>) {
+        *self.any_image.lock().unwrap() = Some(bytes);
+    }
+
+    /// A download of `file_id` never answers.
+    pub fn hang(&self, file_id: &str) {
+        self.images
+            .lock()
+            .unwrap()
+            .insert(file_id.to_owned(), Image::Hangs);
+    }
+
+    /// Every message taken so far, in order.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.sent.borrow().clone()
+    }
+
+    /// The messages taken into `chat`.
+    pub fn sent_in(&self, chat: &ChatRef) -> Vec<Sent> {
+        self.sent
+            .borrow()
+            .iter()
+            .filter(|s| s.chat == *chat)
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until `n` messages were taken, for at most [`WAIT_LIMIT`]; every message so far.
+    pub async fn wait_sent(&self, n: usize) -> Vec<Sent> {
+        self.wait_sent_within(n, WAIT_LIMIT).await
+    }
+
+    /// Waits until `n` messages were taken, for at most `limit` of tokio time (virtual in
+    /// paused tests).
+    pub async fn wait_sent_within(&self, n: usize, limit: Duration) -> Vec<Sent> {
+        match wait_for(&self.sent, limit, |sent| sent.len() >= n).await {
+            Some(sent) => sent,
+            None => panic!("expected {n} sent messages, got {:?}", self.sent()),
+        }
+    }
+
+    /// Send attempts so far, taken or failed.
+    pub fn attempts(&self) -> usize {
+        *self.attempts.borrow()
+    }
+
+    /// Waits until `n` send attempts were made (taken or failed), for at most
+    /// [`WAIT_LIMIT`].
+    pub async fn wait_attempts(&self, n: usize) {
+        if wait_for(&self.attempts, WAIT_LIMIT, |made| *made >= n)
+            .await
+            .is_none()
+        {
+            panic!("expected {n} send attempts, got {}", self.attempts());
+        }
+    }
+
+    /// "typing..." calls so far.
+    pub fn typing(&self) -> usize {
+        self.typing.load(Ordering::SeqCst)
+    }
+
+    /// The file ids of every download asked for, in order.
+    pub fn downloads(&self) -> Vec<String> {
+        self.downloads.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Platform for TestPlatform {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send_message(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+    ) -> Result<SentMessage, PlatformError> {
+        self.attempts.send_modify(|n| *n += 1);
+        if let Some(error) = self.next_failures.lock().unwrap().pop_front() {
+            return Err(error);
+        }
+        if let Some(error) = self.failure.lock().unwrap().as_ref() {
+            return Err(copy_platform_error(error));
+        }
+        if let Some(error) = self.chat_failures.lock().unwrap().get(&chat.session_key()) {
+            return Err(copy_platform_error(error));
+        }
+        let id = {
+            let mut next = self.next_id.lock().unwrap();
+            let id = format!("{}{next}", self.id_prefix);
+            *next += 1;
+            id
+        };
+        let sent = Sent {
+            chat: chat.clone(),
+            text: text.to_owned(),
+            reply_to: reply_to.map(str::to_owned),
+            id: id.clone(),
+            at: Instant::now(),
+            wall: (self.wall)(),
+        };
+        self.sent.send_modify(|all| all.push(sent));
+        Ok(SentMessage {
+            message_ids: vec![id],
+        })
+    }
+
+    async fn send_typing(&self, _chat: &ChatRef) -> Result<(), PlatformError> {
+        self.typing.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, PlatformError> {
+        let own = self
+            .admins
+            .lock()
+            .unwrap()
+            .get(&chat.session_key())
+            .cloned();
+        Ok(own.unwrap_or_else(|| self.admins_everywhere.lock().unwrap().clone()))
+    }
+
+    async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
+        self.downloads.lock().unwrap().push(image.file_id.clone());
+        let served = self.images.lock().unwrap().get(&image.file_id).cloned();
+        match served {
+            Some(Image::Bytes(bytes)) => Ok(bytes),
+            Some(Image::Hangs) => std::future::pending().await,
+            None => self
+                .any_image
+                .lock()
+                .unwrap()
+                .clone()
+                .ok_or_else(|| PlatformError::NotFound(image.file_id.clone())),
+        }
+    }
+}
+
+/// `PlatformError` is not `Clone` (the adapters' errors need not be); the doubles hand out
+/// one copy per failed attempt.
+fn copy_platform_error(error: &PlatformError) -> PlatformError {
+    match error {
+        PlatformError::RateLimited(wait) => PlatformError::RateLimited(*wait),
+        PlatformError::Conflict(s) => PlatformError::Conflict(s.clone()),
+        PlatformError::Refused(s) => PlatformError::Refused(s.clone()),
+        PlatformError::Unavailable(s) => PlatformError::Unavailable(s.clone()),
+        PlatformError::Unauthorized => PlatformError::Unauthorized,
+        PlatformError::NotFound(s) => PlatformError::NotFound(s.clone()),
+    }
+}
+
+/// A group message `id` from `who` (sender `{platform}:{who}`) in `chat`, sent now;
+/// addressed to the bot when the text mentions `@parlor`.
+pub fn message(chat: &ChatRef, id: u32, who: &str, text: &str) -> IncomingMessage {
+    IncomingMessage {
+        chat: chat.clone(),
+        kind: ChatKind::Group,
+        message_id: id.to_string(),
+        sender: Sender {
+            id: format!("{}:{who}", chat.platform),
+            name: who.to_owned(),
+            username: None,
+            is_bot: false,
+        },
+        text: text.to_owned(),
+        time: Utc::now(),
+        reply_to: None,
+        reply_to_bot: false,
+        mentions_bot: text.contains("@parlor"),
+        images: vec![],
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The store
+
+/// A store that "dies" after `limit` writes: every later write fails (as I/O) without a
+/// trace, so `inner` holds exactly what a `kill -9` after that many (atomic, flushed)
+/// writes would have left on disk. Reads always go through.
+pub struct CrashStore {
+    inner: Arc<MemoryStore>,
+    limit: usize,
+    writes: Mutex<usize>,
+}
+
+impl CrashStore {
+    pub fn new(inner: Arc<MemoryStore>, limit: usize) -> Arc<Self> {
+        Arc::new(CrashStore {
+            inner,
+            limit,
+            writes: Mutex::new(0),
+        })
+    }
+
+    /// The writes that went through.
+    pub fn writes(&self) -> usize {
+        *self.writes.lock().unwrap()
+    }
+
+    fn write(&self) -> Result<(), StoreError> {
+        let mut writes = self.writes.lock().unwrap();
+        if *writes >= self.limit {
+            return Err(StoreError::Io("killed".into()));
+        }
+        *writes += 1;
+        Ok(())
+    }
+}
+
+impl Store for CrashStore {
+    fn record_inbound(
+        &self,
+        session: &str,
+        message: &StoredMessage,
+        intake: Intake,
+    ) -> Result<Inbound, StoreError> {
+        self.write()?;
+        self.inner.record_inbound(session, message, intake)
+    }
+    fn get_message(&self, s: &str, id: &str) -> Result<Option<StoredMessage>, StoreError> {
+        self.inner.get_message(s, id)
+    }
+    fn recent_messages(&self, s: &str, n: usize) -> Result<Vec<StoredMessage>, StoreError> {
+        self.inner.recent_messages(s, n)
+    }
+    fn load_history(&self, s: &str) -> Result<Vec<Message>, StoreError> {
+        self.inner.load_history(s)
+    }
+    fn save_history(&self, s: &str, h: &[Message]) -> Result<(), StoreError> {
+        self.write()?;
+        self.inner.save_history(s, h)
+    }
+    fn add_pending_with(&self, item: PendingItem, also: Vec<KvWrite>) -> Result<u64, StoreError> {
+        self.write()?;
+        self.inner.add_pending_with(item, also)
+    }
+    fn pending(&self) -> Result<Vec<PendingItem>, StoreError> {
+        self.inner.pending()
+    }
+    fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError> {
+        self.write()?;
+        self.inner.remove_pending(ids)
+    }
+    fn commit_turn(&self, c: TurnCommit) -> Result<Option<u64>, StoreError> {
+        self.write()?;
+        self.inner.commit_turn(c)
+    }
+    fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
+        self.inner.unsent_outbox()
+    }
+    fn mark_sent(&self, id: u64, ids: &[String]) -> Result<(), StoreError> {
+        self.write()?;
+        self.inner.mark_sent(id, ids)
+    }
+    fn mark_failed(&self, id: u64, why: &str) -> Result<(), StoreError> {
+        self.write()?;
+        self.inner.mark_failed(id, why)
+    }
+    fn sent_reply(&self, id: u64) -> Result<Option<OutboxEntry>, StoreError> {
+        self.inner.sent_reply(id)
+    }
+    fn get_meta(&self, k: &str) -> Result<Option<String>, StoreError> {
+        self.inner.get_meta(k)
+    }
+    fn set_meta(&self, k: &str, v: &str) -> Result<(), StoreError> {
+        self.write()?;
+        self.inner.set_meta(k, v)
+    }
+    fn kv_get(&self, s: &str, k: &str) -> Result<Option<String>, StoreError> {
+        self.inner.kv_get(s, k)
+    }
+    fn kv_put(&self, s: &str, k: &str, v: &str) -> Result<(), StoreError> {
+        self.write()?;
+        self.inner.kv_put(s, k, v)
+    }
+    fn kv_delete(&self, s: &str, k: &str) -> Result<bool, StoreError> {
+        self.write()?;
+        self.inner.kv_delete(s, k)
+    }
+    fn kv_scan(&self, s: &str, p: &str) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.kv_scan(s, p)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

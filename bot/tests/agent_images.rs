@@ -3,40 +3,26 @@
 //! text; an image that cannot be shown is a text, not a failed turn; without vision nothing
 //! is downloaded; and no request ever carries the reference itself.
 
-use std::collections::HashMap;
 use std::io::Cursor;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use base64::Engine as _;
 use image::{DynamicImage, ImageBuffer, ImageFormat, Rgb};
-use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, TurnEnd, TurnInput};
+use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, Turn, TurnEnd, TurnInput};
 use parlor_bot::llm::{
-    ChatRequest, Completion, Content, ContentPart, ImageUrl, Message, OpenAiClient, ToolCall,
+    ChatRequest, Completion, Content, ContentPart, ImageUrl, Message, OpenAiClient,
 };
-use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
+use parlor_bot::platform::{ChatRef, ImageRef, Platform};
+use parlor_bot::testing::{ScriptedLlm, TestPlatform, calls, chat_request, text};
 use parlor_bot::tool::{
     Caller, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSpec,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use parlor_bot::testing::ScriptedLlm;
-
-fn text(t: &str) -> Completion {
-    Completion {
-        content: t.to_owned(),
-        finish_reason: Some("stop".into()),
-        ..Completion::default()
-    }
-}
-
 fn noop_call(id: &str) -> Completion {
-    Completion {
-        tool_calls: vec![ToolCall::new(id, "noop", "{}")],
-        finish_reason: Some("tool_calls".into()),
-        ..Completion::default()
-    }
+    calls(&[(id, "noop", json!({}))])
 }
 
 /// `noop`: a tool that does nothing, so that a turn takes several iterations.
@@ -67,66 +53,13 @@ impl ToolSet for Noop {
     }
 }
 
-/// What the platform does for one file id.
-#[derive(Clone)]
-enum File {
-    Bytes(Vec<u8>),
-    /// Never answers.
-    Hangs,
-}
-
-/// A platform serving images by file id and counting downloads; unknown ids are not found.
-#[derive(Default)]
-struct ImagePlatform {
-    files: HashMap<String, File>,
-    downloads: Mutex<Vec<String>>,
-}
-
-impl ImagePlatform {
-    fn with(files: &[(&str, File)]) -> Arc<Self> {
-        Arc::new(ImagePlatform {
-            files: files
-                .iter()
-                .map(|(id, f)| ((*id).to_owned(), f.clone()))
-                .collect(),
-            downloads: Mutex::default(),
-        })
+/// A platform serving `files` by id; any other is not found.
+fn serving(files: &[(&str, Vec<u8>)]) -> Arc<TestPlatform> {
+    let platform = TestPlatform::new();
+    for (id, bytes) in files {
+        platform.serve(id, bytes.clone());
     }
-
-    fn downloads(&self) -> Vec<String> {
-        self.downloads.lock().unwrap().clone()
-    }
-}
-
-#[async_trait]
-impl Platform for ImagePlatform {
-    fn name(&self) -> &str {
-        "test"
-    }
-    async fn send_message(
-        &self,
-        _: &ChatRef,
-        _: &str,
-        _: Option<&str>,
-    ) -> Result<SentMessage, PlatformError> {
-        Ok(SentMessage {
-            message_ids: vec!["bot-1".into()],
-        })
-    }
-    async fn send_typing(&self, _: &ChatRef) -> Result<(), PlatformError> {
-        Ok(())
-    }
-    async fn chat_admins(&self, _: &ChatRef) -> Result<Vec<String>, PlatformError> {
-        Ok(Vec::new())
-    }
-    async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        self.downloads.lock().unwrap().push(image.file_id.clone());
-        match self.files.get(&image.file_id) {
-            Some(File::Bytes(bytes)) => Ok(bytes.clone()),
-            Some(File::Hangs) => std::future::pending().await,
-            None => Err(PlatformError::NotFound(image.file_id.clone())),
-        }
-    }
+    platform
 }
 
 fn png(width: u32, height: u32) -> Vec<u8> {
@@ -174,7 +107,7 @@ fn agent(llm: Arc<ScriptedLlm>, config: AgentConfig) -> Agent {
     Agent::new(llm, registry, "You are a test bot.", config)
 }
 
-fn input(content: Content, platform: &Arc<ImagePlatform>) -> TurnInput {
+fn input(content: Content, platform: &Arc<TestPlatform>) -> TurnInput {
     TurnInput {
         session: "test:-100".into(),
         caller: Caller {
@@ -187,6 +120,19 @@ fn input(content: Content, platform: &Arc<ImagePlatform>) -> TurnInput {
         platform: Some(Arc::clone(platform) as Arc<dyn Platform>),
         roles: None,
     }
+}
+
+/// Runs one turn of `agent` after `history`, with `platform` serving its images.
+async fn run(
+    agent: &Agent,
+    history: &[Message],
+    content: Content,
+    platform: &Arc<TestPlatform>,
+) -> Turn {
+    agent
+        .run_turn(history, input(content, platform), CancellationToken::new())
+        .await
+        .unwrap()
 }
 
 /// The parts of the user message at `index` of a request.
@@ -214,17 +160,16 @@ fn assert_no_reference_on_the_wire(request: &ChatRequest) {
 #[tokio::test]
 async fn a_photo_of_the_current_turn_is_downloaded_once_and_shown_in_every_iteration() {
     let photo = png(40, 30);
-    let platform = ImagePlatform::with(&[("f1", File::Bytes(photo.clone()))]);
+    let platform = serving(&[("f1", photo.clone())]);
     let llm = ScriptedLlm::new(vec![noop_call("c1"), noop_call("c2"), text("a gradient")]);
     let content = with_images("alice: what is this?", vec![image_ref("f1", "7")]);
-    let turn = agent(llm.clone(), vision())
-        .run_turn(
-            &[],
-            input(content.clone(), &platform),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let turn = run(
+        &agent(llm.clone(), vision()),
+        &[],
+        content.clone(),
+        &platform,
+    )
+    .await;
 
     assert_eq!(turn.reply, "a gradient");
     assert_eq!(
@@ -261,18 +206,17 @@ async fn a_photo_of_the_current_turn_is_downloaded_once_and_shown_in_every_itera
 
 #[tokio::test]
 async fn a_large_photo_goes_through_the_pipeline_and_is_scaled_down() {
-    let platform = ImagePlatform::with(&[("big", File::Bytes(png(400, 200)))]);
+    let platform = serving(&[("big", png(400, 200))]);
     let llm = ScriptedLlm::new(vec![text("ok")]);
     let mut config = vision();
     config.images.max_side = 100;
-    agent(llm.clone(), config)
-        .run_turn(
-            &[],
-            input(with_images("look", vec![image_ref("big", "1")]), &platform),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    run(
+        &agent(llm.clone(), config),
+        &[],
+        with_images("look", vec![image_ref("big", "1")]),
+        &platform,
+    )
+    .await;
     let ContentPart::ImageUrl { image_url } = &parts(&llm.requests()[0], 1)[1] else {
         panic!("no image part");
     };
@@ -290,7 +234,7 @@ async fn a_large_photo_goes_through_the_pipeline_and_is_scaled_down() {
 #[tokio::test]
 async fn older_turns_name_their_images_in_text_and_download_nothing() {
     let photo = png(8, 8);
-    let platform = ImagePlatform::with(&[("f1", File::Bytes(photo.clone()))]);
+    let platform = serving(&[("f1", photo.clone())]);
     let history = vec![
         Message::User {
             content: with_images("alice: look", vec![image_ref("f1", "7")]),
@@ -313,14 +257,13 @@ async fn older_turns_name_their_images_in_text_and_download_nothing() {
         Message::assistant("still nice"),
     ];
     let llm = ScriptedLlm::new(vec![text("yes")]);
-    agent(llm.clone(), vision())
-        .run_turn(
-            &history,
-            input(Content::Text("alice: and now?".into()), &platform),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    run(
+        &agent(llm.clone(), vision()),
+        &history,
+        Content::Text("alice: and now?".into()),
+        &platform,
+    )
+    .await;
     assert!(platform.downloads().is_empty());
     let request = &llm.requests()[0];
     assert_eq!(
@@ -341,11 +284,11 @@ async fn older_turns_name_their_images_in_text_and_download_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn an_image_that_cannot_be_shown_is_a_text_and_the_turn_goes_on() {
-    let platform = ImagePlatform::with(&[
-        ("html", File::Bytes(b"<!doctype html><p>login".to_vec())),
-        ("slow", File::Hangs),
-        ("ok", File::Bytes(png(4, 4))),
+    let platform = serving(&[
+        ("html", b"<!doctype html><p>login".to_vec()),
+        ("ok", png(4, 4)),
     ]);
+    platform.hang("slow");
     let oversized = ContentPart::ImageRef {
         image: ImageRef {
             file_id: "huge".into(),
@@ -361,14 +304,13 @@ async fn an_image_that_cannot_be_shown_is_a_text_and_the_turn_goes_on() {
         oversized,
     ];
     let llm = ScriptedLlm::new(vec![text("I see nothing")]);
-    let turn = agent(llm.clone(), vision())
-        .run_turn(
-            &[],
-            input(with_images("look", refs), &platform),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    let turn = run(
+        &agent(llm.clone(), vision()),
+        &[],
+        with_images("look", refs),
+        &platform,
+    )
+    .await;
     assert_eq!(turn.end, TurnEnd::Answered);
     assert_eq!(turn.reply, "I see nothing");
     let mut downloads = platform.downloads();
@@ -399,23 +341,21 @@ async fn an_image_that_cannot_be_shown_is_a_text_and_the_turn_goes_on() {
 
 #[tokio::test]
 async fn at_most_max_per_turn_images_are_shown() {
-    let files: Vec<(String, File)> = (0..6)
-        .map(|i| (format!("f{i}"), File::Bytes(png(2, 2))))
-        .collect();
-    let files: Vec<(&str, File)> = files.iter().map(|(i, f)| (i.as_str(), f.clone())).collect();
-    let platform = ImagePlatform::with(&files);
+    let platform = TestPlatform::new();
+    for i in 0..6 {
+        platform.serve(&format!("f{i}"), png(2, 2));
+    }
     let refs = (0..6)
         .map(|i| image_ref(&format!("f{i}"), &i.to_string()))
         .collect();
     let llm = ScriptedLlm::new(vec![text("ok")]);
-    agent(llm.clone(), vision())
-        .run_turn(
-            &[],
-            input(with_images("look", refs), &platform),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    run(
+        &agent(llm.clone(), vision()),
+        &[],
+        with_images("look", refs),
+        &platform,
+    )
+    .await;
     assert_eq!(platform.downloads().len(), 4);
     let parts = parts(&llm.requests()[0], 1);
     let shown = parts
@@ -435,35 +375,32 @@ async fn at_most_max_per_turn_images_are_shown() {
 
 #[tokio::test]
 async fn without_vision_nothing_is_downloaded_and_the_model_is_told() {
-    let platform = ImagePlatform::with(&[("f1", File::Bytes(png(2, 2)))]);
+    let platform = serving(&[("f1", png(2, 2))]);
     let llm = ScriptedLlm::new(vec![text("ok"), text("ok")]);
     let agent = agent(llm.clone(), AgentConfig::default());
     let content = with_images(
         "alice: look",
         vec![image_ref("f1", "7"), image_ref("f2", "7")],
     );
-    let turn = agent
-        .run_turn(&[], input(content, &platform), CancellationToken::new())
-        .await
-        .unwrap();
+    let turn = run(&agent, &[], content, &platform).await;
     let note = "alice: look\n[2 images attached; this model cannot see images]";
     assert_eq!(llm.requests()[0].messages[1], Message::user(note));
     // In a later turn, the same.
-    agent
-        .run_turn(
-            &turn.messages,
-            input(Content::Text("alice: well?".into()), &platform),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    run(
+        &agent,
+        &turn.messages,
+        Content::Text("alice: well?".into()),
+        &platform,
+    )
+    .await;
     assert_eq!(llm.requests()[1].messages[1], Message::user(note));
     assert!(platform.downloads().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_turn_cancelled_while_its_photo_downloads_ends_without_a_request() {
-    let platform = ImagePlatform::with(&[("slow", File::Hangs)]);
+    let platform = TestPlatform::new();
+    platform.hang("slow");
     let llm = ScriptedLlm::new(vec![text("never")]);
     let cancel = CancellationToken::new();
     let stopper = cancel.clone();
@@ -488,17 +425,12 @@ async fn a_turn_cancelled_while_its_photo_downloads_ends_without_a_request() {
 
 #[test]
 fn a_request_body_never_carries_a_reference_even_if_one_slips_through() {
-    let request = ChatRequest {
-        model: "m".into(),
-        messages: vec![Message::User {
+    let request = chat_request(
+        "m",
+        vec![Message::User {
             content: with_images("look", vec![image_ref("f1", "7")]),
         }],
-        tools: vec![],
-        tool_choice: None,
-        parallel_tool_calls: None,
-        temperature: None,
-        max_completion_tokens: None,
-    };
+    );
     let body = OpenAiClient::request_body(&request);
     assert_eq!(
         body["messages"][0]["content"],

@@ -15,8 +15,8 @@ use axum::routing::post;
 use bytes::Bytes;
 use futures::StreamExt;
 use parlor_bot::llm::{
-    ChatRequest, LlmBackend, LlmError, Message, OpenAiClient, OpenAiConfig, RetryPolicy, Retrying,
-    ToolCall, ToolChoice, ToolDef,
+    ChatRequest, Completion, LlmBackend, LlmError, Message, OpenAiClient, OpenAiConfig,
+    RetryPolicy, Retrying, ToolCall, ToolChoice, ToolDef,
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -145,6 +145,20 @@ fn request() -> ChatRequest {
     }
 }
 
+/// [`request`] to `client`, never cancelled.
+async fn ask(client: &dyn LlmBackend) -> Result<Completion, LlmError> {
+    client.stream(&request(), &CancellationToken::new()).await
+}
+
+/// A retrying client gets a completion from `replies` after `hits` requests.
+async fn assert_retried_to_success(replies: Vec<Reply>, hits: usize) {
+    let (fake, addr) = serve(replies).await;
+    let client = OpenAiClient::with_retries(config(addr)).unwrap();
+    let c = ask(&client).await.unwrap();
+    assert!(!c.content.is_empty());
+    assert_eq!(fake.hits(), hits);
+}
+
 fn recording(name: &str) -> String {
     std::fs::read_to_string(format!("{FIXTURES}/sse/openai-python/{name}")).unwrap()
 }
@@ -199,10 +213,7 @@ async fn no_key_means_no_authorization_header() {
         ..config(addr)
     })
     .unwrap();
-    let c = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap();
+    let c = ask(&client).await.unwrap();
     assert!(c.content.contains("San Francisco"), "{c:?}");
     assert!(
         fake.requests.lock().unwrap()[0]
@@ -219,10 +230,7 @@ async fn a_400_is_a_status_error_and_not_retried() {
     );
     let (fake, addr) = serve(vec![Reply::Status(400, vec![], body)]).await;
     let client = OpenAiClient::with_retries(config(addr)).unwrap();
-    let err = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap_err();
+    let err = ask(&client).await.unwrap_err();
     match &err {
         LlmError::Status {
             status: 400,
@@ -240,35 +248,27 @@ async fn a_400_is_a_status_error_and_not_retried() {
 
 #[tokio::test]
 async fn a_429_with_retry_after_zero_is_retried() {
-    let (fake, addr) = serve(vec![
-        Reply::Status(429, vec![("retry-after", "0".into())], "slow down".into()),
-        Reply::Sse(hello_sse()),
-    ])
+    assert_retried_to_success(
+        vec![
+            Reply::Status(429, vec![("retry-after", "0".into())], "slow down".into()),
+            Reply::Sse(hello_sse()),
+        ],
+        2,
+    )
     .await;
-    let client = OpenAiClient::with_retries(config(addr)).unwrap();
-    let c = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap();
-    assert!(!c.content.is_empty());
-    assert_eq!(fake.hits(), 2);
 }
 
 #[tokio::test]
 async fn two_500s_then_success() {
-    let (fake, addr) = serve(vec![
-        Reply::Status(500, vec![], "oops".into()),
-        Reply::Status(502, vec![], "<html>bad gateway</html>".into()),
-        Reply::Sse(hello_sse()),
-    ])
+    assert_retried_to_success(
+        vec![
+            Reply::Status(500, vec![], "oops".into()),
+            Reply::Status(502, vec![], "<html>bad gateway</html>".into()),
+            Reply::Sse(hello_sse()),
+        ],
+        3,
+    )
     .await;
-    let client = OpenAiClient::with_retries(config(addr)).unwrap();
-    let c = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap();
-    assert!(!c.content.is_empty());
-    assert_eq!(fake.hits(), 3);
 }
 
 #[tokio::test]
@@ -278,10 +278,7 @@ async fn retries_are_bounded_and_the_last_error_is_returned() {
         .collect();
     let (fake, addr) = serve(replies).await;
     let client = OpenAiClient::with_retries(config(addr)).unwrap();
-    let err = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap_err();
+    let err = ask(&client).await.unwrap_err();
     assert!(
         matches!(&err, LlmError::Status { status: 503, body, .. } if body == "down 3"),
         "{err:?}"
@@ -312,11 +309,7 @@ async fn retry_after_as_seconds_milliseconds_or_date() {
     let client = OpenAiClient::new(config(addr)).unwrap();
     let mut got = Vec::new();
     for _ in 0..4 {
-        match client
-            .stream(&request(), &CancellationToken::new())
-            .await
-            .unwrap_err()
-        {
+        match ask(&client).await.unwrap_err() {
             LlmError::Status { retry_after, .. } => got.push(retry_after),
             other => panic!("{other:?}"),
         }
@@ -337,11 +330,7 @@ async fn a_long_error_body_is_truncated() {
     let long = "x".repeat(100_000);
     let (_fake, addr) = serve(vec![Reply::Status(500, vec![], long)]).await;
     let client = OpenAiClient::new(config(addr)).unwrap();
-    match client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap_err()
-    {
+    match ask(&client).await.unwrap_err() {
         LlmError::Status { body, .. } => {
             assert!(body.chars().count() < 2100, "{}", body.len());
             assert!(body.ends_with("(truncated)"));
@@ -356,10 +345,7 @@ async fn connection_refused_is_a_connect_error() {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let client = OpenAiClient::new(config(addr)).unwrap();
-    let err = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap_err();
+    let err = ask(&client).await.unwrap_err();
     assert!(matches!(err, LlmError::Connect(_)), "{err:?}");
     assert!(err.is_retryable());
 }
@@ -374,10 +360,7 @@ async fn a_stalled_stream_hits_the_idle_timeout() {
     })
     .unwrap();
     let started = Instant::now();
-    let err = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap_err();
+    let err = ask(&client).await.unwrap_err();
     assert!(matches!(err, LlmError::Timeout(d) if d == idle), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(3));
     assert!(err.is_retryable());
@@ -394,10 +377,7 @@ async fn a_stream_that_never_ends_hits_the_request_timeout() {
     })
     .unwrap();
     let started = Instant::now();
-    let err = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap_err();
+    let err = ask(&client).await.unwrap_err();
     assert!(matches!(err, LlmError::Timeout(d) if d == total), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(3));
 }
@@ -451,10 +431,7 @@ async fn an_error_event_mid_stream_is_not_retried() {
     let sse = format!("data: {CHUNK}\n\ndata: {{\"error\":{{\"message\":\"overloaded\"}}}}\n\n");
     let (fake, addr) = serve(vec![Reply::Sse(sse), Reply::Sse(hello_sse())]).await;
     let client = OpenAiClient::with_retries(config(addr)).unwrap();
-    let err = client
-        .stream(&request(), &CancellationToken::new())
-        .await
-        .unwrap_err();
+    let err = ask(&client).await.unwrap_err();
     assert!(
         matches!(&err, LlmError::Stream(m) if m == "overloaded"),
         "{err:?}"

@@ -1,51 +1,14 @@
-//! The `Retrying` decorator on paused time, around a scripted in-memory backend.
+//! The `Retrying` decorator on paused time, around a scripted in-memory backend (which
+//! records when it was called).
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use parlor_bot::llm::{
     ChatRequest, Completion, LlmBackend, LlmError, Message, RetryPolicy, Retrying,
 };
+use parlor_bot::testing::{ScriptedLlm, chat_request};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// Answers each call with the next scripted result and records when it was called.
-#[derive(Default)]
-struct Script {
-    results: Mutex<VecDeque<Result<Completion, LlmError>>>,
-    calls: Mutex<Vec<Instant>>,
-}
-
-impl Script {
-    fn new(results: Vec<Result<Completion, LlmError>>) -> Self {
-        Script {
-            results: Mutex::new(results.into()),
-            calls: Mutex::default(),
-        }
-    }
-
-    fn calls(&self) -> Vec<Instant> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
-#[async_trait]
-impl LlmBackend for Script {
-    async fn stream(
-        &self,
-        _request: &ChatRequest,
-        _cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        self.calls.lock().unwrap().push(Instant::now());
-        self.results
-            .lock()
-            .unwrap()
-            .pop_front()
-            .unwrap_or_else(|| Err(LlmError::Malformed("script exhausted".into())))
-    }
-}
 
 fn ok() -> Result<Completion, LlmError> {
     Ok(Completion {
@@ -63,15 +26,7 @@ fn status(status: u16, retry_after: Option<Duration>) -> Result<Completion, LlmE
 }
 
 fn request() -> ChatRequest {
-    ChatRequest {
-        model: "m".into(),
-        messages: vec![Message::user("hi")],
-        tools: Vec::new(),
-        tool_choice: None,
-        parallel_tool_calls: None,
-        temperature: None,
-        max_completion_tokens: None,
-    }
+    chat_request("m", vec![Message::user("hi")])
 }
 
 fn policy() -> RetryPolicy {
@@ -82,7 +37,7 @@ fn policy() -> RetryPolicy {
     }
 }
 
-async fn run(backend: &Retrying<Script>) -> (Result<Completion, LlmError>, Duration) {
+async fn run(backend: &Retrying<ScriptedLlm>) -> (Result<Completion, LlmError>, Duration) {
     let started = Instant::now();
     let result = backend.stream(&request(), &CancellationToken::new()).await;
     (result, started.elapsed())
@@ -91,20 +46,20 @@ async fn run(backend: &Retrying<Script>) -> (Result<Completion, LlmError>, Durat
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_honoured_instead_of_the_backoff() {
     let backend = Retrying::new(
-        Script::new(vec![status(429, Some(Duration::from_secs(7))), ok()]),
+        ScriptedLlm::results(vec![status(429, Some(Duration::from_secs(7))), ok()]),
         policy(),
     );
     let (result, elapsed) = run(&backend).await;
     assert_eq!(result.unwrap().content, "done");
     assert!(elapsed >= Duration::from_secs(7), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(8), "{elapsed:?}");
-    assert_eq!(backend.inner().calls().len(), 2);
+    assert_eq!(backend.inner().request_times().len(), 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_absurd_retry_after_is_capped() {
     let backend = Retrying::new(
-        Script::new(vec![status(503, Some(Duration::from_secs(86_400))), ok()]),
+        ScriptedLlm::results(vec![status(503, Some(Duration::from_secs(86_400))), ok()]),
         policy(),
     );
     let (result, elapsed) = run(&backend).await;
@@ -115,7 +70,7 @@ async fn an_absurd_retry_after_is_capped() {
 #[tokio::test(start_paused = true)]
 async fn server_errors_back_off_exponentially_with_jitter() {
     let backend = Retrying::new(
-        Script::new(vec![
+        ScriptedLlm::results(vec![
             status(500, None),
             Err(LlmError::Timeout(Duration::from_secs(60))),
             Err(LlmError::Connect("reset".into())),
@@ -125,7 +80,7 @@ async fn server_errors_back_off_exponentially_with_jitter() {
     );
     let (result, _) = run(&backend).await;
     assert!(result.is_ok());
-    let calls = backend.inner().calls();
+    let calls = backend.inner().request_times();
     assert_eq!(calls.len(), 4);
     // Retry n waits within [cap/2, cap], cap = 1s * 2^n.
     for (n, pair) in calls.windows(2).enumerate() {
@@ -154,14 +109,17 @@ async fn the_backoff_is_capped_at_max_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn a_401_is_returned_at_once() {
-    let backend = Retrying::new(Script::new(vec![status(401, None), ok()]), policy());
+    let backend = Retrying::new(
+        ScriptedLlm::results(vec![status(401, None), ok()]),
+        policy(),
+    );
     let (result, elapsed) = run(&backend).await;
     assert!(
         matches!(result, Err(LlmError::Status { status: 401, .. })),
         "{result:?}"
     );
     assert_eq!(elapsed, Duration::ZERO);
-    assert_eq!(backend.inner().calls().len(), 1);
+    assert_eq!(backend.inner().request_times().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -171,16 +129,16 @@ async fn malformed_and_stream_errors_are_not_retried() {
         LlmError::Stream("overloaded".into()),
         LlmError::Cancelled,
     ] {
-        let backend = Retrying::new(Script::new(vec![Err(err), ok()]), policy());
+        let backend = Retrying::new(ScriptedLlm::results(vec![Err(err), ok()]), policy());
         assert!(run(&backend).await.0.is_err());
-        assert_eq!(backend.inner().calls().len(), 1);
+        assert_eq!(backend.inner().request_times().len(), 1);
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn exhausted_retries_return_the_last_error() {
     let backend = Retrying::new(
-        Script::new(vec![
+        ScriptedLlm::results(vec![
             status(500, None),
             status(502, None),
             status(503, None),
@@ -194,7 +152,7 @@ async fn exhausted_retries_return_the_last_error() {
         matches!(result, Err(LlmError::Status { status: 504, .. })),
         "{result:?}"
     );
-    assert_eq!(backend.inner().calls().len(), 4);
+    assert_eq!(backend.inner().request_times().len(), 4);
     // 1 + 2 + 4 seconds at most, half of that at least.
     assert!(elapsed >= Duration::from_millis(3500) && elapsed <= Duration::from_secs(7));
 }
@@ -202,20 +160,20 @@ async fn exhausted_retries_return_the_last_error() {
 #[tokio::test(start_paused = true)]
 async fn zero_retries_means_one_attempt() {
     let backend = Retrying::new(
-        Script::new(vec![status(500, None), ok()]),
+        ScriptedLlm::results(vec![status(500, None), ok()]),
         RetryPolicy {
             max_retries: 0,
             ..policy()
         },
     );
     assert!(run(&backend).await.0.is_err());
-    assert_eq!(backend.inner().calls().len(), 1);
+    assert_eq!(backend.inner().request_times().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_during_a_wait_returns_cancelled_promptly() {
     let backend = Retrying::new(
-        Script::new(vec![status(429, Some(Duration::from_secs(60))), ok()]),
+        ScriptedLlm::results(vec![status(429, Some(Duration::from_secs(60))), ok()]),
         policy(),
     );
     let cancel = CancellationToken::new();
@@ -228,5 +186,5 @@ async fn cancelling_during_a_wait_returns_cancelled_promptly() {
     let result = backend.stream(&request(), &cancel).await;
     assert!(matches!(result, Err(LlmError::Cancelled)), "{result:?}");
     assert_eq!(started.elapsed(), Duration::from_secs(1));
-    assert_eq!(backend.inner().calls().len(), 1);
+    assert_eq!(backend.inner().request_times().len(), 1);
 }

@@ -9,6 +9,7 @@ use parlor_bot::llm::{
     ToolDef,
 };
 use parlor_bot::platform::ImageRef;
+use parlor_bot::testing::chat_request;
 use serde_json::{Value, json};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
@@ -154,15 +155,7 @@ fn requests() -> Vec<(&'static str, ChatRequest)> {
     none.max_completion_tokens = None;
     let mut no_tools = base.clone();
     no_tools.tools.clear();
-    let minimal = ChatRequest {
-        model: "gpt-4o-mini".into(),
-        messages: vec![Message::user("hi")],
-        tools: Vec::new(),
-        tool_choice: None,
-        parallel_tool_calls: None,
-        temperature: None,
-        max_completion_tokens: None,
-    };
+    let minimal = chat_request("gpt-4o-mini", vec![Message::user("hi")]);
     // parlor's own image reference, which the agent resolves before a request: should one be
     // left, the body must still be valid.
     let mut unresolved = minimal.clone();

@@ -1,208 +1,57 @@
 //! The session layer with an in-memory platform and a gated model: group policy, threading,
 //! bursts, commands, overflow, restart and shutdown.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use base64::Engine as _;
-use chrono::Utc;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions};
-use parlor_bot::llm::{ChatRequest, Completion, Content, LlmBackend, LlmError, Message};
+use parlor_bot::llm::{Content, Message};
 use parlor_bot::platform::{
-    ChatKind, ChatRef, ImageRef, Inbox, IncomingMessage, Platform, PlatformError, Sender,
-    SentMessage,
+    ChatKind, ChatRef, ImageRef, Inbox, IncomingMessage, Platform, PlatformError,
 };
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::testing::{CrashStore, PNG_1X1, ScriptedLlm, TestPlatform, message};
 use parlor_bot::tool::ToolRegistry;
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
-/// A model that answers `reply: <last user text>` once the test releases a permit.
-struct GatedLlm {
-    gate: Semaphore,
-    requests: Mutex<Vec<ChatRequest>>,
+/// A model that answers `reply: <last line of the user's text>`; unless `open`, only once the
+/// test releases a permit.
+fn model(open: bool) -> Arc<ScriptedLlm> {
+    let llm = ScriptedLlm::echo();
+    if open { llm } else { llm.gated() }.shared()
 }
 
-impl GatedLlm {
-    fn new(open: bool) -> Arc<Self> {
-        Arc::new(GatedLlm {
-            gate: Semaphore::new(if open { Semaphore::MAX_PERMITS } else { 0 }),
-            requests: Mutex::default(),
-        })
-    }
-    fn release(&self, n: usize) {
-        self.gate.add_permits(n);
-    }
-    /// Waits until the first turn has asked the model (and is held at the gate).
-    async fn wait_started(&self) {
-        while self.requests.lock().unwrap().is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-    fn user_inputs(&self) -> Vec<String> {
-        self.requests
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|r| match r.messages.last() {
-                Some(Message::User { content }) => content.text(),
-                other => panic!("last message is not the user's: {other:?}"),
-            })
-            .collect()
-    }
+/// A platform that records what it was asked to send and serves [`PNG_1X1`] for every image.
+fn platform() -> Arc<TestPlatform> {
+    let platform = TestPlatform::new();
+    platform.serve_any(PNG_1X1.to_vec());
+    platform
 }
 
-#[async_trait]
-impl LlmBackend for GatedLlm {
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        self.requests.lock().unwrap().push(request.clone());
-        let permit = tokio::select! {
-            p = self.gate.acquire() => p,
-            () = cancel.cancelled() => return Err(LlmError::Cancelled),
-        };
-        permit.expect("gate closed").forget();
-        let last = match request.messages.last() {
-            Some(Message::User { content }) => content.text(),
-            _ => String::new(),
-        };
-        Ok(Completion {
-            content: format!("reply: {}", last.lines().last().unwrap_or_default()),
-            ..Completion::default()
-        })
-    }
+/// What a platform answers while the network is down.
+fn network_down() -> PlatformError {
+    PlatformError::Unavailable("network down".into())
 }
-
-/// A platform that records what it was asked to send.
-#[derive(Default)]
-struct TestPlatform {
-    sent: Mutex<Vec<(ChatRef, String, Option<String>)>>,
-    typing: Mutex<usize>,
-    admins: Vec<String>,
-    next_id: Mutex<u64>,
-    fail_sends: Mutex<bool>,
-    /// Chats (by id) whose sends are answered with `retry_after` of this long.
-    limited: Mutex<std::collections::HashMap<String, Duration>>,
-    /// Every send attempt, taken or not.
-    attempts: Mutex<usize>,
-    /// Images downloaded.
-    downloads: Mutex<usize>,
-}
-
-impl TestPlatform {
-    fn sent(&self) -> Vec<(ChatRef, String, Option<String>)> {
-        self.sent.lock().unwrap().clone()
-    }
-    async fn wait_sent(&self, n: usize) -> Vec<(ChatRef, String, Option<String>)> {
-        self.wait_sent_within(n, Duration::from_secs(5)).await
-    }
-    /// Waits for `n` sends for at most `limit` of tokio time (virtual in paused tests).
-    async fn wait_sent_within(
-        &self,
-        n: usize,
-        limit: Duration,
-    ) -> Vec<(ChatRef, String, Option<String>)> {
-        let start = tokio::time::Instant::now();
-        while start.elapsed() < limit {
-            if self.sent.lock().unwrap().len() >= n {
-                return self.sent();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("expected {n} sent messages, got {:?}", self.sent());
-    }
-}
-
-#[async_trait]
-impl Platform for TestPlatform {
-    fn name(&self) -> &str {
-        "test"
-    }
-    async fn send_message(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        reply_to: Option<&str>,
-    ) -> Result<SentMessage, PlatformError> {
-        *self.attempts.lock().unwrap() += 1;
-        if *self.fail_sends.lock().unwrap() {
-            return Err(PlatformError::Unavailable("network down".into()));
-        }
-        if let Some(wait) = self.limited.lock().unwrap().get(&chat.chat_id) {
-            return Err(PlatformError::RateLimited(*wait));
-        }
-        self.sent.lock().unwrap().push((
-            chat.clone(),
-            text.to_owned(),
-            reply_to.map(str::to_owned),
-        ));
-        let mut id = self.next_id.lock().unwrap();
-        *id += 1;
-        Ok(SentMessage {
-            message_ids: vec![format!("bot-{id}")],
-        })
-    }
-    async fn send_typing(&self, _: &ChatRef) -> Result<(), PlatformError> {
-        *self.typing.lock().unwrap() += 1;
-        Ok(())
-    }
-    async fn chat_admins(&self, _: &ChatRef) -> Result<Vec<String>, PlatformError> {
-        Ok(self.admins.clone())
-    }
-    async fn download_image(&self, _: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        *self.downloads.lock().unwrap() += 1;
-        Ok(PNG_1X1.to_vec())
-    }
-}
-
-/// A valid 1×1 PNG: what [`TestPlatform`] serves for every image.
-const PNG_1X1: &[u8] = &[
-    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
-    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
-    0x89, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xF8, 0xCF, 0xC0, 0xF0,
-    0x1F, 0x00, 0x05, 0x00, 0x01, 0xFF, 0x89, 0x99, 0x3D, 0x1D, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
-    0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
-];
 
 fn group() -> ChatRef {
     ChatRef::new("test", "-100")
 }
 
 fn msg(id: u32, who: &str, text: &str) -> IncomingMessage {
-    IncomingMessage {
-        chat: group(),
-        kind: ChatKind::Group,
-        message_id: id.to_string(),
-        sender: Sender {
-            id: format!("test:{who}"),
-            name: who.to_owned(),
-            username: None,
-            is_bot: false,
-        },
-        text: text.to_owned(),
-        time: Utc::now(),
-        reply_to: None,
-        reply_to_bot: false,
-        mentions_bot: text.contains("@parlor"),
-        images: vec![],
-    }
+    message(&group(), id, who, text)
 }
 
 struct Rig {
     manager: SessionManager,
     store: Arc<MemoryStore>,
     platform: Arc<TestPlatform>,
-    llm: Arc<GatedLlm>,
+    llm: Arc<ScriptedLlm>,
 }
 
 fn rig_with(
     store: Arc<MemoryStore>,
-    llm: Arc<GatedLlm>,
+    llm: Arc<ScriptedLlm>,
     platform: Arc<TestPlatform>,
     config: SessionConfig,
 ) -> Rig {
@@ -211,7 +60,7 @@ fn rig_with(
 
 fn rig_with_agent(
     store: Arc<MemoryStore>,
-    llm: Arc<GatedLlm>,
+    llm: Arc<ScriptedLlm>,
     platform: Arc<TestPlatform>,
     config: SessionConfig,
     agent: AgentConfig,
@@ -232,30 +81,45 @@ fn rig_with_agent(
     }
 }
 
-fn rig(open: bool) -> Rig {
+/// A rig on a fresh store; the model is gated unless `open`.
+fn rig_config(open: bool, config: SessionConfig) -> Rig {
     rig_with(
         Arc::new(MemoryStore::new()),
-        GatedLlm::new(open),
-        Arc::new(TestPlatform::default()),
-        SessionConfig::default(),
+        model(open),
+        platform(),
+        config,
     )
+}
+
+fn rig(open: bool) -> Rig {
+    rig_config(open, SessionConfig::default())
+}
+
+impl Rig {
+    /// Delivers `m`, which must be taken.
+    async fn deliver(&self, m: IncomingMessage) {
+        self.manager.deliver(m).await.unwrap();
+    }
+
+    /// Delivers message `id` from `who` in the group.
+    async fn say(&self, id: u32, who: &str, text: &str) {
+        self.deliver(msg(id, who, text)).await;
+    }
 }
 
 #[tokio::test]
 async fn a_mention_gets_a_threaded_reply_and_other_messages_are_only_recorded() {
     let rig = rig(true);
-    rig.manager
-        .deliver(msg(1, "bob", "nice weather"))
-        .await
-        .unwrap();
-    rig.manager
-        .deliver(msg(2, "alice", "hi @parlor"))
-        .await
-        .unwrap();
+    rig.say(1, "bob", "nice weather").await;
+    rig.say(2, "alice", "hi @parlor").await;
     let sent = rig.platform.wait_sent(1).await;
-    assert_eq!(sent[0].0, group());
-    assert_eq!(sent[0].1, "reply: alice (test:alice): hi @parlor");
-    assert_eq!(sent[0].2.as_deref(), Some("2"), "threaded to the mention");
+    assert_eq!(sent[0].chat, group());
+    assert_eq!(sent[0].text, "reply: alice (test:alice): hi @parlor");
+    assert_eq!(
+        sent[0].reply_to.as_deref(),
+        Some("2"),
+        "threaded to the mention"
+    );
     assert_eq!(rig.llm.user_inputs(), ["alice (test:alice): hi @parlor"]);
 
     let log = rig.store.recent_messages("test:-100", 10).unwrap();
@@ -281,18 +145,18 @@ async fn replies_to_the_bot_and_dms_are_addressed_but_bots_are_ignored() {
     let mut reply = msg(1, "carol", "and tomorrow?");
     reply.reply_to = Some("bot-9".into());
     reply.reply_to_bot = true;
-    rig.manager.deliver(reply).await.unwrap();
+    rig.deliver(reply).await;
     rig.platform.wait_sent(1).await;
 
     let mut dm = msg(2, "dave", "hello");
     dm.chat = ChatRef::new("test", "77");
     dm.kind = ChatKind::Private;
-    rig.manager.deliver(dm).await.unwrap();
+    rig.deliver(dm).await;
     rig.platform.wait_sent(2).await;
 
     let mut other_bot = msg(3, "otherbot", "@parlor ping");
     other_bot.sender.is_bot = true;
-    rig.manager.deliver(other_bot).await.unwrap();
+    rig.deliver(other_bot).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         rig.platform.sent().len(),
@@ -305,18 +169,13 @@ async fn replies_to_the_bot_and_dms_are_addressed_but_bots_are_ignored() {
 #[tokio::test]
 async fn a_burst_during_a_slow_turn_becomes_one_turn_with_every_sender() {
     let rig = rig(false);
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor first"))
-        .await
-        .unwrap();
+    rig.say(1, "alice", "@parlor first").await;
     // The first turn is now waiting on the model.
-    rig.llm.wait_started().await;
+    rig.llm.wait_requests(1).await;
     for i in 0..20 {
         let who = format!("user{i}");
-        rig.manager
-            .deliver(msg(10 + i, &who, &format!("@parlor question {i}")))
-            .await
-            .unwrap();
+        rig.say(10 + i, &who, &format!("@parlor question {i}"))
+            .await;
     }
     rig.llm.release(100);
     let sent = rig.platform.wait_sent(2).await;
@@ -331,21 +190,15 @@ async fn a_burst_during_a_slow_turn_becomes_one_turn_with_every_sender() {
         );
     }
     // The merged reply threads to the latest message of the burst.
-    assert_eq!(sent[1].2.as_deref(), Some("29"));
+    assert_eq!(sent[1].reply_to.as_deref(), Some("29"));
     assert!(rig.store.pending().unwrap().is_empty());
 }
 
 #[tokio::test]
 async fn duplicate_deliveries_are_answered_once() {
     let rig = rig(true);
-    rig.manager
-        .deliver(msg(5, "alice", "@parlor once"))
-        .await
-        .unwrap();
-    rig.manager
-        .deliver(msg(5, "alice", "@parlor once"))
-        .await
-        .unwrap();
+    rig.say(5, "alice", "@parlor once").await;
+    rig.say(5, "alice", "@parlor once").await;
     rig.platform.wait_sent(1).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(rig.platform.sent().len(), 1);
@@ -354,14 +207,11 @@ async fn duplicate_deliveries_are_answered_once() {
 #[tokio::test]
 async fn stop_cancels_the_running_turn_and_reset_forgets() {
     let rig = rig(false);
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor long task"))
-        .await
-        .unwrap();
-    rig.llm.wait_started().await;
-    rig.manager.deliver(msg(2, "alice", "/stop")).await.unwrap();
+    rig.say(1, "alice", "@parlor long task").await;
+    rig.llm.wait_requests(1).await;
+    rig.say(2, "alice", "/stop").await;
     let sent = rig.platform.wait_sent(1).await;
-    assert_eq!(sent[0].1, "Stopped.");
+    assert_eq!(sent[0].text, "Stopped.");
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         rig.platform.sent().len(),
@@ -376,47 +226,36 @@ async fn stop_cancels_the_running_turn_and_reset_forgets() {
     assert_eq!(rig.store.load_history("test:-100").unwrap().len(), 1);
 
     // /reset in a group needs an admin.
-    rig.manager
-        .deliver(msg(3, "alice", "/reset"))
-        .await
-        .unwrap();
+    rig.say(3, "alice", "/reset").await;
     let sent = rig.platform.wait_sent(2).await;
-    assert_eq!(sent[1].1, "Only an admin can reset this chat.");
+    assert_eq!(sent[1].text, "Only an admin can reset this chat.");
 
     let admin = rig_with(
         rig.store.clone(),
         rig.llm.clone(),
-        Arc::new(TestPlatform {
-            admins: vec!["test:alice".into()],
-            ..TestPlatform::default()
-        }),
+        platform(),
         SessionConfig::default(),
     );
-    admin
-        .manager
-        .deliver(msg(4, "alice", "/reset"))
-        .await
-        .unwrap();
+    admin.platform.set_admins_everywhere(&["test:alice"]);
+    admin.say(4, "alice", "/reset").await;
     let sent = admin.platform.wait_sent(1).await;
-    assert!(sent[0].1.starts_with("Done"), "{}", sent[0].1);
+    assert!(sent[0].text.starts_with("Done"), "{}", sent[0].text);
     assert!(rig.store.load_history("test:-100").unwrap().is_empty());
 }
 
 #[tokio::test]
 async fn help_and_status_answer_without_the_model() {
     let rig = rig(true);
-    rig.manager.deliver(msg(1, "alice", "/help")).await.unwrap();
-    rig.manager
-        .deliver(msg(2, "alice", "/status"))
-        .await
-        .unwrap();
-    rig.manager
-        .deliver(msg(3, "alice", "/weather@otherbot"))
-        .await
-        .unwrap();
+    rig.say(1, "alice", "/help").await;
+    rig.say(2, "alice", "/status").await;
+    rig.say(3, "alice", "/weather@otherbot").await;
     let sent = rig.platform.wait_sent(2).await;
-    assert!(sent[0].1.contains("/reset"), "{}", sent[0].1);
-    assert!(sent[1].1.contains("Session test:-100"), "{}", sent[1].1);
+    assert!(sent[0].text.contains("/reset"), "{}", sent[0].text);
+    assert!(
+        sent[1].text.contains("Session test:-100"),
+        "{}",
+        sent[1].text
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(rig.platform.sent().len(), 2);
     assert!(rig.llm.user_inputs().is_empty());
@@ -428,28 +267,21 @@ async fn overflow_is_told_to_the_chat() {
         queue_capacity: 1,
         ..SessionConfig::default()
     };
-    let rig = rig_with(
-        Arc::new(MemoryStore::new()),
-        GatedLlm::new(false),
-        Arc::new(TestPlatform::default()),
-        config,
-    );
+    let rig = rig_config(false, config);
     // A clock-like non-stackable kind cannot merge, but user messages do: fill the single
     // slot with a merged burst of MAX_LINES_PER_ITEM lines, then one more overflows.
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor first"))
-        .await
-        .unwrap();
-    rig.llm.wait_started().await;
+    rig.say(1, "alice", "@parlor first").await;
+    rig.llm.wait_requests(1).await;
     for i in 0..51 {
-        rig.manager
-            .deliver(msg(100 + i, "bob", &format!("@parlor {i}")))
-            .await
-            .unwrap();
+        rig.say(100 + i, "bob", &format!("@parlor {i}")).await;
     }
     let sent = rig.platform.wait_sent(1).await;
-    assert!(sent[0].1.contains("too many messages"), "{}", sent[0].1);
-    assert_eq!(sent[0].2.as_deref(), Some("150"));
+    assert!(
+        sent[0].text.contains("too many messages"),
+        "{}",
+        sent[0].text
+    );
+    assert_eq!(sent[0].reply_to.as_deref(), Some("150"));
     // The refused message is not left pending; the 50 queued ones are.
     assert_eq!(rig.store.pending().unwrap().len(), 1 + 50);
 }
@@ -457,42 +289,32 @@ async fn overflow_is_told_to_the_chat() {
 #[tokio::test]
 async fn after_a_crash_pending_inputs_resume_once_and_unsent_replies_go_out() {
     let store = Arc::new(MemoryStore::new());
-    let llm = GatedLlm::new(false);
+    let llm = model(false);
     let first = rig_with(
         store.clone(),
         llm.clone(),
-        Arc::new(TestPlatform::default()),
+        platform(),
         SessionConfig::default(),
     );
-    first
-        .manager
-        .deliver(msg(1, "alice", "@parlor are you there?"))
-        .await
-        .unwrap();
-    while llm.user_inputs().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    first.say(1, "alice", "@parlor are you there?").await;
+    llm.wait_requests(1).await;
     // "kill -9": the process is gone mid-turn; only the store survives.
     drop(first);
     assert_eq!(store.pending().unwrap().len(), 1);
 
-    let llm2 = GatedLlm::new(true);
+    let llm2 = model(true);
     let second = rig_with(
         store.clone(),
         llm2.clone(),
-        Arc::new(TestPlatform::default()),
+        platform(),
         SessionConfig::default(),
     );
     second.manager.resume().await.unwrap();
     // The platform redelivers the unacknowledged message: deduped.
-    second
-        .manager
-        .deliver(msg(1, "alice", "@parlor are you there?"))
-        .await
-        .unwrap();
+    second.say(1, "alice", "@parlor are you there?").await;
     let sent = second.platform.wait_sent(1).await;
     assert_eq!(
-        sent[0].1,
+        sent[0].text,
         "reply: alice (test:alice): @parlor are you there?"
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -504,38 +326,25 @@ async fn after_a_crash_pending_inputs_resume_once_and_unsent_replies_go_out() {
 #[tokio::test]
 async fn a_reply_the_platform_could_not_take_is_sent_after_restart() {
     let store = Arc::new(MemoryStore::new());
-    let platform = Arc::new(TestPlatform::default());
-    *platform.fail_sends.lock().unwrap() = true;
-    let first = rig_with(
-        store.clone(),
-        GatedLlm::new(true),
-        platform,
-        SessionConfig::default(),
-    );
-    first
-        .manager
-        .deliver(msg(1, "alice", "@parlor hi"))
-        .await
-        .unwrap();
-    for _ in 0..200 {
-        if !store.unsent_outbox().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let down = platform();
+    down.fail_sends(Some(network_down()));
+    let first = rig_with(store.clone(), model(true), down, SessionConfig::default());
+    first.say(1, "alice", "@parlor hi").await;
+    // A reply is sent from the outbox: once the platform refused it, it is there.
+    first.platform.wait_attempts(1).await;
     assert_eq!(store.unsent_outbox().unwrap().len(), 1);
     drop(first);
 
     let second = rig_with(
         store.clone(),
-        GatedLlm::new(true),
-        Arc::new(TestPlatform::default()),
+        model(true),
+        platform(),
         SessionConfig::default(),
     );
     second.manager.resume().await.unwrap();
     let sent = second.platform.wait_sent(1).await;
-    assert_eq!(sent[0].1, "reply: alice (test:alice): @parlor hi");
-    assert_eq!(sent[0].2.as_deref(), Some("1"));
+    assert_eq!(sent[0].text, "reply: alice (test:alice): @parlor hi");
+    assert_eq!(sent[0].reply_to.as_deref(), Some("1"));
     assert!(store.unsent_outbox().unwrap().is_empty());
     assert_eq!(
         store.load_history("test:-100").unwrap().len(),
@@ -547,11 +356,8 @@ async fn a_reply_the_platform_could_not_take_is_sent_after_restart() {
 #[tokio::test]
 async fn shutdown_cancels_after_the_grace_period_and_keeps_the_input_pending() {
     let rig = rig(false);
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor slow"))
-        .await
-        .unwrap();
-    rig.llm.wait_started().await;
+    rig.say(1, "alice", "@parlor slow").await;
+    rig.llm.wait_requests(1).await;
     rig.manager.shutdown(Duration::from_millis(50)).await;
     assert!(rig.platform.sent().is_empty());
     assert_eq!(
@@ -577,25 +383,14 @@ async fn the_rate_limit_delays_turns_and_merges_what_waits() {
         turns_per_minute: 2,
         ..SessionConfig::default()
     };
-    let rig = rig_with(
-        Arc::new(MemoryStore::new()),
-        GatedLlm::new(true),
-        Arc::new(TestPlatform::default()),
-        config,
-    );
+    let rig = rig_config(true, config);
     for i in 0..2 {
-        rig.manager
-            .deliver(msg(i, "alice", &format!("@parlor {i}")))
-            .await
-            .unwrap();
+        rig.say(i, "alice", &format!("@parlor {i}")).await;
         rig.platform.wait_sent(i as usize + 1).await;
     }
     let start = tokio::time::Instant::now();
     for i in 2..6 {
-        rig.manager
-            .deliver(msg(i, "alice", &format!("@parlor {i}")))
-            .await
-            .unwrap();
+        rig.say(i, "alice", &format!("@parlor {i}")).await;
     }
     tokio::time::sleep(Duration::from_secs(50)).await;
     assert_eq!(
@@ -628,8 +423,8 @@ async fn images_reach_a_vision_model_in_their_turn_and_history_keeps_only_a_refe
     };
     let rig = rig_with_agent(
         Arc::new(MemoryStore::new()),
-        GatedLlm::new(true),
-        Arc::new(TestPlatform::default()),
+        model(true),
+        platform(),
         SessionConfig::default(),
         agent,
     );
@@ -639,9 +434,9 @@ async fn images_reach_a_vision_model_in_their_turn_and_history_keeps_only_a_refe
         mime_type: Some("image/png".into()),
         size: Some(PNG_1X1.len() as u64),
     }];
-    rig.manager.deliver(m).await.unwrap();
+    rig.deliver(m).await;
     rig.platform.wait_sent(1).await;
-    let request = rig.llm.requests.lock().unwrap()[0].clone();
+    let request = rig.llm.requests()[0].clone();
     let Some(Message::User {
         content: Content::Parts(parts),
     }) = request.messages.last()
@@ -666,12 +461,9 @@ async fn images_reach_a_vision_model_in_their_turn_and_history_keeps_only_a_refe
     assert!(history.contains(r#""message_id":"1""#), "{history}");
 
     // The next turn names the photo and does not download it again.
-    rig.manager
-        .deliver(msg(2, "alice", "@parlor and the colours?"))
-        .await
-        .unwrap();
+    rig.say(2, "alice", "@parlor and the colours?").await;
     rig.platform.wait_sent(2).await;
-    let second = rig.llm.requests.lock().unwrap()[1].clone();
+    let second = rig.llm.requests()[1].clone();
     let body = parlor_bot::llm::OpenAiClient::request_body(&second).to_string();
     assert!(!body.contains(&photo), "{body}");
     assert_eq!(
@@ -681,23 +473,17 @@ async fn images_reach_a_vision_model_in_their_turn_and_history_keeps_only_a_refe
              show it again]"
         )
     );
-    assert_eq!(*rig.platform.downloads.lock().unwrap(), 1);
+    assert_eq!(rig.platform.downloads().len(), 1);
 }
 
 #[tokio::test]
 async fn a_scheduled_input_runs_as_its_own_turn_and_reports_the_posted_ids() {
     use parlor_bot::session::ScheduledOutcome;
     let rig = rig(false);
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor first"))
-        .await
-        .unwrap();
-    rig.llm.wait_started().await;
+    rig.say(1, "alice", "@parlor first").await;
+    rig.llm.wait_requests(1).await;
     // Queued behind the running turn, between two user messages: it must not merge.
-    rig.manager
-        .deliver(msg(2, "bob", "@parlor second"))
-        .await
-        .unwrap();
+    rig.say(2, "bob", "@parlor second").await;
     let outcome = rig
         .manager
         .submit_scheduled(
@@ -707,10 +493,7 @@ async fn a_scheduled_input_runs_as_its_own_turn_and_reports_the_posted_ids() {
         )
         .await
         .unwrap();
-    rig.manager
-        .deliver(msg(3, "carol", "@parlor third"))
-        .await
-        .unwrap();
+    rig.say(3, "carol", "@parlor third").await;
     rig.llm.release(100);
     let outcome = tokio::time::timeout(Duration::from_secs(5), outcome)
         .await
@@ -722,11 +505,11 @@ async fn a_scheduled_input_runs_as_its_own_turn_and_reports_the_posted_ids() {
     let sent = rig.platform.wait_sent(3).await;
     let scheduled = sent
         .iter()
-        .position(|(_, text, _)| text.contains("[scheduled task]"))
+        .position(|s| s.text.contains("[scheduled task]"))
         .unwrap();
     assert_eq!(ids, [format!("bot-{}", scheduled + 1)]);
     assert_eq!(
-        sent[scheduled].2, None,
+        sent[scheduled].reply_to, None,
         "a scheduled reply threads to nothing"
     );
     let inputs = rig.llm.user_inputs();
@@ -743,16 +526,8 @@ async fn idle_sessions_leave_memory_and_come_back_from_the_store() {
         idle_timeout: Duration::from_secs(60),
         ..SessionConfig::default()
     };
-    let rig = rig_with(
-        Arc::new(MemoryStore::new()),
-        GatedLlm::new(true),
-        Arc::new(TestPlatform::default()),
-        config,
-    );
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor hi"))
-        .await
-        .unwrap();
+    let rig = rig_config(true, config);
+    rig.say(1, "alice", "@parlor hi").await;
     rig.platform.wait_sent(1).await;
     assert_eq!(rig.manager.live_sessions(), 1);
     tokio::time::sleep(Duration::from_secs(61)).await;
@@ -761,24 +536,18 @@ async fn idle_sessions_leave_memory_and_come_back_from_the_store() {
         0,
         "the idle session left memory"
     );
-    rig.manager
-        .deliver(msg(2, "alice", "@parlor again"))
-        .await
-        .unwrap();
+    rig.say(2, "alice", "@parlor again").await;
     rig.platform.wait_sent(2).await;
     // The history came back from the store: the second request carries the first turn.
-    let requests = rig.llm.requests.lock().unwrap().clone();
+    let requests = rig.llm.requests();
     assert_eq!(requests[1].messages.len(), 1 + 2 + 1);
 }
 
 #[tokio::test]
 async fn notices_merge_while_busy_and_a_withdrawn_one_is_never_delivered() {
     let rig = rig(false);
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor start"))
-        .await
-        .unwrap();
-    rig.llm.wait_started().await;
+    rig.say(1, "alice", "@parlor start").await;
+    rig.llm.wait_requests(1).await;
     let system = parlor_bot::tool::Caller::default();
     let a = rig
         .manager
@@ -819,28 +588,19 @@ async fn without_vision_the_model_is_told_an_image_was_attached() {
         mime_type: None,
         size: None,
     }];
-    rig.manager.deliver(m).await.unwrap();
+    rig.deliver(m).await;
     rig.platform.wait_sent(1).await;
     assert_eq!(
         rig.llm.user_inputs(),
         ["alice (test:alice): @parlor look\n[1 image attached; this model cannot see images]"]
     );
-    assert_eq!(
-        *rig.platform.downloads.lock().unwrap(),
-        0,
-        "nothing to download"
-    );
+    assert_eq!(rig.platform.downloads().len(), 0, "nothing to download");
 }
 
 /// A manager with an instant model and no tools over `store` and `platform`.
 fn plain_manager(store: Arc<dyn Store>, platform: Arc<dyn Platform>) -> SessionManager {
     let registry = ToolRegistry::new(vec![]).unwrap();
-    let agent = Agent::new(
-        GatedLlm::new(true),
-        registry,
-        "test",
-        AgentConfig::default(),
-    );
+    let agent = Agent::new(model(true), registry, "test", AgentConfig::default());
     SessionManager::new(store, agent, vec![platform], SessionConfig::default())
 }
 
@@ -853,22 +613,16 @@ fn mention_in(chat: &str, id: u32, who: &str) -> IncomingMessage {
 #[tokio::test(start_paused = true)]
 async fn a_chat_held_by_retry_after_does_not_hold_another_chat() {
     let rig = rig(true);
-    rig.platform
-        .limited
-        .lock()
-        .unwrap()
-        .insert("-1".into(), Duration::from_secs(60));
+    let held = ChatRef::new("test", "-1");
+    rig.platform.fail_sends_in(
+        &held,
+        Some(PlatformError::RateLimited(Duration::from_secs(60))),
+    );
     let start = tokio::time::Instant::now();
-    rig.manager
-        .deliver(mention_in("-1", 1, "alice"))
-        .await
-        .unwrap();
-    rig.manager
-        .deliver(mention_in("-2", 2, "bob"))
-        .await
-        .unwrap();
+    rig.deliver(mention_in("-1", 1, "alice")).await;
+    rig.deliver(mention_in("-2", 2, "bob")).await;
     let sent = rig.platform.wait_sent(1).await;
-    assert_eq!(sent[0].0.chat_id, "-2", "the other chat is answered");
+    assert_eq!(sent[0].chat.chat_id, "-2", "the other chat is answered");
     assert!(
         start.elapsed() < Duration::from_secs(60),
         "without waiting for the held chat: {:?}",
@@ -876,12 +630,12 @@ async fn a_chat_held_by_retry_after_does_not_hold_another_chat() {
     );
     // The held chat's reply is waiting in the outbox, not lost.
     assert_eq!(rig.store.unsent_outbox().unwrap().len(), 1);
-    rig.platform.limited.lock().unwrap().clear();
+    rig.platform.fail_sends_in(&held, None);
     let sent = rig
         .platform
         .wait_sent_within(2, Duration::from_secs(120))
         .await;
-    assert_eq!(sent[1].0.chat_id, "-1");
+    assert_eq!(sent[1].chat.chat_id, "-1");
     assert!(
         start.elapsed() >= Duration::from_secs(60),
         "retry_after honoured"
@@ -892,26 +646,23 @@ async fn a_chat_held_by_retry_after_does_not_hold_another_chat() {
 #[tokio::test(start_paused = true)]
 async fn the_outbox_delivers_after_hours_of_outage_and_never_twice() {
     let rig = rig(true);
-    *rig.platform.fail_sends.lock().unwrap() = true;
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor are you there?"))
-        .await
-        .unwrap();
+    rig.platform.fail_sends(Some(network_down()));
+    rig.say(1, "alice", "@parlor are you there?").await;
     // Three hours of outage, in paused time: the lane keeps trying, backing off.
     tokio::time::sleep(Duration::from_secs(3 * 3600)).await;
-    let tries = *rig.platform.attempts.lock().unwrap();
+    let tries = rig.platform.attempts();
     assert!(
         (20..200).contains(&tries),
         "kept trying with backoff capped at minutes: {tries} tries"
     );
     assert_eq!(rig.store.unsent_outbox().unwrap().len(), 1);
-    *rig.platform.fail_sends.lock().unwrap() = false;
+    rig.platform.fail_sends(None);
     let sent = rig
         .platform
         .wait_sent_within(1, Duration::from_secs(600))
         .await;
     assert_eq!(
-        sent[0].1,
+        sent[0].text,
         "reply: alice (test:alice): @parlor are you there?"
     );
     tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -922,33 +673,13 @@ async fn the_outbox_delivers_after_hours_of_outage_and_never_twice() {
 
 #[tokio::test(start_paused = true)]
 async fn a_reply_the_platform_refuses_for_good_is_given_up_with_its_reason() {
-    /// Refuses every send: the bot was removed from the chat.
-    struct Kicked;
-    #[async_trait]
-    impl Platform for Kicked {
-        fn name(&self) -> &str {
-            "test"
-        }
-        async fn send_message(
-            &self,
-            _: &ChatRef,
-            _: &str,
-            _: Option<&str>,
-        ) -> Result<SentMessage, PlatformError> {
-            Err(PlatformError::Refused("Forbidden: bot was kicked".into()))
-        }
-        async fn send_typing(&self, _: &ChatRef) -> Result<(), PlatformError> {
-            Ok(())
-        }
-        async fn chat_admins(&self, _: &ChatRef) -> Result<Vec<String>, PlatformError> {
-            Ok(Vec::new())
-        }
-        async fn download_image(&self, _: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-            Err(PlatformError::NotFound("no".into()))
-        }
-    }
+    // Refuses every send: the bot was removed from the chat.
+    let kicked = TestPlatform::new();
+    kicked.fail_sends(Some(PlatformError::Refused(
+        "Forbidden: bot was kicked".into(),
+    )));
     let store = Arc::new(MemoryStore::new());
-    let manager = plain_manager(store.clone(), Arc::new(Kicked));
+    let manager = plain_manager(store.clone(), kicked);
     manager
         .deliver(msg(1, "alice", "@parlor hi"))
         .await
@@ -962,10 +693,8 @@ async fn a_reply_the_platform_refuses_for_good_is_given_up_with_its_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_racing_delivery_never_makes_two_actors_for_one_chat() {
-    let rig = rig_with(
-        Arc::new(MemoryStore::new()),
-        GatedLlm::new(true),
-        Arc::new(TestPlatform::default()),
+    let rig = rig_config(
+        true,
         SessionConfig {
             // Evict the moment the queue is empty, so that every delivery races eviction.
             idle_timeout: Duration::ZERO,
@@ -981,10 +710,8 @@ async fn eviction_racing_delivery_never_makes_two_actors_for_one_chat() {
         senders.push(tokio::spawn(async move {
             for i in 0..1500u32 {
                 let id = lane * 100_000 + i;
-                rig.manager
-                    .deliver(msg(id, &format!("u{lane}"), &format!("@parlor q{id}")))
-                    .await
-                    .unwrap();
+                rig.say(id, &format!("u{lane}"), &format!("@parlor q{id}"))
+                    .await;
                 // Varying pauses let the actor drain and evict just as the next
                 // message arrives; the first sender also waits for the actor to end now
                 // and then, so that many evictions happen while the other one sends.
@@ -1031,130 +758,6 @@ async fn eviction_racing_delivery_never_makes_two_actors_for_one_chat() {
     assert_eq!(rig.platform.sent().len(), turns.len(), "one reply per turn");
 }
 
-/// A store that "dies" after `limit` writes: every later write fails without a trace, so
-/// the inner store holds exactly what a `kill -9` after that many (atomic, flushed) writes
-/// would have left on disk.
-struct CrashStore {
-    inner: Arc<MemoryStore>,
-    limit: usize,
-    writes: Mutex<usize>,
-}
-
-impl CrashStore {
-    fn write(&self) -> Result<(), parlor_bot::store::StoreError> {
-        let mut writes = self.writes.lock().unwrap();
-        if *writes >= self.limit {
-            return Err(parlor_bot::store::StoreError::Io("killed".into()));
-        }
-        *writes += 1;
-        Ok(())
-    }
-}
-
-impl Store for CrashStore {
-    fn record_inbound(
-        &self,
-        session: &str,
-        message: &parlor_bot::store::StoredMessage,
-        intake: parlor_bot::store::Intake,
-    ) -> Result<parlor_bot::store::Inbound, parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.record_inbound(session, message, intake)
-    }
-    fn get_message(
-        &self,
-        s: &str,
-        id: &str,
-    ) -> Result<Option<parlor_bot::store::StoredMessage>, parlor_bot::store::StoreError> {
-        self.inner.get_message(s, id)
-    }
-    fn recent_messages(
-        &self,
-        s: &str,
-        n: usize,
-    ) -> Result<Vec<parlor_bot::store::StoredMessage>, parlor_bot::store::StoreError> {
-        self.inner.recent_messages(s, n)
-    }
-    fn load_history(&self, s: &str) -> Result<Vec<Message>, parlor_bot::store::StoreError> {
-        self.inner.load_history(s)
-    }
-    fn save_history(&self, s: &str, h: &[Message]) -> Result<(), parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.save_history(s, h)
-    }
-    fn add_pending_with(
-        &self,
-        item: parlor_bot::store::PendingItem,
-        also: Vec<parlor_bot::store::KvWrite>,
-    ) -> Result<u64, parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.add_pending_with(item, also)
-    }
-    fn pending(
-        &self,
-    ) -> Result<Vec<parlor_bot::store::PendingItem>, parlor_bot::store::StoreError> {
-        self.inner.pending()
-    }
-    fn remove_pending(&self, ids: &[u64]) -> Result<(), parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.remove_pending(ids)
-    }
-    fn commit_turn(
-        &self,
-        c: parlor_bot::store::TurnCommit,
-    ) -> Result<Option<u64>, parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.commit_turn(c)
-    }
-    fn unsent_outbox(
-        &self,
-    ) -> Result<Vec<parlor_bot::store::OutboxEntry>, parlor_bot::store::StoreError> {
-        self.inner.unsent_outbox()
-    }
-    fn mark_sent(&self, id: u64, ids: &[String]) -> Result<(), parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.mark_sent(id, ids)
-    }
-    fn mark_failed(&self, id: u64, why: &str) -> Result<(), parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.mark_failed(id, why)
-    }
-    fn sent_reply(
-        &self,
-        id: u64,
-    ) -> Result<Option<parlor_bot::store::OutboxEntry>, parlor_bot::store::StoreError> {
-        self.inner.sent_reply(id)
-    }
-    fn get_meta(&self, k: &str) -> Result<Option<String>, parlor_bot::store::StoreError> {
-        self.inner.get_meta(k)
-    }
-    fn set_meta(&self, k: &str, v: &str) -> Result<(), parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.set_meta(k, v)
-    }
-    fn kv_get(&self, s: &str, k: &str) -> Result<Option<String>, parlor_bot::store::StoreError> {
-        self.inner.kv_get(s, k)
-    }
-    fn kv_put(&self, s: &str, k: &str, v: &str) -> Result<(), parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.kv_put(s, k, v)
-    }
-    fn kv_delete(&self, s: &str, k: &str) -> Result<bool, parlor_bot::store::StoreError> {
-        self.write()?;
-        self.inner.kv_delete(s, k)
-    }
-    fn kv_scan(
-        &self,
-        s: &str,
-        p: &str,
-    ) -> Result<Vec<(String, String)>, parlor_bot::store::StoreError> {
-        self.inner.kv_scan(s, p)
-    }
-    fn flush(&self) -> Result<(), parlor_bot::store::StoreError> {
-        Ok(())
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_kill_after_any_store_write_loses_no_message_and_repeats_none_but_the_send_window() {
     // Five chats, one mention each, plus chatter and a command: the traffic of a restart.
@@ -1169,12 +772,8 @@ async fn a_kill_after_any_store_write_loses_no_message_and_repeats_none_but_the_
         .collect();
     for limit in 0..40 {
         let inner = Arc::new(MemoryStore::new());
-        let crash = Arc::new(CrashStore {
-            inner: inner.clone(),
-            limit,
-            writes: Mutex::new(0),
-        });
-        let before = Arc::new(TestPlatform::default());
+        let crash = CrashStore::new(inner.clone(), limit);
+        let before = platform();
         let first = plain_manager(crash.clone(), before.clone());
         for m in &traffic {
             // A failed delivery is not acknowledged; the platform sends it again later.
@@ -1182,18 +781,18 @@ async fn a_kill_after_any_store_write_loses_no_message_and_repeats_none_but_the_
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
         first.shutdown(Duration::from_secs(1)).await;
-        let killed_after = *crash.writes.lock().unwrap();
+        let killed_after = crash.writes();
 
         // The restart: what the store kept, and every message delivered again.
         let after = rig_with(
             inner.clone(),
-            GatedLlm::new(true),
-            Arc::new(TestPlatform::default()),
+            model(true),
+            platform(),
             SessionConfig::default(),
         );
         after.manager.resume().await.unwrap();
         for m in &traffic {
-            after.manager.deliver(m.clone()).await.unwrap();
+            after.deliver(m.clone()).await;
         }
         for _ in 0..1000 {
             if after.manager.is_idle() {
@@ -1210,23 +809,21 @@ async fn a_kill_after_any_store_write_loses_no_message_and_repeats_none_but_the_
         for i in 1..=5u32 {
             let replies = sent
                 .iter()
-                .filter(|(chat, text, _)| {
-                    chat.chat_id == format!("-{i}") && text.starts_with("reply:")
-                })
+                .filter(|s| s.chat.chat_id == format!("-{i}") && s.text.starts_with("reply:"))
                 .count();
             // The one allowed repeat: sent before the kill, not yet marked sent.
-            let window = before.sent().iter().any(|(chat, text, _)| {
-                chat.chat_id == format!("-{i}") && text.starts_with("reply:")
-            }) && killed_after == limit;
+            let window = before
+                .sent()
+                .iter()
+                .any(|s| s.chat.chat_id == format!("-{i}") && s.text.starts_with("reply:"))
+                && killed_after == limit;
             assert!(
                 replies == 1 || (replies == 2 && window),
                 "limit {limit}: chat -{i} got {replies} replies: {sent:?}"
             );
             let helps = sent
                 .iter()
-                .filter(|(chat, text, _)| {
-                    chat.chat_id == format!("-{i}") && text.starts_with("Mention me")
-                })
+                .filter(|s| s.chat.chat_id == format!("-{i}") && s.text.starts_with("Mention me"))
                 .count();
             assert!(
                 helps == 1 || (helps == 2 && killed_after == limit),
@@ -1238,25 +835,17 @@ async fn a_kill_after_any_store_write_loses_no_message_and_repeats_none_but_the_
 
 #[tokio::test(start_paused = true)]
 async fn a_task_notice_into_a_full_queue_is_told_now_not_at_the_next_start() {
-    let rig = rig_with(
-        Arc::new(MemoryStore::new()),
-        GatedLlm::new(false),
-        Arc::new(TestPlatform::default()),
+    let rig = rig_config(
+        false,
         SessionConfig {
             queue_capacity: 1,
             ..SessionConfig::default()
         },
     );
-    rig.manager
-        .deliver(msg(1, "alice", "@parlor first"))
-        .await
-        .unwrap();
-    rig.llm.wait_started().await;
+    rig.say(1, "alice", "@parlor first").await;
+    rig.llm.wait_requests(1).await;
     // The running turn is busy and the one queue slot is taken.
-    rig.manager
-        .deliver(msg(2, "bob", "@parlor second"))
-        .await
-        .unwrap();
+    rig.say(2, "bob", "@parlor second").await;
     let system = parlor_bot::tool::Caller::default();
     rig.manager
         .submit_notice(&group(), "<R>done</R>".into(), system, Vec::new())

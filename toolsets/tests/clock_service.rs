@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use clock_support::*;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::testing::{ScriptedLlm, Sent};
 use parlor_bot::tool::{Caller, Role};
 use parlor_toolsets::clock::{
     ClockHandle, ClockOptions, MissedPolicy, NewClock, RunStatus, WallTime,
@@ -43,7 +44,7 @@ fn create(handle: &ClockHandle, clock: NewClock) -> u64 {
 }
 
 /// The task name in a posted reply: `reply: [Scheduled task "NAME" (clock N), ...`.
-fn task_name(post: &Post) -> String {
+fn task_name(post: &Sent) -> String {
     post.text
         .split('"')
         .nth(1)
@@ -57,7 +58,7 @@ fn rfc(t: DateTime<Utc>) -> String {
 
 /// `(wall time, task name)` of every post, in time order, after checking that each post's
 /// tokio time is its wall time's offset from the start.
-fn fired(posts: &[Post], t0: Instant, start: DateTime<Utc>) -> Vec<(String, String)> {
+fn fired(posts: &[Sent], t0: Instant, start: DateTime<Utc>) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = posts
         .iter()
         .map(|p| {
@@ -91,17 +92,17 @@ fn life(start: &str) -> Life {
 }
 
 impl Life {
-    async fn rig(&self, prefix: &str, llm: Arc<TestLlm>, options: ClockOptions) -> Rig {
+    async fn rig(&self, prefix: &str, llm: Arc<ScriptedLlm>, options: ClockOptions) -> Rig {
         Rig::start(
             self.store.clone(),
-            TestPlatform::new(self.clock.clone(), prefix),
+            platform(&self.clock, prefix),
             llm,
             options,
         )
         .await
     }
     async fn default_rig(&self, prefix: &str) -> Rig {
-        self.rig(prefix, TestLlm::new(), options(&self.clock)).await
+        self.rig(prefix, model(), options(&self.clock)).await
     }
     async fn until(&self, wall: &str) {
         sleep_until_wall(&self.clock, utc(wall)).await;
@@ -120,8 +121,7 @@ async fn cron_one_shot_and_interval_tasks_fire_at_their_instants() {
     let every = create(&rig.handle, new_clock("every", "every 20m", group_a()));
     life.until("2026-06-01T09:30:00Z").await;
 
-    let posts = rig.platform.posts();
-    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    let posts = rig.platform.sent();
     assert_eq!(
         fired(&posts, life.t0, life.start),
         [
@@ -178,19 +178,30 @@ async fn cron_one_shot_and_interval_tasks_fire_at_their_instants() {
     rig.stop().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn berlin_spring_forward_day_fires_at_the_shifted_instants() {
-    let life = life("2026-03-28T12:00:00Z");
+/// What a daily 09:00 and a daily 02:30 task in Europe/Berlin post from `start` until
+/// `until`, as [`fired`] gives it.
+async fn berlin_days(start: &str, until: &str) -> Vec<(String, String)> {
+    let life = life(start);
     let rig = life.default_rig("m").await;
     for (name, schedule) in [("nine", "0 9 * * *"), ("half-past-two", "30 2 * * *")] {
         let mut clock = new_clock(name, schedule, group_a());
         clock.timezone = Some("Europe/Berlin".into());
         create(&rig.handle, clock);
     }
-    life.until("2026-03-30T12:00:00Z").await;
-    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    life.until(until).await;
+    let posts = fired(&rig.platform.sent(), life.t0, life.start);
+    rig.stop().await;
+    posts
+}
+
+fn s(a: &str, b: &str) -> (String, String) {
+    (a.to_owned(), b.to_owned())
+}
+
+#[tokio::test(start_paused = true)]
+async fn berlin_spring_forward_day_fires_at_the_shifted_instants() {
     assert_eq!(
-        fired(&rig.platform.posts(), life.t0, life.start),
+        berlin_days("2026-03-28T12:00:00Z", "2026-03-30T12:00:00Z").await,
         [
             // 02:30 does not exist on the 29th: the first instant after the gap, 03:00 CEST.
             s("2026-03-29T01:00:00Z", "half-past-two"),
@@ -200,22 +211,12 @@ async fn berlin_spring_forward_day_fires_at_the_shifted_instants() {
             s("2026-03-30T07:00:00Z", "nine"),
         ]
     );
-    rig.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn berlin_fall_back_day_fires_once_in_the_repeated_hour() {
-    let life = life("2026-10-24T12:00:00Z");
-    let rig = life.default_rig("m").await;
-    for (name, schedule) in [("nine", "0 9 * * *"), ("half-past-two", "30 2 * * *")] {
-        let mut clock = new_clock(name, schedule, group_a());
-        clock.timezone = Some("Europe/Berlin".into());
-        create(&rig.handle, clock);
-    }
-    life.until("2026-10-26T12:00:00Z").await;
-    let s = |a: &str, b: &str| (a.to_owned(), b.to_owned());
     assert_eq!(
-        fired(&rig.platform.posts(), life.t0, life.start),
+        berlin_days("2026-10-24T12:00:00Z", "2026-10-26T12:00:00Z").await,
         [
             // 02:30 CEST, the first pass; not again at 02:30 CET.
             s("2026-10-25T00:30:00Z", "half-past-two"),
@@ -225,7 +226,6 @@ async fn berlin_fall_back_day_fires_once_in_the_repeated_hour() {
             s("2026-10-26T08:00:00Z", "nine"),
         ]
     );
-    rig.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -236,8 +236,8 @@ async fn a_task_for_another_chat_posts_there_only() {
     clock.created_in = group_a().session_key();
     let id = create(&rig.handle, clock);
     life.until("2026-06-01T08:10:00Z").await;
-    assert!(rig.platform.posts_in(&group_a()).is_empty());
-    let posts = rig.platform.posts_in(&group_b());
+    assert!(rig.platform.sent_in(&group_a()).is_empty());
+    let posts = rig.platform.sent_in(&group_b());
     assert_eq!(posts.len(), 1);
     let runs = rig.runs(id);
     assert_eq!(runs[0].chat, "test:-200");
@@ -251,9 +251,7 @@ async fn a_task_for_another_chat_posts_there_only() {
 #[tokio::test(start_paused = true)]
 async fn a_failing_model_or_a_refused_post_is_logged_failed() {
     let life = life("2026-06-01T08:00:00Z");
-    let rig = life
-        .rig("m", TestLlm::failing(), options(&life.clock))
-        .await;
+    let rig = life.rig("m", failing_model(), options(&life.clock)).await;
     let id = create(
         &rig.handle,
         new_clock("doomed", "2026-06-01T08:05:00Z", group_a()),
@@ -272,7 +270,7 @@ async fn a_failing_model_or_a_refused_post_is_logged_failed() {
 
     let life = self::life("2026-06-01T08:00:00Z");
     let rig = life.default_rig("m").await;
-    rig.platform.refuse_sends(true);
+    refuse_sends(&rig.platform);
     let id = create(
         &rig.handle,
         new_clock("refused", "2026-06-01T08:05:00Z", group_a()),
@@ -297,7 +295,7 @@ async fn a_run_longer_than_the_timeout_is_timed_out() {
         run_timeout: Duration::from_secs(120),
         ..options(&life.clock)
     };
-    let rig = life.rig("m", TestLlm::blocked(), options).await;
+    let rig = life.rig("m", blocked_model(), options).await;
     let id = create(
         &rig.handle,
         new_clock("slow", "2026-06-01T08:01:00Z", group_a()),
@@ -316,7 +314,7 @@ async fn a_run_longer_than_the_timeout_is_timed_out() {
     // The turn may still finish; the log keeps what the clock knew in time.
     rig.llm.release(10);
     life.until("2026-06-01T08:04:00Z").await;
-    assert_eq!(rig.platform.posts().len(), 1);
+    assert_eq!(rig.platform.sent().len(), 1);
     assert_eq!(rig.runs(id)[0].status, RunStatus::TimedOut);
     rig.stop().await;
 }
@@ -333,14 +331,14 @@ async fn a_slow_turn_of_one_task_does_not_delay_another() {
         new_clock("quick", "2026-06-01T08:11:00Z", group_b()),
     );
     life.until("2026-06-01T08:15:00Z").await;
-    let posts = rig.platform.posts();
+    let posts = rig.platform.sent();
     assert_eq!(posts.len(), 1, "{posts:?}");
     assert_eq!(rfc(posts[0].wall), "2026-06-01T08:11:00Z");
     assert_eq!(rig.runs(quick)[0].status, RunStatus::Ok);
     assert_eq!(rig.runs(slow)[0].status, RunStatus::Started);
     rig.llm.release(1);
     life.until("2026-06-01T08:16:00Z").await;
-    assert_eq!(rig.platform.posts_in(&group_a()).len(), 1);
+    assert_eq!(rig.platform.sent_in(&group_a()).len(), 1);
     assert_eq!(rig.runs(slow)[0].status, RunStatus::Ok);
     rig.stop().await;
 }
@@ -351,14 +349,14 @@ async fn a_restart_neither_loses_nor_repeats_a_fire() {
     let first = life.default_rig("first").await;
     let id = create(&first.handle, new_clock("tick", "every 1m", group_a()));
     life.until("2026-06-01T08:03:30Z").await;
-    assert_eq!(first.platform.posts().len(), 3);
+    assert_eq!(first.platform.sent().len(), 3);
     let first_platform = first.platform.clone();
     first.stop().await;
 
     let second = life.default_rig("second").await;
     life.until("2026-06-01T08:06:30Z").await;
-    let mut posts = first_platform.posts();
-    posts.extend(second.platform.posts());
+    let mut posts = first_platform.sent();
+    posts.extend(second.platform.sent());
     let walls: Vec<String> = posts.iter().map(|p| rfc(p.wall)).collect();
     assert_eq!(
         walls,
@@ -395,12 +393,7 @@ async fn a_due_time_missed_by_a_short_restart_fires_late_once() {
     life.until("2026-06-01T08:33:00Z").await;
     let second = life.default_rig("second").await;
     life.until("2026-06-01T08:55:00Z").await;
-    let walls: Vec<String> = second
-        .platform
-        .posts()
-        .iter()
-        .map(|p| rfc(p.wall))
-        .collect();
+    let walls: Vec<String> = second.platform.sent().iter().map(|p| rfc(p.wall)).collect();
     assert_eq!(
         walls,
         [
@@ -438,11 +431,7 @@ async fn runs_missed_while_stopped_are_skipped_or_caught_up_once() {
     catch_up.missed = MissedPolicy::CatchUp;
     let catch_up = create(&first.handle, catch_up);
     life.until("2026-06-01T08:20:00Z").await;
-    assert_eq!(
-        first.platform.posts().len(),
-        2,
-        "08:15, both interval tasks"
-    );
+    assert_eq!(first.platform.sent().len(), 2, "08:15, both interval tasks");
     first.stop().await;
 
     // Down from 08:20 to 09:52: 09:00 (daily) and 08:30..09:45 (6 per interval task) pass.
@@ -477,7 +466,7 @@ async fn runs_missed_while_stopped_are_skipped_or_caught_up_once() {
         "{error}"
     );
     // catch_up: one run now for the latest missed due time.
-    let posts = second.platform.posts();
+    let posts = second.platform.sent();
     assert_eq!(posts.len(), 1, "{posts:?}");
     assert_eq!(task_name(&posts[0]), "catch");
     assert_eq!(rfc(posts[0].wall), "2026-06-01T09:52:00Z");
@@ -489,7 +478,7 @@ async fn runs_missed_while_stopped_are_skipped_or_caught_up_once() {
 
     // Both interval tasks are back on their grid.
     life.until("2026-06-01T10:05:00Z").await;
-    let mut later: Vec<(String, String)> = second.platform.posts()[1..]
+    let mut later: Vec<(String, String)> = second.platform.sent()[1..]
         .iter()
         .map(|p| (rfc(p.wall), task_name(p)))
         .collect();
@@ -508,12 +497,12 @@ async fn runs_missed_while_stopped_are_skipped_or_caught_up_once() {
 async fn a_crash_mid_run_is_logged_cancelled_and_its_fire_is_not_repeated() {
     let life = life("2026-06-01T08:00:00Z");
     let first = life
-        .rig("first", TestLlm::blocked(), options(&life.clock))
+        .rig("first", blocked_model(), options(&life.clock))
         .await;
     let id = create(&first.handle, new_clock("tick", "every 10m", group_a()));
     life.until("2026-06-01T08:11:00Z").await;
     assert_eq!(first.runs(id)[0].status, RunStatus::Started);
-    assert!(first.platform.posts().is_empty());
+    assert!(first.platform.sent().is_empty());
     first.crash();
 
     life.until("2026-06-01T08:12:00Z").await;
@@ -532,12 +521,7 @@ async fn a_crash_mid_run_is_logged_cancelled_and_its_fire_is_not_repeated() {
     assert!(runs[0].error.as_deref().unwrap().contains("interrupted"));
     // The 08:10 text had reached the chat's queue: the session answers it once after the
     // restart; the clock does not fire 08:10 again.
-    let walls: Vec<String> = second
-        .platform
-        .posts()
-        .iter()
-        .map(|p| rfc(p.wall))
-        .collect();
+    let walls: Vec<String> = second.platform.sent().iter().map(|p| rfc(p.wall)).collect();
     assert_eq!(
         walls,
         [
@@ -552,9 +536,7 @@ async fn a_crash_mid_run_is_logged_cancelled_and_its_fire_is_not_repeated() {
 #[tokio::test(start_paused = true)]
 async fn a_shutdown_during_a_run_logs_it_cancelled() {
     let life = life("2026-06-01T08:00:00Z");
-    let rig = life
-        .rig("m", TestLlm::blocked(), options(&life.clock))
-        .await;
+    let rig = life.rig("m", blocked_model(), options(&life.clock)).await;
     let id = create(
         &rig.handle,
         new_clock("tick", "2026-06-01T08:01:00Z", group_a()),
@@ -587,7 +569,7 @@ async fn a_change_wakes_the_service_and_deleted_tasks_never_fire() {
     );
     rig.handle.delete(gone).unwrap();
     life.until("2026-06-01T08:02:00Z").await;
-    let posts = rig.platform.posts();
+    let posts = rig.platform.sent();
     assert_eq!(posts.len(), 1);
     assert_eq!(rfc(posts[0].wall), "2026-06-01T08:00:40Z");
     assert_eq!(rig.runs(soon).len(), 1);
@@ -601,7 +583,7 @@ async fn the_run_log_keeps_the_last_fifty_runs() {
     let rig = life.default_rig("m").await;
     let id = create(&rig.handle, new_clock("tick", "every 1m", group_a()));
     life.until("2026-06-01T01:00:30Z").await;
-    assert_eq!(rig.platform.posts().len(), 60);
+    assert_eq!(rig.platform.sent().len(), 60);
     let runs = rig.runs(id);
     assert_eq!(runs.len(), parlor_toolsets::clock::RUNS_KEPT);
     assert_eq!(rfc(runs[0].due), "2026-06-01T00:11:00Z");
@@ -622,7 +604,7 @@ async fn records_are_versioned_json_and_a_damaged_one_stops_nothing() {
         new_clock("fine", "2026-06-01T08:01:00Z", group_a()),
     );
     life.until("2026-06-01T08:02:00Z").await;
-    assert_eq!(rig.platform.posts().len(), 1);
+    assert_eq!(rig.platform.sent().len(), 1);
     let task: serde_json::Value = serde_json::from_str(
         &life
             .store

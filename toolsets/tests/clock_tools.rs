@@ -12,6 +12,7 @@ use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::{ChatRef, Platform, Sender};
 use parlor_bot::session::SessionConfig;
 use parlor_bot::store::{MemoryStore, Store, StoredMessage};
+use parlor_bot::testing::TestPlatform;
 use parlor_bot::tool::{
     Caller, Risk, Role, RoleError, RoleResolver, ToolContext, ToolResult, ToolSpec,
 };
@@ -62,7 +63,7 @@ struct World {
 
 async fn world_with(options: impl FnOnce(ClockOptions) -> ClockOptions) -> World {
     let clock = WallTime::anchored_at(utc(START));
-    let platform = TestPlatform::new(clock.clone(), "m");
+    let platform = clock_support::platform(&clock, "m");
     platform.set_admins(&group_a(), &["test:alice"]);
     platform.set_admins(&group_b(), &["test:alice", "test:dora"]);
     let roles = Arc::new(FakeRoles {
@@ -72,7 +73,7 @@ async fn world_with(options: impl FnOnce(ClockOptions) -> ClockOptions) -> World
     let rig = Rig::start_with(
         Arc::new(MemoryStore::new()),
         platform,
-        TestLlm::new(),
+        model(),
         options(clock_support::options(&clock)),
         SessionConfig {
             admins: vec![OPERATOR.into()],
@@ -110,6 +111,21 @@ async fn call(world: &World, cx: &ToolContext, name: &str, args: Value) -> ToolR
         .registry
         .call(&ToolCall::new("c1", name, args.to_string()), cx.clone())
         .await
+}
+
+/// `clock_create` as `cx`.
+async fn create(world: &World, cx: &ToolContext, args: Value) -> ToolResult {
+    call(world, cx, "clock_create", args).await
+}
+
+/// Creates a task as `cx`, which must succeed; its id.
+async fn create_id(world: &World, cx: &ToolContext, args: Value) -> u64 {
+    data(&create(world, cx, args).await)["id"].as_u64().unwrap()
+}
+
+/// `clock_update` as `cx`.
+async fn update(world: &World, cx: &ToolContext, args: Value) -> ToolResult {
+    call(world, cx, "clock_update", args).await
 }
 
 fn code(result: &ToolResult) -> &str {
@@ -174,7 +190,8 @@ async fn the_toolset_has_six_tools_open_reads_and_admin_writes() {
 #[tokio::test(start_paused = true)]
 async fn an_operator_asks_in_group_a_and_the_reply_arrives_in_group_b() {
     let w = world().await;
-    w.rig.llm.script_tool_call(
+    script_tool_call(
+        &w.rig.llm,
         "clock_create",
         json!({
             "name": "hello-b",
@@ -192,20 +209,20 @@ async fn an_operator_asks_in_group_a_and_the_reply_arrives_in_group_b() {
         )
         .await;
     sleep_until_wall(&w.clock, utc("2026-06-01T08:00:10Z")).await;
-    let results = w.rig.llm.tool_results();
+    let results = tool_results_seen(&w.rig.llm);
     assert_eq!(results.len(), 1);
     assert_eq!(results[0]["success"], true, "{:?}", results[0]);
     assert_eq!(
         results[0]["data"]["next_fires"],
         json!(["2026-06-01T08:00:30+00:00"])
     );
-    let a_posts = w.rig.platform.posts_in(&group_a());
+    let a_posts = w.rig.platform.sent_in(&group_a());
     assert_eq!(a_posts.len(), 1, "the model's answer in A");
     assert!(a_posts[0].text.starts_with("done: "));
-    assert!(w.rig.platform.posts_in(&group_b()).is_empty());
+    assert!(w.rig.platform.sent_in(&group_b()).is_empty());
 
     sleep_until_wall(&w.clock, utc("2026-06-01T08:01:00Z")).await;
-    let b_posts = w.rig.platform.posts_in(&group_b());
+    let b_posts = w.rig.platform.sent_in(&group_b());
     assert_eq!(b_posts.len(), 1);
     assert_eq!(
         b_posts[0].text,
@@ -213,7 +230,7 @@ async fn an_operator_asks_in_group_a_and_the_reply_arrives_in_group_b() {
     );
     assert_eq!(b_posts[0].wall, utc("2026-06-01T08:00:30Z"));
     assert_eq!(
-        w.rig.platform.posts_in(&group_a()).len(),
+        w.rig.platform.sent_in(&group_a()).len(),
         1,
         "nothing more in A"
     );
@@ -250,31 +267,18 @@ async fn a_member_may_look_but_not_schedule_change_or_delete() {
     let w = world().await;
     let admin = cx(&w, &group_a(), "alice", Role::ChatAdmin);
     let member = cx(&w, &group_a(), "bob", Role::Member);
-    let created = call(
-        &w,
-        &admin,
-        "clock_create",
-        json!({"name": "standup", "schedule": "0 9 * * 1-5", "content": "Stand-up!"}),
-    )
-    .await;
-    let id = data(&created)["id"].as_u64().unwrap();
+    let standup = json!({"name": "standup", "schedule": "0 9 * * 1-5", "content": "Stand-up!"});
+    let id = create_id(&w, &admin, standup).await;
 
-    let refused = call(
+    let refused = create(
         &w,
         &member,
-        "clock_create",
         json!({"name": "spam", "schedule": "every 1m", "content": "spam"}),
     )
     .await;
     assert_eq!(code(&refused), "PERMISSION_DENIED");
     assert!(refused.message.contains("admin"), "{}", refused.message);
-    let refused = call(
-        &w,
-        &member,
-        "clock_update",
-        json!({"id": id, "content": "changed"}),
-    )
-    .await;
+    let refused = update(&w, &member, json!({"id": id, "content": "changed"})).await;
     assert_eq!(code(&refused), "PERMISSION_DENIED");
     let refused = call(&w, &member, "clock_delete", json!({"id": id})).await;
     assert_eq!(code(&refused), "PERMISSION_DENIED");
@@ -304,36 +308,36 @@ async fn another_chat_must_be_known_and_administered_by_the_creator() {
     let args = |target: &str| json!({"name": "x", "schedule": "every 1h", "content": "x", "target_chat": target});
     // Dora administers B but is a member of A, where creating needs an admin.
     let dora_in_a = cx(&w, &group_a(), "dora", Role::Member);
-    let r = call(&w, &dora_in_a, "clock_create", args("test:-200")).await;
+    let r = create(&w, &dora_in_a, args("test:-200")).await;
     assert_eq!(code(&r), "PERMISSION_DENIED");
 
     // Erin is an admin of A but not of B.
     let erin = cx(&w, &group_a(), "erin", Role::ChatAdmin);
-    let r = call(&w, &erin, "clock_create", args("test:-200")).await;
+    let r = create(&w, &erin, args("test:-200")).await;
     assert_eq!(code(&r), "PERMISSION_DENIED");
     assert!(r.message.contains("test:-200"), "{}", r.message);
 
     // A chat the bot never saw, even when the caller administers it: not a question of role.
     let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
-    let r = call(&w, &alice, "clock_create", args("test:-300")).await;
+    let r = create(&w, &alice, args("test:-300")).await;
     assert_eq!(code(&r), "UNKNOWN_CHAT");
-    let r = call(&w, &alice, "clock_create", args("group B")).await;
+    let r = create(&w, &alice, args("group B")).await;
     assert_eq!(code(&r), "INVALID_ARGUMENTS");
     assert!(r.message.contains("telegram:-100123"), "{}", r.message);
 
     // Alice administers both: allowed.
-    let r = call(&w, &alice, "clock_create", args("test:-200")).await;
+    let r = create(&w, &alice, args("test:-200")).await;
     assert_eq!(data(&r)["target_chat"], "test:-200");
     assert_eq!(data(&r)["created_in"], "test:-100");
     // This chat named explicitly is this chat.
-    let r = call(&w, &erin, "clock_create", args("test:-100")).await;
+    let r = create(&w, &erin, args("test:-100")).await;
     assert_eq!(data(&r)["target_chat"], "test:-100");
 
     // An operator holds every role in every chat (but the bot must know the chat).
     let carol = cx(&w, &group_a(), "carol", Role::Operator);
-    let r = call(&w, &carol, "clock_create", args("test:-200")).await;
+    let r = create(&w, &carol, args("test:-200")).await;
     assert!(r.success, "{r:?}");
-    let r = call(&w, &carol, "clock_create", args("test:-300")).await;
+    let r = create(&w, &carol, args("test:-300")).await;
     assert_eq!(code(&r), "UNKNOWN_CHAT");
 
     // A chat of another platform: nobody there is an admin of ours; an operator may.
@@ -352,14 +356,14 @@ async fn another_chat_must_be_known_and_administered_by_the_creator() {
         from_self: false,
     };
     w.rig.store.record_message("other:9", &elsewhere).unwrap();
-    let r = call(&w, &alice, "clock_create", args("other:9")).await;
+    let r = create(&w, &alice, args("other:9")).await;
     assert_eq!(code(&r), "PERMISSION_DENIED");
-    let r = call(&w, &carol, "clock_create", args("other:9")).await;
+    let r = create(&w, &carol, args("other:9")).await;
     assert!(r.success, "{r:?}");
 
     // When the roles in B cannot be read, the model is told to try later.
     *w.roles.broken.lock().unwrap() = Some(group_b());
-    let r = call(&w, &alice, "clock_create", args("test:-200")).await;
+    let r = create(&w, &alice, args("test:-200")).await;
     assert_eq!(code(&r), "UNAVAILABLE", "{r:?}");
     *w.roles.broken.lock().unwrap() = None;
 
@@ -381,7 +385,7 @@ async fn bad_input_gets_a_precise_error() {
     })
     .await;
     let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
-    let create = |schedule: &str| json!({"name": "n", "schedule": schedule, "content": "c"});
+    let with_schedule = |schedule: &str| json!({"name": "n", "schedule": schedule, "content": "c"});
     for (schedule, reason) in [
         ("61 * * * *", "not a valid cron expression"),
         ("* * * *", "has 4 fields"),
@@ -391,30 +395,27 @@ async fn bad_input_gets_a_precise_error() {
         ("2026-05-01T09:00:00Z", "is in the past"),
         ("0 0 30 2 *", "never fires"),
     ] {
-        let r = call(&w, &alice, "clock_create", create(schedule)).await;
+        let r = create(&w, &alice, with_schedule(schedule)).await;
         assert_eq!(code(&r), "BAD_SCHEDULE", "{schedule}: {r:?}");
         assert!(r.message.contains(reason), "{schedule}: {}", r.message);
     }
-    let r = call(
+    let r = create(
         &w,
         &alice,
-        "clock_create",
         json!({"name": "n", "schedule": "0 9 * * *", "content": "c", "timezone": "Mars/Olympus"}),
     )
     .await;
     assert_eq!(code(&r), "UNKNOWN_TIMEZONE");
-    let r = call(
+    let r = create(
         &w,
         &alice,
-        "clock_create",
         json!({"name": " ", "schedule": "0 9 * * *", "content": "c"}),
     )
     .await;
     assert_eq!(code(&r), "INVALID_ARGUMENTS");
-    let r = call(
+    let r = create(
         &w,
         &alice,
-        "clock_create",
         json!({"name": "n", "schedule": "0 9 * * *", "content": "c", "missed": "sometimes"}),
     )
     .await;
@@ -422,28 +423,16 @@ async fn bad_input_gets_a_precise_error() {
 
     // The cap counts enabled tasks firing into the chat.
     for _ in 0..2 {
-        let r = call(&w, &alice, "clock_create", create("0 9 * * *")).await;
+        let r = create(&w, &alice, with_schedule("0 9 * * *")).await;
         assert!(r.success, "{r:?}");
     }
-    let r = call(&w, &alice, "clock_create", create("0 10 * * *")).await;
+    let r = create(&w, &alice, with_schedule("0 10 * * *")).await;
     assert_eq!(code(&r), "CLOCK_LIMIT");
-    let r = call(
-        &w,
-        &alice,
-        "clock_update",
-        json!({"id": 1, "enabled": false}),
-    )
-    .await;
+    let r = update(&w, &alice, json!({"id": 1, "enabled": false})).await;
     assert!(r.success);
-    let r = call(&w, &alice, "clock_create", create("0 10 * * *")).await;
+    let r = create(&w, &alice, with_schedule("0 10 * * *")).await;
     assert!(r.success, "a paused task frees its place: {r:?}");
-    let r = call(
-        &w,
-        &alice,
-        "clock_update",
-        json!({"id": 1, "enabled": true}),
-    )
-    .await;
+    let r = update(&w, &alice, json!({"id": 1, "enabled": true})).await;
     assert_eq!(code(&r), "CLOCK_LIMIT");
 }
 
@@ -451,10 +440,9 @@ async fn bad_input_gets_a_precise_error() {
 async fn success_shows_the_next_three_fire_times_in_the_task_zone() {
     let w = world().await;
     let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
-    let r = call(
+    let r = create(
         &w,
         &alice,
-        "clock_create",
         json!({"name": "standup", "schedule": "0 9 * * 1-5", "content": "Stand-up!",
                "timezone": "Europe/Berlin", "missed": "catch_up"}),
     )
@@ -478,10 +466,9 @@ async fn success_shows_the_next_three_fire_times_in_the_task_zone() {
         "{}",
         r.message
     );
-    let r = call(
+    let r = create(
         &w,
         &alice,
-        "clock_create",
         json!({"name": "tick", "schedule": "every 2h", "content": "tick"}),
     )
     .await;
@@ -500,14 +487,9 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
     let w = world().await;
     let group_c = ChatRef::new("test", "-300");
     let alice_a = cx(&w, &group_a(), "alice", Role::ChatAdmin);
-    let r = call(
-        &w,
-        &alice_a,
-        "clock_create",
-        json!({"name": "for-b", "schedule": "0 9 * * *", "content": "hi B", "target_chat": "test:-200"}),
-    )
-    .await;
-    let id = data(&r)["id"].as_u64().unwrap();
+    let for_b = json!({"name": "for-b", "schedule": "0 9 * * *", "content": "hi B",
+                       "target_chat": "test:-200"});
+    let id = create_id(&w, &alice_a, for_b).await;
 
     // Group C sees nothing of it.
     let c_admin = cx(&w, &group_c, "zed", Role::ChatAdmin);
@@ -527,36 +509,18 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
 
     // An admin of A who is not an admin of B cannot change what is posted in B...
     let erin_a = cx(&w, &group_a(), "erin", Role::ChatAdmin);
-    let r = call(
-        &w,
-        &erin_a,
-        "clock_update",
-        json!({"id": id, "content": "changed"}),
-    )
-    .await;
+    let r = update(&w, &erin_a, json!({"id": id, "content": "changed"})).await;
     assert_eq!(code(&r), "PERMISSION_DENIED");
     assert!(r.message.contains("test:-200"), "{}", r.message);
     // ...nor can Alice, who administers B, while B's roles cannot be read...
     *w.roles.broken.lock().unwrap() = Some(group_b());
-    let r = call(
-        &w,
-        &alice_a,
-        "clock_update",
-        json!({"id": id, "content": "changed"}),
-    )
-    .await;
+    let r = update(&w, &alice_a, json!({"id": id, "content": "changed"})).await;
     assert_eq!(code(&r), "UNAVAILABLE", "{r:?}");
     *w.roles.broken.lock().unwrap() = None;
     assert_eq!(w.rig.handle.task(id).unwrap().unwrap().content, "hi B");
     // ...but may delete it from A, where it was created; an admin of B may change it.
     let dora_b = cx(&w, &group_b(), "dora", Role::ChatAdmin);
-    let r = call(
-        &w,
-        &dora_b,
-        "clock_update",
-        json!({"id": id, "content": "hello B"}),
-    )
-    .await;
+    let r = update(&w, &dora_b, json!({"id": id, "content": "hello B"})).await;
     assert_eq!(data(&r)["content"], "hello B");
     let r = call(&w, &erin_a, "clock_delete", json!({"id": id})).await;
     assert!(r.success, "{r:?}");
@@ -568,44 +532,25 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
 async fn update_pauses_resumes_retimes_and_retargets() {
     let w = world().await;
     let alice = cx(&w, &group_a(), "alice", Role::ChatAdmin);
-    let r = call(
-        &w,
-        &alice,
-        "clock_create",
-        json!({"name": "tick", "schedule": "every 1h", "content": "tick"}),
-    )
-    .await;
-    let id = data(&r)["id"].as_u64().unwrap();
+    let tick = json!({"name": "tick", "schedule": "every 1h", "content": "tick"});
+    let id = create_id(&w, &alice, tick).await;
 
-    let r = call(
-        &w,
-        &alice,
-        "clock_update",
-        json!({"id": id, "enabled": false}),
-    )
-    .await;
+    let r = update(&w, &alice, json!({"id": id, "enabled": false})).await;
     assert_eq!(data(&r)["state"], "paused");
     assert_eq!(data(&r)["next_fires"], json!([]));
     assert!(r.message.contains("paused"));
     // Paused over its due time: nothing fires.
     sleep_until_wall(&w.clock, utc("2026-06-01T09:30:00Z")).await;
-    assert!(w.rig.platform.posts_in(&group_a()).is_empty());
-    let r = call(
-        &w,
-        &alice,
-        "clock_update",
-        json!({"id": id, "enabled": true}),
-    )
-    .await;
+    assert!(w.rig.platform.sent_in(&group_a()).is_empty());
+    let r = update(&w, &alice, json!({"id": id, "enabled": true})).await;
     assert_eq!(
         data(&r)["next_fires"][0],
         "2026-06-01T10:00:00+00:00",
         "resumed on its grid"
     );
-    let r = call(
+    let r = update(
         &w,
         &alice,
-        "clock_update",
         json!({"id": id, "schedule": "30 12 * * *", "timezone": "Europe/Berlin", "name": "lunch"}),
     )
     .await;
@@ -613,13 +558,7 @@ async fn update_pauses_resumes_retimes_and_retargets() {
     assert_eq!(d["name"], "lunch");
     assert_eq!(d["schedule"], "30 12 * * *");
     assert_eq!(d["next_fires"][0], "2026-06-01T12:30:00+02:00");
-    let r = call(
-        &w,
-        &alice,
-        "clock_update",
-        json!({"id": id, "schedule": "every 5s"}),
-    )
-    .await;
+    let r = update(&w, &alice, json!({"id": id, "schedule": "every 5s"})).await;
     assert_eq!(code(&r), "BAD_SCHEDULE");
     let r = call(&w, &alice, "clock_get", json!({"id": id})).await;
     assert_eq!(
@@ -627,20 +566,14 @@ async fn update_pauses_resumes_retimes_and_retargets() {
         "30 12 * * *",
         "a refused update changes nothing"
     );
-    let r = call(
-        &w,
-        &alice,
-        "clock_update",
-        json!({"id": id, "target_chat": "test:-200"}),
-    )
-    .await;
+    let r = update(&w, &alice, json!({"id": id, "target_chat": "test:-200"})).await;
     assert_eq!(data(&r)["target_chat"], "test:-200");
-    let r = call(&w, &alice, "clock_update", json!({"id": 42, "name": "x"})).await;
+    let r = update(&w, &alice, json!({"id": 42, "name": "x"})).await;
     assert_eq!(code(&r), "CLOCK_NOT_FOUND");
 
     // It fires into B at 12:30 Berlin.
     sleep_until_wall(&w.clock, utc("2026-06-01T10:31:00Z")).await;
-    let posts = w.rig.platform.posts_in(&group_b());
+    let posts = w.rig.platform.sent_in(&group_b());
     assert_eq!(posts.len(), 1);
     assert_eq!(posts[0].wall, utc("2026-06-01T10:30:00Z"));
     let r = call(&w, &alice, "clock_log", json!({"limit": 5})).await;

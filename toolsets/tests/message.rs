@@ -1,14 +1,11 @@
 //! The message toolset through the registry (schema validation applies), over a
 //! `MemoryStore` and an in-memory platform that records what is sent and serves images.
 
-use std::collections::HashMap;
 use std::io::Cursor;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{StatusCode, header};
@@ -20,8 +17,9 @@ use chrono::{TimeZone, Utc};
 use expect_test::expect;
 use image::{DynamicImage, ImageBuffer, ImageFormat, Rgb};
 use parlor_bot::llm::{Content, ContentPart, Message, ToolCall};
-use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, Sender, SentMessage};
+use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, Sender};
 use parlor_bot::store::{MemoryStore, Store, StoredMessage};
+use parlor_bot::testing::TestPlatform;
 use parlor_bot::tool::{MessageAppender, Risk, ToolContext, ToolRegistry, ToolSet};
 use parlor_toolsets::message::{
     IMAGE_TOO_LARGE, MESSAGE_NOT_FOUND, MessageOptions, MessageToolset, NO_IMAGE, NOT_AN_IMAGE,
@@ -31,88 +29,12 @@ use serde_json::{Value, json};
 // ---------------------------------------------------------------------------------------------
 // Fakes and helpers
 
-/// How the fake platform fails its next send.
-#[derive(Clone, Copy)]
-enum Failure {
-    RateLimited,
-    Refused,
-}
-
-/// A platform in memory: records sends, serves images by file id.
-#[derive(Default)]
-struct FakePlatform {
-    sent: Mutex<Vec<(ChatRef, String, Option<String>)>>,
-    images: Mutex<HashMap<String, Vec<u8>>>,
-    downloads: Mutex<Vec<String>>,
-    fail_next: Mutex<Option<Failure>>,
-    next_id: AtomicU64,
-}
-
-impl FakePlatform {
-    fn new() -> Arc<Self> {
-        let platform = FakePlatform::default();
-        platform.next_id.store(9000, Ordering::SeqCst);
-        Arc::new(platform)
-    }
-    fn serve(&self, file_id: &str, bytes: Vec<u8>) {
-        self.images
-            .lock()
-            .unwrap()
-            .insert(file_id.to_owned(), bytes);
-    }
-    fn sent(&self) -> Vec<(ChatRef, String, Option<String>)> {
-        self.sent.lock().unwrap().clone()
-    }
-    fn fail_next(&self, failure: Failure) {
-        *self.fail_next.lock().unwrap() = Some(failure);
-    }
-}
-
-#[async_trait]
-impl Platform for FakePlatform {
-    fn name(&self) -> &str {
-        "telegram"
-    }
-    async fn send_message(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        reply_to: Option<&str>,
-    ) -> Result<SentMessage, PlatformError> {
-        match self.fail_next.lock().unwrap().take() {
-            Some(Failure::RateLimited) => {
-                return Err(PlatformError::RateLimited(Duration::from_secs(7)));
-            }
-            Some(Failure::Refused) => {
-                return Err(PlatformError::Refused("chat not found".to_owned()));
-            }
-            None => {}
-        }
-        self.sent.lock().unwrap().push((
-            chat.clone(),
-            text.to_owned(),
-            reply_to.map(str::to_owned),
-        ));
-        let id = self.next_id.fetch_add(1, Ordering::SeqCst) + 1;
-        Ok(SentMessage {
-            message_ids: vec![id.to_string()],
-        })
-    }
-    async fn send_typing(&self, _chat: &ChatRef) -> Result<(), PlatformError> {
-        Ok(())
-    }
-    async fn chat_admins(&self, _chat: &ChatRef) -> Result<Vec<String>, PlatformError> {
-        Ok(Vec::new())
-    }
-    async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        self.downloads.lock().unwrap().push(image.file_id.clone());
-        self.images
-            .lock()
-            .unwrap()
-            .get(&image.file_id)
-            .cloned()
-            .ok_or_else(|| PlatformError::NotFound(image.file_id.clone()))
-    }
+/// A platform in memory, as Telegram: records sends (ids from 9001), serves images by file id.
+fn platform() -> Arc<TestPlatform> {
+    TestPlatform::default()
+        .named("telegram")
+        .ids("", 9001)
+        .shared()
 }
 
 fn group_a() -> ChatRef {
@@ -157,7 +79,7 @@ fn record(store: &MemoryStore, chat: &ChatRef, message: StoredMessage) {
 
 struct Harness {
     store: Arc<MemoryStore>,
-    platform: Arc<FakePlatform>,
+    platform: Arc<TestPlatform>,
     registry: ToolRegistry,
 }
 
@@ -167,7 +89,7 @@ impl Harness {
         let toolset = MessageToolset::new(store.clone(), options).unwrap();
         Harness {
             store,
-            platform: FakePlatform::new(),
+            platform: platform(),
             registry: ToolRegistry::new(vec![Arc::new(toolset)]).unwrap(),
         }
     }
@@ -632,13 +554,15 @@ async fn send_markdown_posts_into_the_current_chat_and_returns_the_ids() {
         .await;
     assert_eq!(result["success"], true, "{result:#}");
     assert_eq!(result["data"]["message_ids"], json!(["9001"]));
+    let sent = h.platform.sent();
+    assert_eq!(sent.len(), 1);
     assert_eq!(
-        h.platform.sent(),
-        [(
-            group_a(),
-            "**Step 1** done".to_owned(),
-            Some("12".to_owned())
-        )]
+        (
+            &sent[0].chat,
+            sent[0].text.as_str(),
+            sent[0].reply_to.as_deref()
+        ),
+        (&group_a(), "**Step 1** done", Some("12"))
     );
 
     // The bot's own message is in the chat log now, attributed to it.
@@ -651,7 +575,7 @@ async fn send_markdown_posts_into_the_current_chat_and_returns_the_ids() {
 
     let plain = h.call("send_markdown", json!({"text": "no reply"})).await;
     assert_eq!(plain["data"]["message_ids"], json!(["9002"]));
-    assert_eq!(h.platform.sent()[1].2, None);
+    assert_eq!(h.platform.sent()[1].reply_to, None);
 }
 
 #[tokio::test]
@@ -705,12 +629,14 @@ async fn send_markdown_without_a_chat_is_unavailable() {
 #[tokio::test]
 async fn send_markdown_maps_platform_failures_and_unknown_replies() {
     let h = Harness::new(MessageOptions::default());
-    h.platform.fail_next(Failure::RateLimited);
+    h.platform
+        .fail_next(PlatformError::RateLimited(Duration::from_secs(7)));
     let limited = h.call("send_markdown", json!({"text": "hi"})).await;
     assert_code(&limited, "RATE_LIMITED");
     assert_eq!(limited["data"]["retry_after_secs"], 7);
 
-    h.platform.fail_next(Failure::Refused);
+    h.platform
+        .fail_next(PlatformError::Refused("chat not found".to_owned()));
     let refused = h.call("send_markdown", json!({"text": "hi"})).await;
     assert_code(&refused, "UNAVAILABLE");
     assert!(
@@ -857,7 +783,7 @@ async fn load_image_refuses_what_is_not_a_usable_image() {
         "INVALID_ARGUMENTS",
     );
     assert_eq!(
-        *h.platform.downloads.lock().unwrap(),
+        h.platform.downloads(),
         ["html"],
         "only the first call downloaded anything"
     );
@@ -961,33 +887,16 @@ async fn load_image_fetches_an_image_url_within_the_limits() {
     assert_eq!(label, format!("[image from {url}]"));
     assert_eq!(data_url_bytes(&data_url, "image/png"), bytes);
 
-    let redirected = h
-        .call("load_image", json!({"url": format!("http://{addr}/moved")}))
-        .await;
+    let load = |path: &str| h.call("load_image", json!({"url": format!("http://{addr}{path}")}));
+    let redirected = load("/moved").await;
     assert_eq!(redirected["success"], true, "{redirected:#}");
 
-    let page = h
-        .call("load_image", json!({"url": format!("http://{addr}/page")}))
-        .await;
+    let page = load("/page").await;
     assert_code(&page, NOT_AN_IMAGE);
     assert!(page["message"].as_str().unwrap().contains("text/html"));
-    let fake = h
-        .call(
-            "load_image",
-            json!({"url": format!("http://{addr}/fake.png")}),
-        )
-        .await;
-    assert_code(&fake, NOT_AN_IMAGE);
-    let endless = h
-        .call(
-            "load_image",
-            json!({"url": format!("http://{addr}/endless")}),
-        )
-        .await;
-    assert_code(&endless, IMAGE_TOO_LARGE);
-    let gone = h
-        .call("load_image", json!({"url": format!("http://{addr}/gone")}))
-        .await;
+    assert_code(&load("/fake.png").await, NOT_AN_IMAGE);
+    assert_code(&load("/endless").await, IMAGE_TOO_LARGE);
+    let gone = load("/gone").await;
     assert_code(&gone, "UNAVAILABLE");
     assert!(gone["message"].as_str().unwrap().contains("404"));
 }

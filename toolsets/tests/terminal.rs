@@ -3,87 +3,32 @@
 //! real SessionManager), task_output/task_stop, roles and policy, the sandbox refusal and
 //! restarts.
 
+mod support;
+
 use std::os::unix::process::CommandExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::Utc;
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError, Message, ToolCall};
-use parlor_bot::platform::{
-    ChatKind, ChatRef, ImageRef, Inbox, IncomingMessage, Platform, PlatformError, Sender,
-    SentMessage,
-};
+use parlor_bot::llm::{ChatRequest, Completion, Message, ToolCall};
+use parlor_bot::platform::{ChatRef, Inbox, IncomingMessage, Platform};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::testing::{ScriptedLlm, TestPlatform, message};
 use parlor_bot::tool::{
     Caller, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet,
 };
 use parlor_toolsets::TodoList;
 use parlor_toolsets::terminal::{
-    Notifier, NotifyError, Policy, Sandbox, TASKS_SPACE, TaskRecord, TaskStatus, TerminalConfig,
-    TerminalService, process_alive, terminal_toolset,
+    Policy, Sandbox, TASKS_SPACE, TaskRecord, TaskStatus, TerminalConfig, TerminalService,
+    process_alive, terminal_toolset,
 };
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
+use support::{Notice, TestNotifier};
 
 // ---------------------------------------------------------------------------------------
 // Rig
-
-/// Records notices (and the caller each would run as); `withdraw` succeeds for ids not
-/// marked delivered.
-#[derive(Default)]
-struct Recorder {
-    notices: Mutex<Vec<(ChatRef, String, u64)>>,
-    callers: Mutex<Vec<Caller>>,
-    withdrawn: Mutex<Vec<u64>>,
-    delivered: Mutex<Vec<u64>>,
-    shutting_down: std::sync::atomic::AtomicBool,
-}
-
-impl Recorder {
-    fn notices(&self) -> Vec<(ChatRef, String, u64)> {
-        self.notices.lock().unwrap().clone()
-    }
-    async fn wait_notices(&self, n: usize) -> Vec<(ChatRef, String, u64)> {
-        for _ in 0..1000 {
-            if self.notices.lock().unwrap().len() >= n {
-                return self.notices();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("expected {n} notices, got {:?}", self.notices());
-    }
-}
-
-#[async_trait]
-impl Notifier for Recorder {
-    async fn notify(
-        &self,
-        chat: &ChatRef,
-        text: String,
-        caller: Caller,
-        _also: Vec<parlor_bot::store::KvWrite>,
-    ) -> Result<u64, NotifyError> {
-        if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(NotifyError::ShuttingDown);
-        }
-        self.callers.lock().unwrap().push(caller);
-        let mut notices = self.notices.lock().unwrap();
-        let id = notices.len() as u64 + 100;
-        notices.push((chat.clone(), text, id));
-        Ok(id)
-    }
-    fn withdraw(&self, _chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
-        if self.delivered.lock().unwrap().contains(&pending_id) {
-            return Ok(false);
-        }
-        self.withdrawn.lock().unwrap().push(pending_id);
-        Ok(true)
-    }
-}
 
 fn group() -> ChatRef {
     ChatRef::new("test", "-100")
@@ -141,7 +86,7 @@ fn output(r: &ToolResult) -> String {
 struct Rig {
     _dir: tempfile::TempDir,
     store: Arc<MemoryStore>,
-    notes: Arc<Recorder>,
+    notes: Arc<TestNotifier>,
     service: Arc<TerminalService>,
     tools: Arc<dyn ToolSet>,
 }
@@ -151,7 +96,7 @@ fn rig_with(f: impl FnOnce(&mut TerminalConfig)) -> Rig {
     let mut cfg = config(dir.path());
     f(&mut cfg);
     let store = Arc::new(MemoryStore::new());
-    let notes = Arc::new(Recorder::default());
+    let notes = Arc::new(TestNotifier::default());
     let service = TerminalService::new(store.clone(), notes.clone(), cfg);
     let tools = terminal_toolset(service.clone()).fork();
     Rig {
@@ -182,6 +127,17 @@ async fn wait_status(service: &TerminalService, id: &str, want: TaskStatus) -> T
         "task {id} never became {want:?}: {:?}",
         service.task(&session, id)
     );
+}
+
+/// Waits until process `pid` is gone, for at most 6 s. (It polls: the end of a process that
+/// is not our child has no event to wait on.)
+async fn wait_gone(pid: u32) {
+    for _ in 0..600 {
+        if !process_alive(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 async fn start_bg(tools: &dyn ToolSet, command: &str, description: &str) -> String {
@@ -317,12 +273,7 @@ async fn a_timeout_kills_the_command_and_its_children_and_returns_partial_output
         .strip_prefix("child=")
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("partial output: {out:?}"));
-    for _ in 0..300 {
-        if !process_alive(pid) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_gone(pid).await;
     assert!(
         !process_alive(pid),
         "the backgrounded child {pid} outlived the timeout"
@@ -374,12 +325,7 @@ async fn cancellation_interrupts_and_a_dropped_call_leaves_no_process() {
         .trim()
         .parse()
         .unwrap();
-    for _ in 0..300 {
-        if !process_alive(pid) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_gone(pid).await;
     assert!(!process_alive(pid), "{pid} outlived the dropped call");
     let r = call(
         &*rig.tools,
@@ -449,11 +395,16 @@ async fn a_background_notice_arrives_once_escaped_and_capped() {
         "returns at once"
     );
     let notices = rig.notes.wait_notices(1).await;
-    let (chat, text, pending) = &notices[0];
+    let Notice {
+        chat,
+        text,
+        caller,
+        pending_id: pending,
+    } = &notices[0];
     assert_eq!(chat, &group());
     assert_eq!(
-        rig.notes.callers.lock().unwrap()[0],
-        admin().caller,
+        caller,
+        &admin().caller,
         "the notice turn runs as the operator who started the task"
     );
     assert!(text.starts_with("<TERMINAL_TASK_RESULT>\n"), "{text}");
@@ -485,7 +436,7 @@ async fn a_background_notice_arrives_once_escaped_and_capped() {
     // A failure is reported as failed, with its exit code.
     let id = start_bg(&*rig.tools, "echo oops; exit 3", "fail").await;
     let notices = rig.notes.wait_notices(2).await;
-    assert!(notices[1].1.contains(&format!(
+    assert!(notices[1].text.contains(&format!(
         "<task_id>{id}</task_id><status>failed</status><exit_code>3</exit_code>"
     )));
 
@@ -502,7 +453,7 @@ async fn task_output_before_delivery_withdraws_the_notice_and_tasks_are_per_sess
     let rig = rig();
     let id = start_bg(&*rig.tools, "echo result", "quick").await;
     let notices = rig.notes.wait_notices(1).await;
-    let pending = notices[0].2;
+    let pending = notices[0].pending_id;
     let row = wait_status(&rig.service, &id, TaskStatus::Completed).await;
     assert_eq!(row.notice_pending_id, Some(pending));
 
@@ -510,12 +461,12 @@ async fn task_output_before_delivery_withdraws_the_notice_and_tasks_are_per_sess
     assert!(r.success, "{r:?}");
     assert_eq!(output(&r), "result\n");
     assert_eq!(data(&r)["status"], "completed");
-    assert_eq!(*rig.notes.withdrawn.lock().unwrap(), [pending]);
+    assert_eq!(rig.notes.withdrawn(), [pending]);
     let row = rig.service.task(&group().session_key(), &id).unwrap();
     assert!(row.notice_withdrawn && row.notified);
     // Reading again does not withdraw again.
     call(&*rig.tools, &admin(), "task_output", json!({"task_id": id})).await;
-    assert_eq!(rig.notes.withdrawn.lock().unwrap().len(), 1);
+    assert_eq!(rig.notes.withdrawn().len(), 1);
 
     // Another chat cannot see it.
     let mut other = admin();
@@ -558,12 +509,7 @@ async fn task_stop_kills_the_group_and_sends_no_notice() {
     assert!(r.success, "{r:?}");
     assert_eq!(data(&r)["status"], "stopped");
     assert!(!process_alive(row.pgid));
-    for _ in 0..300 {
-        if !process_alive(child) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_gone(child).await;
     assert!(!process_alive(child), "the task's child survived task_stop");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(rig.notes.notices().is_empty(), "no notice after task_stop");
@@ -588,9 +534,9 @@ async fn limits_and_max_runtime() {
     assert_eq!(r.code(), Some("TASK_LIMIT"), "{r:?}");
     let notices = rig.notes.wait_notices(1).await;
     assert!(
-        notices[0].1.contains("<status>timed_out</status>"),
+        notices[0].text.contains("<status>timed_out</status>"),
         "{}",
-        notices[0].1
+        notices[0].text
     );
     wait_status(&rig.service, &id, TaskStatus::TimedOut).await;
     // The slot is free again.
@@ -876,12 +822,12 @@ async fn a_restart_marks_running_tasks_interrupted_kills_leftovers_and_tells_onc
     assert_eq!(notices.len(), 1);
     assert!(
         notices[0]
-            .1
+            .text
             .contains("<task_id>task-old</task_id><status>interrupted</status>")
     );
-    assert!(notices[0].1.contains("building &lt;x&gt; &amp; y"));
-    assert!(notices[0].1.contains("restarted"));
-    assert_eq!(rig.notes.callers.lock().unwrap()[0], admin().caller);
+    assert!(notices[0].text.contains("building &lt;x&gt; &amp; y"));
+    assert!(notices[0].text.contains("restarted"));
+    assert_eq!(notices[0].caller, admin().caller);
     let mut gone = false;
     for _ in 0..300 {
         if orphan.try_wait().unwrap().is_some() {
@@ -935,8 +881,9 @@ async fn a_recovery_notice_about_several_starters_runs_with_the_least_of_their_r
         rig.service.config().clone(),
     );
     next.recover().await.unwrap();
-    assert_eq!(rig.notes.notices().len(), 1, "one notice for the chat");
-    let caller = rig.notes.callers.lock().unwrap()[0].clone();
+    let notices = rig.notes.notices();
+    assert_eq!(notices.len(), 1, "one notice for the chat");
+    let caller = notices[0].caller.clone();
     assert_eq!(caller.user_id, "", "two starters: nobody's identity");
     assert_eq!(caller.role, Role::Member, "the least of their roles");
 }
@@ -959,12 +906,7 @@ async fn shutdown_kills_everything_and_the_next_start_tells_once() {
         !process_alive(pgid),
         "the background task outlived shutdown"
     );
-    for _ in 0..300 {
-        if !process_alive(shell_child) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_gone(shell_child).await;
     assert!(
         !process_alive(shell_child),
         "the shell's child outlived shutdown"
@@ -990,16 +932,12 @@ async fn shutdown_kills_everything_and_the_next_start_tells_once() {
 #[tokio::test]
 async fn a_result_that_could_not_be_told_during_shutdown_is_told_after_the_restart() {
     let rig = rig();
-    rig.notes
-        .shutting_down
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    rig.notes.set_shutting_down(true);
     let id = start_bg(&*rig.tools, "echo late", "late").await;
     let row = wait_status(&rig.service, &id, TaskStatus::Completed).await;
     assert!(!row.notified);
     assert!(rig.notes.notices().is_empty());
-    rig.notes
-        .shutting_down
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    rig.notes.set_shutting_down(false);
     let next = TerminalService::new(
         rig.store.clone(),
         rig.notes.clone(),
@@ -1008,8 +946,8 @@ async fn a_result_that_could_not_be_told_during_shutdown_is_told_after_the_resta
     assert_eq!(next.recover().await.unwrap(), 0);
     let notices = rig.notes.notices();
     assert_eq!(notices.len(), 1);
-    assert!(notices[0].1.contains("<status>completed</status>"));
-    assert!(notices[0].1.contains("late"));
+    assert!(notices[0].text.contains("<status>completed</status>"));
+    assert!(notices[0].text.contains("late"));
     next.recover().await.unwrap();
     assert_eq!(rig.notes.notices().len(), 1);
 }
@@ -1017,128 +955,28 @@ async fn a_result_that_could_not_be_told_during_shutdown_is_told_after_the_resta
 // ---------------------------------------------------------------------------------------
 // With a real SessionManager
 
-struct GatedLlm {
-    gate: Semaphore,
-    requests: Mutex<Vec<ChatRequest>>,
-}
-
-impl GatedLlm {
-    fn user_inputs(&self) -> Vec<String> {
-        self.requests
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|r| match r.messages.last() {
-                Some(Message::User { content }) => content.text(),
-                other => panic!("last message is not the user's: {other:?}"),
-            })
-            .collect()
-    }
-    async fn wait_requests(&self, n: usize) {
-        for _ in 0..1000 {
-            if self.requests.lock().unwrap().len() >= n {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("expected {n} requests, got {:?}", self.user_inputs());
-    }
-}
-
-#[async_trait]
-impl LlmBackend for GatedLlm {
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        self.requests.lock().unwrap().push(request.clone());
-        let permit = tokio::select! {
-            p = self.gate.acquire() => p,
-            () = cancel.cancelled() => return Err(LlmError::Cancelled),
-        };
-        permit.expect("gate closed").forget();
+/// A model that answers `reply <n>` (`n`: requests so far), each once released.
+fn gated_model() -> Arc<ScriptedLlm> {
+    ScriptedLlm::answering(|_, n| {
         Ok(Completion {
-            content: format!("reply {}", self.requests.lock().unwrap().len()),
+            content: format!("reply {n}"),
             ..Completion::default()
         })
-    }
-}
-
-#[derive(Default)]
-struct TestPlatform {
-    sent: Mutex<Vec<(ChatRef, String)>>,
-}
-
-impl TestPlatform {
-    async fn wait_sent(&self, n: usize) -> Vec<(ChatRef, String)> {
-        for _ in 0..1000 {
-            if self.sent.lock().unwrap().len() >= n {
-                return self.sent.lock().unwrap().clone();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("expected {n} sent, got {:?}", self.sent.lock().unwrap());
-    }
-}
-
-#[async_trait]
-impl Platform for TestPlatform {
-    fn name(&self) -> &str {
-        "test"
-    }
-    async fn send_message(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        _reply_to: Option<&str>,
-    ) -> Result<SentMessage, PlatformError> {
-        let mut sent = self.sent.lock().unwrap();
-        sent.push((chat.clone(), text.to_owned()));
-        Ok(SentMessage {
-            message_ids: vec![format!("bot-{}", sent.len())],
-        })
-    }
-    async fn send_typing(&self, _: &ChatRef) -> Result<(), PlatformError> {
-        Ok(())
-    }
-    async fn chat_admins(&self, _: &ChatRef) -> Result<Vec<String>, PlatformError> {
-        Ok(vec![])
-    }
-    async fn download_image(&self, _: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        Ok(vec![])
-    }
+    })
+    .gated()
+    .shared()
 }
 
 fn mention(id: u32) -> IncomingMessage {
-    IncomingMessage {
-        chat: group(),
-        kind: ChatKind::Group,
-        message_id: id.to_string(),
-        sender: Sender {
-            id: "test:alice".into(),
-            name: "alice".into(),
-            username: None,
-            is_bot: false,
-        },
-        text: format!("@parlor message {id}"),
-        time: Utc::now(),
-        reply_to: None,
-        reply_to_bot: false,
-        mentions_bot: true,
-        images: vec![],
-    }
+    message(&group(), id, "alice", &format!("@parlor message {id}"))
 }
 
 #[tokio::test]
 async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_ones_are_withdrawn() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let llm = Arc::new(GatedLlm {
-        gate: Semaphore::new(0),
-        requests: Mutex::default(),
-    });
-    let platform = Arc::new(TestPlatform::default());
+    let llm = gated_model();
+    let platform = TestPlatform::new();
     let registry = ToolRegistry::new(vec![Arc::new(TodoList::new())]).unwrap();
     let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
     let manager = SessionManager::new(
@@ -1160,12 +998,12 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
         let row = wait_status(&service, id, TaskStatus::Completed).await;
         assert!(row.notice_pending_id.is_some());
     }
-    llm.gate.add_permits(1);
+    llm.release(1);
     platform.wait_sent(1).await;
     llm.wait_requests(2).await;
-    llm.gate.add_permits(1);
+    llm.release(1);
     let sent = platform.wait_sent(2).await;
-    assert_eq!(sent[1].0, group(), "the result goes to the task's group");
+    assert_eq!(sent[1].chat, group(), "the result goes to the task's group");
     let inputs = llm.user_inputs();
     assert_eq!(
         inputs.len(),
@@ -1194,7 +1032,7 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
             .unwrap()
             .notice_withdrawn
     );
-    llm.gate.add_permits(10);
+    llm.release(10);
     platform.wait_sent(3).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let inputs = llm.user_inputs();
@@ -1212,56 +1050,48 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
 /// A model that starts a background job when addressed, says so, and when the job's notice
 /// arrives reads the job with `task_output` (which needs an operator: the notice turn runs
 /// as the one who started it) and reports what it read.
-struct ScriptedLlm {
-    requests: Mutex<Vec<ChatRequest>>,
+fn operator_model() -> Arc<ScriptedLlm> {
+    ScriptedLlm::answering(|request, _| Ok(answer_as_operator(request))).shared()
 }
 
-#[async_trait]
-impl LlmBackend for ScriptedLlm {
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        _cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        self.requests.lock().unwrap().push(request.clone());
-        let reply = |text: String| Completion {
-            content: text,
-            ..Completion::default()
-        };
-        Ok(match request.messages.last() {
-            Some(Message::User { content }) if content.text().contains("TERMINAL_TASK_RESULT") => {
-                let text = content.text();
-                Completion {
-                    tool_calls: vec![ToolCall::new(
-                        "call-2",
-                        "task_output",
-                        json!({"task_id": between(&text, "<task_id>", "</task_id>")}).to_string(),
-                    )],
-                    ..Completion::default()
-                }
-            }
-            Some(Message::User { .. }) => Completion {
+fn answer_as_operator(request: &ChatRequest) -> Completion {
+    let reply = |text: String| Completion {
+        content: text,
+        ..Completion::default()
+    };
+    match request.messages.last() {
+        Some(Message::User { content }) if content.text().contains("TERMINAL_TASK_RESULT") => {
+            let text = content.text();
+            Completion {
                 tool_calls: vec![ToolCall::new(
-                    "call-1",
-                    "shell",
-                    r#"{"command":"sleep 0.3; echo release built","run_in_background":true,"description":"build the release"}"#,
+                    "call-2",
+                    "task_output",
+                    json!({"task_id": between(&text, "<task_id>", "</task_id>")}).to_string(),
                 )],
                 ..Completion::default()
-            },
-            Some(Message::Tool { content, .. }) => {
-                let result: Value = serde_json::from_str(content).unwrap();
-                assert_eq!(result["success"], true, "{content}");
-                match result["data"]["status"].as_str() {
-                    Some("running") => reply("Started the build; I will report back.".to_owned()),
-                    status => reply(format!(
-                        "The build is done: {} / {}",
-                        status.unwrap_or("?"),
-                        result["data"]["output"].as_str().unwrap_or_default().trim()
-                    )),
-                }
             }
-            other => panic!("unexpected last message {other:?}"),
-        })
+        }
+        Some(Message::User { .. }) => Completion {
+            tool_calls: vec![ToolCall::new(
+                "call-1",
+                "shell",
+                r#"{"command":"sleep 0.3; echo release built","run_in_background":true,"description":"build the release"}"#,
+            )],
+            ..Completion::default()
+        },
+        Some(Message::Tool { content, .. }) => {
+            let result: Value = serde_json::from_str(content).unwrap();
+            assert_eq!(result["success"], true, "{content}");
+            match result["data"]["status"].as_str() {
+                Some("running") => reply("Started the build; I will report back.".to_owned()),
+                status => reply(format!(
+                    "The build is done: {} / {}",
+                    status.unwrap_or("?"),
+                    result["data"]["output"].as_str().unwrap_or_default().trim()
+                )),
+            }
+        }
+        other => panic!("unexpected last message {other:?}"),
     }
 }
 
@@ -1269,10 +1099,8 @@ impl LlmBackend for ScriptedLlm {
 async fn an_operators_job_reports_back_and_its_notice_turn_may_read_it_with_task_output() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let platform = Arc::new(TestPlatform::default());
-    let llm = Arc::new(ScriptedLlm {
-        requests: Mutex::default(),
-    });
+    let platform = TestPlatform::new();
+    let llm = operator_model();
     // The wiring: the service exists before the manager, so its notifier is set late.
     let late = Arc::new(parlor_toolsets::terminal::LateNotifier::new());
     let service = TerminalService::new(store.clone(), late.clone(), config(dir.path()));
@@ -1292,12 +1120,12 @@ async fn an_operators_job_reports_back_and_its_notice_turn_may_read_it_with_task
 
     manager.deliver(mention(1)).await.unwrap();
     let sent = platform.wait_sent(1).await;
-    assert_eq!(sent[0].1, "Started the build; I will report back.");
+    assert_eq!(sent[0].text, "Started the build; I will report back.");
     let sent = platform.wait_sent(2).await;
-    assert_eq!(sent[1].0, group());
-    assert_eq!(sent[1].1, "The build is done: completed / release built");
+    assert_eq!(sent[1].chat, group());
+    assert_eq!(sent[1].text, "The build is done: completed / release built");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(platform.sent.lock().unwrap().len(), 2);
+    assert_eq!(platform.sent().len(), 2);
     assert!(store.pending().unwrap().is_empty());
     manager.shutdown(Duration::from_secs(1)).await;
     service.shutdown().await;

@@ -2,36 +2,20 @@
 //! bwrap is missing or cannot run on this host (user namespaces refused), each test says so
 //! on stderr and passes without checking anything.
 
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::MemoryStore;
 use parlor_bot::tool::{Caller, Role, ToolContext, ToolInvocation, ToolResult, ToolSet};
 use parlor_toolsets::terminal::{
-    Notifier, NotifyError, Sandbox, TaskStatus, TerminalConfig, TerminalService, terminal_toolset,
+    Sandbox, TaskStatus, TerminalConfig, TerminalService, terminal_toolset,
 };
 use serde_json::{Value, json};
-
-struct Silent;
-
-#[async_trait]
-impl Notifier for Silent {
-    async fn notify(
-        &self,
-        _chat: &ChatRef,
-        _text: String,
-        _caller: parlor_bot::tool::Caller,
-        _also: Vec<parlor_bot::store::KvWrite>,
-    ) -> Result<u64, NotifyError> {
-        Ok(1)
-    }
-    fn withdraw(&self, _chat: &ChatRef, _pending_id: u64) -> Result<bool, NotifyError> {
-        Ok(false)
-    }
-}
+use support::TestNotifier;
 
 /// Why bwrap cannot sandbox here, if it cannot: the namespaces and mounts the terminal's
 /// sandbox uses, around `true`.
@@ -119,7 +103,7 @@ fn output(r: &ToolResult) -> String {
 fn service(data_dir: &Path, hide: Vec<std::path::PathBuf>) -> Arc<TerminalService> {
     TerminalService::new(
         Arc::new(MemoryStore::new()),
-        Arc::new(Silent),
+        Arc::new(TestNotifier::default()),
         TerminalConfig {
             enabled: true,
             data_dir: data_dir.to_owned(),

@@ -145,43 +145,32 @@ fn catalog_markdown_snapshot() {
 #[tokio::test]
 async fn the_observer_sees_tools_usage_and_the_end_of_the_turn() {
     use parlor_bot::agent::{Agent, AgentConfig, AgentEvent, AgentObserver, TurnInput};
-    use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError, Usage};
+    use parlor_bot::llm::{Completion, Usage};
+    use parlor_bot::testing::ScriptedLlm;
     use tokio_util::sync::CancellationToken;
 
-    struct TwoStep(Mutex<u32>);
-    #[async_trait::async_trait]
-    impl LlmBackend for TwoStep {
-        async fn stream(
-            &self,
-            _: &ChatRequest,
-            _: &CancellationToken,
-        ) -> Result<Completion, LlmError> {
-            let mut n = self.0.lock().unwrap();
-            *n += 1;
-            let usage = Some(Usage {
-                prompt_tokens: 5,
-                completion_tokens: 1,
-                total_tokens: 6,
-            });
-            Ok(if *n == 1 {
-                Completion {
-                    tool_calls: vec![ToolCall::new(
-                        "c1",
-                        "time_now",
-                        "{\"timezone\":\"Nowhere\"}",
-                    )],
-                    usage,
-                    ..Completion::default()
-                }
-            } else {
-                Completion {
-                    content: "done".into(),
-                    usage,
-                    ..Completion::default()
-                }
-            })
-        }
-    }
+    // A tool call, then the answer; each with 5 + 1 tokens.
+    let usage = Some(Usage {
+        prompt_tokens: 5,
+        completion_tokens: 1,
+        total_tokens: 6,
+    });
+    let llm = ScriptedLlm::new(vec![
+        Completion {
+            tool_calls: vec![ToolCall::new(
+                "c1",
+                "time_now",
+                "{\"timezone\":\"Nowhere\"}",
+            )],
+            usage: usage.clone(),
+            ..Completion::default()
+        },
+        Completion {
+            content: "done".into(),
+            usage,
+            ..Completion::default()
+        },
+    ]);
     #[derive(Default)]
     struct Log(Mutex<Vec<String>>);
     impl AgentObserver for Log {
@@ -205,13 +194,8 @@ async fn the_observer_sees_tools_usage_and_the_end_of_the_turn() {
         }
     }
     let log = Arc::new(Log::default());
-    let agent = Agent::new(
-        Arc::new(TwoStep(Mutex::new(0))),
-        registry(),
-        "base",
-        AgentConfig::default(),
-    )
-    .with_observer(log.clone());
+    let agent =
+        Agent::new(llm, registry(), "base", AgentConfig::default()).with_observer(log.clone());
     let turn = agent
         .run_turn(
             &[],

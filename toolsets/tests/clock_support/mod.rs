@@ -1,28 +1,23 @@
-//! Shared by the clock tests: a platform that records every post with its tokio and wall
-//! time, a model that echoes (or fails, blocks, or calls scripted tools), and a rig that
-//! starts a SessionManager + ClockService on a MemoryStore and can stop or "crash" it.
+//! Shared by the clock tests: the shared platform double recording every post with its tokio
+//! and wall time, the shared model double set to echo (or fail, block, or call scripted
+//! tools), and a rig that starts a SessionManager + ClockService on a MemoryStore and can
+//! stop or "crash" it.
 
 #![allow(dead_code)]
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError, Message, ToolCall};
-use parlor_bot::platform::{
-    ChatKind, ChatRef, ImageRef, Inbox, IncomingMessage, Platform, PlatformError, Sender,
-    SentMessage,
-};
+use parlor_bot::llm::{ChatRequest, Completion, LlmError, Message, ToolCall};
+use parlor_bot::platform::{ChatRef, Inbox, Platform, PlatformError};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::testing::{ScriptedLlm, TestPlatform, last_text, message, tool_results};
 use parlor_bot::tool::ToolRegistry;
 use parlor_toolsets::clock::{self, ClockHandle, ClockOptions, ClockRun, ClockService, WallTime};
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub fn utc(s: &str) -> DateTime<Utc> {
@@ -37,216 +32,68 @@ pub fn group_b() -> ChatRef {
     ChatRef::new("test", "-200")
 }
 
-/// One message the bot posted.
-#[derive(Debug, Clone)]
-pub struct Post {
-    pub chat: ChatRef,
-    pub text: String,
-    pub id: String,
-    /// Tokio's clock when it was posted.
-    pub at: Instant,
-    /// Wall time (the clock source) when it was posted.
-    pub wall: DateTime<Utc>,
+/// A platform that records every post with its tokio and wall time (`clock`); message ids
+/// are `{prefix}-1`, `{prefix}-2`, ..., so two platforms (before and after a restart) differ.
+/// Chat administrators are set per chat.
+pub fn platform(clock: &WallTime, prefix: &str) -> Arc<TestPlatform> {
+    let clock = clock.clone();
+    TestPlatform::default()
+        .ids(&format!("{prefix}-"), 1)
+        .wall_clock(move || clock.now())
+        .shared()
 }
 
-/// A platform that records posts; chat administrators are set per chat.
-pub struct TestPlatform {
-    posts: Mutex<Vec<Post>>,
-    admins: Mutex<HashMap<String, Vec<String>>>,
-    next_id: Mutex<u64>,
-    refuse: Mutex<bool>,
-    clock: WallTime,
-    /// Prefix of the message ids, so two platforms (before and after a restart) differ.
-    prefix: String,
+/// Makes every post fail as refused.
+pub fn refuse_sends(platform: &TestPlatform) {
+    platform.fail_sends(Some(PlatformError::Refused("chat not found".into())));
 }
 
-impl TestPlatform {
-    pub fn new(clock: WallTime, prefix: &str) -> Arc<Self> {
-        Arc::new(TestPlatform {
-            posts: Mutex::default(),
-            admins: Mutex::default(),
-            next_id: Mutex::new(0),
-            refuse: Mutex::new(false),
-            clock,
-            prefix: prefix.to_owned(),
-        })
-    }
-    pub fn set_admins(&self, chat: &ChatRef, admins: &[&str]) {
-        self.admins.lock().unwrap().insert(
-            chat.session_key(),
-            admins.iter().map(|a| a.to_string()).collect(),
-        );
-    }
-    pub fn refuse_sends(&self, refuse: bool) {
-        *self.refuse.lock().unwrap() = refuse;
-    }
-    pub fn posts(&self) -> Vec<Post> {
-        self.posts.lock().unwrap().clone()
-    }
-    pub fn posts_in(&self, chat: &ChatRef) -> Vec<Post> {
-        self.posts()
-            .into_iter()
-            .filter(|p| p.chat == *chat)
-            .collect()
-    }
+/// Whether a request ends in a user message that mentions `@parlor`: those take the
+/// scripted tool calls.
+fn addressed(request: &ChatRequest) -> bool {
+    matches!(request.messages.last(), Some(Message::User { .. }))
+        && last_text(request).contains("@parlor")
 }
 
-#[async_trait]
-impl Platform for TestPlatform {
-    fn name(&self) -> &str {
-        "test"
-    }
-    async fn send_message(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        _reply_to: Option<&str>,
-    ) -> Result<SentMessage, PlatformError> {
-        if *self.refuse.lock().unwrap() {
-            return Err(PlatformError::Refused("chat not found".into()));
-        }
-        let id = {
-            let mut n = self.next_id.lock().unwrap();
-            *n += 1;
-            format!("{}-{n}", self.prefix)
-        };
-        self.posts.lock().unwrap().push(Post {
-            chat: chat.clone(),
-            text: text.to_owned(),
-            id: id.clone(),
-            at: Instant::now(),
-            wall: self.clock.now(),
-        });
-        Ok(SentMessage {
-            message_ids: vec![id],
-        })
-    }
-    async fn send_typing(&self, _: &ChatRef) -> Result<(), PlatformError> {
-        Ok(())
-    }
-    async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, PlatformError> {
-        Ok(self
-            .admins
-            .lock()
-            .unwrap()
-            .get(&chat.session_key())
-            .cloned()
-            .unwrap_or_default())
-    }
-    async fn download_image(&self, _: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        Err(PlatformError::NotFound("no images here".into()))
-    }
+/// A model that answers `reply: <last line of the user's text>` and `done: <result>` to a
+/// tool result; a text containing `slow` waits for `release`; scripted tool calls
+/// ([`script_tool_call`]) are made in answer to user messages that mention `@parlor`.
+pub fn model() -> Arc<ScriptedLlm> {
+    ScriptedLlm::echo()
+        .gated_on("slow")
+        .script_when(addressed)
+        .shared()
 }
 
-/// A model that answers `reply: <last line of the user's text>`. A text containing `slow`
-/// waits for `release`; `fail` makes every request fail; scripted tool calls are made in
-/// answer to user messages that mention `@parlor`.
-pub struct TestLlm {
-    gate: Semaphore,
-    failing: Mutex<bool>,
-    block_all: Mutex<bool>,
-    script: Mutex<VecDeque<(String, serde_json::Value)>>,
-    requests: Mutex<Vec<ChatRequest>>,
+/// [`model`] where every request waits for `release`.
+pub fn blocked_model() -> Arc<ScriptedLlm> {
+    ScriptedLlm::echo().gated().script_when(addressed).shared()
 }
 
-impl Default for TestLlm {
-    fn default() -> Self {
-        TestLlm {
-            gate: Semaphore::new(0),
-            failing: Mutex::default(),
-            block_all: Mutex::default(),
-            script: Mutex::default(),
-            requests: Mutex::default(),
-        }
-    }
+/// A model every request fails, as unreachable.
+pub fn failing_model() -> Arc<ScriptedLlm> {
+    ScriptedLlm::answering(|_, _| Err(LlmError::Connect("connection refused".into()))).shared()
 }
 
-impl TestLlm {
-    pub fn new() -> Arc<Self> {
-        Arc::new(TestLlm::default())
-    }
-    pub fn failing() -> Arc<Self> {
-        let llm = TestLlm::default();
-        *llm.failing.lock().unwrap() = true;
-        Arc::new(llm)
-    }
-    /// Every request waits for `release`.
-    pub fn blocked() -> Arc<Self> {
-        let llm = TestLlm::default();
-        *llm.block_all.lock().unwrap() = true;
-        Arc::new(llm)
-    }
-    pub fn release(&self, n: usize) {
-        self.gate.add_permits(n);
-    }
-    pub fn script_tool_call(&self, name: &str, args: serde_json::Value) {
-        self.script
-            .lock()
-            .unwrap()
-            .push_back((name.to_owned(), args));
-    }
-    pub fn requests(&self) -> Vec<ChatRequest> {
-        self.requests.lock().unwrap().clone()
-    }
-    /// The tool results the model was shown, in order.
-    pub fn tool_results(&self) -> Vec<serde_json::Value> {
-        let mut seen = Vec::new();
-        for r in self.requests() {
-            for m in &r.messages {
-                if let Message::Tool { content, .. } = m {
-                    let v: serde_json::Value = serde_json::from_str(content).unwrap();
-                    if !seen.contains(&v) {
-                        seen.push(v);
-                    }
-                }
+/// The next request that mentions `@parlor` calls `name` with `args`.
+pub fn script_tool_call(llm: &ScriptedLlm, name: &str, args: serde_json::Value) {
+    llm.push(Ok(Completion {
+        tool_calls: vec![ToolCall::new("call-1", name, args.to_string())],
+        ..Completion::default()
+    }));
+}
+
+/// The tool results the model was shown, in order, each once.
+pub fn tool_results_seen(llm: &ScriptedLlm) -> Vec<serde_json::Value> {
+    let mut seen = Vec::new();
+    for request in llm.requests() {
+        for (_, result) in tool_results(&request.messages) {
+            if !seen.contains(&result) {
+                seen.push(result);
             }
         }
-        seen
     }
-}
-
-#[async_trait]
-impl LlmBackend for TestLlm {
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        self.requests.lock().unwrap().push(request.clone());
-        if *self.failing.lock().unwrap() {
-            return Err(LlmError::Connect("connection refused".into()));
-        }
-        let (last, from_user) = match request.messages.last() {
-            Some(Message::User { content }) => (content.text(), true),
-            Some(Message::Tool { content, .. }) => (content.clone(), false),
-            _ => (String::new(), false),
-        };
-        if *self.block_all.lock().unwrap() || last.contains("slow") {
-            let permit = tokio::select! {
-                p = self.gate.acquire() => p,
-                () = cancel.cancelled() => return Err(LlmError::Cancelled),
-            };
-            permit.expect("gate closed").forget();
-        }
-        if from_user && last.contains("@parlor") {
-            let next = self.script.lock().unwrap().pop_front();
-            if let Some((name, args)) = next {
-                return Ok(Completion {
-                    tool_calls: vec![ToolCall::new("call-1", name, args.to_string())],
-                    ..Completion::default()
-                });
-            }
-        }
-        let content = if from_user {
-            format!("reply: {}", last.lines().last().unwrap_or_default())
-        } else {
-            format!("done: {last}")
-        };
-        Ok(Completion {
-            content,
-            ..Completion::default()
-        })
-    }
+    seen
 }
 
 /// Clock options for tests: UTC default zone, the given clock.
@@ -261,7 +108,7 @@ pub fn options(clock: &WallTime) -> ClockOptions {
 pub struct Rig {
     pub store: Arc<MemoryStore>,
     pub platform: Arc<TestPlatform>,
-    pub llm: Arc<TestLlm>,
+    pub llm: Arc<ScriptedLlm>,
     pub manager: SessionManager,
     pub handle: ClockHandle,
     pub registry: ToolRegistry,
@@ -274,7 +121,7 @@ impl Rig {
     pub async fn start(
         store: Arc<MemoryStore>,
         platform: Arc<TestPlatform>,
-        llm: Arc<TestLlm>,
+        llm: Arc<ScriptedLlm>,
         options: ClockOptions,
     ) -> Rig {
         Self::start_with(store, platform, llm, options, SessionConfig::default()).await
@@ -284,19 +131,15 @@ impl Rig {
     pub async fn start_with(
         store: Arc<MemoryStore>,
         platform: Arc<TestPlatform>,
-        llm: Arc<TestLlm>,
+        llm: Arc<ScriptedLlm>,
         options: ClockOptions,
         session: SessionConfig,
     ) -> Rig {
         let handle = ClockHandle::new(store.clone() as Arc<dyn Store>, options);
-        let registry =
-            ToolRegistry::new(vec![Arc::new(clock::toolset(handle.clone()).unwrap())]).unwrap();
-        let agent = Agent::new(
-            llm.clone(),
-            ToolRegistry::new(vec![Arc::new(clock::toolset(handle.clone()).unwrap())]).unwrap(),
-            "test",
-            AgentConfig::default(),
-        );
+        let tools =
+            || ToolRegistry::new(vec![Arc::new(clock::toolset(handle.clone()).unwrap())]).unwrap();
+        let registry = tools();
+        let agent = Agent::new(llm.clone(), tools(), "test", AgentConfig::default());
         let manager = SessionManager::new(
             store.clone() as Arc<dyn Store>,
             agent,
@@ -345,23 +188,7 @@ impl Rig {
     /// mentions @parlor).
     pub async fn say(&self, chat: &ChatRef, id: u32, who: &str, text: &str) {
         self.manager
-            .deliver(IncomingMessage {
-                chat: chat.clone(),
-                kind: ChatKind::Group,
-                message_id: id.to_string(),
-                sender: Sender {
-                    id: format!("test:{who}"),
-                    name: who.to_owned(),
-                    username: None,
-                    is_bot: false,
-                },
-                text: text.to_owned(),
-                time: Utc::now(),
-                reply_to: None,
-                reply_to_bot: false,
-                mentions_bot: text.contains("@parlor"),
-                images: vec![],
-            })
+            .deliver(message(chat, id, who, text))
             .await
             .unwrap();
     }
