@@ -126,6 +126,7 @@ fn protect_secrets(config: &Config, long_running: bool) {
     // SAFETY: this process has one thread (checked just above, and no code before this
     // point starts one: argument parsing, logging set-up and reading the config do not),
     // so nothing reads the environment while it changes.
+    #[allow(unsafe_code)]
     let scrubbed = unsafe { secrets::scrub_env(&config.secret_env_names()) };
     if !scrubbed.removed.is_empty() {
         tracing::debug!(variables = ?scrubbed.removed, "secrets removed from the environment");

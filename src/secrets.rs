@@ -3,6 +3,10 @@
 //! environment once they are read, so that neither a child process nor anyone reading
 //! `/proc/<pid>/environ` finds them there.
 
+// Changing the environment (and its block in place) and `prctl` are unsafe calls; each says
+// why it is sound where it is made.
+#![allow(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};

@@ -1,6 +1,9 @@
 //! End-to-end tests of the `parlor` binary: the real executable, a config file in a temp
 //! dir, and an in-process fake OpenAI-compatible server on 127.0.0.1.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;

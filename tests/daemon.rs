@@ -2,6 +2,9 @@
 //! fake LLM, both in this process on 127.0.0.1. They kill the daemon with SIGKILL and SIGTERM
 //! and inspect its store afterwards.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

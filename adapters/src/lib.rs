@@ -3,11 +3,15 @@
 //! Owns the code that speaks a chat platform's protocol: as a [`Receiver`] it turns the
 //! platform's updates into [`parlor_bot::platform::IncomingMessage`]s for the runtime's
 //! [`Inbox`], and it implements [`Platform`](parlor_bot::platform::Platform) so the runtime
-//! and the plugins can answer.
+//! and the toolsets can answer.
 //!
 //! **Invariant:** only this crate touches platform SDKs (teloxide-core, serenity); it depends
-//! on `parlor-bot` for the normalized types and never on `parlor-plugins` — adapters and
-//! plugins meet at `parlor_bot::platform`, never directly.
+//! on `parlor-bot` for the normalized types and `parlor-render` for replies, never on
+//! `parlor-toolsets` — adapters and toolsets meet at `parlor_bot::platform`, never directly.
+//!
+//! **Deliberately absent:** sessions, policy (who is addressed, who may do what: the
+//! adapter reports the platform's facts, the runtime decides), storage beyond what
+//! `Inbox::deliver` does.
 //!
 //! ## Layout
 //! - [`telegram`] — the Telegram Bot API adapter: long polling with acknowledgement after
@@ -19,7 +23,8 @@
 //!   429s, admins from role permissions.
 //! - [`console`] — the local terminal adapter behind `parlor chat`.
 //! - `common` (private) — what Telegram and Discord share: bounded retries around a call,
-//!   the bot token kept secret and scrubbed from error texts, the cap on image downloads.
+//!   the bot token kept secret and scrubbed from error texts, the cap on image downloads,
+//!   the checks a send starts with. A new adapter uses these, never a copy.
 
 #![warn(missing_docs)]
 

@@ -4,6 +4,9 @@
 //!
 //! Real time throughout (sockets and heartbeats need a running clock).
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

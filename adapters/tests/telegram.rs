@@ -5,6 +5,9 @@
 //! adapter's backoff is configured in milliseconds and long polls to one second, so only
 //! the `retry_after` test waits a real second.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

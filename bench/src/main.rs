@@ -320,6 +320,7 @@ impl Daemon {
     async fn stop(mut self) {
         let pid = libc::pid_t::try_from(self.pid()).expect("pid");
         // SAFETY: `kill` with a pid of our own child and a valid signal number.
+        #[allow(unsafe_code)]
         unsafe {
             libc::kill(pid, libc::SIGTERM);
         }
@@ -443,6 +444,7 @@ fn cpu_ms(pid: u32) -> f64 {
         .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
         .sum();
     // SAFETY: sysconf has no preconditions.
+    #[allow(unsafe_code)]
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
     ticks as f64 * 1000.0 / hz as f64
 }

@@ -1,6 +1,9 @@
 //! Store throughput, printed as figures (never a pass/fail timing):
 //! `cargo bench -p parlor-bot --bench store`.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Instant;
 
 use chrono::Utc;

@@ -1,6 +1,6 @@
 //! The one image pipeline: everything done to an image's bytes before a vision model sees
 //! them. The agent runs it on photos members attach ([`crate::agent`], when it resolves the
-//! image references of the current turn) and the `load_image` tool (parlor-plugins) on the
+//! image references of the current turn) and the `load_image` tool (parlor-toolsets) on the
 //! images it loads, so both get the same checks, limits and downscaling. It owns:
 //!
 //! - **sniffing** ([`sniff`]): the format comes from the magic numbers, never a file name, a

@@ -1,6 +1,6 @@
-//! The `Platform` trait: everything the runtime and the plugins see of a chat platform, and
+//! The `Platform` trait: everything the runtime and the toolsets see of a chat platform, and
 //! the normalized message types adapters produce. Adapters (Telegram, Discord, console)
-//! implement it; nothing in `bot` or `plugins` knows an SDK.
+//! implement it; nothing in `bot` or `toolsets` knows an SDK.
 
 use std::fmt;
 
@@ -171,7 +171,7 @@ pub enum PlatformError {
     NotFound(String),
 }
 
-/// What the runtime and plugins may do on a platform.
+/// What the runtime and toolsets may do on a platform.
 #[async_trait]
 pub trait Platform: Send + Sync {
     /// `telegram`, `discord`, `console`: the prefix of this platform's session keys.

@@ -2,6 +2,9 @@
 //! truncation, unknown tools, invalid arguments, panics, timeouts, cancellation, the
 //! iteration limit, permissions and the todo reminder.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

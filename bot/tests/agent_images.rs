@@ -3,6 +3,9 @@
 //! text; an image that cannot be shown is a text, not a failed turn; without vision nothing
 //! is downloaded; and no request ever carries the reference itself.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::io::Cursor;
 use std::sync::Arc;
 

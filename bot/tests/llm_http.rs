@@ -1,6 +1,9 @@
 //! `OpenAiClient` (and `Retrying` around it) against a tiny axum server on 127.0.0.1:
 //! what goes over the wire, status handling, retries, timeouts, cancellation.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;

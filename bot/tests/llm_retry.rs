@@ -1,6 +1,9 @@
 //! The `Retrying` decorator on paused time, around a scripted in-memory backend (which
 //! records when it was called).
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use parlor_bot::llm::{

@@ -2,6 +2,9 @@
 //! (openai-openapi 2.3.0): every request body shape `OpenAiClient::request_body` builds,
 //! and every recorded stream chunk.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 
 use parlor_bot::llm::{

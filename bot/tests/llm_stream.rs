@@ -1,6 +1,9 @@
 //! Stream assembly against real recordings (OpenAI and nine other providers), cut at every
 //! byte offset, plus the error and edge cases the recordings do not cover.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;

@@ -3,6 +3,9 @@
 //! construction a dangerous tool that a non-operator could call. Also the session-key
 //! parser and what the catalog says about roles.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

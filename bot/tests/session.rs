@@ -1,6 +1,9 @@
 //! The session layer with an in-memory platform and a gated model: group policy, threading,
 //! bursts, commands, overflow, restart and shutdown.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -2,6 +2,9 @@
 //! both backends ([`MemoryStore`] and a [`SledStore`] in a temporary directory); restart,
 //! locking and corruption are sled-only.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

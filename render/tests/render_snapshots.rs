@@ -3,6 +3,9 @@
 //! Telegram parts are shown as their text with each entity drawn around the text it covers:
 //! `⟦bold:…⟧`, `⟦pre rust:…⟧`, `⟦link https://…:…⟧`; the part's UTF-16 length heads it.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use expect_test::{Expect, expect};
 use parlor_render::{
     discord::{self, DiscordOptions},

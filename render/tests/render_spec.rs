@@ -13,6 +13,9 @@
 //! parts hold exactly its alphanumeric chars (Telegram), or at least them in order (Discord,
 //! which adds link destinations).
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use parlor_render as render;

@@ -1,6 +1,9 @@
 //! `FakeDiscord` spoken to on the wire (reqwest + a raw WebSocket client), with the payloads of
 //! Discord's documentation examples. The adapter's tests cover it with the real serenity.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use futures::{SinkExt, StreamExt};
 use parlor_testkit::{DiscordFailure, DiscordUser, FakeDiscord, discord_fixture};
 use serde_json::{Value, json};

@@ -1,5 +1,8 @@
 //! Black-box tests of `FakeLlm` through a real HTTP client.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -1,6 +1,9 @@
 //! Black-box tests of `FakeTelegram`: plain reqwest against the wire
 //! protocol, and the real teloxide client.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;

@@ -1,6 +1,9 @@
 //! Schedule parsing and fire times: cron (5 and 6 fields), one-shot date-times, intervals,
 //! refused texts with their reasons, and the Europe/Berlin DST days of 2026.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use parlor_toolsets::clock::{Schedule, ScheduleKind};

@@ -2,6 +2,9 @@
 //! included), into their target chats, with the posted message id in the run log; failures,
 //! timeouts, slow turns, restarts, missed runs and crashes.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 mod clock_support;
 
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! model gets, and the end-to-end path (an operator asks in group A, the model calls
 //! `clock_create` for group B, the reply arrives in B).
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 mod clock_support;
 
 use std::sync::{Arc, Mutex};

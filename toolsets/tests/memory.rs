@@ -1,6 +1,9 @@
 //! The memory toolset through the registry: the round trip, ranking, caps, isolation between
 //! sessions, and persistence across a reopened sled store.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,6 +1,9 @@
 //! The message toolset through the registry (schema validation applies), over a
 //! `MemoryStore` and an in-memory platform that records what is sent and serves images.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::io::Cursor;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -3,6 +3,9 @@
 //! real SessionManager), task_output/task_stop, roles and policy, the sandbox refusal and
 //! restarts.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::os::unix::process::CommandExt;

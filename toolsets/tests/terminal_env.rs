@@ -2,6 +2,9 @@
 //! built from the allow-list only. Its own test binary, because it sets process environment
 //! variables before any other thread runs.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +19,7 @@ use serde_json::json;
 #[test]
 fn env_inside_the_shell_and_tasks_shows_no_secret() {
     // SAFETY: the only test of this binary; no other thread reads the environment yet.
+    #[allow(unsafe_code)]
     unsafe {
         std::env::set_var("OPENAI_API_KEY", "sk-secret-openai");
         std::env::set_var("TELEGRAM_BOT_TOKEN", "123:secret-telegram");

@@ -2,6 +2,9 @@
 //! bwrap is missing or cannot run on this host (user namespaces refused), each test says so
 //! on stderr and passes without checking anything.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::path::Path;

@@ -2,6 +2,9 @@
 //! plan comes back as a per-turn reminder while it is non-empty, it is per session, `/reset`
 //! clears it and a bad plan is refused.
 
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 
 use expect_test::expect;

@@ -1,6 +1,9 @@
 //! The few process-group calls the standard library lacks (`kill(-pgid, sig)`), through
 //! `libc`, plus `/proc` checks.
 
+// The one unsafe call of the toolsets: `kill(2)` on a process group.
+#![allow(unsafe_code)]
+
 use std::path::Path;
 
 pub(crate) use libc::{SIGINT, SIGKILL, SIGTERM};
