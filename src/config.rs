@@ -145,6 +145,9 @@ pub struct LlmConfig {
     pub context_tokens: usize,
     /// Most model calls in one turn.
     pub max_iterations: usize,
+    /// How often one turn may call the same tool with the same arguments before it is
+    /// stopped.
+    pub max_identical_tool_calls: usize,
     /// Limit for one tool call.
     pub tool_timeout_secs: u64,
     /// Whether the model may call several tools per response.
@@ -174,6 +177,7 @@ impl Default for LlmConfig {
             tool_result_max_chars: 8000,
             context_tokens: 32_000,
             max_iterations: 10,
+            max_identical_tool_calls: 3,
             tool_timeout_secs: 60,
             parallel_tool_calls: true,
             temperature: None,
@@ -467,6 +471,10 @@ impl Config {
             ("llm.idle_timeout_secs", self.llm.idle_timeout_secs),
             ("llm.tool_timeout_secs", self.llm.tool_timeout_secs),
             ("llm.max_iterations", self.llm.max_iterations as u64),
+            (
+                "llm.max_identical_tool_calls",
+                self.llm.max_identical_tool_calls as u64,
+            ),
             (
                 "llm.max_concurrent_tool_calls",
                 self.llm.max_concurrent_tool_calls as u64,

@@ -324,6 +324,8 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
     println!("{}", turn.reply);
     Ok(match turn.end {
         TurnEnd::Cancelled => ExitCode::from(130),
-        TurnEnd::Answered | TurnEnd::IterationLimit => ExitCode::SUCCESS,
+        TurnEnd::Answered | TurnEnd::IterationLimit | TurnEnd::RepeatedToolCall => {
+            ExitCode::SUCCESS
+        }
     })
 }

@@ -214,6 +214,7 @@ pub fn agent(
         tool_result_max_chars: config.llm.tool_result_max_chars,
         temperature: config.llm.temperature,
         parallel_tool_calls: config.llm.parallel_tool_calls,
+        max_identical_tool_calls: config.llm.max_identical_tool_calls,
         images: ImageOptions {
             vision: config.llm.vision,
             ..ImageOptions::default()

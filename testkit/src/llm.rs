@@ -37,7 +37,6 @@
 //! which fires timeouts early.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::convert::Infallible;
 use std::fmt;
 use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -88,10 +87,20 @@ pub struct ToolCallSpec {
 impl ToolCallSpec {
     /// A call whose arguments are `args` serialized as compact JSON.
     pub fn new(id: impl Into<String>, name: impl Into<String>, args: Value) -> Self {
+        Self::raw(id, name, args.to_string())
+    }
+
+    /// A call whose arguments are sent exactly as `arguments`, which need not be JSON (a
+    /// model that writes broken or cut-off arguments).
+    pub fn raw(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> Self {
         Self {
             id: id.into(),
             name: name.into(),
-            arguments: args.to_string(),
+            arguments: arguments.into(),
         }
     }
 }
@@ -129,6 +138,8 @@ struct Completion {
     calls: Vec<ToolCallSpec>,
     error: Option<String>,
     stall: bool,
+    finish_reason: Option<String>,
+    cut: bool,
 }
 
 impl Reply {
@@ -215,6 +226,20 @@ impl Reply {
         })
     }
 
+    /// OpenAI's answer to a request longer than the model's context window: HTTP 400 with
+    /// `{"error":{"message":"This model's maximum context length is ...","type":
+    /// "invalid_request_error","param":"messages","code":"context_length_exceeded"}}`.
+    pub fn context_length_exceeded() -> Self {
+        Self::status(400).body(json!({"error": {
+            "message": "This model's maximum context length is 128000 tokens. However, your \
+                        messages resulted in 130001 tokens. Please reduce the length of the \
+                        messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }}))
+    }
+
     /// Sets the reported usage (`total_tokens` is their sum). Defaults to
     /// `(10, 5)`. No-op for status and raw replies.
     pub fn usage(mut self, prompt_tokens: u64, completion_tokens: u64) -> Self {
@@ -260,6 +285,28 @@ impl Reply {
     pub fn then_stall(mut self) -> Self {
         if let Kind::Completion(c) = &mut self.kind {
             c.stall = true;
+        }
+        self
+    }
+
+    /// Replaces the `finish_reason` of the final chunk (normally `stop`, or `tool_calls` when
+    /// the reply has calls), e.g. `"length"` for an answer cut at the output token limit
+    /// (give the calls cut-off arguments with [`ToolCallSpec::raw`]). No-op for status and
+    /// raw replies.
+    pub fn finish_reason(mut self, reason: impl Into<String>) -> Self {
+        if let Kind::Completion(c) = &mut self.kind {
+            c.finish_reason = Some(reason.into());
+        }
+        self
+    }
+
+    /// Streams this reply's content and tool-call chunks, then the first half of the bytes
+    /// of the chunk with the finish reason, then breaks the connection (the chunked body
+    /// never ends properly): a stream that stops inside an SSE event. No-op for status, raw
+    /// and non-streaming replies.
+    pub fn cut_mid_event(mut self) -> Self {
+        if let Kind::Completion(c) = &mut self.kind {
+            c.cut = true;
         }
         self
     }
@@ -425,6 +472,23 @@ impl FakeLlm {
     /// If no local port can be bound.
     pub async fn start() -> Self {
         let (listener, addr) = server::loopback("llm").await;
+        Self::serve(listener, addr)
+    }
+
+    /// Starts the server on `127.0.0.1:port`, e.g. on a port a client was already pointed
+    /// at while nothing listened there (a model server that comes back).
+    ///
+    /// # Panics
+    /// If the port cannot be bound.
+    pub async fn start_at(port: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+            .await
+            .unwrap_or_else(|e| panic!("fake llm: cannot bind 127.0.0.1:{port}: {e}"));
+        let addr = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+        Self::serve(listener, addr)
+    }
+
+    fn serve(listener: tokio::net::TcpListener, addr: SocketAddr) -> Self {
         let shared = Arc::new(Shared {
             script: Mutex::new(Script::default()),
             recorded: Notify::new(),
@@ -471,6 +535,19 @@ impl FakeLlm {
     /// `push(Reply::tool_calls(vec![ToolCallSpec::new(id, name, args)]))`.
     pub fn push_tool_call(&self, id: impl Into<String>, name: impl Into<String>, args: Value) {
         self.push(Reply::tool_calls(vec![ToolCallSpec::new(id, name, args)]));
+    }
+
+    /// Shorthand for a reply with a single tool call whose arguments are sent exactly as
+    /// `arguments` (see [`ToolCallSpec::raw`]).
+    pub fn push_tool_call_raw(
+        &self,
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) {
+        self.push(Reply::tool_calls(vec![ToolCallSpec::raw(
+            id, name, arguments,
+        )]));
     }
 
     /// Answers requests with `responder(&body)` whenever the script is empty
@@ -733,6 +810,7 @@ async fn render(shared: &Shared, body: &Value, reply: &Reply) -> Response {
     let state = BodyState {
         events: events.into(),
         stall: completion.stall,
+        cut: completion.cut,
         chunk_delay: reply.chunk_delay,
         sent: 0,
         cancel: shared.cancel.clone(),
@@ -820,7 +898,12 @@ fn sse_events(ctx: &Ctx, c: &Completion, usage: (u64, u64), include_usage: bool)
         return events;
     }
     let finish = finish_reason(c);
-    events.push(data_event(&ctx.chunk(json!({}), Some(finish))));
+    let finish_event = data_event(&ctx.chunk(json!({}), Some(finish)));
+    if c.cut {
+        events.push(finish_event.slice(..finish_event.len() / 2));
+        return events;
+    }
+    events.push(finish_event);
     if include_usage {
         events.push(data_event(&json!({
             "id": ctx.id,
@@ -835,8 +918,10 @@ fn sse_events(ctx: &Ctx, c: &Completion, usage: (u64, u64), include_usage: bool)
     events
 }
 
-fn finish_reason(c: &Completion) -> &'static str {
-    if c.calls.is_empty() {
+fn finish_reason(c: &Completion) -> &str {
+    if let Some(reason) = &c.finish_reason {
+        reason
+    } else if c.calls.is_empty() {
         "stop"
     } else {
         "tool_calls"
@@ -909,14 +994,25 @@ impl Drop for DropGuard {
 struct BodyState {
     events: VecDeque<Bytes>,
     stall: bool,
+    /// Break the connection once the events are sent ([`Reply::cut_mid_event`]).
+    cut: bool,
     chunk_delay: Option<Duration>,
     sent: usize,
     cancel: CancellationToken,
     guard: DropGuard,
 }
 
-async fn next_event(mut st: BodyState) -> Option<(Result<Bytes, Infallible>, BodyState)> {
+async fn next_event(mut st: BodyState) -> Option<(Result<Bytes, std::io::Error>, BodyState)> {
     let Some(event) = st.events.pop_front() else {
+        if st.cut {
+            // An error from the body makes hyper drop the connection without ending the
+            // chunked body: to the client, the stream breaks off.
+            st.cut = false;
+            // Pending once, so that hyper flushes what was sent before it sees the error.
+            tokio::task::yield_now().await;
+            let broken = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut");
+            return Some((Err(broken), st));
+        }
         if st.stall {
             // Hyper drops the body (and this future) when the client goes
             // away; shutdown ends the body.

@@ -8,12 +8,19 @@
 //! - a turn is returned whole ([`Turn`]) or not at all ([`AgentError`]); the caller stores it
 //!   in one write, so history never holds half a turn;
 //! - a tool's failure never aborts the turn: it is a result the model reads;
+//! - a call cut off by the output limit (`finish_reason: "length"`) is never run: its
+//!   result tells the model why;
+//! - a model that repeats the same call (same tool, same arguments) more than
+//!   [`AgentConfig::max_identical_tool_calls`] times in a turn is stopped, and the chat told;
+//! - a request refused as too long for the model's context is retried once without the
+//!   older half of the history ([`Turn::history_dropped`]);
 //! - no request carries an image reference ([`ContentPart::ImageRef`]): references of the
 //!   current turn become `data:` URLs, older ones a line of text (see [`images`]).
 
 mod events;
 pub mod images;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +55,9 @@ pub struct AgentConfig {
     pub parallel_tool_calls: bool,
     /// Whether and how attached images are shown to the model.
     pub images: ImageOptions,
+    /// How often one turn may call the same tool with the same arguments; the next
+    /// identical call is not run and ends the turn with a message saying so.
+    pub max_identical_tool_calls: usize,
 }
 
 impl Default for AgentConfig {
@@ -61,6 +71,7 @@ impl Default for AgentConfig {
             temperature: None,
             parallel_tool_calls: true,
             images: ImageOptions::default(),
+            max_identical_tool_calls: 3,
         }
     }
 }
@@ -116,6 +127,9 @@ pub enum TurnEnd {
     IterationLimit,
     /// The turn was cancelled (`/stop`, shutdown, reset).
     Cancelled,
+    /// The model called the same tool with the same arguments more than
+    /// `max_identical_tool_calls` times; the turn was stopped with a message saying so.
+    RepeatedToolCall,
 }
 
 /// A finished turn, to be appended to history in one write.
@@ -132,7 +146,15 @@ pub struct Turn {
     pub iterations: usize,
     /// How the turn ended.
     pub end: TurnEnd,
+    /// How many messages at the start of the history were left out of this turn's
+    /// requests because the model refused them as too long for its context; the caller
+    /// drops them from the stored history too. Always the start of a turn (a user message)
+    /// or the whole history.
+    pub history_dropped: usize,
 }
+
+/// The error code of a call refused because it repeats earlier identical calls.
+pub const REPEATED_CALL: &str = "REPEATED_CALL";
 
 /// Why a turn produced nothing to store.
 #[derive(Debug, thiserror::Error)]
@@ -236,7 +258,12 @@ impl Agent {
             usage: Usage::default(),
             iterations: 0,
             end: TurnEnd::Answered,
+            history_dropped: 0,
         };
+        let full_history = history;
+        let mut history = history;
+        // How often each (tool, arguments) has been called in this turn.
+        let mut seen_calls: HashMap<(String, String), usize> = HashMap::new();
         let tools = self.tools.defs();
         let vision = self.config.images.vision;
         let mut images =
@@ -290,6 +317,21 @@ impl Agent {
                     turn.end = TurnEnd::Cancelled;
                     break;
                 }
+                Err(e) if e.is_context_length_exceeded() && turn.history_dropped == 0 => {
+                    let Some(drop) = older_half(history) else {
+                        return Err(e.into());
+                    };
+                    tracing::warn!(
+                        session = %input.session,
+                        dropped = drop,
+                        "the request exceeds the model's context; retrying without the older history"
+                    );
+                    turn.history_dropped = drop;
+                    history = &full_history[drop..];
+                    // The refused request does not count as a step.
+                    turn.iterations -= 1;
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
             };
             if let Some(usage) = &completion.usage {
@@ -300,20 +342,70 @@ impl Agent {
                 });
             }
             turn.messages.push(completion.to_message());
+            let cut_off = completion.finish_reason.as_deref() == Some("length");
             if completion.tool_calls.is_empty() {
                 turn.reply = completion.content;
+                if cut_off {
+                    turn.reply.push_str(
+                        "\n\n(My answer was cut off: it reached the model's length limit.)",
+                    );
+                }
                 break;
             }
 
+            // Calls that are not run: all of them when the answer was cut off (the last
+            // call's arguments are incomplete, and the model meant them together), or all
+            // of them when one repeats itself too often (the turn stops).
+            let repeated = if cut_off {
+                None
+            } else {
+                self.repeated_call(&completion.tool_calls, &mut seen_calls)
+            };
+            let results = if cut_off {
+                completion.tool_calls.iter().map(cut_off_result).collect()
+            } else if let Some(index) = repeated {
+                completion
+                    .tool_calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, call)| {
+                        if i == index {
+                            self.repeated_result(call)
+                        } else {
+                            cancelled_result(&call.function.name)
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let appender = MessageAppender::default();
-            let results = self
-                .run_tool_batch(&completion.tool_calls, &input, &appender, &cancel)
-                .await;
+            let results = if results.is_empty() {
+                self.run_tool_batch(&completion.tool_calls, &input, &appender, &cancel)
+                    .await
+            } else {
+                results
+            };
             for (call, result) in completion.tool_calls.iter().zip(results) {
                 let text = truncate_result(&result.to_json(), self.config.tool_result_max_chars);
                 turn.messages.push(Message::tool(&call.id, text));
             }
             turn.messages.extend(appender.drain());
+            if let Some(index) = repeated {
+                let name = completion
+                    .tool_calls
+                    .get(index)
+                    .map_or("a tool", |c| c.function.name.as_str());
+                let text = format!(
+                    "I stopped: I kept calling {name} with the same arguments ({} times) \
+                     without getting anywhere. Tell me how to go on, or ask in another way.",
+                    self.config.max_identical_tool_calls + 1
+                );
+                turn.messages.push(Message::assistant(&text));
+                turn.reply = text;
+                turn.end = TurnEnd::RepeatedToolCall;
+                break;
+            }
         }
         self.observer.on_event(&AgentEvent::TurnFinished {
             session: &input.session,
@@ -399,6 +491,78 @@ impl Agent {
         });
         result
     }
+}
+
+impl Agent {
+    /// Counts `calls` into `seen`; the index of the first call that repeats an identical
+    /// call (same name, same arguments as JSON) more than `max_identical_tool_calls` times.
+    fn repeated_call(
+        &self,
+        calls: &[ToolCall],
+        seen: &mut HashMap<(String, String), usize>,
+    ) -> Option<usize> {
+        let mut first = None;
+        for (i, call) in calls.iter().enumerate() {
+            // `{"a":1, "b":2}` and `{"b":2,"a":1}` are the same call.
+            let args = serde_json::from_str::<serde_json::Value>(&call.function.arguments)
+                .map_or_else(|_| call.function.arguments.clone(), |v| v.to_string());
+            let count = seen.entry((call.function.name.clone(), args)).or_default();
+            *count += 1;
+            if *count > self.config.max_identical_tool_calls && first.is_none() {
+                first = Some(i);
+            }
+        }
+        first
+    }
+
+    fn repeated_result(&self, call: &ToolCall) -> ToolResult {
+        ToolResult::err(
+            REPEATED_CALL,
+            format!(
+                "{} was not run: it is the same call, with the same arguments, as {} earlier \
+                 ones in this turn, so the turn was stopped. Do not repeat a call that \
+                 already answered; tell the user what you found or what is missing",
+                call.function.name, self.config.max_identical_tool_calls
+            ),
+        )
+    }
+}
+
+/// The result of a call whose answer hit the output limit: its arguments are incomplete.
+fn cut_off_result(call: &ToolCall) -> ToolResult {
+    ToolResult::err(
+        codes::INVALID_ARGUMENTS,
+        format!(
+            "{} was not run: your answer reached the output length limit (finish_reason \
+             \"length\") while writing the tool calls, so their arguments are incomplete. \
+             Call it again with shorter arguments, or split the work into smaller calls",
+            call.function.name
+        ),
+    )
+}
+
+/// Where to cut `history` to drop about its older half: the start of a turn (a user
+/// message) near the middle, or the whole history when it holds only one turn. `None` when
+/// there is nothing to drop.
+fn older_half(history: &[Message]) -> Option<usize> {
+    if history.is_empty() {
+        return None;
+    }
+    let starts: Vec<usize> = history
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| *i > 0 && matches!(m, Message::User { .. }))
+        .map(|(i, _)| i)
+        .collect();
+    let middle = history.len() / 2;
+    Some(
+        starts
+            .iter()
+            .copied()
+            .find(|&i| i >= middle)
+            .or(starts.last().copied())
+            .unwrap_or(history.len()),
+    )
 }
 
 fn cancelled_result(name: &str) -> ToolResult {

@@ -44,6 +44,10 @@ pub enum LlmError {
         /// The server's `Retry-After`, when it sent one.
         retry_after: Option<Duration>,
     },
+    /// The response began but broke off before it was complete: the connection failed
+    /// inside the body, or the stream ended with neither a finish reason nor `[DONE]`.
+    #[error("the LLM stream broke off before the answer was complete: {0}")]
+    Interrupted(String),
     /// The stream carried `{"error": ...}` instead of a chunk.
     #[error("the LLM stream reported an error: {0}")]
     Stream(String),
@@ -56,14 +60,36 @@ pub enum LlmError {
 }
 
 impl LlmError {
-    /// Connect errors, timeouts, 429 and 5xx may succeed on a later attempt; other 4xx,
-    /// malformed data and cancellation will not.
+    /// Connect errors, timeouts, broken-off streams, 429 and 5xx may succeed on a later
+    /// attempt; other 4xx, malformed data and cancellation will not.
     pub fn is_retryable(&self) -> bool {
         match self {
-            LlmError::Connect(_) | LlmError::Timeout(_) => true,
+            LlmError::Connect(_) | LlmError::Timeout(_) | LlmError::Interrupted(_) => true,
             LlmError::Status { status, .. } => *status == 429 || *status >= 500,
             LlmError::Stream(_) | LlmError::Malformed(_) | LlmError::Cancelled => false,
         }
+    }
+
+    /// Whether the server refused the request as longer than the model's context window:
+    /// OpenAI's `400` with the code `context_length_exceeded` (also recognised by its
+    /// message, for compatible servers that send no code).
+    pub fn is_context_length_exceeded(&self) -> bool {
+        let LlmError::Status { status, body, .. } = self else {
+            return false;
+        };
+        if !matches!(status, 400 | 413) {
+            return false;
+        }
+        let code = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/error/code")
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_owned)
+            });
+        code.as_deref() == Some("context_length_exceeded")
+            || body.contains("context_length_exceeded")
+            || body.contains("maximum context length")
     }
 }
 

@@ -223,7 +223,20 @@ impl OpenAiClient {
         if is_json {
             return self.json_completion(bytes).await;
         }
-        Ok(assemble(bytes).await?.finish())
+        let assembler = assemble(bytes).await?;
+        // Providers that never send `[DONE]` still end every choice with a finish reason;
+        // a stream with neither was cut off, and its text would be half an answer.
+        if !assembler.done()
+            && assembler
+                .completions()
+                .values()
+                .all(|c| c.finish_reason.is_none())
+        {
+            return Err(LlmError::Interrupted(
+                "the stream ended without a finish reason or [DONE]".to_owned(),
+            ));
+        }
+        Ok(assembler.finish())
     }
 
     /// The response body, failing with [`LlmError::Timeout`] when it falls silent for
@@ -243,7 +256,14 @@ impl OpenAiClient {
                     Err(_elapsed) => Some((Err(LlmError::Timeout(idle)), None)),
                     Ok(None) => None,
                     Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some(inner))),
-                    Ok(Some(Err(e))) => Some((Err(transport_error(&config, e)), None)),
+                    // The response had begun: whatever broke, the answer is incomplete.
+                    Ok(Some(Err(e))) => {
+                        let error = match transport_error(&config, e) {
+                            LlmError::Connect(why) => LlmError::Interrupted(why),
+                            other => other,
+                        };
+                        Some((Err(error), None))
+                    }
                 }
             }
         })

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::history::trim_to_budget;
 use super::manager::{ScheduledOutcome, Session, SessionManager};
 use super::queue::QueueItem;
-use crate::agent::{Turn, TurnEnd, TurnInput, strip_image_data};
-use crate::llm::{Content, ContentPart};
+use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
+use crate::llm::{Content, ContentPart, LlmError};
 use crate::store::{OutboxEntry, PendingKind, TurnCommit};
 use crate::tool::{Role, RoleResolver};
 
@@ -174,6 +174,7 @@ impl SessionManager {
             result = session.agent.run_turn(&history, input, cancel.clone()) => result,
             () = typing => return None,
         };
+        let mut history = history;
         let (new_messages, reply, model_failed) = match result {
             Ok(turn) if turn.end == TurnEnd::Cancelled && self.inner.abort.is_cancelled() => {
                 tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
@@ -182,26 +183,35 @@ impl SessionManager {
             Ok(turn) => {
                 let reply = match turn.end {
                     TurnEnd::Cancelled => None,
-                    _ if turn.reply.trim().is_empty() => {
-                        Some("(I have no answer to that.)".to_owned())
-                    }
+                    _ if turn.reply.trim().is_empty() => Some(
+                        "The model sent an empty answer. Please ask again, perhaps in other words."
+                            .to_owned(),
+                    ),
                     _ => Some(turn.reply),
                 };
+                // The model refused the older history as too long; it goes from the store
+                // too, or every later turn would pay for the same refusal.
+                if turn.history_dropped > 0 {
+                    tracing::warn!(session = %session.key, dropped = turn.history_dropped, "history exceeded the model's context; its older part was dropped");
+                    history.drain(..turn.history_dropped.min(history.len()));
+                }
+                let reply = reply.map(|text| {
+                    if turn.history_dropped > 0 {
+                        format!(
+                            "{text}\n\n(This conversation had grown too long for the model, so I forgot its older part.)"
+                        )
+                    } else {
+                        text
+                    }
+                });
                 (turn.messages, reply, None)
             }
             Err(e) => {
                 tracing::error!(session = %session.key, error = %e, "turn failed");
                 let reason = short_reason(&e.to_string());
-                (
-                    Vec::new(),
-                    Some(format!(
-                        "Sorry, I could not reach the language model ({reason}). Please try again later."
-                    )),
-                    Some(reason),
-                )
+                (Vec::new(), Some(failure_notice(&e)), Some(reason))
             }
         };
-        let mut history = history;
         history.extend(new_messages);
         // `load_image`'s pictures (and those of older versions) were for this turn only.
         strip_image_data(&mut history);
@@ -232,6 +242,55 @@ impl SessionManager {
         );
         Content::Parts(parts)
     }
+}
+
+/// What the chat is told when a turn failed: what happened and what to do, in one or two
+/// short sentences. Never the error's text: that may quote the provider's whole answer, and
+/// it is in the log for the operator.
+fn failure_notice(error: &AgentError) -> String {
+    let AgentError::Llm(error) = error;
+    let what = match error {
+        LlmError::Connect(_) => {
+            "I could not reach the language model. Please try again in a few minutes.".to_owned()
+        }
+        LlmError::Timeout(after) => format!(
+            "the language model did not answer in time ({}s). Please try again.",
+            after.as_secs().max(1)
+        ),
+        LlmError::Interrupted(_) => {
+            "the connection to the language model broke off mid-answer. Please try again."
+                .to_owned()
+        }
+        e if e.is_context_length_exceeded() => {
+            "this conversation is too long for the language model. An admin can send /reset to \
+             start over."
+                .to_owned()
+        }
+        LlmError::Status { status: 429, .. } => {
+            "the language model is rate-limiting me right now. Please try again in a minute."
+                .to_owned()
+        }
+        LlmError::Status {
+            status: 401 | 403, ..
+        } => "the language model refused my credentials. The operator needs to check the API \
+              key."
+            .to_owned(),
+        LlmError::Status { status, .. } if *status >= 500 => format!(
+            "the language model had a server error (HTTP {status}). Please try again later."
+        ),
+        LlmError::Status { status, .. } => format!(
+            "the language model refused the request (HTTP {status}). The operator can find \
+             the details in the log."
+        ),
+        LlmError::Stream(_) => {
+            "the language model reported an error mid-answer. Please try again.".to_owned()
+        }
+        LlmError::Malformed(_) => {
+            "the language model sent an answer I could not read. Please try again.".to_owned()
+        }
+        LlmError::Cancelled => "the request was cancelled.".to_owned(),
+    };
+    format!("Sorry, {what}")
 }
 
 /// The first line of an error, capped, for a chat notice (the full error is in the log).
