@@ -5,6 +5,8 @@
 // A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,10 +14,9 @@ use std::time::Duration;
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_bot::testing::PNG_1X1;
 use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser};
-use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 
-const TOKEN: &str = "123456:TEST-token";
+use support::TOKEN;
 const GROUP: i64 = -100_123;
 const WAIT: Duration = Duration::from_secs(30);
 /// Config lines: Alice (telegram:1001) is an operator, and the shell is on, unsandboxed.
@@ -91,44 +92,12 @@ async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon 
 
 /// `parlor run` with only the environment a test gives it.
 fn daemon_command(config: &Path, llm: &FakeLlm) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
-    command
-        .arg("--config")
-        .arg(config)
-        .arg("run")
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("TELEGRAM_BOT_TOKEN", TOKEN)
-        .env("OPENAI_BASE_URL", llm.base_url())
-        .env("OPENAI_API_KEY", "sk-test")
-        .env("PARLOR_LOG", "info");
-    command
+    support::parlor_command(config, &llm.base_url(), "sk-test")
 }
 
 /// Starts `command` and waits until the daemon polls Telegram.
-async fn spawn(mut command: tokio::process::Command, telegram: &FakeTelegram) -> Daemon {
-    let calls_before = telegram.calls("getUpdates");
-    let mut child = command
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let sink = Arc::clone(&log);
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    // Ready once it polls.
-    telegram
-        .wait_for_calls("getUpdates", calls_before + 1, WAIT)
-        .await
-        .unwrap_or_else(|e| panic!("the daemon never polled: {e}\n{}", log.lock().unwrap()));
+async fn spawn(command: tokio::process::Command, telegram: &FakeTelegram) -> Daemon {
+    let (child, log) = support::spawn_polling(command, telegram).await;
     Daemon { child, log }
 }
 

@@ -6,16 +6,16 @@
 // A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
 use serde_json::json;
-use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 
-const TOKEN: &str = "123456:TEST-token";
+use support::TOKEN;
 const API_KEY: &str = "sk-test-faults-0123456789";
 const GROUP: i64 = -100_777;
 const WAIT: Duration = Duration::from_secs(30);
@@ -53,7 +53,8 @@ async fn rig_at(llm: Option<FakeLlm>, base_url: &str, llm_lines: &str) -> Rig {
     );
     let path = dir.path().join("config.toml");
     std::fs::write(&path, config).unwrap();
-    let (child, log) = spawn_daemon(&path, base_url, &telegram).await;
+    let command = support::parlor_command(&path, base_url, API_KEY);
+    let (child, log) = support::spawn_polling(command, &telegram).await;
     Rig {
         llm,
         telegram,
@@ -61,43 +62,6 @@ async fn rig_at(llm: Option<FakeLlm>, base_url: &str, llm_lines: &str) -> Rig {
         _child: child,
         log,
     }
-}
-
-async fn spawn_daemon(
-    config: &Path,
-    base_url: &str,
-    telegram: &FakeTelegram,
-) -> (Child, Arc<Mutex<String>>) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
-        .arg("--config")
-        .arg(config)
-        .arg("run")
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("TELEGRAM_BOT_TOKEN", TOKEN)
-        .env("OPENAI_BASE_URL", base_url)
-        .env("OPENAI_API_KEY", API_KEY)
-        .env("PARLOR_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let sink = Arc::clone(&log);
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    telegram
-        .wait_for_calls("getUpdates", 1, WAIT)
-        .await
-        .unwrap_or_else(|e| panic!("the daemon never polled: {e}\n{}", log.lock().unwrap()));
-    (child, log)
 }
 
 impl Rig {
