@@ -15,7 +15,11 @@
 //!   per call, in call order.
 //!
 //! `PARLOR_CHAOS_KILLS` sets how many kills (default 6, the CI size); `PARLOR_CHAOS_SEED`
-//! replays a run. The figures are the last line the test prints.
+//! replays a run's choices (the timing of a real process never replays exactly);
+//! `PARLOR_CHAOS_DEBUG` prints every tool result the model received. The figures are the last
+//! line the test prints. Clock due times are never `skipped` here: a due time at most the
+//! clock's late tolerance (5 minutes) old still fires after a restart, and the daemon is never
+//! down that long.
 
 // A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]
@@ -26,10 +30,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
-use parlor_testkit::{FakeLlm, FakeTelegram, Reply, SentMessage, TgUser, ToolCallSpec};
+use parlor_testkit::{
+    DaemonProcess, FakeLlm, FakeTelegram, Reply, SentMessage, TgUser, ToolCallSpec,
+};
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt;
-use tokio::process::Child;
 
 const TOKEN: &str = "123456:TEST-token";
 const GROUPS: [i64; 8] = [
@@ -227,12 +231,6 @@ fn script(llm: &FakeLlm, model: &Arc<Mutex<Model>>) {
     });
 }
 
-/// A running daemon and what it wrote to stderr.
-struct Daemon {
-    child: Child,
-    log: Arc<Mutex<String>>,
-}
-
 fn config(dir: &Path, telegram: &FakeTelegram) -> PathBuf {
     let path = dir.join("config.toml");
     let text = format!(
@@ -262,9 +260,9 @@ max_background_total = 200
 }
 
 /// Starts `parlor run` and waits until it polls Telegram.
-async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon {
-    let calls_before = telegram.calls("getUpdates");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
+async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> DaemonProcess {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
+    command
         .arg("--config")
         .arg(config)
         .arg("run")
@@ -273,27 +271,8 @@ async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon 
         .env("TELEGRAM_BOT_TOKEN", TOKEN)
         .env("OPENAI_BASE_URL", llm.base_url())
         .env("OPENAI_API_KEY", "sk-test")
-        .env("PARLOR_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let sink = Arc::clone(&log);
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    telegram
-        .wait_for_calls("getUpdates", calls_before + 1, WAIT)
-        .await
-        .unwrap_or_else(|e| panic!("the daemon never polled: {e}\n{}", log.lock().unwrap()));
-    Daemon { child, log }
+        .env("PARLOR_LOG", "info");
+    DaemonProcess::spawn_polling(command, telegram, WAIT).await
 }
 
 /// What the members wrote: every mention's tag, and the clock and shell requests.
@@ -399,15 +378,20 @@ async fn live(
     }
 }
 
-/// Whether every mention is covered by a sent reply.
-fn all_answered(traffic: &Traffic, sent: &[SentMessage], model: &Model) -> bool {
+/// The mentions no sent reply covers yet.
+fn unanswered(traffic: &Traffic, sent: &[SentMessage], model: &Model) -> Vec<String> {
     let covered: BTreeSet<&String> = sent
         .iter()
         .filter_map(|s| reply_id(&s.text))
         .filter_map(|r| model.answers.get(&r))
         .flat_map(|a| a.mentions.iter())
         .collect();
-    traffic.mentions.iter().all(|m| covered.contains(m))
+    traffic
+        .mentions
+        .iter()
+        .filter(|m| !covered.contains(m))
+        .cloned()
+        .collect()
 }
 
 /// A tool_calls entry not followed by exactly one tool message per call, in call order.
@@ -464,9 +448,9 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
         let trigger = pick_trigger(&mut rng.lock().unwrap());
         live(&telegram, &llm, trigger, &rng, &traffic, &serial).await;
         kill_times.push(Instant::now());
-        daemon.child.kill().await.unwrap();
+        daemon.kill9().await;
         logs.push_str(&format!("--- life {life} ({trigger:?}) ---\n"));
-        logs.push_str(&daemon.log.lock().unwrap());
+        logs.push_str(&daemon.log());
         // Now and then the daemon stays down a while: due times pass (skipped or caught
         // up), messages pile up in Telegram.
         let down = {
@@ -486,7 +470,8 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     let mut quiet_since = (Instant::now(), llm.request_count(), 0usize);
     loop {
         let sent = telegram.sent_messages();
-        let answered = all_answered(&traffic.lock().unwrap(), &sent, &model.lock().unwrap());
+        let answered =
+            unanswered(&traffic.lock().unwrap(), &sent, &model.lock().unwrap()).is_empty();
         let now = (llm.request_count(), sent.len());
         if now != (quiet_since.1, quiet_since.2) {
             quiet_since = (Instant::now(), now.0, now.1);
@@ -496,25 +481,10 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
             break;
         }
         if Instant::now() >= settle_by {
-            let log = daemon.log.lock().unwrap().clone();
-            let sent = telegram.sent_messages();
-            let model = model.lock().unwrap();
-            let covered: BTreeSet<&String> = sent
-                .iter()
-                .filter_map(|s| reply_id(&s.text))
-                .filter_map(|r| model.answers.get(&r))
-                .flat_map(|a| a.mentions.iter())
-                .collect();
-            let missing: Vec<String> = traffic
-                .lock()
-                .unwrap()
-                .mentions
-                .iter()
-                .filter(|m| !covered.contains(m))
-                .cloned()
-                .collect();
+            let missing = unanswered(&traffic.lock().unwrap(), &sent, &model.lock().unwrap());
             panic!(
-                "the run did not settle (seed {seed}): unanswered {missing:?}; logs:\n{logs}\n--- settle ---\n{log}"
+                "the run did not settle (seed {seed}): unanswered {missing:?}; logs:\n{logs}\n--- settle ---\n{}",
+                daemon.log()
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -534,7 +504,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     logs.push_str("--- settle ---\n");
-    logs.push_str(&daemon.log.lock().unwrap());
+    logs.push_str(&daemon.log());
     assert!(exit.success(), "seed {seed}: {logs}");
 
     let report = check(

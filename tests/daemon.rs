@@ -6,14 +6,11 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_bot::testing::PNG_1X1;
-use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser};
-use tokio::io::AsyncBufReadExt;
-use tokio::process::Child;
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser};
 
 const TOKEN: &str = "123456:TEST-token";
 const GROUP: i64 = -100_123;
@@ -31,30 +28,27 @@ fn bob() -> TgUser {
 }
 
 /// A running daemon and what it wrote to stderr.
-struct Daemon {
-    child: Child,
-    log: Arc<Mutex<String>>,
-}
+struct Daemon(DaemonProcess);
 
 impl Daemon {
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.0.log()
     }
 
     /// SIGKILL: no cleanup at all.
     async fn kill9(mut self) {
-        self.child.kill().await.unwrap();
+        self.0.kill9().await;
     }
 
     /// SIGTERM, then wait for a clean exit.
     async fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        let pid = self.child.id().unwrap();
+        let pid = self.0.child.id().unwrap();
         let status = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status()
             .unwrap();
         assert!(status.success());
-        let exit = tokio::time::timeout(WAIT, self.child.wait())
+        let exit = tokio::time::timeout(WAIT, self.0.child.wait())
             .await
             .expect("the daemon did not stop after SIGTERM")
             .unwrap();
@@ -106,30 +100,8 @@ fn daemon_command(config: &Path, llm: &FakeLlm) -> tokio::process::Command {
 }
 
 /// Starts `command` and waits until the daemon polls Telegram.
-async fn spawn(mut command: tokio::process::Command, telegram: &FakeTelegram) -> Daemon {
-    let calls_before = telegram.calls("getUpdates");
-    let mut child = command
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let sink = Arc::clone(&log);
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    // Ready once it polls.
-    telegram
-        .wait_for_calls("getUpdates", calls_before + 1, WAIT)
-        .await
-        .unwrap_or_else(|e| panic!("the daemon never polled: {e}\n{}", log.lock().unwrap()));
-    Daemon { child, log }
+async fn spawn(command: tokio::process::Command, telegram: &FakeTelegram) -> Daemon {
+    Daemon(DaemonProcess::spawn_polling(command, telegram, WAIT).await)
 }
 
 /// `user` sends the command `text` (a bot command entity over all of it) in the group.
@@ -1069,7 +1041,7 @@ async fn the_shell_finds_no_secret_in_the_daemons_environment() {
     let mut command = daemon_command(&config, &llm);
     command.env("OPENAI_API_KEY", KEY);
     let daemon = spawn(command, &telegram).await;
-    let pid = daemon.child.id().unwrap();
+    let pid = daemon.0.child.id().unwrap();
     assert!(
         daemon.log().contains("sandbox = \"none\""),
         "the start warns about the unsandboxed shell: {}",
