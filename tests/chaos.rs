@@ -25,9 +25,13 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod support;
+
+use support::{TOKEN, config, daemon_command};
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_testkit::{
@@ -35,7 +39,6 @@ use parlor_testkit::{
 };
 use serde_json::{Value, json};
 
-const TOKEN: &str = "123456:TEST-token";
 const GROUPS: [i64; 8] = [
     -100_901, -100_902, -100_903, -100_904, -100_905, -100_906, -100_907, -100_908,
 ];
@@ -231,48 +234,20 @@ fn script(llm: &FakeLlm, model: &Arc<Mutex<Model>>) {
     });
 }
 
-fn config(dir: &Path, telegram: &FakeTelegram) -> PathBuf {
-    let path = dir.join("config.toml");
-    let text = format!(
-        r#"
-[bot]
-data_dir = "{data}"
-shutdown_grace_secs = 5
-turns_per_minute = 1000
+/// The run's config: the operator Alice, no rate limit to speak of, the shell unsandboxed.
+const EXTRA: &str = r#"turns_per_minute = 1000
 queue_capacity = 64
 admins = ["telegram:1001"]
-[llm]
-max_retries = 0
-[telegram]
-api_url = "{api}"
-poll_timeout_secs = 1
 [terminal]
 enabled = true
 sandbox = "none"
 max_background_per_session = 50
 max_background_total = 200
-"#,
-        data = dir.join("data").display(),
-        api = telegram.api_url(),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
+"#;
 
 /// Starts `parlor run` and waits until it polls Telegram.
 async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> DaemonProcess {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
-    command
-        .arg("--config")
-        .arg(config)
-        .arg("run")
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("TELEGRAM_BOT_TOKEN", TOKEN)
-        .env("OPENAI_BASE_URL", llm.base_url())
-        .env("OPENAI_API_KEY", "sk-test")
-        .env("PARLOR_LOG", "info");
-    DaemonProcess::spawn_polling(command, telegram, WAIT).await
+    DaemonProcess::spawn_polling(daemon_command(config, llm), telegram, WAIT).await
 }
 
 /// What the members wrote: every mention's tag, and the clock and shell requests.
@@ -437,7 +412,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     script(&llm, &model);
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), &telegram);
+    let config = config(dir.path(), &telegram, EXTRA);
     let traffic = Mutex::new(Traffic::default());
     let serial = Mutex::new(0u64);
     let mut kill_times: Vec<Instant> = Vec::new();

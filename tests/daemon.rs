@@ -8,11 +8,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod support;
+
+use support::{TOKEN, config, daemon_command};
+
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_bot::testing::PNG_1X1;
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser};
 
-const TOKEN: &str = "123456:TEST-token";
 const GROUP: i64 = -100_123;
 const WAIT: Duration = Duration::from_secs(30);
 /// Config lines: Alice (telegram:1001) is an operator, and the shell is on, unsandboxed.
@@ -58,45 +61,8 @@ impl Daemon {
     }
 }
 
-fn config(dir: &Path, telegram: &FakeTelegram, extra: &str) -> PathBuf {
-    let path = dir.join("config.toml");
-    let text = format!(
-        r#"
-[bot]
-data_dir = "{data}"
-shutdown_grace_secs = 2
-{extra}
-[llm]
-max_retries = 0
-[telegram]
-api_url = "{api}"
-poll_timeout_secs = 1
-"#,
-        data = dir.join("data").display(),
-        api = telegram.api_url(),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon {
     spawn(daemon_command(config, llm), telegram).await
-}
-
-/// `parlor run` with only the environment a test gives it.
-fn daemon_command(config: &Path, llm: &FakeLlm) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
-    command
-        .arg("--config")
-        .arg(config)
-        .arg("run")
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("TELEGRAM_BOT_TOKEN", TOKEN)
-        .env("OPENAI_BASE_URL", llm.base_url())
-        .env("OPENAI_API_KEY", "sk-test")
-        .env("PARLOR_LOG", "info");
-    command
 }
 
 /// Starts `command` and waits until the daemon polls Telegram.

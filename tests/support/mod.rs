@@ -1,0 +1,51 @@
+//! What the root package's tests of `parlor run` share: the token, the config file against
+//! the fakes, and the command line with only the environment a test gives it.
+
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+use parlor_testkit::{FakeLlm, FakeTelegram};
+
+/// The bot token the fake Telegram accepts.
+pub const TOKEN: &str = "123456:TEST-token";
+
+/// Writes `dir/config.toml`: data in `dir/data`, the fake Telegram, no LLM retries; `extra`
+/// lines go into `[bot]` (and may open further sections).
+pub fn config(dir: &Path, telegram: &FakeTelegram, extra: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        r#"
+[bot]
+data_dir = "{data}"
+shutdown_grace_secs = 2
+{extra}
+[llm]
+max_retries = 0
+[telegram]
+api_url = "{api}"
+poll_timeout_secs = 1
+"#,
+        data = dir.join("data").display(),
+        api = telegram.api_url(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `parlor run` with only the environment a test gives it.
+pub fn daemon_command(config: &Path, llm: &FakeLlm) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
+    command
+        .arg("--config")
+        .arg(config)
+        .arg("run")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("TELEGRAM_BOT_TOKEN", TOKEN)
+        .env("OPENAI_BASE_URL", llm.base_url())
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("PARLOR_LOG", "info");
+    command
+}
