@@ -5,18 +5,17 @@
 // A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]
 
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use support::{TOKEN, config, daemon_command};
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_bot::testing::PNG_1X1;
-use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser};
-use tokio::process::Child;
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser};
 
-use support::TOKEN;
 const GROUP: i64 = -100_123;
 const WAIT: Duration = Duration::from_secs(30);
 /// Config lines: Alice (telegram:1001) is an operator, and the shell is on, unsandboxed.
@@ -32,30 +31,27 @@ fn bob() -> TgUser {
 }
 
 /// A running daemon and what it wrote to stderr.
-struct Daemon {
-    child: Child,
-    log: Arc<Mutex<String>>,
-}
+struct Daemon(DaemonProcess);
 
 impl Daemon {
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.0.log()
     }
 
     /// SIGKILL: no cleanup at all.
     async fn kill9(mut self) {
-        self.child.kill().await.unwrap();
+        self.0.kill9().await;
     }
 
     /// SIGTERM, then wait for a clean exit.
     async fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        let pid = self.child.id().unwrap();
+        let pid = self.0.child.id().unwrap();
         let status = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status()
             .unwrap();
         assert!(status.success());
-        let exit = tokio::time::timeout(WAIT, self.child.wait())
+        let exit = tokio::time::timeout(WAIT, self.0.child.wait())
             .await
             .expect("the daemon did not stop after SIGTERM")
             .unwrap();
@@ -65,40 +61,13 @@ impl Daemon {
     }
 }
 
-fn config(dir: &Path, telegram: &FakeTelegram, extra: &str) -> PathBuf {
-    let path = dir.join("config.toml");
-    let text = format!(
-        r#"
-[bot]
-data_dir = "{data}"
-shutdown_grace_secs = 2
-{extra}
-[llm]
-max_retries = 0
-[telegram]
-api_url = "{api}"
-poll_timeout_secs = 1
-"#,
-        data = dir.join("data").display(),
-        api = telegram.api_url(),
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon {
     spawn(daemon_command(config, llm), telegram).await
 }
 
-/// `parlor run` with only the environment a test gives it.
-fn daemon_command(config: &Path, llm: &FakeLlm) -> tokio::process::Command {
-    support::parlor_command(config, &llm.base_url(), "sk-test")
-}
-
 /// Starts `command` and waits until the daemon polls Telegram.
 async fn spawn(command: tokio::process::Command, telegram: &FakeTelegram) -> Daemon {
-    let (child, log) = support::spawn_polling(command, telegram).await;
-    Daemon { child, log }
+    Daemon(DaemonProcess::spawn_polling(command, telegram, WAIT).await)
 }
 
 /// `user` sends the command `text` (a bot command entity over all of it) in the group.
@@ -1038,7 +1007,7 @@ async fn the_shell_finds_no_secret_in_the_daemons_environment() {
     let mut command = daemon_command(&config, &llm);
     command.env("OPENAI_API_KEY", KEY);
     let daemon = spawn(command, &telegram).await;
-    let pid = daemon.child.id().unwrap();
+    let pid = daemon.0.child.id().unwrap();
     assert!(
         daemon.log().contains("sandbox = \"none\""),
         "the start warns about the unsandboxed shell: {}",

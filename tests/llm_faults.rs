@@ -8,12 +8,10 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
 use serde_json::json;
-use tokio::process::Child;
 
 use support::TOKEN;
 const API_KEY: &str = "sk-test-faults-0123456789";
@@ -25,8 +23,7 @@ struct Rig {
     llm: Option<FakeLlm>,
     telegram: FakeTelegram,
     _dir: tempfile::TempDir,
-    _child: Child,
-    log: Arc<Mutex<String>>,
+    daemon: DaemonProcess,
 }
 
 /// `llm_lines` go into `[llm]` (which already holds `max_retries = 0` unless they set it).
@@ -54,13 +51,12 @@ async fn rig_at(llm: Option<FakeLlm>, base_url: &str, llm_lines: &str) -> Rig {
     let path = dir.path().join("config.toml");
     std::fs::write(&path, config).unwrap();
     let command = support::parlor_command(&path, base_url, API_KEY);
-    let (child, log) = support::spawn_polling(command, &telegram).await;
+    let daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
     Rig {
         llm,
         telegram,
         _dir: dir,
-        _child: child,
-        log,
+        daemon,
     }
 }
 
@@ -101,7 +97,7 @@ impl Rig {
 
     /// The daemon's stderr so far, without colour codes.
     fn log(&self) -> String {
-        let log = self.log.lock().unwrap().clone();
+        let log = self.daemon.log();
         let mut plain = String::with_capacity(log.len());
         let mut chars = log.chars();
         while let Some(c) = chars.next() {

@@ -9,7 +9,9 @@
 //!   the real teloxide client can talk to;
 //! - [`discord`]: [`FakeDiscord`], a fake Discord REST API (`/api/v10/...`) and
 //!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
-//!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to.
+//!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to;
+//! - [`process`]: [`DaemonProcess`], a daemon under test as a child process, ready once it
+//!   polls the fake Telegram, its stderr collected.
 //!
 //! What the three have in common (a loopback server that stops with the fake,
 //! the state lock, bounded waits and their [`WaitTimeout`]) lives once, in the
@@ -28,6 +30,7 @@
 
 pub mod discord;
 pub mod llm;
+pub mod process;
 pub mod telegram;
 
 mod server;
@@ -39,6 +42,7 @@ pub use discord::{
     DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,
 };
 pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
+pub use process::DaemonProcess;
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
     SentMessage, TgUser, teloxide_fixture, utf16_len,

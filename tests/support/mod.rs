@@ -1,19 +1,43 @@
-//! What the tests of the real binary share: the `parlor run` command with only the
-//! environment a test gives it, and starting it until it polls the fake Telegram.
+//! What the root package's tests of `parlor run` share: the token, the config file against
+//! the fakes, and the command line with only the environment a test gives it.
 
-use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+// A failed unwrap in a test is the test failing; each test file uses only some of these.
+#![allow(clippy::unwrap_used, dead_code)]
 
-use parlor_testkit::FakeTelegram;
-use tokio::io::AsyncBufReadExt;
-use tokio::process::Child;
+use std::path::{Path, PathBuf};
 
-/// The fake Telegram's bot token.
+use parlor_testkit::{FakeLlm, FakeTelegram};
+
+/// The bot token the fake Telegram accepts.
 pub const TOKEN: &str = "123456:TEST-token";
 
-/// How long a test waits for the daemon to poll.
-const READY: Duration = Duration::from_secs(30);
+/// Writes `dir/config.toml`: data in `dir/data`, the fake Telegram, no LLM retries; `extra`
+/// lines go into `[bot]` (and may open further sections).
+pub fn config(dir: &Path, telegram: &FakeTelegram, extra: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        r#"
+[bot]
+data_dir = "{data}"
+shutdown_grace_secs = 2
+{extra}
+[llm]
+max_retries = 0
+[telegram]
+api_url = "{api}"
+poll_timeout_secs = 1
+"#,
+        data = dir.join("data").display(),
+        api = telegram.api_url(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `parlor run` against `llm` with the key `sk-test`.
+pub fn daemon_command(config: &Path, llm: &FakeLlm) -> tokio::process::Command {
+    parlor_command(config, &llm.base_url(), "sk-test")
+}
 
 /// `parlor --config CONFIG run` with a clean environment: `PATH`, the Telegram token, the
 /// LLM's base URL and key, and `PARLOR_LOG=info`.
@@ -30,35 +54,4 @@ pub fn parlor_command(config: &Path, llm_url: &str, api_key: &str) -> tokio::pro
         .env("OPENAI_API_KEY", api_key)
         .env("PARLOR_LOG", "info");
     command
-}
-
-/// Starts `command` (killed when the child is dropped), collects its stderr into the
-/// returned log, and waits until the daemon polls Telegram.
-pub async fn spawn_polling(
-    mut command: tokio::process::Command,
-    telegram: &FakeTelegram,
-) -> (Child, Arc<Mutex<String>>) {
-    let calls_before = telegram.calls("getUpdates");
-    let mut child = command
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let log = Arc::new(Mutex::new(String::new()));
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let sink = Arc::clone(&log);
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    // Ready once it polls.
-    telegram
-        .wait_for_calls("getUpdates", calls_before + 1, READY)
-        .await
-        .unwrap_or_else(|e| panic!("the daemon never polled: {e}\n{}", log.lock().unwrap()));
-    (child, log)
 }

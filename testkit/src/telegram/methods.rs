@@ -338,6 +338,7 @@ fn post(
         file_id: asked.file_id,
         params: Value::Object(params.map.clone()),
         message: message.clone(),
+        accepted_at: std::time::Instant::now(),
     });
     Ok(message)
 }

@@ -1,6 +1,8 @@
 //! What the fake records of the bot's calls, and the failures it can be
 //! scripted to answer with.
 
+use std::time::Instant;
+
 use serde_json::Value;
 
 #[cfg(doc)]
@@ -56,6 +58,10 @@ pub struct SentMessage {
     pub params: Value,
     /// The `Message` object the fake answered with.
     pub message: Value,
+    /// When the fake accepted the send (before it answered): what a test compares with the
+    /// moments it killed the bot, to tell a resend of the documented window (a kill between
+    /// the platform accepting a send and the bot recording it) from any other double.
+    pub accepted_at: Instant,
 }
 
 /// A `sendChatAction` call the fake accepted.

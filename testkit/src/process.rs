@@ -1,0 +1,75 @@
+//! A daemon under test as a child process: started, its stderr collected, ready once it
+//! polls a [`FakeTelegram`], and stopped with SIGKILL. The command line is the test's: this
+//! crate knows no parlor binary.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+use crate::FakeTelegram;
+
+/// A running child process and the lines it wrote to stderr so far.
+#[derive(Debug)]
+pub struct DaemonProcess {
+    /// The process (spawned with `kill_on_drop`).
+    pub child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl DaemonProcess {
+    /// Spawns `command` (stderr piped and collected, stdout discarded) and waits until it
+    /// calls `getUpdates` on `telegram` once more than before.
+    ///
+    /// # Panics
+    /// If it cannot be spawned or does not poll within `wait` (with its log).
+    pub async fn spawn_polling(
+        mut command: Command,
+        telegram: &FakeTelegram,
+        wait: Duration,
+    ) -> Self {
+        let calls_before = telegram.calls("getUpdates");
+        let mut child = command
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn the daemon: {e}"));
+        let log = Arc::new(Mutex::new(String::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            let sink = Arc::clone(&log);
+            tokio::spawn(async move {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let mut log = sink.lock().unwrap_or_else(|p| p.into_inner());
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            });
+        }
+        let daemon = Self { child, log };
+        if let Err(e) = telegram
+            .wait_for_calls("getUpdates", calls_before + 1, wait)
+            .await
+        {
+            panic!("the daemon never polled: {e}\n{}", daemon.log());
+        }
+        daemon
+    }
+
+    /// Everything it wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// SIGKILL, and waits for it to be gone: no cleanup at all.
+    ///
+    /// # Panics
+    /// If the signal cannot be sent.
+    pub async fn kill9(&mut self) {
+        if let Err(e) = self.child.kill().await {
+            panic!("cannot kill the daemon: {e}");
+        }
+    }
+}
