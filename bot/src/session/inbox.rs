@@ -35,15 +35,7 @@ impl SessionManager {
             return Ok(());
         }
         let key = message.chat.session_key();
-        let stored = StoredMessage {
-            message_id: message.message_id.clone(),
-            sender: message.sender.clone(),
-            text: message.text.clone(),
-            time: message.time,
-            reply_to: message.reply_to.clone(),
-            images: message.images.clone(),
-            from_self: false,
-        };
+        let stored = StoredMessage::received(&message);
         let reply_to = Some(message.message_id.clone());
         match policy::addressed(config, &message) {
             Addressed::No => {

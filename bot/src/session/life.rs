@@ -299,15 +299,7 @@ impl SessionManager {
             return Ok(());
         }
         let key = message.chat.session_key();
-        let stored = StoredMessage {
-            message_id: message.message_id.clone(),
-            sender: message.sender.clone(),
-            text: message.text.clone(),
-            time: message.time,
-            reply_to: message.reply_to.clone(),
-            images: message.images.clone(),
-            from_self: false,
-        };
+        let stored = StoredMessage::received(message);
         let line = policy::attribute(
             &message.sender,
             &message.text,

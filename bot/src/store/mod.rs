@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::llm::Message;
-use crate::platform::{ChatRef, ImageRef, Sender};
+use crate::platform::{ChatRef, ImageRef, IncomingMessage, Sender};
 use crate::tool::Caller;
 
 pub use memory::MemoryStore;
@@ -77,6 +77,19 @@ pub struct StoredMessage {
 }
 
 impl StoredMessage {
+    /// A message someone else wrote, as the log keeps it.
+    pub fn received(message: &IncomingMessage) -> Self {
+        StoredMessage {
+            message_id: message.message_id.clone(),
+            sender: message.sender.clone(),
+            text: message.text.clone(),
+            time: message.time,
+            reply_to: message.reply_to.clone(),
+            images: message.images.clone(),
+            from_self: false,
+        }
+    }
+
     /// A message the bot itself posted on `platform` under `bot_name`, as the log keeps it,
     /// so that context shows both sides of the conversation.
     pub fn from_bot(
@@ -443,22 +456,24 @@ pub(crate) fn moved_message(from: &ChatRef, mut message: StoredMessage) -> Store
 /// A pending input of the old chat, re-addressed to `to` (same thread, if any). It is no
 /// longer threaded: the message it answered lives in the old chat.
 pub(crate) fn moved_pending(to: &ChatRef, mut item: PendingItem) -> PendingItem {
-    item.chat = ChatRef {
-        thread_id: item.chat.thread_id.take(),
-        ..to.clone()
-    };
-    item.session = item.chat.session_key();
+    (item.chat, item.session) = moved_chat(&item.chat, to);
     item.reply_to = None;
     item
 }
 
 /// An unsent reply of the old chat, re-addressed to `to` like [`moved_pending`].
 pub(crate) fn moved_outbox(to: &ChatRef, mut entry: OutboxEntry) -> OutboxEntry {
-    entry.chat = ChatRef {
-        thread_id: entry.chat.thread_id.take(),
-        ..to.clone()
-    };
-    entry.session = entry.chat.session_key();
+    (entry.chat, entry.session) = moved_chat(&entry.chat, to);
     entry.reply_to = None;
     entry
+}
+
+/// `chat` (in its thread, if any) under the new chat `to`, with its session key.
+fn moved_chat(chat: &ChatRef, to: &ChatRef) -> (ChatRef, String) {
+    let moved = ChatRef {
+        thread_id: chat.thread_id.clone(),
+        ..to.clone()
+    };
+    let session = moved.session_key();
+    (moved, session)
 }
