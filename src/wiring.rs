@@ -13,12 +13,12 @@ use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
-use parlor_toolsets::clock::{ClockHandle, ClockOptions, ClockService};
+use parlor_toolsets::clock::{ClockChatHook, ClockHandle, ClockOptions, ClockService};
 use parlor_toolsets::terminal::{
     LateNotifier, Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
 };
+use parlor_toolsets::{MemoryChatHook, PromptToolset, TodoChatHook, TodoList, time};
 use parlor_toolsets::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
-use parlor_toolsets::{PromptToolset, TodoList, time};
 
 use tokio_util::sync::CancellationToken;
 
@@ -348,6 +348,12 @@ pub fn runtime(
         session_config,
     );
     late.set(Arc::new(sessions.clone()));
+    // What the toolsets keep about a chat follows it when it moves or the bot leaves.
+    sessions.add_chat_hook(Arc::new(MemoryChatHook));
+    sessions.add_chat_hook(Arc::new(TodoChatHook));
+    if let Some(handle) = &clock {
+        sessions.add_chat_hook(Arc::new(ClockChatHook::new(handle.clone())));
+    }
     let clock_stop = CancellationToken::new();
     // Fires start only once the runtime runs, after `resume`: spawned here, it waits for
     // its first due time like any other.

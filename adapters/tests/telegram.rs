@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use parlor_adapters::Receiver;
 use parlor_adapters::telegram::{Backoff, TelegramAdapter, TelegramConfig};
-use parlor_bot::platform::{ChatKind, ChatRef, ImageRef, Platform, PlatformError};
+use parlor_bot::platform::{ChatEvent, ChatKind, ChatRef, ImageRef, Platform, PlatformError};
 use parlor_testkit::{Failure, FakeTelegram, TgUser};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -210,7 +210,14 @@ async fn a_group_mention_is_delivered_and_acknowledged_only_afterwards() {
     assert!(stopped.is_ok(), "{stopped:?}");
     let calls = fake.get_updates_calls();
     assert_eq!(calls[0].timeout, Some(1));
-    assert_eq!(calls[0].allowed_updates, Some(vec!["message".to_owned()]));
+    assert_eq!(
+        calls[0].allowed_updates,
+        Some(vec![
+            "message".to_owned(),
+            "edited_message".to_owned(),
+            "my_chat_member".to_owned()
+        ])
+    );
 }
 
 #[tokio::test]
@@ -364,29 +371,94 @@ async fn commands_topics_replies_and_photos_arrive_normalized() {
 }
 
 #[tokio::test]
-async fn edited_messages_are_delivered_when_asked_for() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let mut config = config(&fake);
-    config.allowed_updates = vec!["message".to_owned(), "edited_message".to_owned()];
-    let adapter = TelegramAdapter::connect(config).await.expect("connects");
-    let mut edited = fake
-        .group_message(GROUP, alice(), "fixed typo")
+async fn an_edited_message_arrives_as_an_edit_event() {
+    let (fake, adapter) = connected().await;
+    let asked = fake
+        .group_message(GROUP, alice(), "what is 2+3?")
         .mention_bot()
         .build();
-    edited["edit_date"] = json!(1_700_000_100);
-    let message_id = edited["message_id"].clone();
-    fake.push_update(json!({ "edited_message": edited }));
+    let message_id = asked["message_id"].as_i64().unwrap();
+    let update = fake
+        .edit_message(GROUP, message_id, "@parlor_bot what is 2+2?")
+        .unwrap();
 
     let inbox = TestInbox::new(Mode::Accept);
     let run = start(&adapter, inbox.clone());
-    let messages = inbox.wait_for(1).await;
+    let events = inbox.wait_for_events(1).await;
+    fake.wait_for_ack(update, WAIT).await.unwrap();
     assert!(run.stop(STOP).await.is_ok());
-    assert_eq!(json!(messages[0].message_id), json!(message_id.to_string()));
-    assert_eq!(messages[0].text, "@parlor_bot fixed typo");
+    let ChatEvent::Edited(edited) = &events[0] else {
+        panic!("not an edit: {events:?}");
+    };
+    assert_eq!(edited.message_id, message_id.to_string());
+    assert_eq!(edited.text, "@parlor_bot what is 2+2?");
+    assert!(edited.mentions_bot, "the handle in the text still counts");
+    assert!(inbox.messages().is_empty(), "an edit is not a new message");
+}
+
+#[tokio::test]
+async fn the_bot_added_and_removed_arrive_as_join_and_removal() {
+    let (fake, adapter) = connected().await;
+    let carol = TgUser::new(1003, "Carol");
+    fake.bot_added(-100777, &carol, "member");
+    fake.bot_added(-100778, &carol, "administrator");
+    fake.bot_removed(-100777, &carol, "kicked");
+    let last = fake.bot_removed(-100778, &carol, "left");
+    // Another member's change is none of the bot's business.
+    fake.push_update(json!({"my_chat_member": {
+        "chat": {"id": -100779, "type": "supergroup", "title": "x"},
+        "from": {"id": 1003, "is_bot": false, "first_name": "Carol"},
+        "date": 1_700_000_000,
+        "old_chat_member": {"status": "left", "user": {"id": 77, "is_bot": true, "first_name": "other"}},
+        "new_chat_member": {"status": "member", "user": {"id": 77, "is_bot": true, "first_name": "other"}},
+    }}));
+
+    let inbox = TestInbox::new(Mode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let events = inbox.wait_for_events(4).await;
+    fake.wait_for_ack(last + 1, WAIT).await.unwrap();
+    assert!(run.stop(STOP).await.is_ok());
+    assert_eq!(inbox.events().len(), 4, "{:?}", inbox.events());
+    let summary: Vec<(String, &str)> = events
+        .iter()
+        .map(|e| match e {
+            ChatEvent::Joined { chat, by, .. } => {
+                assert_eq!(by.id, "telegram:1003");
+                (chat.session_key(), "joined")
+            }
+            ChatEvent::Removed { chat, status, .. } => (chat.session_key(), status.as_str()),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
     assert_eq!(
-        fake.get_updates_calls()[0].allowed_updates,
-        Some(vec!["message".to_owned(), "edited_message".to_owned()])
+        summary,
+        vec![
+            ("telegram:-100777".to_owned(), "joined"),
+            ("telegram:-100778".to_owned(), "joined"),
+            ("telegram:-100777".to_owned(), "kicked"),
+            ("telegram:-100778".to_owned(), "left"),
+        ]
     );
+}
+
+#[tokio::test]
+async fn a_group_upgrade_arrives_as_one_migration_from_either_side() {
+    let (fake, adapter) = connected().await;
+    fake.basic_group(-5001, "book club");
+    let (from_old, from_new) = fake.upgrade_group(-5001, -1005001, &alice());
+
+    let inbox = TestInbox::new(Mode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let events = inbox.wait_for_events(2).await;
+    fake.wait_for_ack(from_new, WAIT).await.unwrap();
+    assert!(run.stop(STOP).await.is_ok());
+    assert!(from_old < from_new);
+    let migration = ChatEvent::Migrated {
+        from: ChatRef::new("telegram", "-5001"),
+        to: ChatRef::new("telegram", "-1005001"),
+    };
+    assert_eq!(events, vec![migration.clone(), migration]);
+    assert!(inbox.messages().is_empty());
 }
 
 #[tokio::test]

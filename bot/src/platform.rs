@@ -141,6 +141,59 @@ pub struct IncomingMessage {
     pub images: Vec<ImageRef>,
 }
 
+/// Something that happened to a chat rather than a message in it, as an adapter normalizes
+/// it: the bot added or removed, the chat moved to a new id, a message edited. Delivered
+/// through [`Inbox::chat_event`]; like a message, it is acknowledged only once recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ChatEvent {
+    /// The bot became a member (or administrator) of the chat: the chat is known from now
+    /// on, even before anyone speaks.
+    Joined {
+        /// The chat.
+        chat: ChatRef,
+        /// Its title, when it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        title: Option<String>,
+        /// Who added the bot.
+        by: Sender,
+        /// When.
+        time: DateTime<Utc>,
+    },
+    /// The bot left or was removed (`left`, `kicked`): nothing can be posted there any more.
+    Removed {
+        /// The chat.
+        chat: ChatRef,
+        /// The platform's word for it (`left`, `kicked`).
+        status: String,
+        /// Who removed the bot (the bot itself when it left).
+        by: Sender,
+        /// When.
+        time: DateTime<Utc>,
+    },
+    /// The chat continues under another id (a Telegram group upgraded to a supergroup):
+    /// its session moves there. Reported from both sides; either, or both, or one twice.
+    Migrated {
+        /// The old chat.
+        from: ChatRef,
+        /// The new chat.
+        to: ChatRef,
+    },
+    /// A message was edited: its new version, under the same `message_id`.
+    Edited(IncomingMessage),
+}
+
+impl ChatEvent {
+    /// The chat the event belongs to (for a migration: the old one).
+    pub fn chat(&self) -> &ChatRef {
+        match self {
+            ChatEvent::Joined { chat, .. } | ChatEvent::Removed { chat, .. } => chat,
+            ChatEvent::Migrated { from, .. } => from,
+            ChatEvent::Edited(message) => &message.chat,
+        }
+    }
+}
+
 /// What the platform answered to a sent message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SentMessage {
@@ -234,4 +287,13 @@ pub trait Inbox: Send + Sync {
     /// (for Telegram: advance the `getUpdates` offset past it). Delivering the same message
     /// twice is harmless: the runtime dedupes by `(chat, message_id)`.
     async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError>;
+
+    /// Takes one chat event ([`ChatEvent`]), with the same promise as
+    /// [`Inbox::deliver`]: it returns once the event is durably applied, never waiting on the
+    /// network, and a repeated event is harmless. The default ignores events, for inboxes
+    /// that only take messages.
+    async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
+        let _ = event;
+        Ok(())
+    }
 }

@@ -36,8 +36,8 @@ use crate::platform::{
     ChatKind, ChatRef, ImageRef, IncomingMessage, Platform, PlatformError, Sender, SentMessage,
 };
 use crate::store::{
-    Inbound, Intake, KvWrite, MemoryStore, OutboxEntry, PendingItem, Store, StoreError,
-    StoredMessage, TurnCommit,
+    ChatRecord, Edited, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry, PendingItem, Store,
+    StoreError, StoredMessage, TurnCommit,
 };
 
 /// How long a `wait_*` of these doubles waits (tokio time) before it fails the test.
@@ -759,6 +759,39 @@ impl Store for CrashStore {
     }
     fn kv_scan(&self, s: &str, p: &str) -> Result<Vec<(String, String)>, StoreError> {
         self.inner.kv_scan(s, p)
+    }
+    fn chat_status(&self, s: &str) -> Result<Option<ChatRecord>, StoreError> {
+        self.inner.chat_status(s)
+    }
+    fn set_chat_status(
+        &self,
+        r: &ChatRecord,
+        also: Vec<KvWrite>,
+        notices: Vec<OutboxEntry>,
+    ) -> Result<Vec<u64>, StoreError> {
+        self.write()?;
+        self.inner.set_chat_status(r, also, notices)
+    }
+    fn migrate_session(
+        &self,
+        from: &ChatRef,
+        to: &ChatRef,
+        also: Vec<KvWrite>,
+    ) -> Result<bool, StoreError> {
+        self.write()?;
+        self.inner.migrate_session(from, to, also)
+    }
+    fn migrated_to(&self, s: &str) -> Result<Option<String>, StoreError> {
+        self.inner.migrated_to(s)
+    }
+    fn edit_message(
+        &self,
+        s: &str,
+        m: &StoredMessage,
+        p: Option<&str>,
+    ) -> Result<Edited, StoreError> {
+        self.write()?;
+        self.inner.edit_message(s, m, p)
     }
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())

@@ -865,3 +865,77 @@ async fn a_task_notice_into_a_full_queue_is_told_now_not_at_the_next_start() {
     );
     assert!(rig.store.pending().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn an_edit_while_waiting_changes_the_turn_and_an_edit_after_only_the_log() {
+    use parlor_bot::platform::ChatEvent;
+    let rig = rig(false);
+    rig.say(1, "alice", "@parlor first").await;
+    rig.llm.wait_requests(1).await;
+    // Waiting behind the running turn: an edit reaches its turn.
+    rig.say(2, "bob", "@parlor what is 2+3?").await;
+    let mut edited = msg(2, "bob", "@parlor what is 2+2?");
+    edited.text = "@parlor what is 2+2?".to_owned();
+    rig.manager
+        .chat_event(ChatEvent::Edited(edited))
+        .await
+        .unwrap();
+    let key = group().session_key();
+    assert_eq!(
+        rig.store.get_message(&key, "2").unwrap().unwrap().text,
+        "@parlor what is 2+2?"
+    );
+    rig.llm.release(100);
+    rig.platform.wait_sent(2).await;
+    let inputs = rig.llm.user_inputs();
+    assert!(inputs[1].contains("what is 2+2?"), "{inputs:?}");
+    assert!(!inputs[1].contains("2+3"), "{inputs:?}");
+
+    // Answered: the log takes the edit, no new turn starts.
+    rig.manager
+        .chat_event(ChatEvent::Edited(msg(1, "alice", "@parlor first, edited")))
+        .await
+        .unwrap();
+    assert_eq!(
+        rig.store.get_message(&key, "1").unwrap().unwrap().text,
+        "@parlor first, edited"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rig.llm.user_inputs().len(), 2);
+    assert!(rig.store.pending().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_migration_moves_waiting_inputs_and_their_answers_go_to_the_new_chat() {
+    use parlor_bot::platform::ChatEvent;
+    let rig = rig(false);
+    let old = ChatRef::new("test", "-5001");
+    let new = ChatRef::new("test", "-1005001");
+    rig.deliver(message(&old, 1, "alice", "@parlor first"))
+        .await;
+    rig.llm.wait_requests(1).await;
+    rig.deliver(message(&old, 2, "bob", "@parlor second")).await;
+    let event = ChatEvent::Migrated {
+        from: old.clone(),
+        to: new.clone(),
+    };
+    rig.manager.chat_event(event.clone()).await.unwrap();
+    rig.manager.chat_event(event).await.unwrap();
+    rig.llm.release(100);
+    rig.platform.wait_sent(2).await;
+    // The waiting input was answered in the new chat, unthreaded; the running one, which
+    // started before the move, still answers where it was asked.
+    let sent = rig.platform.sent_in(&new);
+    assert_eq!(sent.len(), 1, "{:?}", rig.platform.sent());
+    assert!(sent[0].text.contains("second"), "{sent:?}");
+    assert_eq!(sent[0].reply_to, None);
+    assert_eq!(rig.llm.user_inputs().len(), 2);
+    assert!(rig.store.pending().unwrap().is_empty());
+    let log = rig.store.recent_messages(&new.session_key(), 10).unwrap();
+    let ids: Vec<&str> = log.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(
+        ids[..2],
+        ["-5001/1", "-5001/2"],
+        "then the bot's own reply: {ids:?}"
+    );
+}

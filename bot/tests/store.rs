@@ -12,8 +12,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use parlor_bot::llm::{Content, ContentPart, ImageUrl, Message, ToolCall};
 use parlor_bot::platform::{ChatRef, ImageRef, Sender};
 use parlor_bot::store::{
-    Inbound, Intake, KvWrite, MemoryStore, OutboxEntry, PendingItem, PendingKind, SledStore, Store,
-    StoreError, StoreOptions, StoredMessage, TurnCommit,
+    ChatRecord, Edited, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry, PendingItem,
+    PendingKind, SledStore, Store, StoreError, StoreOptions, StoredMessage, TurnCommit,
 };
 use parlor_bot::tool::{Caller, Role};
 
@@ -142,6 +142,275 @@ fn open(dir: &Path) -> SledStore {
 }
 
 // ---- both backends -----------------------------------------------------------------------
+
+const OLD: &str = "telegram:-5001";
+const NEW: &str = "telegram:-1005001";
+
+fn old_chat() -> ChatRef {
+    ChatRef::new("telegram", "-5001")
+}
+
+fn new_chat() -> ChatRef {
+    ChatRef::new("telegram", "-1005001")
+}
+
+fn in_old(item: PendingItem) -> PendingItem {
+    PendingItem {
+        session: OLD.to_owned(),
+        chat: old_chat(),
+        ..item
+    }
+}
+
+fn kv(space: &str, key: &str, value: Option<&str>) -> KvWrite {
+    KvWrite {
+        space: space.to_owned(),
+        key: key.to_owned(),
+        value: value.map(str::to_owned),
+    }
+}
+
+#[test]
+fn a_chat_record_lands_with_its_toolset_writes_and_notices() {
+    each_store(|name, store| {
+        assert_eq!(store.chat_status(A).unwrap(), None, "{name}");
+        let record = ChatRecord {
+            chat: chat(A),
+            title: Some("club".to_owned()),
+            present: false,
+            status: "kicked".to_owned(),
+            since: time(1),
+        };
+        let notice = OutboxEntry {
+            reply_to: None,
+            ..reply(B, "task paused")
+        };
+        let ids = store
+            .set_chat_status(
+                &record,
+                vec![kv("clocks", "1", Some("paused"))],
+                vec![notice],
+            )
+            .unwrap();
+        assert_eq!(ids.len(), 1, "{name}");
+        assert_eq!(store.chat_status(A).unwrap(), Some(record), "{name}");
+        assert_eq!(
+            store.kv_get("clocks", "1").unwrap().as_deref(),
+            Some("paused")
+        );
+        let unsent = store.unsent_outbox().unwrap();
+        assert_eq!(unsent.len(), 1, "{name}");
+        assert_eq!(
+            (unsent[0].id, unsent[0].text.as_str()),
+            (ids[0], "task paused")
+        );
+    });
+}
+
+#[test]
+fn a_migration_moves_the_whole_session_once() {
+    each_store(|name, store| {
+        // The old group: a log, a history, a pending input, an unsent reply, a record.
+        let mut first = msg("1");
+        first.reply_to = Some("0".to_owned());
+        store.record_message(OLD, &first).unwrap();
+        store
+            .record_inbound(
+                OLD,
+                &msg("2"),
+                Intake::Pending(in_old(pending_item(OLD, "hi"))),
+            )
+            .unwrap();
+        store.save_history(OLD, &rich_history()).unwrap();
+        let unsent = OutboxEntry {
+            session: OLD.to_owned(),
+            chat: old_chat(),
+            ..reply(OLD, "an answer")
+        };
+        store
+            .commit_turn(TurnCommit {
+                session: OLD.to_owned(),
+                history: None,
+                answered: vec![],
+                reply: Some(unsent),
+            })
+            .unwrap();
+        let record = ChatRecord {
+            chat: old_chat(),
+            title: Some("book club".to_owned()),
+            present: true,
+            status: "member".to_owned(),
+            since: time(0),
+        };
+        store.set_chat_status(&record, vec![], vec![]).unwrap();
+        // The supergroup already logged its own message 1 (ids start afresh there).
+        let mut theirs = msg("1");
+        theirs.text = "in the supergroup".to_owned();
+        store.record_message(NEW, &theirs).unwrap();
+
+        let moved = store
+            .migrate_session(
+                &old_chat(),
+                &new_chat(),
+                vec![kv("todo", NEW, Some("plan"))],
+            )
+            .unwrap();
+        assert!(moved, "{name}");
+
+        assert!(store.recent_messages(OLD, 10).unwrap().is_empty(), "{name}");
+        let log = store.recent_messages(NEW, 10).unwrap();
+        assert_eq!(ids(&log), ["-5001/1", "-5001/2", "1"], "{name}");
+        assert_eq!(log[0].reply_to.as_deref(), Some("-5001/0"), "{name}");
+        assert_eq!(log[2].text, "in the supergroup", "{name}");
+        // The new chat's own ids still dedupe, the old ones no longer collide.
+        assert!(!store.record_message(NEW, &theirs).unwrap(), "{name}");
+        assert!(store.record_message(NEW, &msg("2")).unwrap(), "{name}");
+        assert_eq!(
+            store.get_message(NEW, "-5001/2").unwrap().unwrap().text,
+            "text of 2"
+        );
+
+        assert!(store.load_history(OLD).unwrap().is_empty(), "{name}");
+        assert_eq!(store.load_history(NEW).unwrap(), rich_history(), "{name}");
+        let pending = store.pending().unwrap();
+        assert_eq!(pending.len(), 1, "{name}");
+        assert_eq!(
+            (pending[0].session.as_str(), pending[0].chat.clone()),
+            (NEW, new_chat())
+        );
+        assert_eq!(
+            pending[0].reply_to, None,
+            "{name}: not threaded into the new chat"
+        );
+        let outbox = store.unsent_outbox().unwrap();
+        assert_eq!(
+            (outbox[0].session.as_str(), outbox[0].chat.clone()),
+            (NEW, new_chat())
+        );
+        assert_eq!(store.chat_status(OLD).unwrap(), None, "{name}");
+        let record = store.chat_status(NEW).unwrap().unwrap();
+        assert!(record.present, "{name}");
+        assert_eq!(record.title.as_deref(), Some("book club"), "{name}");
+        assert_eq!(store.kv_get("todo", NEW).unwrap().as_deref(), Some("plan"));
+        assert_eq!(
+            store.migrated_to(OLD).unwrap().as_deref(),
+            Some(NEW),
+            "{name}"
+        );
+
+        // Both updates arrive, or one twice: the second changes nothing.
+        let again = store
+            .migrate_session(
+                &old_chat(),
+                &new_chat(),
+                vec![kv("todo", NEW, Some("other"))],
+            )
+            .unwrap();
+        assert!(!again, "{name}");
+        assert_eq!(store.kv_get("todo", NEW).unwrap().as_deref(), Some("plan"));
+        assert_eq!(store.recent_messages(NEW, 10).unwrap().len(), 4, "{name}");
+        assert_eq!(store.pending().unwrap().len(), 1, "{name}");
+    });
+}
+
+#[test]
+fn an_edit_updates_the_log_and_a_pending_input_but_not_an_answered_one() {
+    each_store(|name, store| {
+        let mut item = pending_item(A, "what is 2+3?");
+        item.reply_to = Some("41".to_owned());
+        store
+            .record_inbound(A, &msg("41"), Intake::Pending(item))
+            .unwrap();
+        store.record_message(A, &msg("42")).unwrap();
+
+        let mut edited = msg("41");
+        edited.text = "what is 2+2?".to_owned();
+        let outcome = store
+            .edit_message(A, &edited, Some("alice: what is 2+2?"))
+            .unwrap();
+        let Edited::Pending(id) = outcome else {
+            panic!("{name}: {outcome:?}");
+        };
+        assert_eq!(
+            store.get_message(A, "41").unwrap().unwrap().text,
+            "what is 2+2?"
+        );
+        let pending = store.pending().unwrap();
+        assert_eq!(
+            (pending[0].id, pending[0].text.as_str()),
+            (id, "alice: what is 2+2?")
+        );
+
+        // Answered: only the log changes.
+        store
+            .commit_turn(TurnCommit {
+                session: A.to_owned(),
+                history: None,
+                answered: vec![id],
+                reply: None,
+            })
+            .unwrap();
+        edited.text = "what is 3+3?".to_owned();
+        let outcome = store
+            .edit_message(A, &edited, Some("alice: what is 3+3?"))
+            .unwrap();
+        assert_eq!(outcome, Edited::Logged, "{name}");
+        assert_eq!(
+            store.get_message(A, "41").unwrap().unwrap().text,
+            "what is 3+3?"
+        );
+        assert!(store.pending().unwrap().is_empty(), "{name}");
+
+        // Chatter edited: the log only; an unknown message: nothing.
+        let mut chatter = msg("42");
+        chatter.text = "fixed".to_owned();
+        assert_eq!(
+            store.edit_message(A, &chatter, Some("x")).unwrap(),
+            Edited::Logged
+        );
+        assert_eq!(
+            store.edit_message(A, &msg("99"), None).unwrap(),
+            Edited::Unknown
+        );
+        assert!(store.get_message(A, "99").unwrap().is_none(), "{name}");
+        assert_eq!(
+            ids(&store.recent_messages(A, 10).unwrap()),
+            ["41", "42"],
+            "{name}"
+        );
+    });
+}
+
+#[test]
+fn sled_a_migration_survives_a_restart_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        store.record_message(OLD, &msg("1")).unwrap();
+        store.save_history(OLD, &rich_history()).unwrap();
+        assert!(
+            store
+                .migrate_session(&old_chat(), &new_chat(), vec![])
+                .unwrap()
+        );
+        store.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(ids(&store.recent_messages(NEW, 10).unwrap()), ["-5001/1"]);
+    assert!(store.recent_messages(OLD, 10).unwrap().is_empty());
+    assert_eq!(store.load_history(NEW).unwrap(), rich_history());
+    assert!(
+        !store
+            .migrate_session(&old_chat(), &new_chat(), vec![])
+            .unwrap()
+    );
+    // The moved log continues: a new message goes after the moved ones.
+    store.record_message(NEW, &msg("7")).unwrap();
+    assert_eq!(
+        ids(&store.recent_messages(NEW, 10).unwrap()),
+        ["-5001/1", "7"]
+    );
+}
 
 #[test]
 fn record_message_dedupes_by_session_and_id() {

@@ -49,7 +49,7 @@ pub mod terminal;
 pub mod time;
 pub mod todo;
 
-pub use memory::{MemoryOptions, MemoryToolset, memory_toolset};
+pub use memory::{MemoryChatHook, MemoryOptions, MemoryToolset, memory_toolset};
 pub use message::{MessageOptions, MessageToolset, MessageToolsetError, message_toolset};
 pub use prompt::PromptToolset;
-pub use todo::TodoList;
+pub use todo::{TodoChatHook, TodoList};

@@ -37,7 +37,9 @@ use std::cmp::Reverse;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use parlor_bot::store::Store;
+use parlor_bot::platform::ChatRef;
+use parlor_bot::session::{ChatHook, move_records};
+use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{Bridged, Caller, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge};
 use schemars::JsonSchema;
@@ -572,6 +574,23 @@ impl Memory {
             format!("deleted memory entry {key:?}"),
             json!({"key": key}),
         ))
+    }
+}
+
+/// The memory's part in a chat's life: when a chat moves to a new id, its entries move
+/// with it (in the migration's one transaction).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryChatHook;
+
+impl ChatHook for MemoryChatHook {
+    fn on_migrate(
+        &self,
+        store: &dyn Store,
+        from: &ChatRef,
+        to: &ChatRef,
+    ) -> Result<Vec<KvWrite>, StoreError> {
+        let prefix = |chat: &ChatRef| format!("{}{SEPARATOR}", chat.session_key());
+        move_records(store, SPACE, &prefix(from), &prefix(to))
     }
 }
 

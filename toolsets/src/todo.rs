@@ -12,7 +12,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use parlor_bot::store::{Store, StoreError};
+use parlor_bot::platform::ChatRef;
+use parlor_bot::session::{ChatHook, move_record};
+use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::tool::{Bridged, Risk, ToolContext, ToolResult, ToolSetBridge, codes};
 
 use crate::support::built;
@@ -64,6 +66,22 @@ pub struct TodoArgs {
 
 /// The store collection of stored plans.
 const SPACE: &str = "todo";
+
+/// The plan's part in a chat's life: when a chat moves to a new id, its stored plan moves
+/// with it (in the migration's one transaction).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TodoChatHook;
+
+impl ChatHook for TodoChatHook {
+    fn on_migrate(
+        &self,
+        store: &dyn Store,
+        from: &ChatRef,
+        to: &ChatRef,
+    ) -> Result<Vec<KvWrite>, StoreError> {
+        move_record(store, SPACE, &from.session_key(), &to.session_key())
+    }
+}
 
 /// The `todo_list` toolset: one plan per session, in memory (per fork) or in the store (by
 /// session).

@@ -13,6 +13,9 @@ pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
 /// Telegram's `getFile` download limit for bots (20 MB).
 pub const TELEGRAM_MAX_DOWNLOAD_BYTES: u64 = 20 * 1024 * 1024;
 
+/// The update types asked for by default (see [`TelegramConfig::allowed_updates`]).
+pub const DEFAULT_ALLOWED_UPDATES: &[&str] = &["message", "edited_message", "my_chat_member"];
+
 /// How the Telegram adapter connects and behaves.
 ///
 /// `Debug` never shows the token, so the whole config may be logged.
@@ -35,10 +38,11 @@ pub struct TelegramConfig {
     /// The largest image [`download_image`](parlor_bot::platform::Platform::download_image)
     /// will fetch; bigger files are refused before (or while) downloading.
     pub max_image_bytes: u64,
-    /// The update types asked for, as Telegram spells them (`message`, `edited_message`).
-    /// Only messages and edited messages are delivered; other types are acknowledged and
-    /// skipped. An edited message keeps its `message_id`, so the runtime's dedupe treats it
-    /// as already seen; `edited_message` is therefore off by default.
+    /// The update types asked for, as Telegram spells them. parlor reads `message`
+    /// (messages, and a group's upgrade to a supergroup), `edited_message` (an edit updates
+    /// the chat log, and the input while it waits for its turn) and `my_chat_member` (the
+    /// bot added to or removed from a chat), the default; other types are acknowledged and
+    /// skipped. Telegram reports no deletions to bots.
     pub allowed_updates: Vec<String>,
     /// Waits between retries of failed requests (network trouble, 409 conflicts).
     pub backoff: Backoff,
@@ -53,7 +57,10 @@ impl TelegramConfig {
             poll_timeout_secs: 30,
             request_timeout_secs: None,
             max_image_bytes: TELEGRAM_MAX_DOWNLOAD_BYTES,
-            allowed_updates: vec!["message".to_owned()],
+            allowed_updates: DEFAULT_ALLOWED_UPDATES
+                .iter()
+                .map(|&kind| kind.to_owned())
+                .collect(),
             backoff: Backoff::default(),
         }
     }

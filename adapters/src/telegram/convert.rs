@@ -7,10 +7,10 @@
 
 use std::ops::Range;
 
-use parlor_bot::platform::{ChatKind, ChatRef, ImageRef, IncomingMessage, Sender};
+use parlor_bot::platform::{ChatEvent, ChatKind, ChatRef, ImageRef, IncomingMessage, Sender};
 use teloxide_core::types::{
-    Chat, ChatKind as TgChatKind, ChatPublic, Message, MessageEntityKind, PublicChatKind,
-    PublicChatSupergroup, User,
+    Chat, ChatKind as TgChatKind, ChatMemberStatus, ChatMemberUpdated, ChatPublic, Message,
+    MessageEntityKind, PublicChatKind, PublicChatSupergroup, Update, UpdateKind, User,
 };
 
 /// The platform prefix of every Telegram session key and sender id.
@@ -122,6 +122,81 @@ pub fn convert_message(message: &Message, me: &BotIdentity) -> Option<IncomingMe
             .is_some_and(|user| user.id.0 == me.id),
         mentions_bot,
         images,
+    })
+}
+
+/// What one update carries for the runtime, normalized.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Received {
+    /// A message ([`parlor_bot::platform::Inbox::deliver`]).
+    Message(IncomingMessage),
+    /// Something that happened to a chat ([`parlor_bot::platform::Inbox::chat_event`]).
+    Event(ChatEvent),
+}
+
+/// Normalizes one update; `None` for what parlor skips (updates of other kinds, messages
+/// [`convert_message`] cannot represent, member changes of other users). The caller still
+/// acknowledges those.
+/// - `message`: a message, or — when it carries `migrate_to_chat_id` (in the old group) or
+///   `migrate_from_chat_id` (in the new supergroup) — [`ChatEvent::Migrated`] from the old
+///   chat to the new one, the same event from either side;
+/// - `edited_message`: [`ChatEvent::Edited`];
+/// - `my_chat_member`: the bot's own status changed: [`ChatEvent::Joined`] when it is now
+///   `member`, `administrator`, `creator` or a restricted member, [`ChatEvent::Removed`]
+///   when it is `left` or `kicked`.
+///
+/// The Bot API tells bots nothing of deleted messages, so there is no event for them.
+pub fn convert_update(update: &Update, me: &BotIdentity) -> Option<Received> {
+    match &update.kind {
+        UpdateKind::Message(message) => {
+            if let Some(to) = message.migrate_to_chat_id() {
+                return Some(Received::Event(ChatEvent::Migrated {
+                    from: ChatRef::new(PLATFORM, message.chat.id.0.to_string()),
+                    to: ChatRef::new(PLATFORM, to.0.to_string()),
+                }));
+            }
+            if let Some(from) = message.migrate_from_chat_id() {
+                return Some(Received::Event(ChatEvent::Migrated {
+                    from: ChatRef::new(PLATFORM, from.0.to_string()),
+                    to: ChatRef::new(PLATFORM, message.chat.id.0.to_string()),
+                }));
+            }
+            convert_message(message, me).map(Received::Message)
+        }
+        UpdateKind::EditedMessage(message) => {
+            convert_message(message, me).map(|m| Received::Event(ChatEvent::Edited(m)))
+        }
+        UpdateKind::MyChatMember(change) => member_event(change, me).map(Received::Event),
+        _ => None,
+    }
+}
+
+/// The bot's own membership change, as a join or a removal.
+fn member_event(change: &ChatMemberUpdated, me: &BotIdentity) -> Option<ChatEvent> {
+    if change.new_chat_member.user.id.0 != me.id {
+        return None;
+    }
+    let chat = ChatRef::new(PLATFORM, change.chat.id.0.to_string());
+    let by = user_sender(&change.from);
+    let time = change.date;
+    let member = &change.new_chat_member;
+    if member.is_present() {
+        return Some(ChatEvent::Joined {
+            chat,
+            title: change.chat.title().map(str::to_owned),
+            by,
+            time,
+        });
+    }
+    let status = match member.status() {
+        ChatMemberStatus::Banned => "kicked",
+        _ => "left",
+    };
+    Some(ChatEvent::Removed {
+        chat,
+        status: status.to_owned(),
+        by,
+        time,
     })
 }
 

@@ -60,8 +60,10 @@ use teloxide_core::types::{
 };
 use teloxide_core::{Bot, RequestError};
 
-pub use config::{Backoff, DEFAULT_API_URL, TELEGRAM_MAX_DOWNLOAD_BYTES, TelegramConfig};
-pub use convert::{BotIdentity, convert_message};
+pub use config::{
+    Backoff, DEFAULT_ALLOWED_UPDATES, DEFAULT_API_URL, TELEGRAM_MAX_DOWNLOAD_BYTES, TelegramConfig,
+};
+pub use convert::{BotIdentity, Received, convert_message, convert_update};
 pub use render::{MAX_MESSAGE_UTF16, RenderedPart, render};
 
 use convert::PLATFORM;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parlor_bot::backoff::Failures;
-use parlor_bot::platform::{Inbox, InboxError, IncomingMessage, PlatformError};
+use parlor_bot::platform::{Inbox, InboxError, PlatformError};
 use serde_json::Value;
 use teloxide_core::RequestError;
 use teloxide_core::payloads::GetUpdatesSetters;
@@ -19,7 +19,7 @@ use teloxide_core::types::{Update, UpdateKind};
 use tokio_util::sync::CancellationToken;
 
 use super::TelegramAdapter;
-use super::convert::convert_message;
+use super::convert::{Received, convert_update};
 use crate::Receiver;
 use crate::common::Failure;
 
@@ -229,13 +229,20 @@ impl TelegramAdapter {
             let update_id = polled.id();
             match polled {
                 Polled::Update(update) => {
-                    if let Some(message) = self.incoming(&update) {
-                        let session = message.chat.session_key();
-                        let message_id = message.message_id.clone();
+                    if let Some(received) = self.incoming(&update) {
+                        let (session, message_id) = match &received {
+                            Received::Message(m) => (m.chat.session_key(), m.message_id.clone()),
+                            Received::Event(e) => (e.chat().session_key(), String::new()),
+                        };
                         let delivered = tokio::select! {
                             biased;
                             () = shutdown.cancelled() => return Batch::Stopped,
-                            delivered = inbox.deliver(message) => delivered,
+                            delivered = async {
+                                match received {
+                                    Received::Message(m) => inbox.deliver(m).await,
+                                    Received::Event(e) => inbox.chat_event(e).await,
+                                }
+                            } => delivered,
                         };
                         match delivered {
                             Ok(()) => {
@@ -264,31 +271,24 @@ impl TelegramAdapter {
         Batch::Done
     }
 
-    /// The message an update carries, normalized; `None` for everything parlor skips.
-    fn incoming(&self, update: &Update) -> Option<IncomingMessage> {
-        match &update.kind {
-            UpdateKind::Message(message) | UpdateKind::EditedMessage(message) => {
-                let incoming = convert_message(message, &self.inner.me);
-                if incoming.is_none() {
-                    tracing::debug!(
-                        update_id = update.id.0,
-                        "skipping a message without text or image"
-                    );
-                }
-                incoming
-            }
-            UpdateKind::Error(_) => {
-                tracing::warn!(
-                    update_id = update.id.0,
-                    "skipping an update teloxide cannot parse"
-                );
-                None
-            }
-            _ => {
-                tracing::debug!(update_id = update.id.0, "skipping a non-message update");
-                None
-            }
+    /// The message or event an update carries, normalized; `None` for everything parlor
+    /// skips.
+    fn incoming(&self, update: &Update) -> Option<Received> {
+        if let UpdateKind::Error(_) = &update.kind {
+            tracing::warn!(
+                update_id = update.id.0,
+                "skipping an update teloxide cannot parse"
+            );
+            return None;
         }
+        let received = convert_update(update, &self.inner.me);
+        if received.is_none() {
+            tracing::debug!(
+                update_id = update.id.0,
+                "skipping an update without a message, an event or text"
+            );
+        }
+        received
     }
 
     /// Confirms delivered updates before exiting, so a clean restart does not fetch them

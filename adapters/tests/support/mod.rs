@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parlor_adapters::Receiver;
-use parlor_bot::platform::{Inbox, InboxError, IncomingMessage, PlatformError};
+use parlor_bot::platform::{ChatEvent, Inbox, InboxError, IncomingMessage, PlatformError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +44,7 @@ pub struct TestInbox {
     pub mode: Mode,
     attempts: AtomicUsize,
     messages: Mutex<Vec<IncomingMessage>>,
+    events: Mutex<Vec<ChatEvent>>,
 }
 
 impl Default for TestInbox {
@@ -52,6 +53,7 @@ impl Default for TestInbox {
             mode: Mode::Accept,
             attempts: AtomicUsize::new(0),
             messages: Mutex::new(Vec::new()),
+            events: Mutex::new(Vec::new()),
         }
     }
 }
@@ -71,6 +73,21 @@ impl TestInbox {
             .clone()
     }
 
+    pub fn events(&self) -> Vec<ChatEvent> {
+        self.events
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub async fn wait_for_events(&self, n: usize) -> Vec<ChatEvent> {
+        eventually(&format!("{n} delivered event(s)"), || {
+            let events = self.events();
+            (events.len() >= n).then_some(events)
+        })
+        .await
+    }
+
     pub fn attempts(&self) -> usize {
         self.attempts.load(Ordering::SeqCst)
     }
@@ -87,18 +104,37 @@ impl TestInbox {
 #[async_trait]
 impl Inbox for TestInbox {
     async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        match &self.mode {
-            Mode::Accept => {}
-            Mode::Gate(gate) => gate.acquire().await.expect("the gate stays open").forget(),
-            Mode::FailStore => return Err(InboxError::Store("disk full".to_owned())),
-            Mode::ShuttingDown => return Err(InboxError::ShuttingDown),
-        }
+        self.admit().await?;
         self.messages
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .push(message);
         Ok(())
+    }
+
+    async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
+        self.admit().await?;
+        self.events
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(event);
+        Ok(())
+    }
+}
+
+impl TestInbox {
+    /// Counts an attempt and applies the mode.
+    async fn admit(&self) -> Result<(), InboxError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        match &self.mode {
+            Mode::Accept => Ok(()),
+            Mode::Gate(gate) => {
+                gate.acquire().await.expect("the gate stays open").forget();
+                Ok(())
+            }
+            Mode::FailStore => Err(InboxError::Store("disk full".to_owned())),
+            Mode::ShuttingDown => Err(InboxError::ShuttingDown),
+        }
     }
 }
 

@@ -7,13 +7,11 @@
 //! `deliver` returns for anything addressed, so a kill at any moment either leaves no trace
 //! (the platform delivers it again) or leaves it pending (it is answered after the restart).
 
-use async_trait::async_trait;
-
 use super::commands::Command;
 use super::manager::SessionManager;
 use super::policy::{self, Addressed};
 use super::queue::QueueItem;
-use crate::platform::{ChatKind, Inbox, InboxError, IncomingMessage};
+use crate::platform::{ChatKind, InboxError, IncomingMessage};
 use crate::store::{Inbound, Intake, OutboxEntry, PendingItem, PendingKind, StoredMessage};
 use crate::tool::{Caller, Role};
 
@@ -25,16 +23,9 @@ fn store_error(e: crate::store::StoreError) -> InboxError {
     InboxError::Store(e.to_string())
 }
 
-#[async_trait]
-impl Inbox for SessionManager {
-    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        self.intake(message)
-    }
-}
-
 impl SessionManager {
     /// The whole of intake, synchronous: nothing in it may wait.
-    fn intake(&self, message: IncomingMessage) -> Result<(), InboxError> {
+    pub(super) fn intake(&self, message: IncomingMessage) -> Result<(), InboxError> {
         if self.inner.draining.is_cancelled() {
             return Err(InboxError::ShuttingDown);
         }
@@ -44,15 +35,7 @@ impl SessionManager {
             return Ok(());
         }
         let key = message.chat.session_key();
-        let stored = StoredMessage {
-            message_id: message.message_id.clone(),
-            sender: message.sender.clone(),
-            text: message.text.clone(),
-            time: message.time,
-            reply_to: message.reply_to.clone(),
-            images: message.images.clone(),
-            from_self: false,
-        };
+        let stored = StoredMessage::received(&message);
         let reply_to = Some(message.message_id.clone());
         match policy::addressed(config, &message) {
             Addressed::No => {

@@ -182,6 +182,8 @@ pub(super) struct Inner {
     pub(super) abort: CancellationToken,
     pub(super) started: Instant,
     pub(super) counters: Counters,
+    /// The toolsets' parts in a chat's life (see [`super::life`]).
+    pub(super) hooks: std::sync::RwLock<Vec<Arc<dyn super::life::ChatHook>>>,
 }
 
 /// The runtime's session layer; cheap to clone. See the module docs of
@@ -226,6 +228,7 @@ impl SessionManager {
                 abort: CancellationToken::new(),
                 started: Instant::now(),
                 counters: Counters::default(),
+                hooks: std::sync::RwLock::default(),
             }),
         }
     }

@@ -5,6 +5,8 @@
 //! - [`inbox`]: `Inbox::deliver` — allow-lists, then one store transaction that records the
 //!   message (the dedupe key) and makes it pending or queues its immediate answer; then the
 //!   push onto the session's queue. Nothing in it waits on the network.
+//! - [`life`]: `Inbox::chat_event` — the bot added or removed, a chat moved to a new id, an
+//!   edit — each one store transaction, with the toolsets' [`ChatHook`]s.
 //! - [`policy`]: who is served, what is addressed to the bot, and the attribution of input
 //!   lines, which no member's text can forge.
 //! - [`commands`]: `/help`, `/status`, `/stop` (answered at intake) and `/reset` (queued).
@@ -26,6 +28,7 @@ mod actor;
 mod commands;
 pub mod history;
 mod inbox;
+pub mod life;
 pub mod manager;
 mod outbox;
 pub mod policy;
@@ -33,6 +36,7 @@ pub mod queue;
 mod roles;
 mod turn;
 
+pub use life::{ChatHook, Removal, move_record, move_records};
 pub use manager::{ScheduledOutcome, SessionConfig, SessionManager, SessionStats, SubmitError};
 pub use policy::{ATTRIBUTION_PROMPT, attribute};
 pub use queue::{QueueItem, SessionQueue};

@@ -6,7 +6,7 @@
 //! writes can start a line that looks like another member's message. The system prompt
 //! ([`ATTRIBUTION_PROMPT`]) tells the model how to read it.
 
-use crate::platform::{ChatKind, IncomingMessage, Sender};
+use crate::platform::{ChatKind, ChatRef, IncomingMessage, Sender};
 
 use super::SessionConfig;
 use super::commands::Command;
@@ -37,12 +37,8 @@ pub(super) enum Addressed {
 
 /// Whether the message is from a chat and a user the config serves.
 pub(super) fn allowed(config: &SessionConfig, message: &IncomingMessage) -> bool {
-    if let Some(chats) = &config.allowed_chats {
-        let key = message.chat.session_key();
-        let plain = format!("{}:{}", message.chat.platform, message.chat.chat_id);
-        if !chats.iter().any(|c| *c == key || *c == plain) {
-            return false;
-        }
+    if !chat_allowed(config, &message.chat) {
+        return false;
     }
     if let Some(users) = &config.allowed_users
         && !users.contains(&message.sender.id)
@@ -51,6 +47,16 @@ pub(super) fn allowed(config: &SessionConfig, message: &IncomingMessage) -> bool
         return false;
     }
     true
+}
+
+/// Whether the config serves `chat` (its `allowed_chats`, when set).
+pub(super) fn chat_allowed(config: &SessionConfig, chat: &ChatRef) -> bool {
+    let Some(chats) = &config.allowed_chats else {
+        return true;
+    };
+    let key = chat.session_key();
+    let plain = format!("{}:{}", chat.platform, chat.chat_id);
+    chats.iter().any(|c| *c == key || *c == plain)
 }
 
 /// Whether the config names `user_id` an operator (`bot.admins`), directly or by

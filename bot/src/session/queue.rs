@@ -224,6 +224,31 @@ impl SessionQueue {
         false
     }
 
+    /// Replaces the line (and the images) of the input with pending id `pending_id`, from
+    /// message `message_id`, in a waiting item: an edited message that has not had its
+    /// turn yet. `false` when no waiting item holds it (it is being answered, or was).
+    pub fn edit(&self, pending_id: u64, message_id: &str, line: &str, images: &[ImageRef]) -> bool {
+        let mut items = self.lock();
+        for item in items.iter_mut() {
+            let Some(at) = item.pending_ids.iter().position(|&id| id == pending_id) else {
+                continue;
+            };
+            // Lines and ids are pushed in pairs, one line per input.
+            if let Some(slot) = item.lines.get_mut(at) {
+                line.clone_into(slot);
+            }
+            item.images
+                .retain(|(_, of)| of.as_deref() != Some(message_id));
+            item.images.extend(
+                images
+                    .iter()
+                    .map(|image| (image.clone(), Some(message_id.to_owned()))),
+            );
+            return true;
+        }
+        false
+    }
+
     /// Removes every waiting item and returns them (`/reset`).
     pub fn clear(&self) -> Vec<QueueItem> {
         self.lock().drain(..).collect()

@@ -7,10 +7,12 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::sled_store::{StoreOptions, check_session};
 use super::{
-    Inbound, Intake, KvWrite, OutboxEntry, PendingItem, Store, StoreError, StoredMessage,
-    TurnCommit,
+    ChatRecord, Edited, Inbound, Intake, KvWrite, OutboxEntry, PendingItem, PendingKind, Store,
+    StoreError, StoredMessage, TurnCommit, migrated_key, moved_message, moved_outbox,
+    moved_pending,
 };
 use crate::llm::Message;
+use crate::platform::ChatRef;
 
 /// The [`Store`] in memory. One mutex guards everything, so every method is atomic.
 #[derive(Debug)]
@@ -29,6 +31,8 @@ struct Inner {
     /// Replies sent or given up on, with what became of them.
     outbox_done: BTreeMap<u64, OutboxEntry>,
     meta: HashMap<String, String>,
+    /// The bot's place in each chat it was added to or removed from.
+    chats: HashMap<String, ChatRecord>,
     /// Toolset collections: (space, key) -> value, in key order for prefix scans.
     kv: BTreeMap<(String, String), String>,
     /// Last id handed out for pending items and replies.
@@ -46,6 +50,34 @@ impl Inner {
     fn next_id(&mut self) -> u64 {
         self.last_id += 1;
         self.last_id
+    }
+
+    fn apply_kv(&mut self, writes: Vec<KvWrite>) {
+        for write in writes {
+            let key = (write.space, write.key);
+            match write.value {
+                Some(value) => self.kv.insert(key, value),
+                None => self.kv.remove(&key),
+            };
+        }
+    }
+}
+
+impl SessionLog {
+    /// Appends a message (no dedupe check), dropping the oldest beyond `bound`.
+    fn append(&mut self, message: StoredMessage, bound: u64) {
+        let seq = self.next;
+        self.next += 1;
+        self.ids.insert(message.message_id.clone(), seq);
+        self.messages.insert(seq, message);
+        while u64::try_from(self.messages.len()).unwrap_or(u64::MAX) > bound {
+            let Some((old_seq, old)) = self.messages.pop_first() else {
+                break;
+            };
+            if self.ids.get(&old.message_id) == Some(&old_seq) {
+                self.ids.remove(&old.message_id);
+            }
+        }
     }
 }
 
@@ -103,18 +135,7 @@ impl Store for MemoryStore {
         if log.ids.contains_key(&message.message_id) {
             return Ok(Inbound::Duplicate);
         }
-        let seq = log.next;
-        log.next += 1;
-        log.ids.insert(message.message_id.clone(), seq);
-        log.messages.insert(seq, message.clone());
-        while u64::try_from(log.messages.len()).unwrap_or(u64::MAX) > self.bound {
-            let Some((old_seq, old)) = log.messages.pop_first() else {
-                break;
-            };
-            if log.ids.get(&old.message_id) == Some(&old_seq) {
-                log.ids.remove(&old.message_id);
-            }
-        }
+        log.append(message.clone(), self.bound);
         Ok(Inbound::Recorded(match intake {
             Intake::Record => None,
             Intake::Pending(mut item) => {
@@ -186,13 +207,7 @@ impl Store for MemoryStore {
         let id = inner.next_id();
         item.id = id;
         inner.pending.insert(id, item);
-        for write in also {
-            let key = (write.space, write.key);
-            match write.value {
-                Some(value) => inner.kv.insert(key, value),
-                None => inner.kv.remove(&key),
-            };
-        }
+        inner.apply_kv(also);
         Ok(id)
     }
 
@@ -284,7 +299,135 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    fn chat_status(&self, session: &str) -> Result<Option<ChatRecord>, StoreError> {
+        Ok(self.lock().chats.get(session).cloned())
+    }
+
+    fn set_chat_status(
+        &self,
+        record: &ChatRecord,
+        also: Vec<KvWrite>,
+        notices: Vec<OutboxEntry>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let session = record.chat.session_key();
+        check_session(&session)?;
+        let mut inner = self.lock();
+        inner.chats.insert(session, record.clone());
+        inner.apply_kv(also);
+        Ok(notices
+            .into_iter()
+            .map(|mut entry| {
+                let id = inner.next_id();
+                entry.id = id;
+                inner.outbox.insert(id, entry);
+                id
+            })
+            .collect())
+    }
+
+    fn migrate_session(
+        &self,
+        from: &ChatRef,
+        to: &ChatRef,
+        also: Vec<KvWrite>,
+    ) -> Result<bool, StoreError> {
+        let (old, new) = (from.session_key(), to.session_key());
+        check_session(&old)?;
+        check_session(&new)?;
+        let mut inner = self.lock();
+        let marker = migrated_key(&old);
+        if inner.meta.contains_key(&marker) {
+            return Ok(false);
+        }
+        // The log: the old chat's messages first, then whatever the new chat logged.
+        let moved = inner.logs.remove(&old).unwrap_or_default();
+        let kept = inner.logs.remove(&new).unwrap_or_default();
+        let mut log = SessionLog::default();
+        for message in moved.messages.into_values() {
+            log.append(moved_message(from, message), self.bound);
+        }
+        for message in kept.messages.into_values() {
+            log.append(message, self.bound);
+        }
+        if !log.messages.is_empty() {
+            inner.logs.insert(new.clone(), log);
+        }
+        if let Some(mut history) = inner.history.remove(&old) {
+            history.extend(inner.history.remove(&new).unwrap_or_default());
+            inner.history.insert(new.clone(), history);
+        }
+        for item in inner.pending.values_mut() {
+            if item.session == old {
+                *item = moved_pending(to, item.clone());
+            }
+        }
+        for entry in inner.outbox.values_mut() {
+            if entry.session == old {
+                *entry = moved_outbox(to, entry.clone());
+            }
+        }
+        let record = inner.chats.remove(&old);
+        inner.chats.insert(new.clone(), migrated_record(to, record));
+        inner.apply_kv(also);
+        inner.meta.insert(marker, new);
+        Ok(true)
+    }
+
+    fn migrated_to(&self, session: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.lock().meta.get(&migrated_key(session)).cloned())
+    }
+
+    fn edit_message(
+        &self,
+        session: &str,
+        message: &StoredMessage,
+        pending_text: Option<&str>,
+    ) -> Result<Edited, StoreError> {
+        check_session(session)?;
+        let mut inner = self.lock();
+        let Some(log) = inner.logs.get_mut(session) else {
+            return Ok(Edited::Unknown);
+        };
+        let Some(seq) = log.ids.get(&message.message_id).copied() else {
+            return Ok(Edited::Unknown);
+        };
+        log.messages.insert(seq, message.clone());
+        let Some(text) = pending_text else {
+            return Ok(Edited::Logged);
+        };
+        match inner
+            .pending
+            .values_mut()
+            .find(|item| is_pending_for(item, session, &message.message_id))
+        {
+            Some(item) => {
+                item.text = text.to_owned();
+                item.images = message.images.clone();
+                Ok(Edited::Pending(item.id))
+            }
+            None => Ok(Edited::Logged),
+        }
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// The chat record of the new chat after a migration: the old one's, moved.
+pub(super) fn migrated_record(to: &ChatRef, old: Option<ChatRecord>) -> ChatRecord {
+    ChatRecord {
+        chat: to.clone(),
+        title: old.and_then(|record| record.title),
+        present: true,
+        status: "migrated".to_owned(),
+        since: chrono::Utc::now(),
+    }
+}
+
+/// Whether `item` is the user-message input of message `message_id` of `session`.
+pub(super) fn is_pending_for(item: &PendingItem, session: &str, message_id: &str) -> bool {
+    item.session == session
+        && item.kind == PendingKind::UserMessage
+        && item.reply_to.as_deref() == Some(message_id)
 }

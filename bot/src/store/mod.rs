@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::llm::Message;
-use crate::platform::{ChatRef, ImageRef, Sender};
+use crate::platform::{ChatRef, ImageRef, IncomingMessage, Sender};
 use crate::tool::Caller;
 
 pub use memory::MemoryStore;
@@ -77,6 +77,19 @@ pub struct StoredMessage {
 }
 
 impl StoredMessage {
+    /// A message someone else wrote, as the log keeps it.
+    pub fn received(message: &IncomingMessage) -> Self {
+        StoredMessage {
+            message_id: message.message_id.clone(),
+            sender: message.sender.clone(),
+            text: message.text.clone(),
+            time: message.time,
+            reply_to: message.reply_to.clone(),
+            images: message.images.clone(),
+            from_self: false,
+        }
+    }
+
     /// A message the bot itself posted on `platform` under `bot_name`, as the log keeps it,
     /// so that context shows both sides of the conversation.
     pub fn from_bot(
@@ -223,6 +236,35 @@ pub struct KvWrite {
     pub value: Option<String>,
 }
 
+/// What the bot knows of its own place in a chat (the `chats` tree): written when it is
+/// added or removed, read to tell whether a chat is one the bot is in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatRecord {
+    /// The chat.
+    pub chat: ChatRef,
+    /// Its title, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Whether the bot is in the chat.
+    pub present: bool,
+    /// The platform's word for the bot's status (`member`, `administrator`, `left`,
+    /// `kicked`), or `migrated` for a record carried over to a chat's new id.
+    pub status: String,
+    /// When the status changed.
+    pub since: DateTime<Utc>,
+}
+
+/// What [`Store::edit_message`] changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edited {
+    /// The message is not in the chat log (never seen, or pruned): nothing changed.
+    Unknown,
+    /// The log record was updated; no pending input was (it was answered, or never one).
+    Logged,
+    /// The log record and the pending input with this id were updated.
+    Pending(u64),
+}
+
 /// Everything a finished turn writes, applied atomically by [`Store::commit_turn`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnCommit {
@@ -348,6 +390,90 @@ pub trait Store: Send + Sync + 'static {
     /// Every record of a collection whose key starts with `prefix`, in key order.
     fn kv_scan(&self, space: &str, prefix: &str) -> Result<Vec<(String, String)>, StoreError>;
 
+    /// What the bot knows of its place in the chat with session key `session`, if it was
+    /// ever recorded ([`Store::set_chat_status`]).
+    fn chat_status(&self, session: &str) -> Result<Option<ChatRecord>, StoreError>;
+
+    /// Records the bot's place in a chat (added, removed) together with toolset records
+    /// (clock tasks paused) and notices to queue in the outbox (their creators told), in
+    /// one transaction; returns the notices' outbox ids.
+    fn set_chat_status(
+        &self,
+        record: &ChatRecord,
+        also: Vec<KvWrite>,
+        notices: Vec<OutboxEntry>,
+    ) -> Result<Vec<u64>, StoreError>;
+
+    /// Moves the session of chat `from` to chat `to` (a group that became a supergroup),
+    /// in one transaction: the chat log (appended before anything `to` already logged; the
+    /// moved messages' ids become `{from.chat_id}/{id}`, since the new chat numbers its
+    /// messages afresh and must not be deduped against the old ones), the history (before
+    /// `to`'s), the pending inputs and unsent replies (re-addressed to `to`, no longer
+    /// threaded to a message of the old chat), the chat record, the toolset records in
+    /// `also`, and a record that the move happened. `false`, and nothing written, when that
+    /// record exists already: a repeated migration is a no-op.
+    fn migrate_session(
+        &self,
+        from: &ChatRef,
+        to: &ChatRef,
+        also: Vec<KvWrite>,
+    ) -> Result<bool, StoreError>;
+
+    /// Where the session `session` moved, if it did ([`Store::migrate_session`]).
+    fn migrated_to(&self, session: &str) -> Result<Option<String>, StoreError>;
+
+    /// An edit of a recorded message, in one transaction: its log record takes the new
+    /// text and images (`message`, same `message_id`), and when `pending_text` is given
+    /// the user-message input still pending for it (not yet answered) takes that text.
+    fn edit_message(
+        &self,
+        session: &str,
+        message: &StoredMessage,
+        pending_text: Option<&str>,
+    ) -> Result<Edited, StoreError>;
+
     /// Makes every write so far durable (on shutdown; sled also flushes periodically).
     fn flush(&self) -> Result<(), StoreError>;
+}
+
+/// The meta key recording that session `from` moved ([`Store::migrate_session`]).
+pub(crate) fn migrated_key(from: &str) -> String {
+    format!("migrated:{from}")
+}
+
+/// The id a message of the old chat `from` keeps after [`Store::migrate_session`].
+pub(crate) fn moved_message_id(from: &ChatRef, message_id: &str) -> String {
+    format!("{}/{message_id}", from.chat_id)
+}
+
+/// A logged message of the old chat `from`, as the new chat's log keeps it.
+pub(crate) fn moved_message(from: &ChatRef, mut message: StoredMessage) -> StoredMessage {
+    message.message_id = moved_message_id(from, &message.message_id);
+    message.reply_to = message.reply_to.map(|reply| moved_message_id(from, &reply));
+    message
+}
+
+/// A pending input of the old chat, re-addressed to `to` (same thread, if any). It is no
+/// longer threaded: the message it answered lives in the old chat.
+pub(crate) fn moved_pending(to: &ChatRef, mut item: PendingItem) -> PendingItem {
+    (item.chat, item.session) = moved_chat(&item.chat, to);
+    item.reply_to = None;
+    item
+}
+
+/// An unsent reply of the old chat, re-addressed to `to` like [`moved_pending`].
+pub(crate) fn moved_outbox(to: &ChatRef, mut entry: OutboxEntry) -> OutboxEntry {
+    (entry.chat, entry.session) = moved_chat(&entry.chat, to);
+    entry.reply_to = None;
+    entry
+}
+
+/// `chat` (in its thread, if any) under the new chat `to`, with its session key.
+fn moved_chat(chat: &ChatRef, to: &ChatRef) -> (ChatRef, String) {
+    let moved = ChatRef {
+        thread_id: chat.thread_id.clone(),
+        ..to.clone()
+    };
+    let session = moved.session_key();
+    (moved, session)
 }

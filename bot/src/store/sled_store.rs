@@ -15,6 +15,7 @@
 //! | `outbox`        | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (unsent)      |
 //! | `outbox_done`   | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (sent/failed) |
 //! | `meta`          | key                                  | `{"v":1,"value":"..."}`                 |
+//! | `chats`         | session                              | `{"v":1, ...ChatRecord}`                |
 //!
 //! `seq` is dense per session (`first..next` are the recorded messages), so the log of a
 //! session is bounded without scanning it, and `recent_messages` is a reverse range scan.
@@ -36,11 +37,18 @@ use sled::transaction::{
 };
 use sled::{Batch, Db, IVec, Tree};
 
+use super::memory::{is_pending_for, migrated_record};
 use super::{
-    Inbound, Intake, KvWrite, OutboxEntry, PendingItem, SENT_KEEP_DAYS, Store, StoreError,
-    StoredMessage, TurnCommit,
+    ChatRecord, Edited, Inbound, Intake, KvWrite, OutboxEntry, PendingItem, SENT_KEEP_DAYS, Store,
+    StoreError, StoredMessage, TurnCommit, migrated_key, moved_message, moved_outbox,
+    moved_pending,
 };
 use crate::llm::Message;
+use crate::platform::ChatRef;
+
+/// How often [`Store::migrate_session`] re-reads and retries when the sessions it moves
+/// changed between its read and its transaction.
+const MIGRATE_ATTEMPTS: usize = 8;
 
 /// The schema version written into every value.
 const VERSION: u64 = 1;
@@ -92,6 +100,7 @@ pub struct SledStore {
     outbox: Tree,
     outbox_done: Tree,
     meta: Tree,
+    chats: Tree,
     bound: u64,
 }
 
@@ -142,6 +151,7 @@ impl SledStore {
             outbox: tree("outbox")?,
             outbox_done: tree("outbox_done")?,
             meta: tree("meta")?,
+            chats: tree("chats")?,
             db,
             bound: options.bound(),
         };
@@ -294,28 +304,10 @@ impl Store for SledStore {
                 .map_err(sled_error)?;
             return Ok(id);
         }
-        let mut trees = vec![self.pending.clone()];
-        let mut index = Vec::with_capacity(also.len());
-        for write in &also {
-            let tree = self.kv_tree(&write.space)?;
-            let at = match trees.iter().position(|t| t.name() == tree.name()) {
-                Some(at) => at,
-                None => {
-                    trees.push(tree);
-                    trees.len() - 1
-                }
-            };
-            index.push(at);
-        }
+        let (trees, index) = self.with_kv_trees(vec![self.pending.clone()], &also)?;
         let result = trees[..].transaction(|t| {
             t[0].insert(&id.to_be_bytes(), value.as_slice())?;
-            for (write, &at) in also.iter().zip(&index) {
-                match &write.value {
-                    Some(v) => t[at].insert(write.key.as_bytes(), v.as_bytes())?,
-                    None => t[at].remove(write.key.as_bytes())?,
-                };
-            }
-            Ok(())
+            apply_kv(t, &also, &index)
         });
         transaction_result::<()>(result)?;
         Ok(id)
@@ -441,10 +433,295 @@ impl Store for SledStore {
             .collect()
     }
 
+    fn chat_status(&self, session: &str) -> Result<Option<ChatRecord>, StoreError> {
+        match self.chats.get(session).map_err(sled_error)? {
+            Some(bytes) => decode(&bytes, || format!("chats[{session}]")).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn set_chat_status(
+        &self,
+        record: &ChatRecord,
+        also: Vec<KvWrite>,
+        notices: Vec<OutboxEntry>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let session = record.chat.session_key();
+        check_session(&session)?;
+        let value = encode(record)?;
+        let mut rows = Vec::with_capacity(notices.len());
+        for mut entry in notices {
+            // Assigned before the transaction: a failed one only wastes ids.
+            entry.id = self.db.generate_id().map_err(sled_error)?;
+            rows.push((entry.id, encode(&entry)?));
+        }
+        let (trees, index) =
+            self.with_kv_trees(vec![self.chats.clone(), self.outbox.clone()], &also)?;
+        let result = trees[..].transaction(|t| {
+            t[0].insert(session.as_bytes(), value.as_slice())?;
+            for (id, row) in &rows {
+                t[1].insert(&id.to_be_bytes(), row.as_slice())?;
+            }
+            apply_kv(t, &also, &index)
+        });
+        transaction_result::<()>(result)?;
+        Ok(rows.into_iter().map(|(id, _)| id).collect())
+    }
+
+    fn migrate_session(
+        &self,
+        from: &ChatRef,
+        to: &ChatRef,
+        also: Vec<KvWrite>,
+    ) -> Result<bool, StoreError> {
+        let (old, new) = (from.session_key(), to.session_key());
+        check_session(&old)?;
+        check_session(&new)?;
+        for _ in 0..MIGRATE_ATTEMPTS {
+            if let Some(moved) = self.try_migrate(from, to, &old, &new, &also)? {
+                return Ok(moved);
+            }
+            tracing::debug!(from = %old, to = %new, "a session changed while it was moved; again");
+        }
+        Err(StoreError::Io(format!(
+            "could not move session {old} to {new}: it kept changing"
+        )))
+    }
+
+    fn migrated_to(&self, session: &str) -> Result<Option<String>, StoreError> {
+        self.get_meta(&migrated_key(session))
+    }
+
+    fn edit_message(
+        &self,
+        session: &str,
+        message: &StoredMessage,
+        pending_text: Option<&str>,
+    ) -> Result<Edited, StoreError> {
+        check_session(session)?;
+        let value = encode(message)?;
+        let id_key = message_id_key(session, &message.message_id);
+        // The pending input of the message, found outside the transaction and checked
+        // again inside it (sled transactions cannot scan).
+        let candidate = match pending_text {
+            Some(_) => read_all::<PendingItem>(&self.pending, "pending")?
+                .into_iter()
+                .find(|item| is_pending_for(item, session, &message.message_id))
+                .map(|item| item.id),
+            None => None,
+        };
+        let result = (&self.messages, &self.message_ids, &self.pending).transaction(
+            |(log, ids, pending)| {
+                let Some(bytes) = ids.get(&id_key)? else {
+                    return Ok(Edited::Unknown);
+                };
+                let SeqRecord { seq } = decode(&bytes, || {
+                    format!("message_ids[{session}/{}]", message.message_id)
+                })
+                .map_err(ConflictableTransactionError::Abort)?;
+                log.insert(message_key(session, seq), value.as_slice())?;
+                let (Some(id), Some(text)) = (candidate, pending_text) else {
+                    return Ok(Edited::Logged);
+                };
+                let Some(bytes) = pending.get(id.to_be_bytes())? else {
+                    // Answered meanwhile.
+                    return Ok(Edited::Logged);
+                };
+                let mut item: PendingItem = decode(&bytes, || format!("pending[{id}]"))
+                    .map_err(ConflictableTransactionError::Abort)?;
+                item.text = text.to_owned();
+                item.images = message.images.clone();
+                pending.insert(&id.to_be_bytes(), encode_abort(&item)?)?;
+                Ok(Edited::Pending(id))
+            },
+        );
+        transaction_result(result)
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(sled_error)?;
         Ok(())
     }
+}
+
+/// A chat log as read for a migration: each message's key and value.
+type LogRead = Vec<(IVec, StoredMessage)>;
+
+impl SledStore {
+    /// Reads what a migration moves, then moves it in one transaction, provided neither
+    /// session's log changed in between; `None` when one did (read again and retry).
+    fn try_migrate(
+        &self,
+        from: &ChatRef,
+        to: &ChatRef,
+        old: &str,
+        new: &str,
+        also: &[KvWrite],
+    ) -> Result<Option<bool>, StoreError> {
+        let marker = migrated_key(old);
+        if self.meta.get(&marker).map_err(sled_error)?.is_some() {
+            return Ok(Some(false));
+        }
+        let heads = (
+            self.message_heads.get(old).map_err(sled_error)?,
+            self.message_heads.get(new).map_err(sled_error)?,
+        );
+        let (old_log, new_log) = (self.read_log(old)?, self.read_log(new)?);
+        let mut combined: Vec<StoredMessage> = old_log
+            .iter()
+            .map(|(_, m)| moved_message(from, m.clone()))
+            .chain(new_log.iter().map(|(_, m)| m.clone()))
+            .collect();
+        let excess = combined
+            .len()
+            .saturating_sub(usize::try_from(self.bound).unwrap_or(usize::MAX));
+        combined.drain(..excess);
+        let combined = combined
+            .iter()
+            .map(|m| Ok((m.message_id.clone(), encode(m)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let pending_ids: Vec<u64> = read_all::<PendingItem>(&self.pending, "pending")?
+            .into_iter()
+            .filter(|item| item.session == old)
+            .map(|item| item.id)
+            .collect();
+        let outbox_ids: Vec<u64> = read_all::<OutboxEntry>(&self.outbox, "outbox")?
+            .into_iter()
+            .filter(|entry| entry.session == old)
+            .map(|entry| entry.id)
+            .collect();
+        let marker_value = encode(&MetaRef { value: new })?;
+        let base = vec![
+            self.messages.clone(),
+            self.message_ids.clone(),
+            self.message_heads.clone(),
+            self.history.clone(),
+            self.pending.clone(),
+            self.outbox.clone(),
+            self.chats.clone(),
+            self.meta.clone(),
+        ];
+        let (trees, index) = self.with_kv_trees(base, also)?;
+        let result = trees[..].transaction(|t| {
+            let (log, ids, head_tree, history) = (&t[0], &t[1], &t[2], &t[3]);
+            let (pending, outbox, chats, meta) = (&t[4], &t[5], &t[6], &t[7]);
+            if meta.get(&marker)?.is_some() {
+                return Ok(Some(false));
+            }
+            if (head_tree.get(old)?, head_tree.get(new)?) != heads {
+                return Ok(None);
+            }
+            // The log, rebuilt under the new session from seq 0.
+            for (session, read) in [(old, &old_log), (new, &new_log)] {
+                for (key, message) in read.iter() {
+                    log.remove(key)?;
+                    ids.remove(message_id_key(session, &message.message_id))?;
+                }
+            }
+            for (seq, (message_id, value)) in (0u64..).zip(&combined) {
+                log.insert(message_key(new, seq), value.as_slice())?;
+                ids.insert(
+                    message_id_key(new, message_id),
+                    encode_abort(&SeqRecord { seq })?,
+                )?;
+            }
+            head_tree.remove(old)?;
+            if !combined.is_empty() {
+                let next = u64::try_from(combined.len()).unwrap_or(u64::MAX);
+                head_tree.insert(new, encode_abort(&Head { first: 0, next })?)?;
+            }
+            if let Some(bytes) = history.remove(old)? {
+                let mut moved: HistoryRecord = decode(&bytes, || format!("history[{old}]"))
+                    .map_err(ConflictableTransactionError::Abort)?;
+                if let Some(bytes) = history.get(new)? {
+                    let kept: HistoryRecord = decode(&bytes, || format!("history[{new}]"))
+                        .map_err(ConflictableTransactionError::Abort)?;
+                    moved.messages.extend(kept.messages);
+                }
+                let value = encode_abort(&HistoryRef {
+                    messages: &moved.messages,
+                })?;
+                history.insert(new, value)?;
+            }
+            for id in &pending_ids {
+                if let Some(bytes) = pending.get(id.to_be_bytes())? {
+                    let item: PendingItem = decode(&bytes, || format!("pending[{id}]"))
+                        .map_err(ConflictableTransactionError::Abort)?;
+                    pending.insert(&id.to_be_bytes(), encode_abort(&moved_pending(to, item))?)?;
+                }
+            }
+            for id in &outbox_ids {
+                if let Some(bytes) = outbox.get(id.to_be_bytes())? {
+                    let entry: OutboxEntry = decode(&bytes, || format!("outbox[{id}]"))
+                        .map_err(ConflictableTransactionError::Abort)?;
+                    outbox.insert(&id.to_be_bytes(), encode_abort(&moved_outbox(to, entry))?)?;
+                }
+            }
+            let record = match chats.remove(old)? {
+                Some(bytes) => Some(
+                    decode::<ChatRecord>(&bytes, || format!("chats[{old}]"))
+                        .map_err(ConflictableTransactionError::Abort)?,
+                ),
+                None => None,
+            };
+            chats.insert(new, encode_abort(&migrated_record(to, record))?)?;
+            apply_kv(t, also, &index)?;
+            meta.insert(marker.as_bytes(), marker_value.as_slice())?;
+            Ok(Some(true))
+        });
+        transaction_result(result)
+    }
+
+    /// Every logged message of `session`, with its key, oldest first.
+    fn read_log(&self, session: &str) -> Result<LogRead, StoreError> {
+        self.messages
+            .scan_prefix(session_prefix(session))
+            .map(|entry| {
+                let (key, bytes) = entry.map_err(sled_error)?;
+                let message = decode(&bytes, || {
+                    format!("messages[{session}/{}]", describe_seq(&key))
+                })?;
+                Ok((key, message))
+            })
+            .collect()
+    }
+
+    /// `base` and the trees of the collections `also` writes to, each once, with the index
+    /// (into the list) of each write's tree, for one transaction over all of them.
+    fn with_kv_trees(
+        &self,
+        mut trees: Vec<Tree>,
+        also: &[KvWrite],
+    ) -> Result<(Vec<Tree>, Vec<usize>), StoreError> {
+        let mut index = Vec::with_capacity(also.len());
+        for write in also {
+            let tree = self.kv_tree(&write.space)?;
+            let at = match trees.iter().position(|t| t.name() == tree.name()) {
+                Some(at) => at,
+                None => {
+                    trees.push(tree);
+                    trees.len() - 1
+                }
+            };
+            index.push(at);
+        }
+        Ok((trees, index))
+    }
+}
+
+/// Inside a transaction over [`SledStore::with_kv_trees`]' list: applies `also`.
+fn apply_kv(
+    t: &[TransactionalTree],
+    also: &[KvWrite],
+    index: &[usize],
+) -> Result<(), ConflictableTransactionError<StoreError>> {
+    for (write, &at) in also.iter().zip(index) {
+        match &write.value {
+            Some(v) => t[at].insert(write.key.as_bytes(), v.as_bytes())?,
+            None => t[at].remove(write.key.as_bytes())?,
+        };
+    }
+    Ok(())
 }
 
 impl SledStore {

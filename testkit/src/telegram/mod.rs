@@ -87,6 +87,7 @@
 //! - `encoding`: query, JSON, urlencoded and multipart parameter decoding;
 //! - `html`: the HTML parse mode;
 //! - `builders`: [`TgUser`] and [`MessageBuilder`] for incoming messages;
+//! - `life`: the bot added or removed, a group upgraded, a message edited;
 //! - `records`: [`SentMessage`] and the other records, and [`Failure`].
 //!
 //! Binding, the server task, the state lock and bounded waits are
@@ -96,6 +97,7 @@ mod builders;
 mod encoding;
 mod html;
 mod http;
+mod life;
 mod methods;
 mod records;
 mod state;

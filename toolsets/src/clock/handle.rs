@@ -279,6 +279,7 @@ impl ClockHandle {
                 last_fire: None,
                 last_status: None,
                 updated_at: now,
+                paused_reason: None,
             };
             self.put_task(&task)?;
             self.shared.store.flush()?;
@@ -330,6 +331,7 @@ impl ClockHandle {
             };
             task.enabled = patch.enabled.unwrap_or(task.enabled);
             if task.enabled {
+                task.paused_reason = None;
                 if retimed || !was_enabled || task.next_fire.is_none() {
                     task.next_fire = Some(first_fire(&schedule, now)?);
                 }
@@ -714,7 +716,7 @@ fn run_key(task: u64, run: u64) -> String {
     format!("{task}\u{1}{run:020}")
 }
 
-fn encode<T: Serialize>(data: &T) -> String {
+pub(crate) fn encode<T: Serialize>(data: &T) -> String {
     // Records of strings, numbers and dates always serialize to an object.
     let mut value = serde_json::to_value(data).unwrap_or_default();
     if let Some(object) = value.as_object_mut() {

@@ -49,6 +49,7 @@
 //! ```
 
 pub mod handle;
+pub mod life;
 pub mod schedule;
 pub mod service;
 pub mod task;
@@ -62,6 +63,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use chrono_tz::Tz;
 
 pub use handle::{ClockError, ClockHandle, ClockPatch, NewClock};
+pub use life::ClockChatHook;
 pub use schedule::{Schedule, ScheduleError, ScheduleKind};
 pub use service::ClockService;
 pub use task::{ClockRun, ClockTask, MissedPolicy, RunStatus};

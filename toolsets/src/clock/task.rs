@@ -74,6 +74,10 @@ pub struct ClockTask {
     pub last_status: Option<RunStatus>,
     /// When it was last changed by a tool.
     pub updated_at: DateTime<Utc>,
+    /// Why it was paused by something other than a tool (the bot was removed from the
+    /// target chat); cleared when it is enabled again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_reason: Option<String>,
 }
 
 impl ClockTask {

@@ -9,8 +9,9 @@
 //!   every chat). Changing a task that already fires into another chat needs the same
 //!   there ([`ToolContext::require_role_in`], as only the task says where it fires);
 //!   deleting one only needs an admin here.
-//! - A task may fire into another chat only when the bot knows that chat (it has recorded
-//!   messages or history there): `UNKNOWN_CHAT` otherwise, whatever the caller's role.
+//! - A task may fire into another chat only when the bot knows that chat (it was added
+//!   there, or has recorded messages or history there) and has not been removed from it:
+//!   `UNKNOWN_CHAT` otherwise, whatever the caller's role.
 //! - A chat sees the tasks created in it or firing into it; any other id is
 //!   `CLOCK_NOT_FOUND`.
 
@@ -278,10 +279,24 @@ fn resolve_target(
     }
     let session = target.session_key();
     let store = handle.store();
-    let known = !store
-        .recent_messages(&session, 1)
-        .map_err(|e| clock_error(e.into()))?
-        .is_empty()
+    let record = store
+        // The bot joins and leaves a whole chat, topics and all.
+        .chat_status(&ChatRef::new(&target.platform, &target.chat_id).session_key())
+        .map_err(|e| clock_error(e.into()))?;
+    if let Some(record) = record.as_ref().filter(|r| !r.present) {
+        return Err(ToolError::new(
+            UNKNOWN_CHAT,
+            format!(
+                "the bot is no longer in chat {session} ({}); it can only fire into chats it is in",
+                record.status
+            ),
+        ));
+    }
+    let known = record.is_some()
+        || !store
+            .recent_messages(&session, 1)
+            .map_err(|e| clock_error(e.into()))?
+            .is_empty()
         || !store
             .load_history(&session)
             .map_err(|e| clock_error(e.into()))?
@@ -503,6 +518,7 @@ pub fn task_view(handle: &ClockHandle, task: &ClockTask) -> Value {
         "next_fires": handle.upcoming(task, 3).into_iter().map(at).collect::<Vec<_>>(),
         "last_fire": task.last_fire.map(at),
         "last_status": task.last_status.map(|s| s.as_str()),
+        "paused_reason": task.paused_reason,
     })
 }
 
