@@ -45,18 +45,7 @@ impl Daemon {
 
     /// SIGTERM, then wait for a clean exit.
     async fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        let pid = self.0.child.id().unwrap();
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let exit = tokio::time::timeout(WAIT, self.0.child.wait())
-            .await
-            .expect("the daemon did not stop after SIGTERM")
-            .unwrap();
-        // Let the stderr reader catch the last lines.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let exit = self.0.terminate(WAIT).await;
         (exit, self.log())
     }
 }

@@ -4,19 +4,18 @@
 //! fires into the new id), and the bot is removed (its tasks pause and their creator is
 //! told).
 
+// A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
-use parlor_testkit::{FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
-use tokio::io::AsyncBufReadExt;
-use tokio::process::Child;
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
+use support::TOKEN;
 
-const TOKEN: &str = "123456:TEST-token";
 /// Where Alice, an operator, talks to the bot.
 const HOME: i64 = -100_123;
 const OLD: i64 = -5001;
@@ -27,69 +26,17 @@ fn alice() -> TgUser {
     TgUser::new(1001, "Alice").username("alice")
 }
 
-struct Daemon {
-    child: Child,
-    log: Arc<Mutex<String>>,
+async fn start(dir: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> DaemonProcess {
+    let config = support::config(dir, telegram, "admins = [\"telegram:1001\"]");
+    DaemonProcess::spawn_polling(support::daemon_command(&config, llm), telegram, WAIT).await
 }
 
-impl Daemon {
-    async fn start(dir: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon {
-        let config = dir.join("config.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[bot]\ndata_dir = \"{}\"\nshutdown_grace_secs = 2\nadmins = [\"telegram:1001\"]\n\
-                 [llm]\nmax_retries = 0\n[telegram]\napi_url = \"{}\"\npoll_timeout_secs = 1\n",
-                dir.join("data").display(),
-                telegram.api_url()
-            ),
-        )
-        .unwrap();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
-            .arg("--config")
-            .arg(&config)
-            .arg("run")
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("TELEGRAM_BOT_TOKEN", TOKEN)
-            .env("OPENAI_BASE_URL", llm.base_url())
-            .env("OPENAI_API_KEY", "sk-test")
-            .env("PARLOR_LOG", "info")
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-        let sink = Arc::clone(&log);
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                sink.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        telegram
-            .wait_for_calls("getUpdates", 1, WAIT)
-            .await
-            .unwrap_or_else(|e| panic!("the daemon never polled: {e}\n{}", log.lock().unwrap()));
-        Daemon { child, log }
-    }
-
-    async fn terminate(mut self) -> String {
-        let pid = self.child.id().unwrap();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .unwrap();
-        let exit = tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .expect("the daemon did not stop after SIGTERM")
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let log = self.log.lock().unwrap().clone();
-        assert!(exit.success(), "{log}");
-        log
-    }
+/// SIGTERM; the daemon must exit cleanly. Returns its log.
+async fn terminate(mut daemon: DaemonProcess) -> String {
+    let exit = daemon.terminate(WAIT).await;
+    let log = daemon.log();
+    assert!(exit.success(), "{log}");
+    log
 }
 
 /// The model's answer to Alice's request: create a task firing into `target` at `due`.
@@ -128,7 +75,7 @@ async fn a_task_aimed_at_a_group_the_bot_just_joined_fires_there_after_the_upgra
     let llm = FakeLlm::start().await;
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path(), &llm, &telegram).await;
+    let daemon = start(dir.path(), &llm, &telegram).await;
 
     // Added to the basic group; nobody has spoken there.
     telegram.basic_group(OLD, "book club");
@@ -159,7 +106,7 @@ async fn a_task_aimed_at_a_group_the_bot_just_joined_fires_there_after_the_upgra
     let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
     assert_eq!(sent[1].chat_id, NEW, "the task fires into the new id");
     assert_eq!(sent[1].text, "Stand-up in 5 minutes!");
-    let log = daemon.terminate().await;
+    let log = terminate(daemon).await;
     assert!(log.contains("chat moved to a new id"), "{log}");
 
     let store =
@@ -182,7 +129,7 @@ async fn removed_from_a_group_its_tasks_pause_and_the_creator_is_told_at_home() 
     let llm = FakeLlm::start().await;
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(dir.path(), &llm, &telegram).await;
+    let daemon = start(dir.path(), &llm, &telegram).await;
     let joined = telegram.bot_added(TEAM, &alice(), "administrator");
     telegram.wait_for_ack(joined, WAIT).await.unwrap();
 
@@ -203,7 +150,7 @@ async fn removed_from_a_group_its_tasks_pause_and_the_creator_is_told_at_home() 
     // A repeated removal tells nobody again.
     let again = telegram.bot_removed(TEAM, &TgUser::new(1009, "Mallory"), "kicked");
     telegram.wait_for_ack(again, WAIT).await.unwrap();
-    daemon.terminate().await;
+    terminate(daemon).await;
     assert_eq!(telegram.sent_messages().len(), 2);
 
     let store =

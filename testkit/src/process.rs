@@ -16,6 +16,7 @@ pub struct DaemonProcess {
     /// The process (spawned with `kill_on_drop`).
     pub child: Child,
     log: Arc<Mutex<String>>,
+    reader: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl DaemonProcess {
@@ -37,18 +38,19 @@ impl DaemonProcess {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot spawn the daemon: {e}"));
         let log = Arc::new(Mutex::new(String::new()));
+        let mut reader = None;
         if let Some(stderr) = child.stderr.take() {
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             let sink = Arc::clone(&log);
-            tokio::spawn(async move {
+            reader = Some(tokio::spawn(async move {
                 while let Ok(Some(line)) = lines.next_line().await {
                     let mut log = sink.lock().unwrap_or_else(|p| p.into_inner());
                     log.push_str(&line);
                     log.push('\n');
                 }
-            });
+            }));
         }
-        let daemon = Self { child, log };
+        let daemon = Self { child, log, reader };
         if let Err(e) = telegram
             .wait_for_calls("getUpdates", calls_before + 1, wait)
             .await
@@ -61,6 +63,31 @@ impl DaemonProcess {
     /// Everything it wrote to stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// SIGTERM, then waits (at most `wait`) for it to exit and for its last stderr lines;
+    /// returns how it exited.
+    ///
+    /// # Panics
+    /// If the signal cannot be sent or it does not exit within `wait` (with its log).
+    pub async fn terminate(&mut self, wait: Duration) -> std::process::ExitStatus {
+        let Some(pid) = self.child.id() else {
+            panic!("the daemon has already exited\n{}", self.log());
+        };
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "cannot send SIGTERM");
+        let exit = match tokio::time::timeout(wait, self.child.wait()).await {
+            Ok(Ok(exit)) => exit,
+            Ok(Err(e)) => panic!("cannot wait for the daemon: {e}"),
+            Err(_) => panic!("the daemon did not stop after SIGTERM\n{}", self.log()),
+        };
+        // Its stderr ends with it: the reader finishes once it has the last line.
+        if let Some(reader) = self.reader.take() {
+            let _ = tokio::time::timeout(wait, reader).await;
+        }
+        exit
     }
 
     /// SIGKILL, and waits for it to be gone: no cleanup at all.
