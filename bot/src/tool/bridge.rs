@@ -316,6 +316,10 @@ pub fn is_valid_tool_name(name: &str) -> bool {
 type Handler<S> =
     Arc<dyn Fn(Arc<S>, Value, ToolContext) -> BoxFuture<'static, ToolResult> + Send + Sync>;
 
+/// Reads arguments into a tool's argument type and drops the result: what [`Handler`] does
+/// before it calls the function, without calling it.
+type Reader = Arc<dyn Fn(Value) -> Result<(), String> + Send + Sync>;
+
 /// The hooks of a toolset with state `S` (see the module docs), boxed.
 type ForkHook<S> = Box<dyn Fn(&S) -> S + Send + Sync>;
 type CheckHook<S> = Box<dyn Fn(&S, &ToolContext) -> Result<(), ToolError> + Send + Sync>;
@@ -430,6 +434,8 @@ pub struct ToolSetBridge {
     prompt: Option<Arc<str>>,
     /// The same for every fork.
     specs: Arc<[ToolSpec]>,
+    /// One per spec, in the same order (see [`ToolSetBridge::read_arguments`]).
+    readers: Arc<[Reader]>,
     /// This fork's state and what uses it.
     session: Arc<dyn Session>,
 }
@@ -454,6 +460,18 @@ impl ToolSetBridge {
     /// Starts a stateless toolset called `name` (as the config and the catalog know it).
     pub fn builder(name: &str) -> ToolSetBridgeBuilder {
         Self::builder_with_state(name, Arc::new(()))
+    }
+
+    /// Whether `arguments` read into the argument type of the tool `tool`, exactly as a call
+    /// would read them, without running the tool; `None` when there is no such tool. Every
+    /// value the tool's schema accepts should read (the schema is made from that type): this
+    /// is how tests and the fuzz targets check that the two agree.
+    ///
+    /// # Errors
+    /// The message a call would answer with (`invalid_arguments`).
+    pub fn read_arguments(&self, tool: &str, arguments: Value) -> Option<Result<(), String>> {
+        let index = self.specs.iter().position(|s| s.name == tool)?;
+        self.readers.get(index).map(|read| read(arguments))
     }
 
     /// Starts a toolset called `name` whose tools and hooks share `state` (see the module
@@ -609,6 +627,7 @@ fn read_args<A: DeserializeOwned>(schema: &Value, mut args: Value) -> Result<A, 
 struct PendingTool<S> {
     spec: ToolSpec,
     handler: Handler<S>,
+    reader: Reader,
 }
 
 /// Builds a [`ToolSetBridge`]: `.prompt()` and the hooks, then `add_*` per tool, each
@@ -705,6 +724,10 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
     ) -> Self {
         let parameters = schema_for::<A>();
         let schema = Arc::new(parameters.clone());
+        let reader: Reader = {
+            let schema = Arc::clone(&schema);
+            Arc::new(move |args: Value| read_args::<A>(&schema, args).map(drop))
+        };
         let f = Arc::new(f);
         let handler: Handler<S> = Arc::new(move |state: Arc<S>, args: Value, cx: ToolContext| {
             let f = Arc::clone(&f);
@@ -728,6 +751,7 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
                 failure_codes: Vec::new(),
             },
             handler,
+            reader,
         });
         self
     }
@@ -869,12 +893,19 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
                 });
             }
         }
-        let (specs, handlers): (Vec<ToolSpec>, Vec<Handler<S>>) =
-            self.tools.into_iter().map(|t| (t.spec, t.handler)).unzip();
+        let mut specs = Vec::with_capacity(self.tools.len());
+        let mut handlers = Vec::with_capacity(self.tools.len());
+        let mut readers = Vec::with_capacity(self.tools.len());
+        for tool in self.tools {
+            specs.push(tool.spec);
+            handlers.push(tool.handler);
+            readers.push(tool.reader);
+        }
         Ok(ToolSetBridge {
             name: self.name.into(),
             prompt: self.prompt.map(Into::into),
             specs: specs.into(),
+            readers: readers.into(),
             session: Arc::new(Bound {
                 state: self.state,
                 definition: Arc::new(Definition {
@@ -958,6 +989,26 @@ mod tests {
         tools
             .invoke(call("tick", json!({})), ToolContext::default())
             .await
+    }
+
+    #[test]
+    fn read_arguments_reads_as_a_call_would_without_running_the_tool() {
+        let tools = counter(false);
+        assert_eq!(
+            tools.read_arguments("say", json!({"word": "hi"})),
+            Some(Ok(()))
+        );
+        assert_eq!(tools.read_arguments("tick", json!({})), Some(Ok(())));
+        let refused = tools.read_arguments("say", json!({"word": 1}));
+        assert!(
+            refused
+                .as_ref()
+                .is_some_and(|r| r.as_ref().is_err_and(|e| e.contains("could not be read"))),
+            "{refused:?}"
+        );
+        assert_eq!(tools.read_arguments("missing", json!({})), None);
+        // Nothing ran.
+        assert!(!tools.holds_session_state());
     }
 
     #[tokio::test]
