@@ -612,15 +612,57 @@ pub(crate) fn panic_text(payload: &(dyn Any + Send)) -> &str {
 fn read_args<A: DeserializeOwned>(schema: &Value, mut args: Value) -> Result<A, String> {
     drop_optional_nulls(schema, &mut args);
     let empty = args.as_object().is_some_and(Map::is_empty);
-    match serde_json::from_value::<A>(args) {
+    match A::deserialize(&args) {
         Ok(a) => Ok(a),
         Err(error) => {
             if empty && let Ok(a) = serde_json::from_value::<A>(Value::Null) {
                 return Ok(a);
             }
+            // JSON Schema (and a model) takes `3.0` for the integer 3; serde does not.
+            if let Some(fixed) = integral_floats_as_integers(&args)
+                && let Ok(a) = A::deserialize(&fixed)
+            {
+                return Ok(a);
+            }
             Err(format!("the arguments could not be read: {error}"))
         }
     }
+}
+
+/// `value` with every float that is a whole number in the range of `i64` or `u64` written
+/// as that integer; `None` when there is none.
+fn integral_floats_as_integers(value: &Value) -> Option<Value> {
+    fn fix(value: &mut Value) -> bool {
+        match value {
+            Value::Number(n) if n.is_f64() => {
+                let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0) else {
+                    return false;
+                };
+                // 2^63 and 2^64 are exact in f64; the casts below are exact inside them.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let integer: Option<Value> =
+                    if (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&f) {
+                        Some((f as i64).into())
+                    } else if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                        Some((f as u64).into())
+                    } else {
+                        None
+                    };
+                match integer {
+                    Some(i) => {
+                        *value = i;
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Value::Array(items) => items.iter_mut().fold(false, |any, v| fix(v) | any),
+            Value::Object(map) => map.values_mut().fold(false, |any, v| fix(v) | any),
+            _ => false,
+        }
+    }
+    let mut copy = value.clone();
+    fix(&mut copy).then_some(copy)
 }
 
 /// A tool being added, before `build()` checks it.
@@ -989,6 +1031,53 @@ mod tests {
         tools
             .invoke(call("tick", json!({})), ToolContext::default())
             .await
+    }
+
+    /// Arguments of `wait`.
+    #[derive(Deserialize, JsonSchema)]
+    struct Wait {
+        /// Seconds.
+        timeout_secs: Option<u64>,
+        /// A count.
+        count: Option<u32>,
+    }
+
+    /// Found by the `tool_args` fuzz target: the terminal's `shell` schema accepted
+    /// `"timeout_secs": 1e+300` (JSON Schema calls any whole number an integer), which no
+    /// `u64` holds, and `3.0`, which serde refuses for one. Now the first is refused by the
+    /// schema and the second reads as 3; whatever the validator accepts reads.
+    #[test]
+    fn what_the_schema_accepts_for_an_integer_reads() {
+        let tools = ToolSetBridge::builder("waiter")
+            .add_function("wait", "Waits.", |w: Wait| async move {
+                Ok::<_, ToolError>(w.timeout_secs.map(|t| t / 2) > w.count.map(u64::from))
+            })
+            .build()
+            .expect("valid");
+        let spec = &tools.tools()[0];
+        let validator = ArgValidator::new(&spec.parameters).expect("compiles");
+        for (args, accepted) in [
+            (json!({"timeout_secs": 1e300}), false),
+            (json!({"timeout_secs": 18_446_744_073_709_551_616.0}), false),
+            (json!({"timeout_secs": -1}), false),
+            (json!({"count": 4_294_967_296u64}), false),
+            (
+                json!({"timeout_secs": 3.0, "count": 4_294_967_295u64}),
+                true,
+            ),
+            (json!({"timeout_secs": 18_446_744_073_709_551_615u64}), true),
+            (json!({"timeout_secs": 1e19}), true),
+            (json!({"count": 0.0}), true),
+        ] {
+            assert_eq!(validator.validate(&args).is_ok(), accepted, "{args}");
+            if accepted {
+                assert_eq!(
+                    tools.read_arguments("wait", args.clone()),
+                    Some(Ok(())),
+                    "{args}"
+                );
+            }
+        }
     }
 
     #[test]
