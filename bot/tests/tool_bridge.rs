@@ -358,7 +358,7 @@ fn tools_lists_specs_with_metadata() {
 
     let echo = &tools.tools()[0];
     assert_eq!(echo.description, "Repeats the text.");
-    expect![[r#"{"type":"function","function":{"name":"echo","description":"Repeats the text.","parameters":{"properties":{"suffix":{"description":"Optional suffix.","type":"string"},"text":{"description":"Text to send back.","type":"string"},"times":{"default":1,"description":"How many times.","minimum":0,"type":"integer"}},"required":["text"],"type":"object"}}}"#]]
+    expect![[r#"{"type":"function","function":{"name":"echo","description":"Repeats the text.","parameters":{"properties":{"suffix":{"description":"Optional suffix.","type":"string"},"text":{"description":"Text to send back.","type":"string"},"times":{"default":1,"description":"How many times.","maximum":4294967295,"minimum":0,"type":"integer"}},"required":["text"],"type":"object"}}}"#]]
         .assert_eq(&serde_json::to_string(&echo.to_def()).expect("serializable"));
 }
 

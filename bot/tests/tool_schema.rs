@@ -97,6 +97,8 @@ fn serde_renames_and_skips_are_respected() {
         {
           "properties": {
             "chatId": {
+              "maximum": 9223372036854775807,
+              "minimum": -9223372036854775808,
               "type": "integer"
             },
             "text": {
@@ -157,6 +159,7 @@ fn option_is_optional_and_not_nullable() {
             },
             "limit": {
               "description": "At most this many results.",
+              "maximum": 4294967295,
               "minimum": 0,
               "type": "integer"
             },
@@ -239,6 +242,7 @@ fn serde_default_is_not_required() {
             },
             "timeout_secs": {
               "default": 60,
+              "maximum": 18446744073709551615,
               "minimum": 0,
               "type": "integer"
             }
@@ -396,6 +400,8 @@ fn nested_structs_are_inlined() {
                   "description": "The chat inside a platform.",
                   "properties": {
                     "id": {
+                      "maximum": 9223372036854775807,
+                      "minimum": -9223372036854775808,
                       "type": "integer"
                     }
                   },
@@ -421,6 +427,8 @@ fn nested_structs_are_inlined() {
                   "description": "The chat inside a platform.",
                   "properties": {
                     "id": {
+                      "maximum": 9223372036854775807,
+                      "minimum": -9223372036854775808,
                       "type": "integer"
                     }
                   },
@@ -684,7 +692,7 @@ fn normalize_inlines_a_hand_written_schema() {
             "With/Slash": {"type": "integer", "format": "int64"}
         }
     }));
-    expect![[r#"{"properties":{"a":{"description":"the a","format":"uuid","type":"string"},"w":{"type":"integer"}},"type":"object"}"#]]
+    expect![[r#"{"properties":{"a":{"description":"the a","format":"uuid","type":"string"},"w":{"maximum":9223372036854775807,"minimum":-9223372036854775808,"type":"integer"}},"type":"object"}"#]]
         .assert_eq(&schema.to_string());
 }
 

@@ -316,6 +316,10 @@ pub fn is_valid_tool_name(name: &str) -> bool {
 type Handler<S> =
     Arc<dyn Fn(Arc<S>, Value, ToolContext) -> BoxFuture<'static, ToolResult> + Send + Sync>;
 
+/// Reads arguments into a tool's argument type and drops the result: what [`Handler`] does
+/// before it calls the function, without calling it.
+type Reader = Arc<dyn Fn(Value) -> Result<(), String> + Send + Sync>;
+
 /// The hooks of a toolset with state `S` (see the module docs), boxed.
 type ForkHook<S> = Box<dyn Fn(&S) -> S + Send + Sync>;
 type CheckHook<S> = Box<dyn Fn(&S, &ToolContext) -> Result<(), ToolError> + Send + Sync>;
@@ -430,6 +434,8 @@ pub struct ToolSetBridge {
     prompt: Option<Arc<str>>,
     /// The same for every fork.
     specs: Arc<[ToolSpec]>,
+    /// One per spec, in the same order (see [`ToolSetBridge::read_arguments`]).
+    readers: Arc<[Reader]>,
     /// This fork's state and what uses it.
     session: Arc<dyn Session>,
 }
@@ -454,6 +460,18 @@ impl ToolSetBridge {
     /// Starts a stateless toolset called `name` (as the config and the catalog know it).
     pub fn builder(name: &str) -> ToolSetBridgeBuilder {
         Self::builder_with_state(name, Arc::new(()))
+    }
+
+    /// Whether `arguments` read into the argument type of the tool `tool`, exactly as a call
+    /// would read them, without running the tool; `None` when there is no such tool. Every
+    /// value the tool's schema accepts should read (the schema is made from that type): this
+    /// is how tests and the fuzz targets check that the two agree.
+    ///
+    /// # Errors
+    /// The message a call would answer with (`invalid_arguments`).
+    pub fn read_arguments(&self, tool: &str, arguments: Value) -> Option<Result<(), String>> {
+        let index = self.specs.iter().position(|s| s.name == tool)?;
+        self.readers.get(index).map(|read| read(arguments))
     }
 
     /// Starts a toolset called `name` whose tools and hooks share `state` (see the module
@@ -594,10 +612,16 @@ pub(crate) fn panic_text(payload: &(dyn Any + Send)) -> &str {
 fn read_args<A: DeserializeOwned>(schema: &Value, mut args: Value) -> Result<A, String> {
     drop_optional_nulls(schema, &mut args);
     let empty = args.as_object().is_some_and(Map::is_empty);
-    match serde_json::from_value::<A>(args) {
+    match A::deserialize(&args) {
         Ok(a) => Ok(a),
         Err(error) => {
             if empty && let Ok(a) = serde_json::from_value::<A>(Value::Null) {
+                return Ok(a);
+            }
+            // JSON Schema (and a model) takes `3.0` for the integer 3; serde does not.
+            if let Some(fixed) = integral_floats_as_integers(&args)
+                && let Ok(a) = A::deserialize(&fixed)
+            {
                 return Ok(a);
             }
             Err(format!("the arguments could not be read: {error}"))
@@ -605,10 +629,47 @@ fn read_args<A: DeserializeOwned>(schema: &Value, mut args: Value) -> Result<A, 
     }
 }
 
+/// `value` with every float that is a whole number in the range of `i64` or `u64` written
+/// as that integer; `None` when there is none.
+fn integral_floats_as_integers(value: &Value) -> Option<Value> {
+    fn fix(value: &mut Value) -> bool {
+        match value {
+            Value::Number(n) if n.is_f64() => {
+                let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0) else {
+                    return false;
+                };
+                // 2^63 and 2^64 are exact in f64; the casts below are exact inside them.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let integer: Option<Value> =
+                    if (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&f) {
+                        Some((f as i64).into())
+                    } else if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                        Some((f as u64).into())
+                    } else {
+                        None
+                    };
+                match integer {
+                    Some(i) => {
+                        *value = i;
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Value::Array(items) => items.iter_mut().fold(false, |any, v| fix(v) | any),
+            Value::Object(map) => map.values_mut().fold(false, |any, v| fix(v) | any),
+            _ => false,
+        }
+    }
+    let mut copy = value.clone();
+    fix(&mut copy).then_some(copy)
+}
+
 /// A tool being added, before `build()` checks it.
 struct PendingTool<S> {
     spec: ToolSpec,
     handler: Handler<S>,
+    reader: Reader,
 }
 
 /// Builds a [`ToolSetBridge`]: `.prompt()` and the hooks, then `add_*` per tool, each
@@ -705,6 +766,10 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
     ) -> Self {
         let parameters = schema_for::<A>();
         let schema = Arc::new(parameters.clone());
+        let reader: Reader = {
+            let schema = Arc::clone(&schema);
+            Arc::new(move |args: Value| read_args::<A>(&schema, args).map(drop))
+        };
         let f = Arc::new(f);
         let handler: Handler<S> = Arc::new(move |state: Arc<S>, args: Value, cx: ToolContext| {
             let f = Arc::clone(&f);
@@ -728,6 +793,7 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
                 failure_codes: Vec::new(),
             },
             handler,
+            reader,
         });
         self
     }
@@ -869,12 +935,19 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
                 });
             }
         }
-        let (specs, handlers): (Vec<ToolSpec>, Vec<Handler<S>>) =
-            self.tools.into_iter().map(|t| (t.spec, t.handler)).unzip();
+        let mut specs = Vec::with_capacity(self.tools.len());
+        let mut handlers = Vec::with_capacity(self.tools.len());
+        let mut readers = Vec::with_capacity(self.tools.len());
+        for tool in self.tools {
+            specs.push(tool.spec);
+            handlers.push(tool.handler);
+            readers.push(tool.reader);
+        }
         Ok(ToolSetBridge {
             name: self.name.into(),
             prompt: self.prompt.map(Into::into),
             specs: specs.into(),
+            readers: readers.into(),
             session: Arc::new(Bound {
                 state: self.state,
                 definition: Arc::new(Definition {
@@ -958,6 +1031,73 @@ mod tests {
         tools
             .invoke(call("tick", json!({})), ToolContext::default())
             .await
+    }
+
+    /// Arguments of `wait`.
+    #[derive(Deserialize, JsonSchema)]
+    struct Wait {
+        /// Seconds.
+        timeout_secs: Option<u64>,
+        /// A count.
+        count: Option<u32>,
+    }
+
+    /// Found by the `tool_args` fuzz target: the terminal's `shell` schema accepted
+    /// `"timeout_secs": 1e+300` (JSON Schema calls any whole number an integer), which no
+    /// `u64` holds, and `3.0`, which serde refuses for one. Now the first is refused by the
+    /// schema and the second reads as 3; whatever the validator accepts reads.
+    #[test]
+    fn what_the_schema_accepts_for_an_integer_reads() {
+        let tools = ToolSetBridge::builder("waiter")
+            .add_function("wait", "Waits.", |w: Wait| async move {
+                Ok::<_, ToolError>(w.timeout_secs.map(|t| t / 2) > w.count.map(u64::from))
+            })
+            .build()
+            .expect("valid");
+        let spec = &tools.tools()[0];
+        let validator = ArgValidator::new(&spec.parameters).expect("compiles");
+        for (args, accepted) in [
+            (json!({"timeout_secs": 1e300}), false),
+            (json!({"timeout_secs": 18_446_744_073_709_551_616.0}), false),
+            (json!({"timeout_secs": -1}), false),
+            (json!({"count": 4_294_967_296u64}), false),
+            (
+                json!({"timeout_secs": 3.0, "count": 4_294_967_295u64}),
+                true,
+            ),
+            (json!({"timeout_secs": 18_446_744_073_709_551_615u64}), true),
+            (json!({"timeout_secs": 1e19}), true),
+            (json!({"count": 0.0}), true),
+        ] {
+            assert_eq!(validator.validate(&args).is_ok(), accepted, "{args}");
+            if accepted {
+                assert_eq!(
+                    tools.read_arguments("wait", args.clone()),
+                    Some(Ok(())),
+                    "{args}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn read_arguments_reads_as_a_call_would_without_running_the_tool() {
+        let tools = counter(false);
+        assert_eq!(
+            tools.read_arguments("say", json!({"word": "hi"})),
+            Some(Ok(()))
+        );
+        assert_eq!(tools.read_arguments("tick", json!({})), Some(Ok(())));
+        let refused = tools.read_arguments("say", json!({"word": 1}));
+        assert!(
+            refused
+                .as_ref()
+                .is_some_and(|r| r.as_ref().is_err_and(|e| e.contains("could not be read"))),
+            "{refused:?}"
+        );
+        assert_eq!(tools.read_arguments("missing", json!({})), None);
+        // Nothing ran.
+        assert!(!tools.holds_session_state());
     }
 
     #[tokio::test]

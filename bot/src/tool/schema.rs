@@ -22,7 +22,8 @@
 //!   `additionalProperties: false` (from `#[serde(deny_unknown_fields)]`) is kept;
 //! - schemars' numeric `format`s (`uint32`, `double`...) are removed; they are not JSON
 //!   Schema formats. Standard formats (`date-time`, `uuid`...) stay. `minimum`/`maximum`
-//!   bounds stay, they are real constraints;
+//!   bounds stay, they are real constraints, and an integer format's range becomes them
+//!   where schemars gave none (`u64`: 0 to 18446744073709551615);
 //! - the root is always `{"type":"object","properties":{...}}`; `()` and unit structs (whose
 //!   schemars schema is `{"type":"null"}`) become `{"type":"object","properties":{}}`. The
 //!   root's own `description` (the argument type's doc comment) is dropped: the tool's
@@ -400,14 +401,37 @@ fn is_null_schema(schema: &Value) -> bool {
 }
 
 /// schemars' `int32`, `uint64`, `double`... are not JSON Schema formats; they only confuse.
+/// An integer format's range becomes `minimum`/`maximum` first (where the schema has none):
+/// JSON Schema calls `1e300` an integer, and without the bound the validator would accept
+/// a value the Rust type cannot hold.
 fn drop_numeric_format(map: &mut Map<String, Value>) {
     let numeric = matches!(
         map.get("type").and_then(Value::as_str),
         Some("integer" | "number")
     );
-    if numeric {
-        map.remove("format");
+    if !numeric {
+        return;
     }
+    let range: Option<(Value, Value)> = match map.get("format").and_then(Value::as_str) {
+        Some("int8") => Some((i8::MIN.into(), i8::MAX.into())),
+        Some("int16") => Some((i16::MIN.into(), i16::MAX.into())),
+        Some("int32") => Some((i32::MIN.into(), i32::MAX.into())),
+        Some("int64" | "int") => Some((i64::MIN.into(), i64::MAX.into())),
+        Some("uint8") => Some((0.into(), u8::MAX.into())),
+        Some("uint16") => Some((0.into(), u16::MAX.into())),
+        Some("uint32") => Some((0.into(), u32::MAX.into())),
+        Some("uint64" | "uint") => Some((0.into(), u64::MAX.into())),
+        _ => None,
+    };
+    if let Some((min, max)) = range {
+        if !map.contains_key("minimum") && !map.contains_key("exclusiveMinimum") {
+            map.insert("minimum".to_owned(), min);
+        }
+        if !map.contains_key("maximum") && !map.contains_key("exclusiveMaximum") {
+            map.insert("maximum".to_owned(), max);
+        }
+    }
+    map.remove("format");
 }
 
 /// A `oneOf` (or `anyOf`) of string consts — a unit enum whose variants have doc comments —
