@@ -743,7 +743,6 @@ async fn a_groups_own_admin_is_refused_the_shell_and_an_operator_may_use_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_schedules_a_task_in_one_group_that_posts_into_another() {
-    use parlor_testkit::ToolCallSpec;
     const TEAM: i64 = -100_555;
     let llm = FakeLlm::start().await;
     let telegram = FakeTelegram::start(TOKEN).await;
@@ -757,25 +756,7 @@ async fn an_admin_schedules_a_task_in_one_group_that_posts_into_another() {
     // The bot knows the team group from its messages.
     telegram.group_message(TEAM, bob(), "morning all").push();
     let due = chrono::Utc::now() + chrono::Duration::seconds(3);
-    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
-        "c1",
-        "clock_create",
-        serde_json::json!({
-            "name": "standup",
-            "schedule": due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            "content": "Post the stand-up reminder.",
-            "target_chat": format!("telegram:{TEAM}"),
-        }),
-    )]));
-    llm.push(Reply::text("Scheduled."));
-    llm.respond_with(|body| {
-        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
-        if last.contains("Scheduled task") {
-            Reply::text("Stand-up in 5 minutes!")
-        } else {
-            Reply::text("unexpected")
-        }
-    });
+    support::schedule_into(&llm, TEAM, due);
     telegram
         .group_message(
             GROUP,

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, TgUser};
 use support::TOKEN;
 
 /// Where Alice, an operator, talks to the bot.
@@ -39,29 +39,6 @@ async fn terminate(mut daemon: DaemonProcess) -> String {
     log
 }
 
-/// The model's answer to Alice's request: create a task firing into `target` at `due`.
-fn schedule_into(llm: &FakeLlm, target: i64, due: chrono::DateTime<chrono::Utc>) {
-    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
-        "c1",
-        "clock_create",
-        serde_json::json!({
-            "name": "standup",
-            "schedule": due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            "content": "Post the stand-up reminder.",
-            "target_chat": format!("telegram:{target}"),
-        }),
-    )]));
-    llm.push(Reply::text("Scheduled."));
-    llm.respond_with(|body| {
-        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
-        Reply::text(if last.contains("Scheduled task") {
-            "Stand-up in 5 minutes!"
-        } else {
-            "unexpected"
-        })
-    });
-}
-
 /// The `clock_create` result the model received.
 fn created(llm: &FakeLlm) -> String {
     llm.requests()[1].messages().last().unwrap()["content"]
@@ -83,7 +60,7 @@ async fn a_task_aimed_at_a_group_the_bot_just_joined_fires_there_after_the_upgra
     telegram.wait_for_ack(joined, WAIT).await.unwrap();
 
     let due = chrono::Utc::now() + chrono::Duration::seconds(8);
-    schedule_into(&llm, OLD, due);
+    support::schedule_into(&llm, OLD, due);
     telegram
         .group_message(HOME, alice(), "@parlor_bot remind the book club")
         .mention_bot()
@@ -133,7 +110,7 @@ async fn removed_from_a_group_its_tasks_pause_and_the_creator_is_told_at_home() 
     let joined = telegram.bot_added(TEAM, &alice(), "administrator");
     telegram.wait_for_ack(joined, WAIT).await.unwrap();
 
-    schedule_into(&llm, TEAM, chrono::Utc::now() + chrono::Duration::hours(1));
+    support::schedule_into(&llm, TEAM, chrono::Utc::now() + chrono::Duration::hours(1));
     telegram
         .group_message(HOME, alice(), "@parlor_bot remind the team")
         .mention_bot()

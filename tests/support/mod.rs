@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use parlor_testkit::{FakeLlm, FakeTelegram};
+use parlor_testkit::{FakeLlm, FakeTelegram, Reply, ToolCallSpec};
 
 /// The bot token the fake Telegram accepts.
 pub const TOKEN: &str = "123456:TEST-token";
@@ -54,4 +54,29 @@ pub fn parlor_command(config: &Path, llm_url: &str, api_key: &str) -> tokio::pro
         .env("OPENAI_API_KEY", api_key)
         .env("PARLOR_LOG", "info");
     command
+}
+
+/// The model's answers to a request for a stand-up reminder: `clock_create` of a task firing
+/// into the Telegram chat `target` at `due`, then "Scheduled."; the fired task's turn is
+/// answered "Stand-up in 5 minutes!".
+pub fn schedule_into(llm: &FakeLlm, target: i64, due: chrono::DateTime<chrono::Utc>) {
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "clock_create",
+        serde_json::json!({
+            "name": "standup",
+            "schedule": due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            "content": "Post the stand-up reminder.",
+            "target_chat": format!("telegram:{target}"),
+        }),
+    )]));
+    llm.push(Reply::text("Scheduled."));
+    llm.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        Reply::text(if last.contains("Scheduled task") {
+            "Stand-up in 5 minutes!"
+        } else {
+            "unexpected"
+        })
+    });
 }
