@@ -7,11 +7,13 @@
 //! `deliver` returns for anything addressed, so a kill at any moment either leaves no trace
 //! (the platform delivers it again) or leaves it pending (it is answered after the restart).
 
+use async_trait::async_trait;
+
 use super::commands::Command;
 use super::manager::SessionManager;
 use super::policy::{self, Addressed};
 use super::queue::QueueItem;
-use crate::platform::{ChatKind, InboxError, IncomingMessage};
+use crate::platform::{ChatEvent, ChatKind, Inbox, InboxError, IncomingMessage};
 use crate::store::{Inbound, Intake, OutboxEntry, PendingItem, PendingKind, StoredMessage};
 use crate::tool::{Caller, Role};
 
@@ -21,6 +23,19 @@ const OVERFLOW_NOTICE: &str =
 
 fn store_error(e: crate::store::StoreError) -> InboxError {
     InboxError::Store(e.to_string())
+}
+
+/// The adapters' way in: messages (intake, here) and chat events
+/// ([`super::life`]), both recorded and enqueued without a network call.
+#[async_trait]
+impl Inbox for SessionManager {
+    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
+        self.intake(message)
+    }
+
+    async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
+        self.event_intake(event)
+    }
 }
 
 impl SessionManager {

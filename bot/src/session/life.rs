@@ -23,12 +23,11 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::manager::SessionManager;
 use super::policy;
-use crate::platform::{ChatEvent, ChatRef, Inbox, InboxError, IncomingMessage, Sender};
+use crate::platform::{ChatEvent, ChatRef, InboxError, IncomingMessage, Sender};
 use crate::store::{ChatRecord, Edited, KvWrite, OutboxEntry, Store, StoreError, StoredMessage};
 
 /// What a hook wants done when the bot is removed from a chat.
@@ -324,16 +323,5 @@ impl SessionManager {
             tracing::debug!(session = %key, message = %message.message_id, ?edited, "message edited");
         }
         Ok(())
-    }
-}
-
-#[async_trait]
-impl Inbox for SessionManager {
-    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        self.intake(message)
-    }
-
-    async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
-        self.event_intake(event)
     }
 }
