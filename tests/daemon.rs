@@ -50,6 +50,15 @@ impl Daemon {
     }
 }
 
+/// A daemon on the plain config whose model echoes once what `llm` already holds is used up.
+async fn echo_daemon(llm: FakeLlm) -> (FakeLlm, FakeTelegram, tempfile::TempDir, Daemon) {
+    echo(&llm);
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+    (llm, telegram, dir, daemon)
+}
+
 async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> Daemon {
     spawn(daemon_command(config, llm), telegram).await
 }
@@ -80,11 +89,7 @@ fn open_store(dir: &Path) -> SledStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mention_gets_a_threaded_reply_and_chatter_is_only_recorded() {
-    let llm = FakeLlm::start().await;
-    echo(&llm);
-    let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+    let (llm, telegram, dir, daemon) = echo_daemon(FakeLlm::start().await).await;
 
     telegram
         .group_message(GROUP, bob(), "lovely weather today")
@@ -135,11 +140,7 @@ async fn a_mention_gets_a_threaded_reply_and_chatter_is_only_recorded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_speaker_line_reaches_the_model_indented_under_its_real_author() {
-    let llm = FakeLlm::start().await;
-    echo(&llm);
-    let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+    let (llm, telegram, _dir, daemon) = echo_daemon(FakeLlm::start().await).await;
 
     telegram
         .group_message(
@@ -174,10 +175,7 @@ async fn a_forged_speaker_line_reaches_the_model_indented_under_its_real_author(
 async fn a_burst_during_a_slow_turn_becomes_at_most_two_more_turns() {
     let llm = FakeLlm::start().await;
     llm.push(Reply::text("first answer").delay(Duration::from_secs(2)));
-    echo(&llm);
-    let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+    let (llm, telegram, _dir, daemon) = echo_daemon(llm).await;
 
     telegram
         .group_message(GROUP, alice(), "@parlor_bot start")
@@ -338,11 +336,7 @@ async fn sigterm_drains_a_running_turn_into_pending_and_the_restart_answers_it()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicts_and_rate_limits_from_telegram_are_survived_and_reported() {
-    let llm = FakeLlm::start().await;
-    echo(&llm);
-    let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
+    let (_llm, telegram, _dir, daemon) = echo_daemon(FakeLlm::start().await).await;
     telegram.fail_next("getUpdates", parlor_testkit::Failure::Conflict);
     telegram.fail_next("sendMessage", parlor_testkit::Failure::RetryAfter(1));
     telegram.private_message(alice(), "hello").push();
