@@ -405,6 +405,7 @@ pub struct FakeDiscord {
     shared: Arc<Shared>,
     /// Held for its `Drop`, which stops both servers.
     _server: Server,
+    latency: server::Latency,
 }
 
 impl fmt::Debug for FakeDiscord {
@@ -461,6 +462,7 @@ impl FakeDiscord {
             cancel: CancellationToken::new(),
             next_id: AtomicU64::new(1),
         });
+        let latency = server::Latency::new(shared.cancel.clone(), None);
         let app = Router::new()
             .route("/api/v10/gateway", get(gateway))
             .route("/api/v10/gateway/bot", get(gateway_bot))
@@ -476,6 +478,10 @@ impl FakeDiscord {
                 get(download),
             )
             .fallback(unknown)
+            .layer(axum::middleware::from_fn_with_state(
+                latency.clone(),
+                server::with_latency,
+            ))
             .with_state(Arc::clone(&shared));
         let mut server = Server::new(shared.cancel.clone());
         server.serve(http, app);
@@ -483,7 +489,15 @@ impl FakeDiscord {
         FakeDiscord {
             shared,
             _server: server,
+            latency,
         }
+    }
+
+    /// Adds a fixed network round trip to every later REST call (half before it is
+    /// handled, half after), as the real API has from a VPS. Zero (the default) answers at
+    /// once. The gateway's events are not delayed: they are pushed, not asked for.
+    pub fn set_latency(&self, round_trip: Duration) {
+        self.latency.set(round_trip);
     }
 
     /// The base URL for serenity's `HttpBuilder::proxy`: `http://127.0.0.1:PORT`.

@@ -5,10 +5,14 @@
 use std::fmt;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -32,6 +36,68 @@ pub(crate) async fn loopback(fake: &str) -> (TcpListener, SocketAddr) {
         Ok(bound) => bound,
         Err(e) => panic!("fake {fake}: cannot bind 127.0.0.1:0: {e}"),
     }
+}
+
+/// A fixed network round trip a fake adds to its answers (the "latency knob"), so that a
+/// bench or a test sees what users feel: a real Bot API call from a VPS takes 20–100 ms,
+/// and instant fakes hide any design that waits for one round trip after another.
+/// Half of it passes before the call is handled (the request travelling), half after (the
+/// answer travelling). Zero, the default, adds nothing.
+#[derive(Clone, Default)]
+pub(crate) struct Latency {
+    nanos: Arc<AtomicU64>,
+    cancel: CancellationToken,
+    /// Calls that never wait (long polls: their wait is not a round trip).
+    exempt: Option<fn(&str) -> bool>,
+}
+
+impl Latency {
+    /// A knob at zero; `exempt(path)` names the calls it never delays.
+    pub(crate) fn new(cancel: CancellationToken, exempt: Option<fn(&str) -> bool>) -> Self {
+        Latency {
+            nanos: Arc::default(),
+            cancel,
+            exempt,
+        }
+    }
+
+    /// Sets the round trip every later call gets.
+    pub(crate) fn set(&self, round_trip: Duration) {
+        let nanos = u64::try_from(round_trip.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    /// The round trip calls get now.
+    pub(crate) fn get(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+    }
+
+    /// Waits half the round trip, or until the fake stops.
+    async fn half(&self) {
+        let half = self.get() / 2;
+        if !half.is_zero() {
+            tokio::select! {
+                () = self.cancel.cancelled() => {}
+                () = tokio::time::sleep(half) => {}
+            }
+        }
+    }
+}
+
+/// The middleware that applies a [`Latency`] (`axum::middleware::from_fn_with_state`).
+pub(crate) async fn with_latency(
+    State(latency): State<Latency>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let exempt = latency.exempt.is_some_and(|f| f(request.uri().path()));
+    if exempt {
+        return next.run(request).await;
+    }
+    latency.half().await;
+    let response = next.run(request).await;
+    latency.half().await;
+    response
 }
 
 /// The tasks of a running fake. Cancelling `cancel` (which the fake's handlers

@@ -272,3 +272,15 @@ async fn rest_routes_answer_like_discord() {
     assert_eq!(nowhere.status(), 404);
     assert_eq!(fake.unknown_routes(), ["GET /api/v10/applications/@me"]);
 }
+
+#[tokio::test]
+async fn latency_delays_rest_calls() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    fake.guild(10, 11);
+    fake.set_latency(std::time::Duration::from_millis(60));
+    let started = std::time::Instant::now();
+    let guild = get_json(&fake, "/guilds/10").await;
+    assert_eq!(guild["owner_id"], "11");
+    // A lower bound only: the knob must hold a call for its whole round trip.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(60));
+}

@@ -1035,3 +1035,32 @@ mod with_teloxide {
         assert_eq!(msg.text(), None);
     }
 }
+
+#[tokio::test]
+async fn latency_delays_every_call_but_get_updates() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    fake.group_chat(GROUP, "Group");
+    fake.set_latency(Duration::from_millis(60));
+    assert_eq!(fake.latency(), Duration::from_millis(60));
+    let started = Instant::now();
+    ok_result(
+        &fake,
+        "sendMessage",
+        json!({"chat_id": GROUP, "text": "hello"}),
+    )
+    .await;
+    // A lower bound only: the knob must hold a call for its whole round trip.
+    assert!(started.elapsed() >= Duration::from_millis(60));
+    assert_eq!(fake.sent_messages().len(), 1);
+
+    // A round trip of an hour would hold any call that is not exempt past the guard.
+    fake.set_latency(Duration::from_secs(3600));
+    fake.group_message(GROUP, alice(), "hi").push();
+    let polled = tokio::time::timeout(
+        WAIT,
+        ok_result(&fake, "getUpdates", json!({"timeout": 0})),
+    )
+    .await
+    .expect("getUpdates is not delayed");
+    assert_eq!(polled.as_array().map(Vec::len), Some(1));
+}

@@ -133,6 +133,7 @@ pub struct FakeTelegram {
     shared: Arc<Shared>,
     addr: SocketAddr,
     server: Server,
+    latency: server::Latency,
 }
 
 impl fmt::Debug for FakeTelegram {
@@ -161,9 +162,14 @@ impl FakeTelegram {
             changed: Notify::new(),
             cancel: CancellationToken::new(),
         });
+        let latency = server::Latency::new(shared.cancel.clone(), Some(is_long_poll));
         let app = Router::new()
             .fallback(http::handle)
             .layer(DefaultBodyLimit::disable())
+            .layer(axum::middleware::from_fn_with_state(
+                latency.clone(),
+                server::with_latency,
+            ))
             .with_state(Arc::clone(&shared));
         let mut server = Server::new(shared.cancel.clone());
         server.serve(listener, app);
@@ -171,7 +177,21 @@ impl FakeTelegram {
             shared,
             addr,
             server,
+            latency,
         }
+    }
+
+    /// Adds a fixed network round trip to every later call but `getUpdates` (half before
+    /// the call is handled, half after), as a real Bot API has: 20–100 ms from a VPS.
+    /// Zero (the default) answers at once. Long polls are exempt: their wait is Telegram
+    /// holding the call open, and an update pushed during it is answered at once.
+    pub fn set_latency(&self, round_trip: Duration) {
+        self.latency.set(round_trip);
+    }
+
+    /// The round trip set by [`FakeTelegram::set_latency`].
+    pub fn latency(&self) -> Duration {
+        self.latency.get()
     }
 
     /// The API URL to configure a client with: `http://127.0.0.1:PORT`
@@ -507,4 +527,12 @@ mod tests {
             assert!(teloxide_fixture(name).is_some(), "{name}");
         }
     }
+}
+
+/// Whether `path` (`/bot{token}/{method}`) is a `getUpdates` call, which
+/// [`FakeTelegram::set_latency`] leaves alone.
+fn is_long_poll(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|method| method.eq_ignore_ascii_case("getupdates"))
 }
