@@ -92,6 +92,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 .context("the Discord adapter stopped")
         });
     }
+    {
+        let shutdown = shutdown.clone();
+        let sessions = manager.clone();
+        tasks.spawn(async move {
+            crate::memory::trim_after_evictions(sessions, shutdown).await;
+            Ok(())
+        });
+    }
     if let Some(interval) = systemd::watchdog_interval() {
         let shutdown = shutdown.clone();
         tasks.spawn(async move {

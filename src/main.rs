@@ -16,9 +16,11 @@
 //! - `daemon.rs` — `parlor run`'s life cycle: adapters in a `JoinSet`, signals, the draining
 //!   shutdown.
 //! - `systemd.rs` — readiness and the watchdog.
+//! - `memory.rs` — freed memory given back to the kernel (glibc arenas, trimming).
 
 mod config;
 mod daemon;
+mod memory;
 mod secrets;
 mod systemd;
 mod wiring;
@@ -91,6 +93,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    memory::limit_arenas();
     let cli = Cli::parse();
     // The daemon logs its life (info); the interactive commands stay quiet but for warnings.
     init_logging(if matches!(cli.command, Command::Run) {

@@ -377,6 +377,7 @@ pub struct TestPlatform {
     chat_failures: Mutex<HashMap<String, PlatformError>>,
     admins: Mutex<HashMap<String, Vec<String>>>,
     admins_everywhere: Mutex<Vec<String>>,
+    admin_lookups: std::sync::atomic::AtomicUsize,
     images: Mutex<HashMap<String, Image>>,
     any_image: Mutex<Option<Vec<u8>>>,
     downloads: Mutex<Vec<String>>,
@@ -397,6 +398,7 @@ impl Default for TestPlatform {
             chat_failures: Mutex::default(),
             admins: Mutex::default(),
             admins_everywhere: Mutex::default(),
+            admin_lookups: Default::default(),
             images: Mutex::default(),
             any_image: Mutex::default(),
             downloads: Mutex::default(),
@@ -459,6 +461,11 @@ impl TestPlatform {
             chat.session_key(),
             admins.iter().map(|a| (*a).to_owned()).collect(),
         );
+    }
+
+    /// How many times a chat's administrators were asked for.
+    pub fn admin_lookups(&self) -> usize {
+        self.admin_lookups.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The admins of every chat without its own.
@@ -591,6 +598,8 @@ impl Platform for TestPlatform {
     }
 
     async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, PlatformError> {
+        self.admin_lookups
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let own = self
             .admins
             .lock()

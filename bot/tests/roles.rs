@@ -58,7 +58,7 @@ impl RoleResolver for FakeRoles {
                 chat: chat.session_key(),
                 reason: "timed out".into(),
             }),
-            ("test:alice", "test:-200") => Ok(Role::ChatAdmin),
+            ("test:alice", "test:-200") | ("test:carol", "test:-100") => Ok(Role::ChatAdmin),
             _ => Ok(Role::Member),
         }
     }
@@ -400,4 +400,28 @@ fn the_catalog_shows_every_tools_role() {
          • rehome — Changes a stored item wherever it lives. (chat admins)\n\
          • chat — Says hello. (everyone)"
     );
+}
+
+#[tokio::test]
+async fn a_member_is_looked_up_only_when_a_tool_needs_more() {
+    let rig = rig();
+    // Carol administers this chat, but the session only knows her as a member so far.
+    let carol = rig.cx("carol", Role::Member);
+    let r = rig.call(&carol, "chat", json!({"n": 1})).await;
+    assert!(r.success, "{r:?}");
+    assert_eq!(rig.lookups(), 0, "a member tool needs no lookup");
+    let r = rig.call(&carol, "schedule", json!({"n": 1})).await;
+    assert!(r.success, "{r:?}");
+    assert_eq!(rig.lookups(), 1, "a chat-admin tool asks once");
+    let r = rig.call(&carol, "rehome", json!({"item": 2})).await;
+    assert!(r.success, "{r:?}");
+    // Bob really is a member: looked up, and refused as one.
+    let bob = rig.cx("bob", Role::Member);
+    let r = rig.call(&bob, "schedule", json!({"n": 1})).await;
+    assert_eq!(r.code(), Some(codes::PERMISSION_DENIED), "{r:?}");
+    assert!(r.message.contains("a member"), "{}", r.message);
+    // A chat admin's role is never raised to an operator's by a lookup.
+    let r = rig.call(&carol, "reboot", json!({"n": 1})).await;
+    assert_eq!(r.code(), Some(codes::PERMISSION_DENIED), "{r:?}");
+    assert_eq!(rig.runs(), 3);
 }

@@ -124,6 +124,9 @@ async fn a_mention_gets_a_threaded_reply_and_other_messages_are_only_recorded() 
         "threaded to the mention"
     );
     assert_eq!(rig.llm.user_inputs(), ["alice (test:alice): hi @parlor"]);
+    // No tool needed more than a member, so the chat's admins were never asked for: a new
+    // chat's first reply does not wait for that round trip.
+    assert_eq!(rig.platform.admin_lookups(), 0);
 
     let log = rig.store.recent_messages("test:-100", 10).unwrap();
     let texts: Vec<&str> = log.iter().map(|m| m.text.as_str()).collect();
@@ -243,6 +246,8 @@ async fn stop_cancels_the_running_turn_and_reset_forgets() {
     admin.say(4, "alice", "/reset").await;
     let sent = admin.platform.wait_sent(1).await;
     assert!(sent[0].text.starts_with("Done"), "{}", sent[0].text);
+    // `/reset` decides on the role before anything runs: looked up in the actor.
+    assert_eq!(admin.platform.admin_lookups(), 1);
     assert!(rig.store.load_history("test:-100").unwrap().is_empty());
 }
 

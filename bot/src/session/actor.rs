@@ -83,12 +83,23 @@ impl SessionManager {
                 }
                 continue;
             };
-            if item.kind != crate::store::PendingKind::Reset && !self.rate_limit(session).await {
+            // Boxed, so that the actor's own future holds only its idle wait: a chat that
+            // is between turns (most of them, most of the time) costs the small wait, not
+            // the few KiB of a whole turn's state machine.
+            let work = Box::pin(async {
+                if item.kind != crate::store::PendingKind::Reset
+                    && !self.rate_limit(session).await
+                {
+                    return false;
+                }
+                self.resolve_roles(&mut item).await;
+                self.run_item(session, item).await;
+                true
+            });
+            if !work.await {
                 // Shutdown while waiting: the item stays pending in the store.
                 break;
             }
-            self.resolve_roles(&mut item).await;
-            self.run_item(session, item).await;
         }
         let mut state = session.state();
         state.actor_running = false;
@@ -114,6 +125,10 @@ impl SessionManager {
                 .is_some_and(|live| Arc::ptr_eq(live, session))
         {
             sessions.remove(&session.key);
+            self.inner
+                .counters
+                .evictions
+                .fetch_add(1, Ordering::Relaxed);
         }
         true
     }

@@ -114,6 +114,8 @@ pub struct SessionStats {
     /// Times an actor started for a chat that already had one running: always 0 unless
     /// the one-owner rule is broken.
     pub double_actors: u64,
+    /// Sessions that left memory after idling, since the daemon started.
+    pub evictions: u64,
     /// Sessions in memory.
     pub live_sessions: usize,
 }
@@ -158,6 +160,7 @@ pub(super) struct Counters {
     pub(super) actors_started: AtomicU64,
     pub(super) actors_running: AtomicUsize,
     pub(super) double_actors: AtomicU64,
+    pub(super) evictions: AtomicU64,
 }
 
 pub(super) struct Inner {
@@ -422,6 +425,7 @@ impl SessionManager {
             actors_started: c.actors_started.load(Ordering::Relaxed),
             actors_running: c.actors_running.load(Ordering::Relaxed),
             double_actors: c.double_actors.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
             live_sessions: self.live_sessions(),
         }
     }

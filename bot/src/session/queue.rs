@@ -179,9 +179,16 @@ impl SessionQueue {
             && tail.lines.len() + item.lines.len() <= MAX_LINES_PER_ITEM
     }
 
-    /// Takes the next item, if any.
+    /// Takes the next item, if any. The buffer is released once the queue is empty: most
+    /// chats are quiet most of the time, and thousands of idle queues each keeping the
+    /// buffer of their last burst add up.
     pub fn pop(&self) -> Option<QueueItem> {
-        self.lock().pop_front()
+        let mut items = self.lock();
+        let item = items.pop_front();
+        if items.is_empty() && items.capacity() > 0 {
+            *items = VecDeque::new();
+        }
+        item
     }
 
     /// Waits until an item may be available.

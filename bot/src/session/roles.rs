@@ -1,7 +1,14 @@
-//! Roles, resolved where waiting is harmless: in the chat's actor before a turn, and for
-//! tools through [`RoleResolver`]. Operators come from the config; chat admins from the
-//! platform's list of the chat's administrators, cached per chat with a timeout on the
-//! lookup, so one slow platform call stalls only the chat that needs it.
+//! Roles, resolved where waiting is harmless, and only when they matter. Operators come
+//! from the config at intake; chat admins from the platform's list of the chat's
+//! administrators, cached per chat with a timeout on the lookup, so one slow platform call
+//! stalls only the chat that needs it. A single sender's turn does not look them up
+//! first: most turns call no tool a member may not, and a lookup before each new chat's
+//! first turn costs a platform round trip (20–100 ms) the reply waits for. The turn's
+//! [`TurnRoles`] answers when a tool needs more than a member ([`ToolContext::role_here`]).
+//! Inputs whose role decides before any tool runs are resolved in the actor: `/reset`, and
+//! merged inputs of several senders (they act with the least role of all).
+//!
+//! [`ToolContext::role_here`]: crate::tool::ToolContext::role_here
 
 use std::time::Duration;
 
@@ -13,22 +20,27 @@ use super::manager::SessionManager;
 use super::policy::is_operator;
 use super::queue::QueueItem;
 use crate::platform::ChatRef;
+use crate::store::PendingKind;
 use crate::tool::{Role, RoleError, RoleResolver};
 
 /// How long reading a chat's administrators may take.
 const ADMINS_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl SessionManager {
-    /// The caller roles of a queued item, completed: intake only knows operators, so every
-    /// other caller of a group chat is looked up here. A lookup that fails leaves a member.
+    /// The caller roles of a queued item, completed where they decide before a tool runs
+    /// (see the module docs): intake only knows operators, so for `/reset` and merged
+    /// input every other caller of a group chat is looked up here. A lookup that fails
+    /// leaves a member.
     pub(super) async fn resolve_roles(&self, item: &mut QueueItem) {
+        let on_demand = item.kind != PendingKind::Reset && item.callers.len() == 1;
         for caller in &mut item.callers {
             // A stored role is from when the input arrived; after a restart the config may
             // have changed, so an operator is checked again.
             if caller.role == Role::Operator && !is_operator(&self.inner.config, &caller.user_id) {
                 caller.role = Role::Member;
             }
-            if caller.role != Role::Member || caller.user_id.is_empty() || item.private {
+            if on_demand || caller.role != Role::Member || caller.user_id.is_empty() || item.private
+            {
                 continue;
             }
             match self.role_in(&caller.user_id, &item.chat).await {
@@ -92,5 +104,28 @@ impl RoleResolver for SessionManager {
         } else {
             Role::Member
         })
+    }
+}
+
+/// The roles a turn's tools may ask about: the manager's, except that in the turn's own
+/// chat when it is a direct message nobody is a chat admin (and the platform is not asked).
+pub(super) struct TurnRoles {
+    pub(super) manager: SessionManager,
+    pub(super) chat: ChatRef,
+    pub(super) private: bool,
+}
+
+#[async_trait]
+impl RoleResolver for TurnRoles {
+    async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError> {
+        let here = chat.platform == self.chat.platform && chat.chat_id == self.chat.chat_id;
+        if here && self.private {
+            return Ok(if is_operator(&self.manager.inner.config, user_id) {
+                Role::Operator
+            } else {
+                Role::Member
+            });
+        }
+        self.manager.role_in(user_id, chat).await
     }
 }

@@ -157,7 +157,11 @@ impl SessionManager {
             content: Self::input_content(item),
             chat: Some(item.chat.clone()),
             platform: platform.clone(),
-            roles: Some(Arc::new(self.clone()) as Arc<dyn RoleResolver>),
+            roles: Some(Arc::new(super::roles::TurnRoles {
+                manager: self.clone(),
+                chat: item.chat.clone(),
+                private: item.private,
+            }) as Arc<dyn RoleResolver>),
         };
         let chat = item.chat.clone();
         let typing = async move {

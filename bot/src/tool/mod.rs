@@ -238,7 +238,12 @@ impl ToolContext {
             .as_ref()
             .is_some_and(|c| c.platform == chat.platform && c.chat_id == chat.chat_id);
         if here || self.caller.role == Role::Operator {
-            return if self.caller.role >= role {
+            let mine = if here && self.caller.role < role {
+                self.role_here().await
+            } else {
+                self.caller.role
+            };
+            return if mine >= role {
                 Ok(())
             } else {
                 Err(ToolError::permission_denied(format!(
@@ -271,6 +276,27 @@ impl ToolContext {
                 Err(ToolError::unavailable(format!(
                     "could not check the caller's role in {chat} right now; try again later"
                 )))
+            }
+        }
+    }
+
+    /// The caller's role in this session's chat. The session layer does not look a chat
+    /// admin up before a turn (a platform round trip most turns do not need), so a caller
+    /// known only as a member is asked about through [`ToolContext::roles`] here, when a
+    /// tool needs more; a lookup that fails leaves the role known so far.
+    pub async fn role_here(&self) -> Role {
+        let known = self.caller.role;
+        if known >= Role::ChatAdmin || self.caller.user_id.is_empty() {
+            return known;
+        }
+        let (Some(chat), Some(roles)) = (&self.chat, &self.roles) else {
+            return known;
+        };
+        match roles.role_in(&self.caller.user_id, chat).await {
+            Ok(role) => role.max(known),
+            Err(e) => {
+                tracing::warn!(chat = %chat, user = %self.caller.user_id, error = %e, "cannot resolve the caller's role; treating them as a member");
+                known
             }
         }
     }

@@ -229,7 +229,7 @@ impl ToolRegistry {
 
     /// Runs one call through the policy gate and the toolset. Never panics, never fails:
     /// every problem is a [`ToolResult`] with an error code.
-    pub async fn call(&self, call: &ToolCall, cx: ToolContext) -> ToolResult {
+    pub async fn call(&self, call: &ToolCall, mut cx: ToolContext) -> ToolResult {
         let name = &call.function.name;
         let Some(entry) = self.by_name.get(name).map(|&i| &self.entries[i]) else {
             return ToolResult::err(
@@ -243,7 +243,12 @@ impl ToolRegistry {
         // Before the arguments: a caller who may not use the tool gains nothing from being
         // told how to fix them.
         let needed = entry.spec.role;
-        if cx.caller.role < needed {
+        let role = if cx.caller.role < needed {
+            cx.role_here().await
+        } else {
+            cx.caller.role
+        };
+        if role < needed {
             return ToolResult::err(
                 codes::PERMISSION_DENIED,
                 format!(
@@ -252,10 +257,12 @@ impl ToolRegistry {
                     needed.as_str(),
                     needed.who(),
                     cx.caller_name(),
-                    cx.caller.role.who()
+                    role.who()
                 ),
             );
         }
+        // The tool sees the role that let it run, not the one known before the lookup.
+        cx.caller.role = role;
         let mut arguments = match parse_arguments(&call.function.arguments) {
             Ok(value) => value,
             Err(why) => {
