@@ -1,7 +1,17 @@
 //! [`ClockHandle`]: clock tasks and their run logs in the store. The tools change tasks
 //! through it; the service reads due tasks, advances them and records runs through it. One
 //! lock serializes every read-modify-write, so a tool's update never races a fire's advance.
+//!
+//! The same lock guards the [`TaskIndex`] of the enabled tasks (by next fire and by target
+//! chat), loaded from the store when the handle is built: a pass of the service reads from
+//! the store only the tasks the index says are due, the earliest due time and the per-chat
+//! cap are lookups. The store stays the truth: a write is filed in the index only after it
+//! landed (flushed), and a due entry whose record is gone or changed is re-read and filed
+//! anew rather than fired. The chat hooks' writes land in the session layer's transaction,
+//! out of the handle's sight; they are noted when answered and re-read until the store
+//! holds them.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -10,12 +20,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
+use super::index::TaskIndex;
 use super::schedule::{Schedule, format_in};
 use super::task::{ClockRun, ClockTask, MissedPolicy, RECORD_VERSION, RunStatus, Versioned};
 use super::{ClockOptions, RUNS_KEPT};
 use crate::time::parse_timezone;
 use parlor_bot::platform::ChatRef;
-use parlor_bot::store::{Store, StoreError};
+use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::tool::Caller;
 
 /// Store space of the tasks (key = id).
@@ -34,6 +45,10 @@ const GAP_SAMPLES: usize = 24;
 /// Most missed due times counted one by one after an outage (a per-minute task down for a
 /// month would otherwise take a while); past it the count says "at least".
 const MAX_MISSED_COUNTED: u64 = 10_000;
+/// How long a write a chat hook answered is looked for in the store. The event's transaction
+/// lands right after the hook returns, or fails, and then the event comes again and the hook
+/// answers again; until then each use of the index re-reads the task.
+const HOOK_WRITE_WAIT: TimeDelta = TimeDelta::seconds(60);
 
 /// Why a clock operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -140,10 +155,28 @@ pub(crate) struct Fire {
 struct Shared {
     store: Arc<dyn Store>,
     options: ClockOptions,
-    /// Serializes read-modify-write of tasks, runs and counters. Never held across an await.
-    lock: Mutex<()>,
+    /// Serializes read-modify-write of tasks, runs and counters, and guards the index that
+    /// follows them. Never held across an await.
+    state: Mutex<State>,
     /// Wakes the service when a task changed (it recomputes the earliest due time).
     changed: Notify,
+}
+
+/// What the handle keeps in memory.
+struct State {
+    /// `None` until loaded: the load at build failed (it is tried again at each use), or a
+    /// panic under the lock may have left it half-changed.
+    index: Option<TaskIndex>,
+    /// Task records a chat hook answered, not yet seen in the store (see [`HOOK_WRITE_WAIT`]).
+    answered: HashMap<u64, Answered>,
+}
+
+/// A task record a chat hook answered for an event's transaction.
+struct Answered {
+    /// The record as the hook wrote it: seen in the store, it has landed.
+    value: String,
+    /// When it was answered.
+    at: DateTime<Utc>,
 }
 
 /// The clock's tasks in the store; cheap to clone. See the module docs.
@@ -161,13 +194,24 @@ impl std::fmt::Debug for ClockHandle {
 }
 
 impl ClockHandle {
-    /// Clock tasks kept in `store`.
+    /// Clock tasks kept in `store`; their index is loaded from it here (and, should that
+    /// fail, at the first use that needs it).
     pub fn new(store: Arc<dyn Store>, options: ClockOptions) -> Self {
+        let index = match load(store.as_ref()) {
+            Ok(index) => Some(index),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the clock tasks yet; trying again at first use");
+                None
+            }
+        };
         ClockHandle {
             shared: Arc::new(Shared {
                 store,
                 options,
-                lock: Mutex::new(()),
+                state: Mutex::new(State {
+                    index,
+                    answered: HashMap::new(),
+                }),
                 changed: Notify::new(),
             }),
         }
@@ -188,10 +232,108 @@ impl ClockHandle {
         self.shared.options.wall_time.now()
     }
 
-    fn lock(&self) -> MutexGuard<'_, ()> {
-        // The guard protects no data of its own; a panic while holding it leaves nothing
-        // half-written in memory.
-        self.shared.lock.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.shared.state.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => {
+                // A panic under the lock may have left the index half-changed; the store
+                // has everything that landed, so the index is built again from it.
+                self.shared.state.clear_poison();
+                let mut guard = poisoned.into_inner();
+                guard.index = None;
+                guard
+            }
+        }
+    }
+
+    /// The index, loaded if it is not yet, with the chat hooks' writes that landed since
+    /// filed.
+    fn index<'a>(&self, state: &'a mut State) -> Result<&'a mut TaskIndex, ClockError> {
+        let State { index, answered } = state;
+        let loaded = match index.take() {
+            Some(loaded) => loaded,
+            None => load(self.shared.store.as_ref())?,
+        };
+        let index = index.insert(loaded);
+        if !answered.is_empty() {
+            self.settle(index, answered)?;
+        }
+        Ok(index)
+    }
+
+    /// Files the tasks chat hooks answered as the store now has them; drops the notes of
+    /// those that landed (or were waited for long enough).
+    fn settle(
+        &self,
+        index: &mut TaskIndex,
+        answered: &mut HashMap<u64, Answered>,
+    ) -> Result<(), ClockError> {
+        let now = self.now();
+        let ids: Vec<u64> = answered.keys().copied().collect();
+        for id in ids {
+            let key = id.to_string();
+            let stored = self.shared.store.kv_get(TASKS, &key)?;
+            let landed = answered
+                .get(&id)
+                .is_some_and(|a| stored.as_deref() == Some(a.value.as_str()));
+            self.refile(index, id, stored.as_deref());
+            if landed
+                || answered
+                    .get(&id)
+                    .is_some_and(|a| now - a.at > HOOK_WRITE_WAIT)
+            {
+                answered.remove(&id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Files task `id` as the store has it (`stored`, the raw record).
+    fn refile(&self, index: &mut TaskIndex, id: u64, stored: Option<&str>) {
+        match stored.map(|value| decode::<ClockTask>(&id.to_string(), value)) {
+            Some(Ok(task)) => index.put(&task),
+            Some(Err(e)) => {
+                tracing::error!(clock = id, error = %e, "skipping an unreadable clock record");
+                index.remove(id);
+            }
+            None => index.remove(id),
+        }
+    }
+
+    /// The writes a chat hook answers for `tasks` as changed: they land in the event's
+    /// transaction, which the session layer commits after the hook returned, so each is
+    /// noted here and filed in the index once the store holds it.
+    pub(crate) fn hook_writes(&self, tasks: &[ClockTask]) -> Vec<KvWrite> {
+        let now = self.now();
+        let mut state = self.lock();
+        tasks
+            .iter()
+            .map(|task| {
+                let value = encode(task);
+                state.answered.insert(
+                    task.id,
+                    Answered {
+                        value: value.clone(),
+                        at: now,
+                    },
+                );
+                KvWrite {
+                    space: TASKS.to_owned(),
+                    key: task.id.to_string(),
+                    value: Some(value),
+                }
+            })
+            .collect()
+    }
+
+    /// Where the in-memory index of the enabled tasks differs from the store (each task's
+    /// next fire and target chat), one line per difference; empty when they agree. For tests
+    /// and diagnostics: it reads every task.
+    pub fn index_mismatches(&self) -> Result<Vec<String>, ClockError> {
+        let mut state = self.lock();
+        let index = self.index(&mut state)?;
+        let truth = load(self.shared.store.as_ref())?;
+        Ok(index.mismatches(&truth))
     }
 
     pub(crate) fn changed(&self) -> &Notify {
@@ -259,8 +401,9 @@ impl ClockHandle {
         let schedule = self.check_schedule(&new.schedule, tz, now)?;
         let next = first_fire(&schedule, now)?;
         let task = {
-            let _guard = self.lock();
-            self.check_cap(&new.target, None)?;
+            let mut state = self.lock();
+            let index = self.index(&mut state)?;
+            self.check_cap(index, &new.target, None)?;
             let id = self.next_id("next_task")?;
             let task = ClockTask {
                 id,
@@ -283,6 +426,7 @@ impl ClockHandle {
             };
             self.put_task(&task)?;
             self.shared.store.flush()?;
+            index.put(&task);
             task
         };
         tracing::info!(clock = task.id, name = %task.name, target = %task.target, next = %next, "clock task created");
@@ -296,7 +440,7 @@ impl ClockHandle {
     pub fn update(&self, id: u64, patch: ClockPatch) -> Result<ClockTask, ClockError> {
         let now = self.now();
         let task = {
-            let _guard = self.lock();
+            let mut state = self.lock();
             let mut task = self.task(id)?.ok_or(ClockError::NotFound(id))?;
             let was_enabled = task.enabled;
             if let Some(name) = &patch.name {
@@ -336,7 +480,7 @@ impl ClockHandle {
                     task.next_fire = Some(first_fire(&schedule, now)?);
                 }
                 if !was_enabled || moved {
-                    self.check_cap(&task.target, Some(id))?;
+                    self.check_cap(self.index(&mut state)?, &task.target, Some(id))?;
                 }
             } else {
                 task.next_fire = None;
@@ -344,6 +488,9 @@ impl ClockHandle {
             task.updated_at = now;
             self.put_task(&task)?;
             self.shared.store.flush()?;
+            if let Some(index) = state.index.as_mut() {
+                index.put(&task);
+            }
             task
         };
         tracing::info!(clock = id, enabled = task.enabled, target = %task.target, "clock task updated");
@@ -354,7 +501,7 @@ impl ClockHandle {
     /// Deletes a task and its run log; the task as it was.
     pub fn delete(&self, id: u64) -> Result<ClockTask, ClockError> {
         let task = {
-            let _guard = self.lock();
+            let mut state = self.lock();
             let task = self.task(id)?.ok_or(ClockError::NotFound(id))?;
             let store = &self.shared.store;
             store.kv_delete(TASKS, &id.to_string())?;
@@ -362,6 +509,9 @@ impl ClockHandle {
                 store.kv_delete(RUNS, &key)?;
             }
             store.flush()?;
+            if let Some(index) = state.index.as_mut() {
+                index.remove(id);
+            }
             task
         };
         tracing::info!(clock = id, "clock task deleted");
@@ -404,13 +554,14 @@ impl ClockHandle {
 
     /// Refuses a task for `target` when that chat already has the most enabled tasks
     /// (`except` is the task being changed).
-    fn check_cap(&self, target: &ChatRef, except: Option<u64>) -> Result<(), ClockError> {
+    fn check_cap(
+        &self,
+        index: &TaskIndex,
+        target: &ChatRef,
+        except: Option<u64>,
+    ) -> Result<(), ClockError> {
         let max = self.shared.options.max_tasks_per_chat;
-        let count = self
-            .tasks()?
-            .iter()
-            .filter(|t| t.enabled && t.target == *target && Some(t.id) != except)
-            .count();
+        let count = index.enabled_for(target, except);
         if count >= max {
             return Err(ClockError::Limit(format!(
                 "{target} already has {count} enabled clock tasks, the most allowed; delete or \
@@ -463,7 +614,7 @@ impl ClockHandle {
     /// At startup: runs left `started` by a crash or a kill become `cancelled`.
     pub(crate) fn recover_interrupted(&self) -> Result<usize, ClockError> {
         let now = self.now();
-        let _guard = self.lock();
+        let _state = self.lock();
         let mut count = 0;
         for mut run in self.scan_runs("")? {
             if run.status != RunStatus::Started {
@@ -497,7 +648,7 @@ impl ClockHandle {
     /// Records the outcome of a fire: its run entry and the task's `last_status`.
     pub(crate) fn finish_run(&self, task: u64, run: u64, end: RunEnd) -> Result<(), ClockError> {
         let now = self.now();
-        let _guard = self.lock();
+        let _state = self.lock();
         self.finish_run_locked(task, run, end, now)?;
         self.shared.store.flush()?;
         Ok(())
@@ -536,27 +687,41 @@ impl ClockHandle {
         Ok(())
     }
 
-    /// The earliest `next_fire` of the enabled tasks.
-    pub(crate) fn earliest(&self) -> Result<Option<DateTime<Utc>>, ClockError> {
-        Ok(self
-            .tasks()?
-            .iter()
-            .filter(|t| t.enabled)
-            .filter_map(|t| t.next_fire)
-            .min())
+    /// The earliest `next_fire` of the enabled tasks, from the index (`None` while it cannot
+    /// be loaded). A chat hook's pause not yet filed can make it early: the pass it causes
+    /// re-reads the task and fires nothing.
+    pub(crate) fn earliest(&self) -> Option<DateTime<Utc>> {
+        self.lock().index.as_ref().and_then(TaskIndex::earliest)
     }
 
     /// Takes every task due at `now`: advances its `next_fire` past `now`, logs a `started`
     /// run for the fire (and a `skipped` one for due times passed over), flushes — and only
     /// then returns the fires to hand to the sessions. A due time older than the late
     /// tolerance (missed while the daemon was down) follows the task's missed policy.
+    ///
+    /// Only the tasks the index has due are read. Each is re-read from the store, which is
+    /// the truth: one that is gone, unreadable, or no longer due is filed as the store has
+    /// it and not fired. The tasks advanced are filed after the flush; should a write or
+    /// the flush fail, the index keeps them due and the next pass re-reads them.
     pub(crate) fn take_due(&self, now: DateTime<Utc>) -> Result<Vec<Fire>, ClockError> {
         let tolerance =
             TimeDelta::from_std(self.shared.options.late_tolerance).unwrap_or(TimeDelta::MAX);
-        let _guard = self.lock();
+        let mut state = self.lock();
+        let index = self.index(&mut state)?;
         let mut fires = Vec::new();
-        for mut task in self.tasks()? {
+        // Every task written by this pass, to be filed once the writes are durable.
+        let mut written = Vec::new();
+        for id in index.due(now) {
+            let key = id.to_string();
+            let stored = self.shared.store.kv_get(TASKS, &key)?;
+            let Some(Ok(mut task)) = stored.as_deref().map(|v| decode::<ClockTask>(&key, v)) else {
+                // Deleted or damaged since it was filed.
+                self.refile(index, id, stored.as_deref());
+                continue;
+            };
             let Some(first) = task.next_fire.filter(|t| task.enabled && *t <= now) else {
+                // Changed since it was filed (a chat hook paused it): filed as it is.
+                index.put(&task);
                 continue;
             };
             let schedule = match self.schedule_of(&task) {
@@ -567,6 +732,7 @@ impl ClockHandle {
                     task.enabled = false;
                     task.next_fire = None;
                     self.put_task(&task)?;
+                    written.push(task);
                     continue;
                 }
             };
@@ -617,8 +783,9 @@ impl ClockHandle {
                 })?;
                 task.last_status = Some(RunStatus::Skipped);
             }
+            let mut run = None;
             if fire {
-                let run = self.add_run(ClockRun {
+                run = Some(self.add_run(ClockRun {
                     run: 0,
                     task: task.id,
                     chat,
@@ -633,9 +800,8 @@ impl ClockHandle {
                     } else {
                         0
                     },
-                })?;
+                })?);
                 task.last_status = Some(RunStatus::Started);
-                fires.push((task.id, run, latest));
             }
             task.last_fire = Some(latest);
             task.next_fire = schedule.next_after(now);
@@ -645,22 +811,28 @@ impl ClockHandle {
                 task.enabled = false;
             }
             self.put_task(&task)?;
+            if let Some(run) = run {
+                fires.push(Fire {
+                    task: task.clone(),
+                    run,
+                    due: latest,
+                });
+            }
+            written.push(task);
         }
         // The advance is durable before any fire leaves: at most once per due time.
         if let Err(e) = self.shared.store.flush() {
-            for (id, run, _) in &fires {
+            for fire in &fires {
                 let why = format!("not fired: the store could not make the advance durable ({e})");
-                self.finish_run_locked(*id, *run, RunEnd::not_posted(RunStatus::Failed, why), now)?;
+                let end = RunEnd::not_posted(RunStatus::Failed, why);
+                self.finish_run_locked(fire.task.id, fire.run, end, now)?;
             }
             return Err(e.into());
         }
-        let mut out = Vec::with_capacity(fires.len());
-        for (id, run, due) in fires {
-            if let Some(task) = self.task(id)? {
-                out.push(Fire { task, run, due });
-            }
+        for task in &written {
+            index.put(task);
         }
-        Ok(out)
+        Ok(fires)
     }
 }
 
@@ -723,6 +895,13 @@ pub(crate) fn encode<T: Serialize>(data: &T) -> String {
         object.insert("v".to_owned(), RECORD_VERSION.into());
     }
     value.to_string()
+}
+
+/// The index of the tasks in `store`.
+fn load(store: &dyn Store) -> Result<TaskIndex, ClockError> {
+    Ok(TaskIndex::of(decode_all::<ClockTask>(
+        store.kv_scan(TASKS, "")?,
+    )))
 }
 
 /// Every record that decodes; one that does not is logged and left alone, so a damaged

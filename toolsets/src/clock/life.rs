@@ -8,12 +8,15 @@
 //!   that notice only into a chat other than the removed one that the bot is still in, and
 //!   logs it otherwise. `clock_update` with `enabled: true` resumes a task (and clears the
 //!   reason) once the bot is back.
+//!
+//! The writes are answered through [`ClockHandle`], which notes them so that its index of
+//! the enabled tasks follows once the event's transaction has landed.
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::session::{ChatHook, Removal};
 use parlor_bot::store::{KvWrite, Store, StoreError};
 
-use super::handle::{ClockHandle, TASKS, encode};
+use super::handle::ClockHandle;
 use super::task::ClockTask;
 
 /// The clock's [`ChatHook`]: register it with
@@ -40,14 +43,6 @@ fn same_chat(a: &ChatRef, b: &ChatRef) -> bool {
     a.platform == b.platform && a.chat_id == b.chat_id
 }
 
-fn write(task: &ClockTask) -> KvWrite {
-    KvWrite {
-        space: TASKS.to_owned(),
-        key: task.id.to_string(),
-        value: Some(encode(task)),
-    }
-}
-
 impl ChatHook for ClockChatHook {
     fn on_migrate(
         &self,
@@ -56,7 +51,7 @@ impl ChatHook for ClockChatHook {
         to: &ChatRef,
     ) -> Result<Vec<KvWrite>, StoreError> {
         let old = from.session_key();
-        let mut writes = Vec::new();
+        let mut moved = Vec::new();
         for mut task in self.tasks()? {
             let retarget = same_chat(&task.target, from);
             let rehome = task.created_in == old;
@@ -72,9 +67,10 @@ impl ChatHook for ClockChatHook {
             if rehome {
                 task.created_in = to.session_key();
             }
-            writes.push(write(&task));
+            moved.push(task);
         }
-        Ok(writes)
+        // Through the handle, so its index follows once the event's transaction landed.
+        Ok(self.handle.hook_writes(&moved))
     }
 
     fn on_removed(
@@ -85,6 +81,7 @@ impl ChatHook for ClockChatHook {
     ) -> Result<Removal, StoreError> {
         let now = self.handle.now();
         let mut removal = Removal::default();
+        let mut paused = Vec::new();
         for mut task in self.tasks()? {
             if !task.enabled || !same_chat(&task.target, chat) {
                 continue;
@@ -98,7 +95,6 @@ impl ChatHook for ClockChatHook {
             task.next_fire = None;
             task.paused_reason = Some(reason.clone());
             task.updated_at = now;
-            removal.writes.push(write(&task));
             if let Some(home) = ChatRef::parse_session_key(&task.created_in) {
                 let creator = if task.creator.name.is_empty() {
                     task.creator.user_id.clone()
@@ -115,7 +111,9 @@ impl ChatHook for ClockChatHook {
                 ));
             }
             tracing::info!(clock = task.id, chat = %chat, status, "clock task paused: the bot was removed");
+            paused.push(task);
         }
+        removal.writes = self.handle.hook_writes(&paused);
         Ok(removal)
     }
 }

@@ -5,7 +5,8 @@
 //! - [`schedule`]: [`Schedule`] parsing and fire times (DST through `croner` + `chrono-tz`).
 //! - [`task`]: the stored records, [`ClockTask`] and its run log of [`ClockRun`]s.
 //! - [`handle`]: [`ClockHandle`], the tasks in the store (create, update, delete, list, log)
-//!   shared by the service and the tools.
+//!   shared by the service and the tools, with an in-memory index of the enabled tasks by
+//!   next fire and by target chat (`index.rs`), so that a pass reads only the due tasks.
 //! - [`service`]: [`ClockService`], the loop that sleeps until the earliest due time and
 //!   fires tasks through [`SessionManager::submit_scheduled`](parlor_bot::session::SessionManager).
 //! - [`tools`]: the `clock_*` toolset ([`toolset`]).
@@ -49,6 +50,7 @@
 //! ```
 
 pub mod handle;
+mod index;
 pub mod life;
 pub mod schedule;
 pub mod service;

@@ -68,8 +68,7 @@ impl ClockService {
         // Cancelled when the shutdown grace is over: fires stop waiting for their turns.
         let abort = CancellationToken::new();
         'serve: loop {
-            let mut wait = MAX_SLEEP;
-            match self.handle.take_due(self.handle.now()) {
+            let wait = match self.handle.take_due(self.handle.now()) {
                 Ok(due) => {
                     for fire in due {
                         tracing::info!(clock = fire.task.id, run = fire.run, due = %fire.due, target = %fire.task.target, "clock task fires");
@@ -80,25 +79,21 @@ impl ClockService {
                             abort.clone(),
                         ));
                     }
+                    match self.handle.earliest() {
+                        Some(next) => (next - self.handle.now())
+                            .to_std()
+                            .unwrap_or(Duration::ZERO)
+                            .min(MAX_SLEEP),
+                        None => MAX_SLEEP,
+                    }
                 }
                 Err(e) => {
+                    // The tasks it could not advance are still due in the index: waiting
+                    // for the earliest would spin on the failing store.
                     tracing::error!(error = %e, "cannot advance due clock tasks; retrying");
-                    wait = STORE_RETRY;
+                    STORE_RETRY
                 }
-            }
-            match self.handle.earliest() {
-                Ok(Some(next)) => {
-                    let until = (next - self.handle.now())
-                        .to_std()
-                        .unwrap_or(Duration::ZERO);
-                    wait = wait.min(until);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot read clock tasks; retrying");
-                    wait = STORE_RETRY;
-                }
-            }
+            };
             let deadline = Instant::now() + wait;
             loop {
                 tokio::select! {
