@@ -17,10 +17,37 @@ pub fn stopping() {
     notify(&[NotifyState::Stopping, NotifyState::Status("draining")]);
 }
 
+/// Sends `states` to systemd's notification socket, if there is one. Non-blocking, unlike
+/// `sd_notify::notify`: when the socket's queue is full (systemd hung, or a test that
+/// stopped reading) a blocking send would stall the runtime worker it runs on — and at
+/// shutdown the main task — for as long as nobody reads; a dropped ping or status is
+/// harmless next to that.
 fn notify(states: &[NotifyState<'_>]) {
-    if let Err(e) = sd_notify::notify(false, states) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let message: String = states.iter().map(|s| format!("{s}\n")).collect();
+    if let Err(e) = send_datagram(&path, message.as_bytes()) {
         tracing::debug!(error = %e, "sd_notify failed");
     }
+}
+
+fn send_datagram(path: &std::ffi::OsStr, message: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let socket = UnixDatagram::unbound()?;
+    socket.set_nonblocking(true)?;
+    // `@name` is a socket in the abstract namespace (systemd's own way of naming some).
+    let address = match path.as_bytes().strip_prefix(b"@") {
+        #[cfg(target_os = "linux")]
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            SocketAddr::from_abstract_name(name)?
+        }
+        _ => SocketAddr::from_pathname(path)?,
+    };
+    socket.send_to_addr(message, &address)?;
+    Ok(())
 }
 
 /// The interval systemd wants watchdog pings at (half its `WatchdogSec`), if it wants any.

@@ -54,7 +54,7 @@ const MIGRATE_ATTEMPTS: usize = 8;
 const VERSION: u64 = 1;
 
 /// Bytes sled may keep in its page cache.
-const CACHE_CAPACITY: u64 = 32 * 1024 * 1024;
+const CACHE_CAPACITY: u64 = 4 * 1024 * 1024;
 
 /// Tunables shared by both store backends.
 #[derive(Debug, Clone, PartialEq, Eq)]
