@@ -92,6 +92,9 @@ enum Command {
     },
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     memory::limit_arenas();
     let cli = Cli::parse();

@@ -1004,6 +1004,14 @@ async fn run_daemon_phases(bin: &Path, report: &mut Report) {
         "RSS by mapping after 10,000 groups and idle_minutes: {}",
         rss_breakdown(pid)
     ));
+    if let Some(secs) = std::env::var("PARLOR_BENCH_HOLD")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        // For a profiler to attach to the idle daemon (docs/perf.md, "Profiles").
+        eprintln!("holding daemon pid {pid} for {secs} s (PARLOR_BENCH_HOLD)");
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+    }
     let data = dir_size(&env._dir.path().join("data"));
     report.row("  store on disk", mib(data));
     env.daemon.stop().await;
