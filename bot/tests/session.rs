@@ -939,3 +939,56 @@ async fn a_migration_moves_waiting_inputs_and_their_answers_go_to_the_new_chat()
         "then the bot's own reply: {ids:?}"
     );
 }
+
+// ---- durability and history ---------------------------------------------------------------
+
+#[tokio::test]
+async fn a_duplicate_is_only_acknowledged_once_durable() {
+    let inner = Arc::new(MemoryStore::new());
+    let crash = CrashStore::new(inner.clone(), usize::MAX);
+    let manager = plain_manager(crash.clone(), platform());
+    crash.fail_flushes();
+    // Recorded and queued, but not durable: the platform is not told.
+    let m = mention_in("-1", 1, "alice");
+    assert!(manager.deliver(m.clone()).await.is_err());
+    // Delivered again, it is a duplicate, and still not durable.
+    assert!(manager.deliver(m).await.is_err());
+    assert_eq!(
+        inner.pending().unwrap().len() + inner.unsent_outbox().unwrap().len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_turn_appends_to_the_history_and_the_trim_drops_the_oldest_turns() {
+    // A budget of about one turn.
+    let config = SessionConfig {
+        history_tokens: 30,
+        ..SessionConfig::default()
+    };
+    let rig = rig_config(true, config);
+    for i in 1..=3u32 {
+        rig.say(i, "alice", &format!("@parlor q{i}")).await;
+        rig.platform.wait_sent(i as usize).await;
+    }
+    let history = rig.store.load_history("test:-100").unwrap();
+    let texts: Vec<String> = history
+        .iter()
+        .map(|m| match m {
+            Message::User { content } => content.text(),
+            Message::Assistant { content, .. } => content.clone().unwrap_or_default(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "alice (test:alice): @parlor q3",
+            "reply: alice (test:alice): @parlor q3"
+        ]
+    );
+    // Each turn's request carried the history the trim left: the system prompt, the
+    // previous turn, the input.
+    let requests = rig.llm.requests();
+    assert_eq!(requests[2].messages.len(), 4, "{:?}", requests[2].messages);
+}

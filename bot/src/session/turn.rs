@@ -2,7 +2,7 @@
 //! typing indicator, the agent loop, history trim), or `/reset`. Either ends in one
 //! [`Store::commit_turn`](crate::store::Store::commit_turn) — the turn's messages appended
 //! to the history, the removal of the pending records and the reply in the outbox together
-//! — flushed, after which the reply is handed to the outbox lane of the chat.
+//! — made durable, after which the reply is handed to the outbox lane of the chat.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,11 +66,12 @@ impl SessionManager {
             answered: answered.clone(),
             reply: reply.clone(),
         };
-        let committed = self
-            .inner
-            .store
-            .commit_turn(commit)
-            .and_then(|id| self.durable().map(|()| id));
+        // The wait is shared with every other chat committing or taking input meanwhile, and
+        // covers this chat's intake writes before it.
+        let committed = match self.inner.store.commit_turn(commit) {
+            Ok(id) => self.durable().await.map(|()| id),
+            Err(e) => Err(e),
+        };
         let outbox_id = match committed {
             Ok(id) => id,
             Err(e) => {
