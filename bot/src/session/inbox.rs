@@ -12,6 +12,9 @@
 //! commit waits for durability too, and that covers the earlier intake write (the store's
 //! log is ordered), so no reply leaves for an input a kill could still lose. An answer
 //! (`/help`, an overflow notice) goes to its outbox lane only once durable.
+//!
+//! [`Inbox::deliver_all`] takes a batch (one `getUpdates` answer) the same way, item by
+//! item in order, with one wait for the whole batch.
 
 use async_trait::async_trait;
 
@@ -19,7 +22,9 @@ use super::commands::Command;
 use super::manager::SessionManager;
 use super::policy::{self, Addressed};
 use super::queue::QueueItem;
-use crate::platform::{ChatEvent, ChatKind, Inbox, InboxError, IncomingMessage};
+use crate::platform::{
+    BatchError, ChatEvent, ChatKind, Delivery, Inbox, InboxError, IncomingMessage,
+};
 use crate::store::{Inbound, Intake, OutboxEntry, PendingItem, PendingKind, StoredMessage};
 use crate::tool::{Caller, Role};
 
@@ -56,6 +61,11 @@ impl Accepted {
             replies: Vec::new(),
         }
     }
+
+    fn merge(&mut self, other: Accepted) {
+        self.durable |= other.durable;
+        self.replies.extend(other.replies);
+    }
 }
 
 /// The adapters' way in: messages (intake, here) and chat events
@@ -70,6 +80,34 @@ impl Inbox for SessionManager {
     async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
         let accepted = self.event_intake(event)?;
         self.settle(accepted).await
+    }
+
+    /// Every item recorded and queued in order (so a chat's order is kept), then one wait
+    /// for durability for all of them. An item that cannot be taken ends the batch: the
+    /// ones before it are still made durable and reported taken, the rest are not.
+    async fn deliver_all(&self, batch: Vec<Delivery>) -> Result<(), BatchError> {
+        let mut accepted = Accepted::nothing();
+        let mut failed = None;
+        for (taken, delivery) in batch.into_iter().enumerate() {
+            let one = match delivery {
+                Delivery::Message(message) => self.intake(message),
+                Delivery::Event(event) => self.event_intake(event),
+            };
+            match one {
+                Ok(one) => accepted.merge(one),
+                Err(error) => {
+                    failed = Some(BatchError {
+                        durable: taken,
+                        error,
+                    });
+                    break;
+                }
+            }
+        }
+        self.settle(accepted)
+            .await
+            .map_err(|error| BatchError { durable: 0, error })?;
+        failed.map_or(Ok(()), Err)
     }
 }
 
