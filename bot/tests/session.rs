@@ -1001,7 +1001,15 @@ async fn a_store_failure_mid_batch_reports_only_the_durable_prefix() {
     let inner = Arc::new(MemoryStore::new());
     let crash = CrashStore::new(inner.clone(), usize::MAX);
     crash.fail_flushes();
-    let manager = plain_manager(crash.clone(), platform());
+    // A model that never answers: no turn writes anything meanwhile.
+    let registry = ToolRegistry::new(vec![]).unwrap();
+    let agent = Agent::new(model(false), registry, "test", AgentConfig::default());
+    let manager = SessionManager::new(
+        crash.clone(),
+        agent,
+        vec![platform()],
+        SessionConfig::default(),
+    );
     let batch = (1..=3)
         .map(|i| Delivery::Message(mention_in(&format!("-{i}"), i, "alice")))
         .collect();

@@ -12,6 +12,13 @@
 //! Async callers ([`GroupCommit::wait`]) sleep on a `watch` channel while another caller
 //! flushes; sync callers ([`GroupCommit::wait_blocking`]) on a condition variable. Both kinds
 //! share the same flushes.
+//!
+//! An async caller that finds no flush running yields to the runtime once before it starts
+//! one (unless built [`GroupCommit::immediate`]): the tasks ready to run at that moment
+//! (often the very writers the previous flush woke) get to write and queue up first, and
+//! the flush covers them too. This matters with sled 0.34, whose `flush` holds a lock that
+//! every transaction takes exclusively: no transaction can be written while a flush runs,
+//! so writers cannot pile up *during* a flush, only between two.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -36,6 +43,8 @@ pub struct GroupCommit {
     ended_tx: watch::Sender<u64>,
     /// Flushes run, for tests and the bench.
     flushes: AtomicU64,
+    /// Whether an async waiter yields once before it starts a flush (see the module docs).
+    gather: bool,
 }
 
 #[derive(Debug, Default)]
@@ -55,6 +64,8 @@ enum Step {
     Done(Result<(), StoreError>),
     /// Run the flush covering tickets up to this one.
     Flush(u64),
+    /// No flush runs and the waiter did not ask to start one.
+    Idle,
     Wait,
 }
 
@@ -65,6 +76,7 @@ impl Default for GroupCommit {
             ended: Condvar::new(),
             ended_tx: watch::Sender::new(0),
             flushes: AtomicU64::new(0),
+            gather: true,
         }
     }
 }
@@ -73,6 +85,16 @@ impl GroupCommit {
     /// Nothing flushed yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// For a store whose flush costs nothing ([`MemoryStore`](super::MemoryStore)): an
+    /// async waiter starts the flush at once instead of first letting other writers queue
+    /// up, so that waiting never yields to the runtime.
+    pub fn immediate() -> Self {
+        GroupCommit {
+            gather: false,
+            ..Self::default()
+        }
     }
 
     /// A ticket for the writes the caller made so far; take it after them.
@@ -101,10 +123,18 @@ impl GroupCommit {
         // Subscribed before the state is read: a flush ending after the read marks the
         // channel changed, so its end is never missed.
         let mut ended = self.ended_tx.subscribe();
+        let mut yielded = !self.gather;
         loop {
-            match self.step(ticket) {
+            // A statement of its own, so that the lock is released before any await.
+            let step = Self::next_step(&mut self.lock(), ticket, yielded);
+            match step {
                 Step::Done(result) => return result,
                 Step::Flush(covering) => self.run(covering, &flush),
+                Step::Idle => {
+                    // Once: see the module docs.
+                    yielded = true;
+                    tokio::task::yield_now().await;
+                }
                 Step::Wait => {
                     // The sender lives in `self`, so `changed` cannot fail here.
                     let _ = ended.changed().await;
@@ -121,14 +151,14 @@ impl GroupCommit {
     ) -> Result<(), StoreError> {
         let mut state = self.lock();
         loop {
-            match Self::next_step(&mut state, ticket) {
+            match Self::next_step(&mut state, ticket, true) {
                 Step::Done(result) => return result,
                 Step::Flush(covering) => {
                     drop(state);
                     self.run(covering, &flush);
                     state = self.lock();
                 }
-                Step::Wait => {
+                Step::Idle | Step::Wait => {
                     state = self
                         .ended
                         .wait(state)
@@ -138,11 +168,8 @@ impl GroupCommit {
         }
     }
 
-    fn step(&self, ticket: Ticket) -> Step {
-        Self::next_step(&mut self.lock(), ticket)
-    }
-
-    fn next_step(state: &mut State, Ticket(ticket): Ticket) -> Step {
+    /// What a waiter with `ticket` does now; it starts a flush only when `may_start`.
+    fn next_step(state: &mut State, Ticket(ticket): Ticket, may_start: bool) -> Step {
         if state.durable >= ticket {
             return Step::Done(Ok(()));
         }
@@ -153,6 +180,9 @@ impl GroupCommit {
         }
         if state.running {
             return Step::Wait;
+        }
+        if !may_start {
+            return Step::Idle;
         }
         state.running = true;
         Step::Flush(state.issued)
