@@ -740,10 +740,9 @@ impl SledStore {
                 .scan_prefix(session_prefix(session))
                 .map(|entry| {
                     let (key, bytes) = entry.map_err(sled_error)?;
-                    let entry: HistoryEntry = decode(&bytes, || {
+                    decode_history_entry(&bytes, || {
                         format!("history_messages[{session}/{}]", describe_seq(&key))
-                    })?;
-                    Ok(entry.message)
+                    })
                 })
                 .collect::<Result<_, StoreError>>()?,
             (None, Some(bytes)) => {
@@ -759,8 +758,10 @@ impl SledStore {
     /// `make_stable(max_reserved_lsn)`, and the stable position only advances over a
     /// contiguous prefix), so one flush covers every write that returned before it began,
     /// in every tree and every chat: a turn's commit flush covers the intake write of its
-    /// input, whoever was still waiting for that. Transactions hold sled's concurrency
-    /// control, which `flush` waits for, so a flush never covers half of one.
+    /// input, whoever was still waiting for that. A transaction holds sled's concurrency
+    /// control exclusively and `flush` holds it shared, so a flush never covers half of a
+    /// transaction (and no transaction is written while a flush runs; see
+    /// [`GroupCommit`]'s docs for what that means for grouping).
     fn flush_log(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(sled_error)?;
         Ok(())
@@ -896,6 +897,25 @@ struct HistoryRecord {
 #[derive(serde::Deserialize)]
 struct HistoryEntry {
     message: Message,
+}
+
+/// A history message as stored, version included: read in one pass, without the
+/// intermediate `Value` of [`decode`] (a turn reads every message of its history).
+#[derive(serde::Deserialize)]
+struct VersionedHistoryEntry {
+    v: Option<u64>,
+    message: Message,
+}
+
+/// [`decode`] for a `history_messages` value; the same errors, from `decode` itself.
+fn decode_history_entry(bytes: &[u8], key: impl Fn() -> String) -> Result<Message, StoreError> {
+    match serde_json::from_slice::<VersionedHistoryEntry>(bytes) {
+        Ok(VersionedHistoryEntry {
+            v: Some(VERSION),
+            message,
+        }) => Ok(message),
+        _ => decode::<HistoryEntry>(bytes, key).map(|entry| entry.message),
+    }
 }
 
 #[derive(serde::Serialize)]
