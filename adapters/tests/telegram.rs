@@ -14,7 +14,14 @@ use std::time::{Duration, Instant};
 
 use parlor_adapters::Receiver;
 use parlor_adapters::telegram::{Backoff, TelegramAdapter, TelegramConfig};
-use parlor_bot::platform::{ChatEvent, ChatKind, ChatRef, ImageRef, Platform, PlatformError};
+use parlor_bot::agent::{Agent, AgentConfig};
+use parlor_bot::platform::{
+    ChatEvent, ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError,
+};
+use parlor_bot::session::{SessionConfig, SessionManager};
+use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::testing::{CrashStore, ScriptedLlm};
+use parlor_bot::tool::ToolRegistry;
 use parlor_testkit::{Failure, FakeTelegram, TgUser};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -66,6 +73,10 @@ fn group() -> ChatRef {
 const STOP: Duration = Duration::from_secs(2);
 
 fn start(adapter: &TelegramAdapter, inbox: Arc<TestInbox>) -> Running {
+    Running::spawn(adapter, inbox, || {})
+}
+
+fn start_into(adapter: &TelegramAdapter, inbox: Arc<dyn Inbox>) -> Running {
     Running::spawn(adapter, inbox, || {})
 }
 
@@ -301,6 +312,131 @@ async fn what_cannot_be_represented_is_skipped_but_acknowledged() {
         .expect("everything acknowledged");
     assert!(skipped.iter().all(|id| *id < last_update));
     assert!(run.stop(STOP).await.is_ok());
+}
+
+// --- batches into the session layer ------------------------------------------------------
+
+/// The real session layer behind the adapter, over `store`, with a model that never answers
+/// (so no turn commits and the only flushes are intake's).
+fn session_layer(adapter: &TelegramAdapter, store: Arc<CrashStore>) -> SessionManager {
+    let registry = ToolRegistry::new(Vec::new()).expect("an empty registry");
+    let llm = Arc::new(ScriptedLlm::echo().gated());
+    let agent = Agent::new(llm, registry, "test", AgentConfig::default());
+    SessionManager::new(
+        store as Arc<dyn Store>,
+        agent,
+        vec![Arc::new(adapter.clone()) as Arc<dyn Platform>],
+        SessionConfig::default(),
+    )
+}
+
+/// Mentions in `chats` groups (two in the first), and a line of chatter; their update ids.
+fn push_mentions(fake: &FakeTelegram, chats: i64) -> Vec<i64> {
+    fake.group_message(GROUP, alice(), "just chatting").push();
+    for chat in 0..chats {
+        fake.group_message(GROUP - chat, alice(), format!("question {chat}"))
+            .mention_bot()
+            .push();
+    }
+    fake.group_message(GROUP, alice(), "and one more")
+        .mention_bot()
+        .push();
+    fake.pending_updates()
+        .iter()
+        .map(|u| u["update_id"].as_i64().expect("an update id"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_updates_costs_one_flush_and_is_acknowledged_only_after_it() {
+    let (fake, adapter) = connected().await;
+    let fake = Arc::new(fake);
+    let updates = push_mentions(&fake, 3);
+    let last = *updates.last().unwrap();
+
+    let inner = Arc::new(MemoryStore::new());
+    let store = CrashStore::new(inner.clone(), usize::MAX);
+    // What the world looks like inside each flush: what is recorded, what acknowledged.
+    let inside = Arc::new(std::sync::Mutex::new(Vec::new()));
+    store.on_flush({
+        let (fake, inner, inside) = (fake.clone(), inner.clone(), inside.clone());
+        move || {
+            let pending = inner.pending().unwrap().len();
+            inside.lock().unwrap().push((pending, fake.acked_offset()));
+        }
+    });
+    let manager = session_layer(&adapter, store.clone());
+    let run = start_into(&adapter, Arc::new(manager.clone()));
+
+    fake.wait_for_ack(last, WAIT).await.expect("acknowledged");
+    assert_eq!(store.flushes(), 1, "one flush for the batch");
+    // The four mentions were all recorded when it ran, and nothing was acknowledged yet.
+    assert_eq!(*inside.lock().unwrap(), [(4, None)]);
+    assert_eq!(
+        inner.recent_messages("telegram:-100123", 10).unwrap().len(),
+        3
+    );
+
+    assert!(run.stop(STOP).await.is_ok());
+    manager.shutdown(Duration::from_millis(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_mid_batch_acknowledges_only_the_durable_prefix() {
+    let (fake, adapter) = connected().await;
+    let updates = push_mentions(&fake, 3);
+    // The chatter and the first mention are written; the second mention fails.
+    let store = CrashStore::new(Arc::new(MemoryStore::new()), 2);
+    let manager = session_layer(&adapter, store.clone());
+    let run = start_into(&adapter, Arc::new(manager.clone()));
+
+    fake.wait_for_ack(updates[1], WAIT)
+        .await
+        .expect("the prefix is acknowledged");
+    // The adapter keeps fetching the rest again (and failing); it never acknowledges it.
+    let polls = fake.get_updates_calls().len();
+    fake.wait_for_calls("getUpdates", polls + 3, WAIT)
+        .await
+        .expect("polls again");
+    let prefix = updates[1] + 1;
+    assert_eq!(fake.acked_offset(), Some(prefix));
+    assert!(
+        fake.get_updates_calls()
+            .iter()
+            .all(|call| call.offset.is_none_or(|offset| offset <= prefix)),
+        "{:?}",
+        fake.get_updates_calls()
+    );
+    assert_eq!(fake.pending_updates().len(), updates.len() - 2);
+
+    assert!(run.stop(STOP).await.is_ok());
+    manager.shutdown(Duration::from_millis(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_flush_fails_is_not_acknowledged_at_all() {
+    let (fake, adapter) = connected().await;
+    let updates = push_mentions(&fake, 2);
+    let inner = Arc::new(MemoryStore::new());
+    let store = CrashStore::new(inner.clone(), usize::MAX);
+    store.fail_flushes();
+    let manager = session_layer(&adapter, store.clone());
+    let run = start_into(&adapter, Arc::new(manager.clone()));
+
+    // Recorded, fetched again, deduped, still not durable: never acknowledged.
+    fake.wait_for_calls("getUpdates", 3, WAIT)
+        .await
+        .expect("polls again");
+    assert!(run.stop(STOP).await.is_ok());
+    assert_eq!(inner.pending().unwrap().len(), 3, "written once");
+    assert!(
+        fake.acked_offset()
+            .is_none_or(|offset| offset <= updates[0]),
+        "acknowledged without a durable write: {:?}",
+        fake.acked_offset()
+    );
+    assert_eq!(fake.pending_updates().len(), updates.len());
+    manager.shutdown(Duration::from_millis(100)).await;
 }
 
 #[tokio::test]

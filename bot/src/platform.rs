@@ -278,6 +278,26 @@ pub enum InboxError {
     Store(String),
 }
 
+/// One item of a batch for [`Inbox::deliver_all`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    /// A message, as for [`Inbox::deliver`].
+    Message(IncomingMessage),
+    /// A chat event, as for [`Inbox::chat_event`].
+    Event(ChatEvent),
+}
+
+/// Why [`Inbox::deliver_all`] took only part of a batch.
+#[derive(Debug, thiserror::Error)]
+#[error("{error} (the batch's first {durable} item(s) were taken)")]
+pub struct BatchError {
+    /// How many items from the front of the batch are durably taken: the adapter may
+    /// acknowledge these, and nothing after them.
+    pub durable: usize,
+    /// What stopped the rest.
+    pub error: InboxError,
+}
+
 /// Where an adapter delivers what it receives. The runtime (the session manager) implements
 /// it; adapters only see this trait.
 #[async_trait]
@@ -287,6 +307,26 @@ pub trait Inbox: Send + Sync {
     /// (for Telegram: advance the `getUpdates` offset past it). Delivering the same message
     /// twice is harmless: the runtime dedupes by `(chat, message_id)`.
     async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError>;
+
+    /// Takes a batch (one `getUpdates` answer) in order, with the promise of
+    /// [`Inbox::deliver`] for each item, but made durable together: one wait for the whole
+    /// batch rather than one per item. On an error, [`BatchError::durable`] says how many
+    /// items from the front were taken (durably); the adapter acknowledges those at most.
+    ///
+    /// The default delivers the items one by one.
+    async fn deliver_all(&self, batch: Vec<Delivery>) -> Result<(), BatchError> {
+        for (taken, delivery) in batch.into_iter().enumerate() {
+            let delivered = match delivery {
+                Delivery::Message(message) => self.deliver(message).await,
+                Delivery::Event(event) => self.chat_event(event).await,
+            };
+            delivered.map_err(|error| BatchError {
+                durable: taken,
+                error,
+            })?;
+        }
+        Ok(())
+    }
 
     /// Takes one chat event ([`ChatEvent`]), with the same promise as
     /// [`Inbox::deliver`]: it returns once the event is durably applied, never waiting on the

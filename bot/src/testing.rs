@@ -5,7 +5,8 @@
 //!   (an error, an echo, or any function of the request), optionally held at a gate.
 //! - [`TestPlatform`]: the chat platform ([`Platform`]): records every send, serves images,
 //!   fails as told, knows chat admins.
-//! - [`CrashStore`]: a [`Store`] that "dies" after a number of writes.
+//! - [`CrashStore`]: a [`Store`] that "dies" after a number of writes, and whose flushes can
+//!   be watched or made to fail.
 //!
 //! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
 //! a request ([`chat_request`]), an incoming group message ([`message`]), an image
@@ -21,7 +22,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,8 +37,8 @@ use crate::platform::{
     ChatKind, ChatRef, ImageRef, IncomingMessage, Platform, PlatformError, Sender, SentMessage,
 };
 use crate::store::{
-    ChatRecord, Edited, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry, PendingItem, Store,
-    StoreError, StoredMessage, TurnCommit,
+    ChatRecord, Edited, GroupCommit, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry,
+    PendingItem, Store, StoreError, StoredMessage, TurnCommit,
 };
 
 /// How long a `wait_*` of these doubles waits (tokio time) before it fails the test.
@@ -666,11 +667,20 @@ pub fn message(chat: &ChatRef, id: u32, who: &str, text: &str) -> IncomingMessag
 /// A store that "dies" after `limit` writes: every later write fails (as I/O) without a
 /// trace, so `inner` holds exactly what a `kill -9` after that many (atomic, flushed)
 /// writes would have left on disk. Reads always go through.
+///
+/// Its waits for durability are grouped like the real stores' ([`GroupCommit`]) and
+/// counted ([`Store::flushes`]); a test can run code inside each flush
+/// ([`CrashStore::on_flush`]) or make every flush fail ([`CrashStore::fail_flushes`]).
 pub struct CrashStore {
     inner: Arc<MemoryStore>,
     limit: usize,
     writes: Mutex<usize>,
+    commit: GroupCommit,
+    flushes_fail: AtomicBool,
+    on_flush: Mutex<Option<FlushHook>>,
 }
+
+type FlushHook = Arc<dyn Fn() + Send + Sync>;
 
 impl CrashStore {
     pub fn new(inner: Arc<MemoryStore>, limit: usize) -> Arc<Self> {
@@ -678,12 +688,38 @@ impl CrashStore {
             inner,
             limit,
             writes: Mutex::new(0),
+            commit: GroupCommit::new(),
+            flushes_fail: AtomicBool::new(false),
+            on_flush: Mutex::new(None),
         })
     }
 
     /// The writes that went through.
     pub fn writes(&self) -> usize {
         *self.writes.lock().unwrap()
+    }
+
+    /// From now on every flush fails, and with it every wait for durability: the writes
+    /// are in `inner`, but nothing may be told about them.
+    pub fn fail_flushes(&self) {
+        self.flushes_fail.store(true, Ordering::SeqCst);
+    }
+
+    /// Runs `hook` inside every later flush, before it completes (and so before any waiter
+    /// it covers returns): it sees the world as it is while the writes are not yet durable.
+    pub fn on_flush(&self, hook: impl Fn() + Send + Sync + 'static) {
+        *self.on_flush.lock().unwrap() = Some(Arc::new(hook));
+    }
+
+    fn flush_now(&self) -> Result<(), StoreError> {
+        if self.flushes_fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Io("flush failed".into()));
+        }
+        let hook = self.on_flush.lock().unwrap().clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+        self.inner.flush()
     }
 
     fn write(&self) -> Result<(), StoreError> {
@@ -802,7 +838,15 @@ impl Store for CrashStore {
         self.write()?;
         self.inner.edit_message(s, m, p)
     }
+    fn durable(&self) -> futures::future::BoxFuture<'_, Result<(), StoreError>> {
+        let ticket = self.commit.ticket();
+        Box::pin(self.commit.wait(ticket, || self.flush_now()))
+    }
     fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
+        self.commit
+            .wait_blocking(self.commit.ticket(), || self.flush_now())
+    }
+    fn flushes(&self) -> u64 {
+        self.commit.flushes()
     }
 }

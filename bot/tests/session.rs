@@ -11,7 +11,8 @@ use base64::Engine as _;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions};
 use parlor_bot::llm::{Content, Message};
 use parlor_bot::platform::{
-    ChatKind, ChatRef, ImageRef, Inbox, IncomingMessage, Platform, PlatformError,
+    ChatKind, ChatRef, Delivery, ImageRef, Inbox, InboxError, IncomingMessage, Platform,
+    PlatformError,
 };
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
@@ -943,4 +944,132 @@ async fn a_migration_moves_waiting_inputs_and_their_answers_go_to_the_new_chat()
         ["-5001/1", "-5001/2"],
         "then the bot's own reply: {ids:?}"
     );
+}
+
+// ---- batches and durability --------------------------------------------------------------
+
+#[tokio::test]
+async fn a_batch_is_taken_in_order_with_one_wait_for_durability() {
+    let rig = rig(false);
+    let mut other = msg(1, "carol", "@parlor in the other chat");
+    other.chat = ChatRef::new("test", "-200");
+    let batch = vec![
+        Delivery::Message(msg(1, "bob", "chatter")),
+        Delivery::Message(msg(2, "alice", "@parlor first")),
+        Delivery::Message(other),
+        Delivery::Message(msg(3, "dave", "/help")),
+        Delivery::Message(msg(4, "bob", "@parlor second")),
+    ];
+    rig.manager.deliver_all(batch).await.unwrap();
+    assert_eq!(rig.store.flushes(), 1, "one flush for the whole batch");
+    assert_eq!(rig.store.pending().unwrap().len(), 3);
+    // The command's answer leaves once durable.
+    let sent = rig.platform.wait_sent(1).await;
+    assert!(sent[0].text.starts_with("Mention me"), "{sent:?}");
+
+    // Within the group the order is kept: alice's input, then bob's (queued together, they
+    // make one turn).
+    rig.llm.wait_requests(2).await;
+    rig.llm.release(2);
+    rig.platform.wait_sent(3).await;
+    let group: Vec<String> = rig
+        .llm
+        .user_inputs()
+        .into_iter()
+        .filter(|input| !input.contains("carol"))
+        .collect();
+    assert_eq!(
+        group,
+        ["alice (test:alice): @parlor first\nbob (test:bob): @parlor second"]
+    );
+}
+
+#[tokio::test]
+async fn a_store_failure_mid_batch_reports_only_the_durable_prefix() {
+    let inner = Arc::new(MemoryStore::new());
+    // Two writes go through, the third fails.
+    let crash = CrashStore::new(inner.clone(), 2);
+    let manager = plain_manager(crash.clone(), platform());
+    let batch = (1..=4)
+        .map(|i| Delivery::Message(mention_in(&format!("-{i}"), i, "alice")))
+        .collect();
+    let failed = manager.deliver_all(batch).await.unwrap_err();
+    assert_eq!(failed.durable, 2, "{failed}");
+    assert!(matches!(failed.error, InboxError::Store(_)));
+    assert_eq!(
+        inner.pending().unwrap().len() + inner.unsent_outbox().unwrap().len(),
+        2
+    );
+    assert_eq!(crash.flushes(), 1, "the prefix was made durable");
+
+    // A flush that fails: nothing is reported taken, though everything was written.
+    let inner = Arc::new(MemoryStore::new());
+    let crash = CrashStore::new(inner.clone(), usize::MAX);
+    crash.fail_flushes();
+    // A model that never answers: no turn writes anything meanwhile.
+    let registry = ToolRegistry::new(vec![]).unwrap();
+    let agent = Agent::new(model(false), registry, "test", AgentConfig::default());
+    let manager = SessionManager::new(
+        crash.clone(),
+        agent,
+        vec![platform()],
+        SessionConfig::default(),
+    );
+    let batch = (1..=3)
+        .map(|i| Delivery::Message(mention_in(&format!("-{i}"), i, "alice")))
+        .collect();
+    let failed = manager.deliver_all(batch).await.unwrap_err();
+    assert_eq!(failed.durable, 0, "{failed}");
+    assert_eq!(crash.writes(), 3);
+}
+
+#[tokio::test]
+async fn a_duplicate_is_only_acknowledged_once_durable() {
+    let inner = Arc::new(MemoryStore::new());
+    let crash = CrashStore::new(inner.clone(), usize::MAX);
+    let manager = plain_manager(crash.clone(), platform());
+    crash.fail_flushes();
+    // Recorded and queued, but not durable: the platform is not told.
+    let m = mention_in("-1", 1, "alice");
+    assert!(manager.deliver(m.clone()).await.is_err());
+    // Delivered again, it is a duplicate, and still not durable.
+    assert!(manager.deliver(m).await.is_err());
+    assert_eq!(
+        inner.pending().unwrap().len() + inner.unsent_outbox().unwrap().len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_turn_appends_to_the_history_and_the_trim_drops_the_oldest_turns() {
+    // A budget of about one turn.
+    let config = SessionConfig {
+        history_tokens: 30,
+        ..SessionConfig::default()
+    };
+    let rig = rig_config(true, config);
+    for i in 1..=3u32 {
+        rig.say(i, "alice", &format!("@parlor q{i}")).await;
+        rig.platform.wait_sent(i as usize).await;
+    }
+    let history = rig.store.load_history("test:-100").unwrap();
+    let texts: Vec<String> = history
+        .iter()
+        .map(|m| match m {
+            Message::User { content } => content.text(),
+            Message::Assistant { content, .. } => content.clone().unwrap_or_default(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "alice (test:alice): @parlor q3",
+            "reply: alice (test:alice): @parlor q3"
+        ]
+    );
+    // Each turn's request carried the history the trim left: the system prompt, the
+    // previous turn, the input.
+    let requests = rig.llm.requests();
+    assert_eq!(requests[2].messages.len(), 4, "{:?}", requests[2].messages);
 }

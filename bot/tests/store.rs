@@ -1,6 +1,6 @@
 //! The `Store` contract (docs/contract.md, "Storage"). Every behaviour has one test body that runs against
 //! both backends ([`MemoryStore`] and a [`SledStore`] in a temporary directory); restart,
-//! locking and corruption are sled-only.
+//! locking, corruption and the format of earlier releases are sled-only.
 
 // A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]
@@ -12,8 +12,9 @@ use chrono::{DateTime, TimeZone, Utc};
 use parlor_bot::llm::{Content, ContentPart, ImageUrl, Message, ToolCall};
 use parlor_bot::platform::{ChatRef, ImageRef, Sender};
 use parlor_bot::store::{
-    ChatRecord, Edited, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry, PendingItem,
-    PendingKind, SledStore, Store, StoreError, StoreOptions, StoredMessage, TurnCommit,
+    ChatRecord, Edited, HistoryChange, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry,
+    PendingItem, PendingKind, SledStore, Store, StoreError, StoreOptions, StoredMessage,
+    TurnCommit,
 };
 use parlor_bot::tool::{Caller, Role};
 
@@ -119,6 +120,46 @@ fn rich_history() -> Vec<Message> {
         Message::tool("call_2", r#"{"ok":true}"#),
         Message::assistant("It is noon; milk noted."),
     ]
+}
+
+/// What a turn commits: `dropped` old messages trimmed, `messages` new.
+fn append(dropped: usize, messages: Vec<Message>) -> HistoryChange {
+    HistoryChange::Append { dropped, messages }
+}
+
+/// A history of `n` short user messages `{tag}0..{tag}n`.
+fn lines(tag: &str, n: usize) -> Vec<Message> {
+    (0..n).map(|i| Message::user(format!("{tag}{i}"))).collect()
+}
+
+/// A history as the texts of its messages.
+fn texts(history: &[Message]) -> Vec<String> {
+    history
+        .iter()
+        .map(|m| match m {
+            Message::User { content } => content.text(),
+            Message::Assistant { content, .. } => content.clone().unwrap_or_default(),
+            Message::Tool { content, .. } => content.clone(),
+            Message::System { content } => content.clone(),
+        })
+        .collect()
+}
+
+/// The texts `{tag}{from}..{tag}{to}`.
+fn range(tag: &str, from: usize, to: usize) -> Vec<String> {
+    (from..to).map(|i| format!("{tag}{i}")).collect()
+}
+
+/// A turn's commit of `change` to the history of `session`, and nothing else.
+fn commit_history(store: &dyn Store, session: &str, change: HistoryChange) {
+    store
+        .commit_turn(TurnCommit {
+            session: session.to_owned(),
+            history: Some(change),
+            answered: Vec::new(),
+            reply: None,
+        })
+        .unwrap();
 }
 
 fn ids(messages: &[StoredMessage]) -> Vec<&str> {
@@ -571,7 +612,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
         let outbox_id = store
             .commit_turn(TurnCommit {
                 session: A.to_owned(),
-                history: Some(rich_history()),
+                history: Some(append(0, rich_history())),
                 answered: vec![p1, p2],
                 reply: Some(reply(A, "done")),
             })
@@ -591,7 +632,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
         let none = store
             .commit_turn(TurnCommit {
                 session: B.to_owned(),
-                history: Some(vec![Message::user("alice: other")]),
+                history: Some(append(0, vec![Message::user("alice: other")])),
                 answered: vec![other],
                 reply: None,
             })
@@ -611,7 +652,7 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
             let id = store
                 .commit_turn(TurnCommit {
                     session: session.to_owned(),
-                    history: Some(Vec::new()),
+                    history: Some(HistoryChange::Replace(Vec::new())),
                     answered: Vec::new(),
                     reply: Some(reply(session, text)),
                 })
@@ -682,6 +723,79 @@ fn a_commit_without_history_leaves_the_history_alone() {
         assert_eq!(store.load_history(A).unwrap(), rich_history(), "{name}");
         assert!(store.pending().unwrap().is_empty(), "{name}");
         assert_eq!(store.unsent_outbox().unwrap().len(), 1, "{name}");
+    });
+}
+
+#[test]
+fn a_turn_appends_its_messages_and_drops_what_the_trim_dropped() {
+    each_store(|name, store| {
+        // The first turn of a chat: nothing stored yet.
+        commit_history(store, A, append(0, lines("a", 4)));
+        assert_eq!(texts(&store.load_history(A).unwrap()), range("a", 0, 4));
+        commit_history(store, A, append(0, lines("b", 2)));
+        let mut expected = range("a", 0, 4);
+        expected.extend(range("b", 0, 2));
+        assert_eq!(texts(&store.load_history(A).unwrap()), expected, "{name}");
+
+        // Trimmed: the oldest go, the turn's follow.
+        commit_history(store, A, append(3, lines("c", 1)));
+        let mut expected = vec!["a3".to_owned()];
+        expected.extend(range("b", 0, 2));
+        expected.push("c0".to_owned());
+        assert_eq!(texts(&store.load_history(A).unwrap()), expected, "{name}");
+
+        // Dropping more than is stored drops it all.
+        commit_history(store, A, append(100, lines("d", 2)));
+        assert_eq!(texts(&store.load_history(A).unwrap()), range("d", 0, 2));
+        // Everything dropped and nothing new: empty, and appending starts afresh.
+        commit_history(store, A, append(2, Vec::new()));
+        assert!(store.load_history(A).unwrap().is_empty(), "{name}");
+        commit_history(store, A, append(1, lines("e", 3)));
+        assert_eq!(texts(&store.load_history(A).unwrap()), range("e", 0, 3));
+
+        // `/reset` and `save_history` replace; appending continues after a replacement.
+        commit_history(store, A, HistoryChange::Replace(Vec::new()));
+        assert!(store.load_history(A).unwrap().is_empty(), "{name}");
+        store.save_history(A, &lines("f", 3)).unwrap();
+        commit_history(store, A, append(1, lines("g", 1)));
+        assert_eq!(
+            texts(&store.load_history(A).unwrap()),
+            ["f1", "f2", "g0"],
+            "{name}"
+        );
+        store.save_history(A, &rich_history()).unwrap();
+        assert_eq!(store.load_history(A).unwrap(), rich_history(), "{name}");
+        commit_history(store, A, HistoryChange::Replace(lines("h", 2)));
+        assert_eq!(texts(&store.load_history(A).unwrap()), range("h", 0, 2));
+
+        // Other sessions (one a prefix of this one's key) are untouched throughout.
+        assert!(store.load_history(B).unwrap().is_empty(), "{name}");
+        assert!(store.load_history("telegram:-10").unwrap().is_empty());
+    });
+}
+
+#[test]
+fn a_migration_puts_the_old_chats_appended_history_before_the_new_chats() {
+    each_store(|name, store| {
+        commit_history(store, OLD, append(0, lines("old", 3)));
+        commit_history(store, OLD, append(1, lines("old-b", 1)));
+        commit_history(store, NEW, append(0, lines("new", 2)));
+        assert!(
+            store
+                .migrate_session(&old_chat(), &new_chat(), vec![])
+                .unwrap()
+        );
+        let mut expected = vec!["old1", "old2", "old-b0", "new0", "new1"];
+        assert_eq!(texts(&store.load_history(NEW).unwrap()), expected, "{name}");
+        assert!(store.load_history(OLD).unwrap().is_empty(), "{name}");
+        // The moved history goes on as any other.
+        commit_history(store, NEW, append(2, lines("after", 1)));
+        expected.drain(..2);
+        expected.push("after0");
+        assert_eq!(texts(&store.load_history(NEW).unwrap()), expected, "{name}");
+        // A late turn of the old chat starts a history of its own there.
+        commit_history(store, OLD, append(5, lines("late", 1)));
+        assert_eq!(texts(&store.load_history(OLD).unwrap()), ["late0"]);
     });
 }
 
@@ -852,7 +966,7 @@ fn sled_state_survives_a_restart() {
         let outbox_id = store
             .commit_turn(TurnCommit {
                 session: A.to_owned(),
-                history: Some(rich_history()),
+                history: Some(append(0, rich_history())),
                 answered: vec![p1],
                 reply: Some(reply(A, "hello")),
             })
@@ -1037,20 +1151,125 @@ fn sled_values_are_versioned_json() {
         let store = open(dir.path());
         store.record_message(A, &msg("1")).unwrap();
         store.save_history(A, &[Message::user("hi")]).unwrap();
+        commit_history(&store, A, append(0, vec![Message::assistant("hello")]));
     }
     let db = raw_open(dir.path());
-    let history = db.open_tree("history").unwrap().get(A).unwrap().unwrap();
-    let json: serde_json::Value = serde_json::from_slice(&history).unwrap();
+    let key = |seq: u64| {
+        let mut key = format!("{A}\0").into_bytes();
+        key.extend_from_slice(&seq.to_be_bytes());
+        key
+    };
+    let json = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).unwrap();
+    // History: one record per message, and a head saying which are there.
+    let history: Vec<_> = db
+        .open_tree("history_messages")
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            let (k, v) = entry.unwrap();
+            (k.to_vec(), json(&v))
+        })
+        .collect();
     assert_eq!(
-        json,
-        serde_json::json!({"v": 1, "messages": [{"role": "user", "content": "hi"}]})
+        history,
+        [
+            (
+                key(0),
+                serde_json::json!({"v": 1, "message": {"role": "user", "content": "hi"}})
+            ),
+            (
+                key(1),
+                serde_json::json!({"v": 1, "message": {"role": "assistant", "content": "hello"}})
+            ),
+        ]
     );
+    let head = db
+        .open_tree("history_heads")
+        .unwrap()
+        .get(A)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        json(&head),
+        serde_json::json!({"v": 1, "first": 0, "next": 2})
+    );
+    assert!(db.open_tree("history").unwrap().is_empty());
     let messages = db.open_tree("messages").unwrap();
-    let (key, value) = messages.iter().next().unwrap().unwrap();
-    let mut expected_key = format!("{A}\0").into_bytes();
-    expected_key.extend_from_slice(&0u64.to_be_bytes());
-    assert_eq!(key.as_ref(), expected_key.as_slice());
-    let json: serde_json::Value = serde_json::from_slice(&value).unwrap();
-    assert_eq!(json["v"], 1);
-    assert_eq!(json["message_id"], "1");
+    let (k, value) = messages.iter().next().unwrap().unwrap();
+    assert_eq!(k.as_ref(), key(0).as_slice());
+    let value = json(&value);
+    assert_eq!(value["v"], 1);
+    assert_eq!(value["message_id"], "1");
+}
+
+/// A history as releases before the per-message layout stored it: one `history` record.
+fn write_old_history(dir: &Path, session: &str, history: &[Message]) {
+    let value = serde_json::to_vec(&serde_json::json!({"v": 1, "messages": history})).unwrap();
+    write_raw(dir, &[("history", session.as_bytes(), &value)]);
+}
+
+#[test]
+fn sled_reads_a_history_of_the_old_format_and_converts_it_on_the_first_write() {
+    let dir = tempfile::tempdir().unwrap();
+    write_old_history(dir.path(), A, &rich_history());
+    write_old_history(dir.path(), B, &lines("b", 3));
+    write_old_history(dir.path(), OLD, &lines("old", 2));
+    {
+        let store = open(dir.path());
+        assert_eq!(store.load_history(A).unwrap(), rich_history());
+        // A turn's append converts it, in the same transaction.
+        commit_history(&store, A, append(1, lines("new", 1)));
+        let mut expected = rich_history()[1..].to_vec();
+        expected.extend(lines("new", 1));
+        assert_eq!(store.load_history(A).unwrap(), expected);
+        // A replacement (`/reset`) drops it.
+        store.save_history(B, &[]).unwrap();
+        assert!(store.load_history(B).unwrap().is_empty());
+        // A migration moves it before the new chat's history.
+        commit_history(&store, NEW, append(0, lines("new", 1)));
+        assert!(
+            store
+                .migrate_session(&old_chat(), &new_chat(), vec![])
+                .unwrap()
+        );
+        assert_eq!(
+            texts(&store.load_history(NEW).unwrap()),
+            ["old0", "old1", "new0"]
+        );
+        store.flush().unwrap();
+    }
+    {
+        let db = raw_open(dir.path());
+        assert!(db.open_tree("history").unwrap().is_empty(), "converted");
+    }
+    let store = open(dir.path());
+    let mut expected = rich_history()[1..].to_vec();
+    expected.extend(lines("new", 1));
+    assert_eq!(store.load_history(A).unwrap(), expected);
+    assert!(store.load_history(B).unwrap().is_empty());
+    assert!(store.load_history(OLD).unwrap().is_empty());
+    assert_eq!(
+        texts(&store.load_history(NEW).unwrap()),
+        ["old0", "old1", "new0"]
+    );
+}
+
+#[test]
+fn sled_an_appended_history_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        for turn in 0..5 {
+            commit_history(&store, A, append(1, lines(&format!("t{turn}-"), 2)));
+        }
+        store.flush().unwrap();
+    }
+    let store = open(dir.path());
+    // Each turn dropped one message and added two.
+    assert_eq!(
+        texts(&store.load_history(A).unwrap()),
+        ["t2-0", "t2-1", "t3-0", "t3-1", "t4-0", "t4-1"]
+    );
+    commit_history(&store, A, append(5, Vec::new()));
+    assert_eq!(texts(&store.load_history(A).unwrap()), ["t4-1"]);
 }

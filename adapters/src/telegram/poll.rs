@@ -1,16 +1,18 @@
 //! The `getUpdates` long-poll loop, with acknowledgement only after durable delivery.
 //!
 //! Telegram acknowledges updates implicitly: a `getUpdates` call with `offset = N` confirms
-//! every update below `N`. So `offset` here only ever moves past an update once the runtime's
-//! [`Inbox::deliver`] returned `Ok` for it (or once it was found to be something parlor
-//! skips). Whatever was not delivered is fetched again by the next poll, or by the next
-//! process after a restart.
+//! every update below `N`. So `offset` here only ever moves past an update once the runtime
+//! took it durably (or once it was found to be something parlor skips). A whole answer goes
+//! to the runtime as one batch ([`Inbox::deliver_all`]): recorded in order, made durable
+//! together (one flush for the batch, not one per update), then acknowledged; when the
+//! runtime takes only a prefix, only that prefix is acknowledged. Whatever was not
+//! delivered is fetched again by the next poll, or by the next process after a restart.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use parlor_bot::backoff::Failures;
-use parlor_bot::platform::{Inbox, InboxError, PlatformError};
+use parlor_bot::platform::{Delivery, Inbox, InboxError, PlatformError};
 use serde_json::Value;
 use teloxide_core::RequestError;
 use teloxide_core::payloads::GetUpdatesSetters;
@@ -67,9 +69,10 @@ impl Receiver for TelegramAdapter {
     /// a whole long-poll timeout.)
     ///
     /// An update is acknowledged (the next `getUpdates` offset moves past it) only after
-    /// `inbox.deliver` returned `Ok`. When the inbox answers `ShuttingDown`, the loop stops
-    /// without acknowledging; when it fails to store, the loop backs off and fetches the
-    /// same update again. Failures never end the loop except a rejected token:
+    /// `inbox.deliver_all` took it durably. When the inbox answers `ShuttingDown`, the loop
+    /// stops without acknowledging the rest; when it fails to store, the loop backs off and
+    /// fetches the updates it did not take again. Failures never end the loop except a
+    /// rejected token:
     /// - 409 Conflict (another process polls with this token, e.g. the old instance during
     ///   a restart): logged as an error, retried with backoff;
     /// - 429: waits exactly the `retry_after` Telegram asked for;
@@ -216,8 +219,8 @@ impl TelegramAdapter {
         }
     }
 
-    /// Delivers a batch in order, moving `offset` past each update once it is delivered or
-    /// skipped.
+    /// Delivers a batch as one [`Inbox::deliver_all`], then moves `offset` past every
+    /// update the inbox took (and every skipped one before the first it did not take).
     async fn deliver_batch(
         &self,
         batch: Vec<Polled>,
@@ -225,50 +228,65 @@ impl TelegramAdapter {
         shutdown: &CancellationToken,
         offset: &mut Option<i32>,
     ) -> Batch {
+        // Per update: its id and, unless skipped, the index of its delivery.
+        let mut updates = Vec::with_capacity(batch.len());
+        let mut deliveries = Vec::with_capacity(batch.len());
         for polled in batch {
             let update_id = polled.id();
-            match polled {
-                Polled::Update(update) => {
-                    if let Some(received) = self.incoming(&update) {
-                        let (session, message_id) = match &received {
-                            Received::Message(m) => (m.chat.session_key(), m.message_id.clone()),
-                            Received::Event(e) => (e.chat().session_key(), String::new()),
-                        };
-                        let delivered = tokio::select! {
-                            biased;
-                            () = shutdown.cancelled() => return Batch::Stopped,
-                            delivered = async {
-                                match received {
-                                    Received::Message(m) => inbox.deliver(m).await,
-                                    Received::Event(e) => inbox.chat_event(e).await,
-                                }
-                            } => delivered,
-                        };
-                        match delivered {
-                            Ok(()) => {
-                                tracing::debug!(update_id = update.id.0, %session, %message_id, "delivered");
-                            }
-                            Err(InboxError::ShuttingDown) => return Batch::Stopped,
-                            Err(InboxError::Store(error)) => {
-                                tracing::error!(
-                                    update_id = update.id.0, %session, %message_id, %error,
-                                    "could not store a Telegram message; it stays unacknowledged and is fetched again"
-                                );
-                                return Batch::StoreFailed;
-                            }
-                        }
-                    }
-                }
+            let delivery = match polled {
+                Polled::Update(update) => self.incoming(&update).map(|received| match received {
+                    Received::Message(m) => Delivery::Message(m),
+                    Received::Event(e) => Delivery::Event(e),
+                }),
                 Polled::Broken { id, error } => {
                     tracing::warn!(update_id = ?id, %error, "skipping an update that cannot be read");
+                    None
                 }
+            };
+            let index = delivery.map(|delivery| {
+                deliveries.push(delivery);
+                deliveries.len() - 1
+            });
+            updates.push((update_id, index));
+        }
+        let count = deliveries.len();
+        let delivered = if count == 0 {
+            Ok(())
+        } else {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Batch::Stopped,
+                delivered = inbox.deliver_all(deliveries) => delivered,
+            }
+        };
+        let (taken, outcome) = match delivered {
+            Ok(()) => (count, Batch::Done),
+            Err(failed) => {
+                let outcome = match failed.error {
+                    InboxError::ShuttingDown => Batch::Stopped,
+                    InboxError::Store(error) => {
+                        tracing::error!(
+                            taken = failed.durable, of = count, %error,
+                            "could not store Telegram updates; the rest stay unacknowledged and are fetched again"
+                        );
+                        Batch::StoreFailed
+                    }
+                };
+                (failed.durable.min(count), outcome)
+            }
+        };
+        for (update_id, index) in updates {
+            // The first update the inbox did not take, and everything after it, stays.
+            if index.is_some_and(|index| index >= taken) {
+                break;
             }
             if let Some(id) = update_id {
                 let next = next_offset(id);
                 *offset = Some(offset.map_or(next, |current| current.max(next)));
             }
         }
-        Batch::Done
+        tracing::debug!(taken, of = count, offset = ?offset, "delivered a batch");
+        outcome
     }
 
     /// The message or event an update carries, normalized; `None` for everything parlor

@@ -1,11 +1,20 @@
-//! Intake: [`Inbox::deliver`] records, dedupes, makes pending and enqueues, and returns.
-//! It never waits on the network and never takes a turn's lock: roles are resolved in the
-//! chat's actor, answers go out through the outbox lanes.
+//! Intake: [`Inbox::deliver`] records, dedupes, makes pending and enqueues, waits until
+//! that is durable, and returns. It never waits on the network and never takes a turn's
+//! lock: roles are resolved in the chat's actor, answers go out through the outbox lanes.
 //!
 //! Each message is one store transaction — the chat-log record (which is also the dedupe
-//! key) together with its pending record, or with its immediate answer — flushed before
-//! `deliver` returns for anything addressed, so a kill at any moment either leaves no trace
-//! (the platform delivers it again) or leaves it pending (it is answered after the restart).
+//! key) together with its pending record, or with its immediate answer — made durable
+//! before `deliver` returns for anything addressed, so a kill at any moment either leaves no
+//! trace (the platform delivers it again) or leaves it pending (it is answered after the
+//! restart). The record and the push onto the session queue happen under the sessions'
+//! owner lock; the wait for durability after it is dropped, shared with every other chat
+//! waiting at the same moment (group commit). The turn may start before the wait ends: its
+//! commit waits for durability too, and that covers the earlier intake write (the store's
+//! log is ordered), so no reply leaves for an input a kill could still lose. An answer
+//! (`/help`, an overflow notice) goes to its outbox lane only once durable.
+//!
+//! [`Inbox::deliver_all`] takes a batch (one `getUpdates` answer) the same way, item by
+//! item in order, with one wait for the whole batch.
 
 use async_trait::async_trait;
 
@@ -13,7 +22,9 @@ use super::commands::Command;
 use super::manager::SessionManager;
 use super::policy::{self, Addressed};
 use super::queue::QueueItem;
-use crate::platform::{ChatEvent, ChatKind, Inbox, InboxError, IncomingMessage};
+use crate::platform::{
+    BatchError, ChatEvent, ChatKind, Delivery, Inbox, InboxError, IncomingMessage,
+};
 use crate::store::{Inbound, Intake, OutboxEntry, PendingItem, PendingKind, StoredMessage};
 use crate::tool::{Caller, Role};
 
@@ -25,42 +36,115 @@ fn store_error(e: crate::store::StoreError) -> InboxError {
     InboxError::Store(e.to_string())
 }
 
+/// What intake leaves for after the wait for durability.
+#[derive(Default)]
+pub(super) struct Accepted {
+    /// Whether something was written (or found already written) that must be durable
+    /// before the adapter may acknowledge it. Chatter is not waited for: sled writes it out
+    /// within half a second by itself, and a kill before then loses chatter, never an
+    /// addressed message.
+    pub(super) durable: bool,
+    /// Outbox rows written, handed to their lanes once durable.
+    pub(super) replies: Vec<OutboxEntry>,
+}
+
+impl Accepted {
+    /// Nothing to wait for.
+    pub(super) fn nothing() -> Self {
+        Accepted::default()
+    }
+
+    /// Writes to make durable, and no reply.
+    pub(super) fn durable() -> Self {
+        Accepted {
+            durable: true,
+            replies: Vec::new(),
+        }
+    }
+
+    fn merge(&mut self, other: Accepted) {
+        self.durable |= other.durable;
+        self.replies.extend(other.replies);
+    }
+}
+
 /// The adapters' way in: messages (intake, here) and chat events
 /// ([`super::life`]), both recorded and enqueued without a network call.
 #[async_trait]
 impl Inbox for SessionManager {
     async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        self.intake(message)
+        let accepted = self.intake(message)?;
+        self.settle(accepted).await
     }
 
     async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
-        self.event_intake(event)
+        let accepted = self.event_intake(event)?;
+        self.settle(accepted).await
+    }
+
+    /// Every item recorded and queued in order (so a chat's order is kept), then one wait
+    /// for durability for all of them. An item that cannot be taken ends the batch: the
+    /// ones before it are still made durable and reported taken, the rest are not.
+    async fn deliver_all(&self, batch: Vec<Delivery>) -> Result<(), BatchError> {
+        let mut accepted = Accepted::nothing();
+        let mut failed = None;
+        for (taken, delivery) in batch.into_iter().enumerate() {
+            let one = match delivery {
+                Delivery::Message(message) => self.intake(message),
+                Delivery::Event(event) => self.event_intake(event),
+            };
+            match one {
+                Ok(one) => accepted.merge(one),
+                Err(error) => {
+                    failed = Some(BatchError {
+                        durable: taken,
+                        error,
+                    });
+                    break;
+                }
+            }
+        }
+        self.settle(accepted)
+            .await
+            .map_err(|error| BatchError { durable: 0, error })?;
+        failed.map_or(Ok(()), Err)
     }
 }
 
 impl SessionManager {
-    /// The whole of intake, synchronous: nothing in it may wait.
-    pub(super) fn intake(&self, message: IncomingMessage) -> Result<(), InboxError> {
+    /// After intake: waits until its writes are durable (no lock held), then hands its
+    /// answers to the outbox lanes.
+    pub(super) async fn settle(&self, accepted: Accepted) -> Result<(), InboxError> {
+        if accepted.durable {
+            self.durable().await.map_err(store_error)?;
+        }
+        for entry in accepted.replies {
+            self.enqueue_reply(entry);
+        }
+        Ok(())
+    }
+
+    /// The writing part of intake, synchronous: nothing in it may wait.
+    pub(super) fn intake(&self, message: IncomingMessage) -> Result<Accepted, InboxError> {
         if self.inner.draining.is_cancelled() {
             return Err(InboxError::ShuttingDown);
         }
         let config = &self.inner.config;
         if !policy::allowed(config, &message) {
             tracing::debug!(chat = %message.chat, sender = %message.sender.id, "message outside the allow-lists ignored");
-            return Ok(());
+            return Ok(Accepted::nothing());
         }
         let key = message.chat.session_key();
         let stored = StoredMessage::received(&message);
         let reply_to = Some(message.message_id.clone());
         match policy::addressed(config, &message) {
             Addressed::No => {
-                // Context only: sled writes it out within half a second by itself; a kill
-                // before then loses chatter, never an addressed message.
+                // Context only: not waited for (see `Accepted::durable`).
                 self.inner
                     .store
                     .record_inbound(&key, &stored, Intake::Record)
                     .map_err(store_error)?;
-                Ok(())
+                Ok(Accepted::nothing())
             }
             Addressed::Command(command @ (Command::Help | Command::Status | Command::Stop)) => {
                 let session = self.live_session(&key);
@@ -70,11 +154,11 @@ impl SessionManager {
                     _ => self.stop(session.as_deref()),
                 };
                 let answer = OutboxEntry::new(&key, &message.chat, text, reply_to);
-                let fresh = self.record_and_answer(&key, &stored, answer)?;
-                if let (true, Some(cancel)) = (fresh, cancel) {
+                let accepted = self.record_and_answer(&key, &stored, answer)?;
+                if let (false, Some(cancel)) = (accepted.replies.is_empty(), cancel) {
                     cancel.cancel();
                 }
-                Ok(())
+                Ok(accepted)
             }
             Addressed::Command(Command::Reset) => {
                 self.record_and_queue(&message, &stored, PendingKind::Reset, String::new())
@@ -87,15 +171,17 @@ impl SessionManager {
         }
     }
 
-    /// Records a command and queues its answer, in one transaction; sends nothing itself.
-    /// `false` when the message was a duplicate (nothing written).
+    /// Records a command and its answer, in one transaction; the answer is in the returned
+    /// replies unless the message was a duplicate (nothing written).
     fn record_and_answer(
         &self,
         key: &str,
         stored: &StoredMessage,
         answer: OutboxEntry,
-    ) -> Result<bool, InboxError> {
+    ) -> Result<Accepted, InboxError> {
         let mut entry = answer.clone();
+        // A duplicate is waited for too: its first delivery may not be durable yet.
+        let mut accepted = Accepted::durable();
         match self
             .inner
             .store
@@ -104,15 +190,13 @@ impl SessionManager {
         {
             Inbound::Duplicate => {
                 tracing::debug!(session = %key, message = %stored.message_id, "duplicate delivery ignored");
-                Ok(false)
             }
             Inbound::Recorded(id) => {
-                self.durable().map_err(store_error)?;
                 entry.id = id.unwrap_or_default();
-                self.enqueue_reply(entry);
-                Ok(true)
+                accepted.replies.push(entry);
             }
         }
+        Ok(accepted)
     }
 
     /// Records an addressed message as pending and queues it on its session: the record,
@@ -124,7 +208,7 @@ impl SessionManager {
         stored: &StoredMessage,
         kind: PendingKind,
         line: String,
-    ) -> Result<(), InboxError> {
+    ) -> Result<Accepted, InboxError> {
         let key = message.chat.session_key();
         let private = message.kind == ChatKind::Private;
         // Operators are known from the config; chat admins are looked up by the actor.
@@ -162,7 +246,7 @@ impl SessionManager {
                 Some(message.message_id.clone()),
             );
             tracing::warn!(session = %key, message = %message.message_id, "queue full; the sender is told to ask again");
-            return self.record_and_answer(&key, stored, notice).map(drop);
+            return self.record_and_answer(&key, stored, notice);
         }
         let id = match self
             .inner
@@ -171,12 +255,12 @@ impl SessionManager {
             .map_err(store_error)?
         {
             Inbound::Duplicate => {
+                // Waited for all the same: the first delivery may not be durable yet.
                 tracing::debug!(session = %key, message = %message.message_id, "duplicate delivery ignored");
-                return Ok(());
+                return Ok(Accepted::durable());
             }
             Inbound::Recorded(id) => id.unwrap_or_default(),
         };
-        self.durable().map_err(store_error)?;
         item.pending_ids = vec![id];
         if kind == PendingKind::Reset {
             session.queue.push_front(item);
@@ -185,6 +269,6 @@ impl SessionManager {
             tracing::error!(session = %key, ids = ?full.0.pending_ids, "queue refused a checked item; it stays pending");
         }
         self.ensure_actor(&session);
-        Ok(())
+        Ok(Accepted::durable())
     }
 }

@@ -1,7 +1,8 @@
 //! Intake of chat events ([`Inbox::chat_event`]): the bot added to a chat or removed from
 //! it, a chat moved to a new id, a message edited. Like a message, each is applied in one
-//! store transaction, flushed, before `chat_event` returns, and never waits on the network:
-//! the adapter acknowledges it only afterwards, and a repeated event changes nothing.
+//! store transaction, durable before `chat_event` returns (the wait after every lock is
+//! dropped, see [`super::inbox`]), and never waits on the network: the adapter acknowledges
+//! it only afterwards, and a repeated event changes nothing.
 //!
 //! Toolsets keep data about chats (memory, a plan, clock tasks), which the runtime does not
 //! know; they take part through [`ChatHook`]s registered with
@@ -25,6 +26,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use super::inbox::Accepted;
 use super::manager::SessionManager;
 use super::policy;
 use crate::platform::{ChatEvent, ChatRef, InboxError, IncomingMessage, Sender};
@@ -153,14 +155,14 @@ impl SessionManager {
             .clone()
     }
 
-    /// The whole of an event's intake, synchronous: nothing in it may wait.
-    pub(super) fn event_intake(&self, event: ChatEvent) -> Result<(), InboxError> {
+    /// The writing part of an event's intake, synchronous: nothing in it may wait.
+    pub(super) fn event_intake(&self, event: ChatEvent) -> Result<Accepted, InboxError> {
         if self.inner.draining.is_cancelled() {
             return Err(InboxError::ShuttingDown);
         }
         if !policy::chat_allowed(&self.inner.config, event.chat()) {
             tracing::debug!(chat = %event.chat(), "event outside the allow-lists ignored");
-            return Ok(());
+            return Ok(Accepted::nothing());
         }
         match event {
             ChatEvent::Joined {
@@ -177,7 +179,12 @@ impl SessionManager {
         }
     }
 
-    fn joined(&self, chat: ChatRef, title: Option<String>, by: &Sender) -> Result<(), InboxError> {
+    fn joined(
+        &self,
+        chat: ChatRef,
+        title: Option<String>,
+        by: &Sender,
+    ) -> Result<Accepted, InboxError> {
         let store = &self.inner.store;
         let record = ChatRecord {
             chat,
@@ -189,9 +196,8 @@ impl SessionManager {
         store
             .set_chat_status(&record, Vec::new(), Vec::new())
             .map_err(store_error)?;
-        self.durable().map_err(store_error)?;
         tracing::info!(chat = %record.chat, by = %by.id, "added to a chat");
-        Ok(())
+        Ok(Accepted::durable())
     }
 
     fn removed(
@@ -200,7 +206,7 @@ impl SessionManager {
         status: &str,
         by: &Sender,
         time: DateTime<Utc>,
-    ) -> Result<(), InboxError> {
+    ) -> Result<Accepted, InboxError> {
         let store = &self.inner.store;
         let mut writes = Vec::new();
         let mut notices = Vec::new();
@@ -236,24 +242,25 @@ impl SessionManager {
         let ids = store
             .set_chat_status(&record, writes, notices.clone())
             .map_err(store_error)?;
-        self.durable().map_err(store_error)?;
         tracing::info!(chat = %chat, status, by = %by.id, told = ids.len(), "removed from a chat");
+        let mut accepted = Accepted::durable();
         for (mut entry, id) in notices.into_iter().zip(ids) {
             entry.id = id;
-            self.enqueue_reply(entry);
+            accepted.replies.push(entry);
         }
-        Ok(())
+        Ok(accepted)
     }
 
-    fn migrated(&self, from: &ChatRef, to: &ChatRef) -> Result<(), InboxError> {
+    fn migrated(&self, from: &ChatRef, to: &ChatRef) -> Result<Accepted, InboxError> {
         let store = &self.inner.store;
         let (old, new) = (from.session_key(), to.session_key());
         if old == new {
-            return Ok(());
+            return Ok(Accepted::nothing());
         }
         if store.migrated_to(&old).map_err(store_error)?.is_some() {
+            // Waited for all the same: the move may not be durable yet.
             tracing::debug!(from = %old, to = %new, "chat already moved");
-            return Ok(());
+            return Ok(Accepted::durable());
         }
         // Under the owner lock: no input can be queued on the old session meanwhile.
         let mut sessions = self.lock_sessions();
@@ -268,16 +275,15 @@ impl SessionManager {
             .migrate_session(from, to, writes)
             .map_err(store_error)?
         {
-            return Ok(());
+            return Ok(Accepted::durable());
         }
-        self.durable().map_err(store_error)?;
         let waiting = sessions
             .remove(&old)
             .map(|session| session.queue.clear())
             .unwrap_or_default();
         tracing::info!(from = %old, to = %new, moved_inputs = waiting.len(), "chat moved to a new id");
         if waiting.is_empty() {
-            return Ok(());
+            return Ok(Accepted::durable());
         }
         let session = self.session_in(&mut sessions, &new);
         for mut item in waiting {
@@ -290,12 +296,12 @@ impl SessionManager {
             session.queue.push_over_capacity(item);
         }
         self.ensure_actor(&session);
-        Ok(())
+        Ok(Accepted::durable())
     }
 
-    fn edited(&self, message: &IncomingMessage) -> Result<(), InboxError> {
+    fn edited(&self, message: &IncomingMessage) -> Result<Accepted, InboxError> {
         if !policy::allowed(&self.inner.config, message) {
-            return Ok(());
+            return Ok(Accepted::nothing());
         }
         let key = message.chat.session_key();
         let stored = StoredMessage::received(message);
@@ -312,16 +318,17 @@ impl SessionManager {
             .edit_message(&key, &stored, Some(&line))
             .map_err(store_error)?;
         if let Edited::Pending(id) = edited {
-            self.durable().map_err(store_error)?;
             let queued = sessions.get(&key).is_some_and(|session| {
                 session
                     .queue
                     .edit(id, &message.message_id, &line, &message.images)
             });
             tracing::debug!(session = %key, message = %message.message_id, queued, "pending input edited");
+            Ok(Accepted::durable())
         } else {
+            // Like chatter: only the log changed.
             tracing::debug!(session = %key, message = %message.message_id, ?edited, "message edited");
+            Ok(Accepted::nothing())
         }
-        Ok(())
     }
 }

@@ -274,13 +274,15 @@ impl SessionManager {
         self.inner.platforms.get(&chat.platform)
     }
 
-    /// Makes every store write so far durable. Called where a crash would otherwise lose
-    /// or repeat something: before an addressed message is acknowledged to the platform,
-    /// before a committed reply is sent, and after it is marked sent. Inline, not on the
-    /// blocking pool: the data is a few KB and a flush takes about 0.3 ms
+    /// Waits until every store write so far is durable ([`Store::durable`]), sharing the
+    /// flush with every chat waiting at the same moment. Called where a crash would
+    /// otherwise lose or repeat something: before an addressed message is acknowledged to
+    /// the platform, before a committed reply is sent, and after it is marked sent. Never
+    /// with a lock held that intake or a turn needs. The flush runs inline in whichever
+    /// waiter starts it, not on the blocking pool: a flush takes about 0.3 ms
     /// (bot/benches/store.rs), less than a hop to another thread and back.
-    pub(super) fn durable(&self) -> Result<(), StoreError> {
-        self.inner.store.flush()
+    pub(super) async fn durable(&self) -> Result<(), StoreError> {
+        self.inner.store.durable().await
     }
 
     /// After a restart: hands every committed reply not marked sent to the outbox and
@@ -314,9 +316,10 @@ impl SessionManager {
         Ok(())
     }
 
-    /// Stores a system input for `chat` as pending (with `also`, in one transaction,
-    /// flushed) and queues it; returns its pending id. A clock fire into a full queue is
-    /// refused (and logged by the clock); a notice always goes in.
+    /// Stores a system input for `chat` as pending (with `also`, in one transaction) and
+    /// queues it; returns its pending id. Not yet durable: the caller waits for that, with
+    /// no lock held. A clock fire into a full queue is refused (and logged by the clock); a
+    /// notice always goes in.
     fn submit(
         &self,
         chat: &ChatRef,
@@ -351,7 +354,6 @@ impl SessionManager {
             return Err(SubmitError::QueueFull);
         }
         let id = self.inner.store.add_pending_with(pending, also)?;
-        self.durable()?;
         item.pending_ids = vec![id];
         if kind == PendingKind::TaskResult {
             // A finished task is told now, not at the next start, even into a busy chat.
@@ -376,11 +378,16 @@ impl SessionManager {
         caller: Caller,
     ) -> Result<oneshot::Receiver<ScheduledOutcome>, SubmitError> {
         let (tx, rx) = oneshot::channel();
-        // The waiter is registered before the item can run: under the waiters lock, which
-        // the actor takes to find it.
-        let mut waiters = self.lock_waiters();
-        let id = self.submit(chat, PendingKind::ClockFire, text, caller, Vec::new())?;
-        waiters.by_pending.insert(id, tx);
+        {
+            // The waiter is registered before the item can run: under the waiters lock,
+            // which the actor takes to find it.
+            let mut waiters = self.lock_waiters();
+            let id = self.submit(chat, PendingKind::ClockFire, text, caller, Vec::new())?;
+            waiters.by_pending.insert(id, tx);
+        }
+        // The turn may already be running; its commit waits for durability too, and that
+        // covers this earlier write (see `session/inbox.rs`).
+        self.durable().await?;
         Ok(rx)
     }
 
@@ -396,7 +403,9 @@ impl SessionManager {
         caller: Caller,
         also: Vec<KvWrite>,
     ) -> Result<u64, SubmitError> {
-        self.submit(chat, PendingKind::TaskResult, text, caller, also)
+        let id = self.submit(chat, PendingKind::TaskResult, text, caller, also)?;
+        self.durable().await?;
+        Ok(id)
     }
 
     /// Withdraws a queued input that has not started its turn yet (a task notice whose

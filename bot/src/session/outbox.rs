@@ -117,12 +117,12 @@ impl SessionManager {
             };
             let wait = match result {
                 Ok(Ok(sent)) => {
-                    self.sent(entry, &sent.message_ids);
+                    self.sent(entry, &sent.message_ids).await;
                     return Sent::Done;
                 }
                 Ok(Err(PlatformError::Refused(why) | PlatformError::NotFound(why))) => {
                     tracing::error!(outbox = entry.id, chat = %entry.chat, reason = %why, "the platform refused the reply for good; giving it up (is the bot still in this chat?)");
-                    self.given_up(entry, &why);
+                    self.given_up(entry, &why).await;
                     return Sent::Done;
                 }
                 Ok(Err(PlatformError::RateLimited(after))) => after.max(Duration::from_secs(1)),
@@ -148,9 +148,13 @@ impl SessionManager {
 
     /// The platform took the row: mark it sent (durably), log the bot's own message, tell
     /// the waiters.
-    fn sent(&self, entry: &OutboxEntry, ids: &[String]) {
+    async fn sent(&self, entry: &OutboxEntry, ids: &[String]) {
         let store = &self.inner.store;
-        if let Err(e) = store.mark_sent(entry.id, ids).and_then(|()| self.durable()) {
+        let marked = match store.mark_sent(entry.id, ids) {
+            Ok(()) => self.durable().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
         }
         if let Err(e) = store.record_own(
@@ -166,13 +170,12 @@ impl SessionManager {
         self.report(entry.id, ScheduledOutcome::Posted(ids.to_vec()));
     }
 
-    fn given_up(&self, entry: &OutboxEntry, why: &str) {
-        if let Err(e) = self
-            .inner
-            .store
-            .mark_failed(entry.id, why)
-            .and_then(|()| self.durable())
-        {
+    async fn given_up(&self, entry: &OutboxEntry, why: &str) {
+        let marked = match self.inner.store.mark_failed(entry.id, why) {
+            Ok(()) => self.durable().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "cannot record the refused reply");
         }
         self.report(entry.id, ScheduledOutcome::NotDelivered(why.to_owned()));

@@ -1,8 +1,8 @@
 //! One queued item, carried out by the chat's actor: a turn of the agent (input content,
 //! typing indicator, the agent loop, history trim), or `/reset`. Either ends in one
-//! [`Store::commit_turn`](crate::store::Store::commit_turn) — history, the removal of the
-//! pending records and the reply in the outbox together — flushed, after which the reply
-//! is handed to the outbox lane of the chat.
+//! [`Store::commit_turn`](crate::store::Store::commit_turn) — the turn's messages appended
+//! to the history, the removal of the pending records and the reply in the outbox together
+//! — made durable, after which the reply is handed to the outbox lane of the chat.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,13 +13,13 @@ use super::history::trim_to_budget;
 use super::manager::{ScheduledOutcome, Session, SessionManager};
 use super::queue::QueueItem;
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
-use crate::llm::{Content, ContentPart, LlmError};
-use crate::store::{OutboxEntry, PendingKind, TurnCommit};
+use crate::llm::{Content, ContentPart, LlmError, Message};
+use crate::store::{HistoryChange, OutboxEntry, PendingKind, TurnCommit};
 use crate::tool::{Role, RoleResolver};
 
 /// What a turn wants committed.
 struct Outcome {
-    history: Option<Vec<crate::llm::Message>>,
+    history: Option<HistoryChange>,
     reply: Option<String>,
     /// The reason, when the reply is the "could not reach the model" notice.
     model_failed: Option<String>,
@@ -66,11 +66,12 @@ impl SessionManager {
             answered: answered.clone(),
             reply: reply.clone(),
         };
-        let committed = self
-            .inner
-            .store
-            .commit_turn(commit)
-            .and_then(|id| self.durable().map(|()| id));
+        // The wait is shared with every other chat committing or taking input meanwhile, and
+        // covers this chat's intake writes before it.
+        let committed = match self.inner.store.commit_turn(commit) {
+            Ok(id) => self.durable().await.map(|()| id),
+            Err(e) => Err(e),
+        };
         let outbox_id = match committed {
             Ok(id) => id,
             Err(e) => {
@@ -129,7 +130,7 @@ impl SessionManager {
         }
         session.agent.tools().reset(&session.key);
         Some(Outcome {
-            history: Some(Vec::new()),
+            history: Some(HistoryChange::Replace(Vec::new())),
             reply: Some("Done: I forgot this chat's conversation and plans.".to_owned()),
             model_failed: None,
         })
@@ -143,11 +144,12 @@ impl SessionManager {
         cancel: &CancellationToken,
     ) -> Option<Outcome> {
         let store = &self.inner.store;
-        let history = match store.load_history(&session.key) {
-            Ok(h) => h,
+        // An unreadable history is replaced by this turn's, not appended to.
+        let (history, readable) = match store.load_history(&session.key) {
+            Ok(h) => (h, true),
             Err(e) => {
                 tracing::error!(session = %session.key, error = %e, "cannot load history; starting fresh for this turn");
-                Vec::new()
+                (Vec::new(), false)
             }
         };
         let platform = self.platform(&item.chat).cloned();
@@ -179,6 +181,9 @@ impl SessionManager {
             () = typing => return None,
         };
         let mut history = history;
+        let loaded = history.len();
+        // How many of the loaded messages the model's context refused.
+        let mut refused = 0;
         let (new_messages, reply, model_failed) = match result {
             Ok(turn) if turn.end == TurnEnd::Cancelled && self.inner.abort.is_cancelled() => {
                 tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
@@ -197,7 +202,8 @@ impl SessionManager {
                 // too, or every later turn would pay for the same refusal.
                 if turn.history_dropped > 0 {
                     tracing::warn!(session = %session.key, dropped = turn.history_dropped, "history exceeded the model's context; its older part was dropped");
-                    history.drain(..turn.history_dropped.min(history.len()));
+                    refused = turn.history_dropped.min(history.len());
+                    history.drain(..refused);
                 }
                 let reply = reply.map(|text| {
                     if turn.history_dropped > 0 {
@@ -216,12 +222,33 @@ impl SessionManager {
                 (Vec::new(), Some(failure_notice(&e)), Some(reason))
             }
         };
+        // The loaded messages still in front of this turn's.
+        let kept = loaded - refused;
         history.extend(new_messages);
-        // `load_image`'s pictures (and those of older versions) were for this turn only.
-        strip_image_data(&mut history);
+        // `load_image`'s pictures were for this turn only. Stored messages hold none, unless
+        // an older release wrote them: such a history is stripped and rewritten whole.
+        let rewrite = !readable || holds_image_data(&history[..kept]);
+        if rewrite {
+            strip_image_data(&mut history);
+        } else {
+            strip_image_data(&mut history[kept..]);
+        }
+        let before = history.len();
         trim_to_budget(&mut history, self.inner.config.history_tokens);
+        let trimmed = before - history.len();
+        let change = if rewrite {
+            HistoryChange::Replace(history)
+        } else {
+            // The trim cuts the front: the loaded messages first, then (when the newest turn
+            // alone is over the budget, or the loaded ones held no turn start) this turn's.
+            let from_loaded = trimmed.min(kept);
+            HistoryChange::Append {
+                dropped: refused + from_loaded,
+                messages: history.split_off(kept - from_loaded),
+            }
+        };
         Some(Outcome {
-            history: Some(history),
+            history: Some(change),
             reply,
             model_failed,
         })
@@ -246,6 +273,19 @@ impl SessionManager {
         );
         Content::Parts(parts)
     }
+}
+
+/// Whether `messages` hold image bytes (a `data:` URL).
+fn holds_image_data(messages: &[Message]) -> bool {
+    messages.iter().any(|message| match message {
+        Message::User {
+            content: Content::Parts(parts),
+        } => parts.iter().any(|part| {
+            matches!(part, ContentPart::ImageUrl { image_url }
+                if image_url.url.get(..5).is_some_and(|s| s.eq_ignore_ascii_case("data:")))
+        }),
+        _ => false,
+    })
 }
 
 /// What the chat is told when a turn failed: what happened and what to do, in one or two

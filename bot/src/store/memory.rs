@@ -5,11 +5,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use futures::future::BoxFuture;
+
 use super::sled_store::{StoreOptions, check_session};
 use super::{
-    ChatRecord, Edited, Inbound, Intake, KvWrite, OutboxEntry, PendingItem, PendingKind, Store,
-    StoreError, StoredMessage, TurnCommit, migrated_key, moved_message, moved_outbox,
-    moved_pending,
+    ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
+    PendingItem, PendingKind, Store, StoreError, StoredMessage, TurnCommit, migrated_key,
+    moved_message, moved_outbox, moved_pending,
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;
@@ -19,6 +21,10 @@ use crate::platform::ChatRef;
 pub struct MemoryStore {
     bound: u64,
     inner: Mutex<Inner>,
+    /// Nothing to flush, but the waits are grouped and counted as sled's are, so that
+    /// tests see how many flushes the session layer asks for. Never yields: waiting for
+    /// durability costs a test nothing and changes no interleaving.
+    commit: GroupCommit,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +98,7 @@ impl MemoryStore {
         MemoryStore {
             bound: options.bound(),
             inner: Mutex::new(Inner::default()),
+            commit: GroupCommit::immediate(),
         }
     }
 
@@ -225,8 +232,16 @@ impl Store for MemoryStore {
 
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
         let mut inner = self.lock();
-        if let Some(history) = commit.history {
-            inner.history.insert(commit.session, history);
+        match commit.history {
+            Some(HistoryChange::Append { dropped, messages }) => {
+                let history = inner.history.entry(commit.session).or_default();
+                history.drain(..dropped.min(history.len()));
+                history.extend(messages);
+            }
+            Some(HistoryChange::Replace(messages)) => {
+                inner.history.insert(commit.session, messages);
+            }
+            None => {}
         }
         for id in &commit.answered {
             inner.pending.remove(id);
@@ -409,8 +424,17 @@ impl Store for MemoryStore {
         }
     }
 
+    fn durable(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let ticket = self.commit.ticket();
+        Box::pin(self.commit.wait(ticket, || Ok(())))
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
+        self.commit.wait_blocking(self.commit.ticket(), || Ok(()))
+    }
+
+    fn flushes(&self) -> u64 {
+        self.commit.flushes()
     }
 }
 

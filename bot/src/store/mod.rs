@@ -16,19 +16,29 @@
 //!
 //! After a crash, `pending` is resumed and `unsent_outbox` is sent again.
 //!
+//! **Durability.** A write is in the store when its method returns, and durable (it
+//! survives a kill) once a [`Store::durable`] (or [`Store::flush`]) called *after* it has
+//! returned `Ok`. Such a wait is shared: the callers waiting at the same moment, from any
+//! chat, are covered by one flush ([`GroupCommit`]). Anything told to the outside world
+//! (the platform acknowledged, a reply sent) waits for durability first, and no lock of
+//! the session layer is held while waiting.
+//!
 //! Implementations: [`SledStore`] (sled 0.34, the default) and [`MemoryStore`] (tests,
 //! ephemeral runs). Every value is versioned JSON so that later versions can read it.
 
+mod group_commit;
 mod memory;
 mod sled_store;
 
 use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::llm::Message;
 use crate::platform::{ChatRef, ImageRef, IncomingMessage, Sender};
 use crate::tool::Caller;
 
+pub use group_commit::{GroupCommit, Ticket};
 pub use memory::MemoryStore;
 pub use sled_store::{SledStore, StoreOptions};
 
@@ -36,7 +46,7 @@ pub use sled_store::{SledStore, StoreOptions};
 pub const SENT_KEEP_DAYS: i64 = 7;
 
 /// Why the store could not do what was asked.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// Another process holds the database (a second daemon on the same `data_dir`).
     #[error("the data directory {0} is in use by another parlor process")]
@@ -265,14 +275,31 @@ pub enum Edited {
     Pending(u64),
 }
 
+/// How a commit changes a session's history.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HistoryChange {
+    /// What a turn writes: the `dropped` oldest stored messages go (all of them, when fewer
+    /// are stored: trimming, or the model's context refusing the older part), then
+    /// `messages`, the turn's new ones, follow what is left. Only the new messages are
+    /// written, not the whole history again.
+    Append {
+        /// How many messages the trim dropped from the front of the stored history.
+        dropped: usize,
+        /// The turn's messages, oldest first.
+        messages: Vec<Message>,
+    },
+    /// The history becomes exactly this (`/reset`: empty).
+    Replace(Vec<Message>),
+}
+
 /// Everything a finished turn writes, applied atomically by [`Store::commit_turn`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct TurnCommit {
     /// Session key.
     pub session: String,
-    /// The session's whole history after the turn (already trimmed); `None` leaves it as
-    /// it is (an input answered without a turn, such as a refused command).
-    pub history: Option<Vec<Message>>,
+    /// What becomes of the session's history; `None` leaves it as it is (an input answered
+    /// without a turn, such as a refused command).
+    pub history: Option<HistoryChange>,
     /// Pending items this turn answered.
     pub answered: Vec<u64>,
     /// The reply to send, if any (`id` is ignored and assigned by the store).
@@ -280,7 +307,15 @@ pub struct TurnCommit {
 }
 
 /// Durable state of the daemon. Methods are synchronous and quick (sled is an embedded
-/// database); [`Store::flush`] is the only slow one.
+/// database); only the waits for durability, [`Store::durable`] and [`Store::flush`], are
+/// slow.
+///
+/// Each write method is one transaction: it is wholly in the store when it returns, or (on
+/// an error) not at all. It is *durable* only once a [`Store::durable`] or [`Store::flush`]
+/// called after it returned `Ok`; a kill before that may lose it, along with every later
+/// write (never an earlier one without the later: the log is ordered). Concurrent waits
+/// share one flush (see [`GroupCommit`]), so a caller must not hold a lock that other
+/// writers need while it waits.
 pub trait Store: Send + Sync + 'static {
     /// Records a chat message. Returns `false` (and changes nothing) when this
     /// `(session, message_id)` is already recorded: the inbound dedupe. The log of each
@@ -353,8 +388,8 @@ pub trait Store: Send + Sync + 'static {
     /// Drops pending items without a turn (`/reset` of a session, say).
     fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError>;
 
-    /// Atomically stores the history, removes the answered pending items and queues the
-    /// reply; returns the reply's outbox id.
+    /// Atomically changes the history (appends the turn's messages, or replaces it), removes
+    /// the answered pending items and queues the reply; returns the reply's outbox id.
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError>;
 
     /// Replies committed but not yet marked sent, oldest first.
@@ -432,8 +467,26 @@ pub trait Store: Send + Sync + 'static {
         pending_text: Option<&str>,
     ) -> Result<Edited, StoreError>;
 
-    /// Makes every write so far durable (on shutdown; sled also flushes periodically).
+    /// Waits until every write made before the call is durable. The session layer's wait
+    /// before it tells the outside world anything. Concurrent waits share a flush: one that
+    /// starts after the call covers it and every other caller queued by then. The ticket is
+    /// taken when this is called, not when the future is first polled.
+    ///
+    /// The default flushes on the first poll, for stores without a [`GroupCommit`].
+    fn durable(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move { self.flush() })
+    }
+
+    /// [`Store::durable`] for synchronous code (the toolsets' writes, shutdown): blocks the
+    /// thread until every write so far is durable, sharing flushes with the other callers
+    /// like `durable`. (sled also flushes by itself twice a second.)
     fn flush(&self) -> Result<(), StoreError>;
+
+    /// How many flushes the store ran (each covering every caller then waiting), for tests
+    /// and the bench; 0 for a store that does not count them.
+    fn flushes(&self) -> u64 {
+        0
+    }
 }
 
 /// The meta key recording that session `from` moved ([`Store::migrate_session`]).

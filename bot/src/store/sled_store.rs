@@ -10,7 +10,9 @@
 //! | `messages`      | session `\0` seq (u64 big-endian)    | `{"v":1, ...StoredMessage}`             |
 //! | `message_ids`   | session `\0` message_id              | `{"v":1,"seq":N}` (the dedupe index)    |
 //! | `message_heads` | session                              | `{"v":1,"first":N,"next":M}`            |
-//! | `history`       | session                              | `{"v":1,"messages":[...]}`              |
+//! | `history_heads` | session                              | `{"v":1,"first":N,"next":M}`            |
+//! | `history_messages` | session `\0` seq (u64 big-endian) | `{"v":1,"message":{...Message}}`        |
+//! | `history`       | session                              | `{"v":1,"messages":[...]}` (old format) |
 //! | `pending`       | id (u64 big-endian)                  | `{"v":1, ...PendingItem}`               |
 //! | `outbox`        | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (unsent)      |
 //! | `outbox_done`   | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (sent/failed) |
@@ -19,6 +21,13 @@
 //!
 //! `seq` is dense per session (`first..next` are the recorded messages), so the log of a
 //! session is bounded without scanning it, and `recent_messages` is a reverse range scan.
+//!
+//! History is kept the same way, one record per message: a turn appends its new messages
+//! and drops the trimmed ones from the front (by seq, without reading them), instead of
+//! writing the whole history again. Releases before this one kept a session's history as
+//! one `history` record; it is read as long as the session has no `history_heads` entry,
+//! and turned into messages by the session's first history write, in that write's
+//! transaction.
 //! Pending and outbox ids come from sled's `generate_id`, which is monotonic across
 //! restarts, so key order is arrival order.
 //!
@@ -27,8 +36,10 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -39,9 +50,9 @@ use sled::{Batch, Db, IVec, Tree};
 
 use super::memory::{is_pending_for, migrated_record};
 use super::{
-    ChatRecord, Edited, Inbound, Intake, KvWrite, OutboxEntry, PendingItem, SENT_KEEP_DAYS, Store,
-    StoreError, StoredMessage, TurnCommit, migrated_key, moved_message, moved_outbox,
-    moved_pending,
+    ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
+    PendingItem, SENT_KEEP_DAYS, Store, StoreError, StoredMessage, TurnCommit, migrated_key,
+    moved_message, moved_outbox, moved_pending,
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;
@@ -95,13 +106,18 @@ pub struct SledStore {
     messages: Tree,
     message_ids: Tree,
     message_heads: Tree,
+    /// Histories in the format of earlier releases, read until rewritten.
     history: Tree,
+    history_heads: Tree,
+    history_messages: Tree,
     pending: Tree,
     outbox: Tree,
     outbox_done: Tree,
     meta: Tree,
     chats: Tree,
     bound: u64,
+    /// Shared by the clones: they are one database, whose flushes cover them all.
+    commit: Arc<GroupCommit>,
 }
 
 impl fmt::Debug for SledStore {
@@ -147,6 +163,8 @@ impl SledStore {
             message_ids: tree("message_ids")?,
             message_heads: tree("message_heads")?,
             history: tree("history")?,
+            history_heads: tree("history_heads")?,
+            history_messages: tree("history_messages")?,
             pending: tree("pending")?,
             outbox: tree("outbox")?,
             outbox_done: tree("outbox_done")?,
@@ -154,6 +172,7 @@ impl SledStore {
             chats: tree("chats")?,
             db,
             bound: options.bound(),
+            commit: Arc::new(GroupCommit::new()),
         };
         tracing::debug!(path = %dir.display(), "store opened");
         Ok(store)
@@ -275,19 +294,17 @@ impl Store for SledStore {
     }
 
     fn load_history(&self, session: &str) -> Result<Vec<Message>, StoreError> {
-        match self.history.get(session).map_err(sled_error)? {
-            Some(bytes) => {
-                let record: HistoryRecord = decode(&bytes, || format!("history[{session}]"))?;
-                Ok(record.messages)
-            }
-            None => Ok(Vec::new()),
-        }
+        check_session(session)?;
+        Ok(self.read_history(session)?.1)
     }
 
     fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError> {
-        let value = encode(&HistoryRef { messages: history })?;
-        self.history.insert(session, value).map_err(sled_error)?;
-        Ok(())
+        check_session(session)?;
+        let values = encode_history(history)?;
+        let result = (&self.history, &self.history_heads, &self.history_messages).transaction(
+            |(legacy, heads, log)| HistoryTx { legacy, heads, log }.replace(session, &values),
+        );
+        transaction_result(result)
     }
 
     fn add_pending_with(
@@ -326,8 +343,14 @@ impl Store for SledStore {
     }
 
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
+        check_session(&commit.session)?;
+        // Encoded once, outside the transaction (which sled may run more than once).
         let history = match &commit.history {
-            Some(messages) => Some(encode(&HistoryRef { messages })?),
+            Some(HistoryChange::Append { dropped, messages }) => Some((
+                Some(u64::try_from(*dropped).unwrap_or(u64::MAX)),
+                encode_history(messages)?,
+            )),
+            Some(HistoryChange::Replace(messages)) => Some((None, encode_history(messages)?)),
             None => None,
         };
         let reply = match commit.reply {
@@ -341,20 +364,33 @@ impl Store for SledStore {
         };
         let session = commit.session.as_str();
         let answered = &commit.answered;
-        let result = (&self.history, &self.pending, &self.outbox).transaction(
-            |(history_tree, pending, outbox)| {
-                if let Some(history) = &history {
-                    history_tree.insert(session, history.as_slice())?;
-                }
-                for id in answered {
-                    pending.remove(&id.to_be_bytes())?;
-                }
-                if let Some((id, value)) = &reply {
-                    outbox.insert(&id.to_be_bytes(), value.as_slice())?;
-                }
-                Ok(())
-            },
-        );
+        let trees = [
+            &self.history,
+            &self.history_heads,
+            &self.history_messages,
+            &self.pending,
+            &self.outbox,
+        ];
+        let result = trees[..].transaction(|t| {
+            let (pending, outbox) = (&t[3], &t[4]);
+            let tx = HistoryTx {
+                legacy: &t[0],
+                heads: &t[1],
+                log: &t[2],
+            };
+            match &history {
+                Some((Some(dropped), values)) => tx.append(session, *dropped, values)?,
+                Some((None, values)) => tx.replace(session, values)?,
+                None => {}
+            }
+            for id in answered {
+                pending.remove(&id.to_be_bytes())?;
+            }
+            if let Some((id, value)) = &reply {
+                outbox.insert(&id.to_be_bytes(), value.as_slice())?;
+            }
+            Ok(())
+        });
         transaction_result::<()>(result)?;
         Ok(reply.map(|(id, _)| id))
     }
@@ -538,9 +574,18 @@ impl Store for SledStore {
         transaction_result(result)
     }
 
+    fn durable(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let ticket = self.commit.ticket();
+        Box::pin(self.commit.wait(ticket, || self.flush_log()))
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush().map_err(sled_error)?;
-        Ok(())
+        self.commit
+            .wait_blocking(self.commit.ticket(), || self.flush_log())
+    }
+
+    fn flushes(&self) -> u64 {
+        self.commit.flushes()
     }
 }
 
@@ -567,6 +612,18 @@ impl SledStore {
             self.message_heads.get(new).map_err(sled_error)?,
         );
         let (old_log, new_log) = (self.read_log(old)?, self.read_log(new)?);
+        let (old_stamp, old_history) = self.read_history(old)?;
+        let (new_stamp, new_history) = self.read_history(new)?;
+        // The old chat's history goes before the new one's; nothing moves without one.
+        let history = match old_stamp.exists() {
+            true => Some(encode_history(
+                &old_history
+                    .into_iter()
+                    .chain(new_history)
+                    .collect::<Vec<_>>(),
+            )?),
+            false => None,
+        };
         let mut combined: Vec<StoredMessage> = old_log
             .iter()
             .map(|(_, m)| moved_message(from, m.clone()))
@@ -600,15 +657,25 @@ impl SledStore {
             self.outbox.clone(),
             self.chats.clone(),
             self.meta.clone(),
+            self.history_heads.clone(),
+            self.history_messages.clone(),
         ];
         let (trees, index) = self.with_kv_trees(base, also)?;
         let result = trees[..].transaction(|t| {
-            let (log, ids, head_tree, history) = (&t[0], &t[1], &t[2], &t[3]);
+            let (log, ids, head_tree) = (&t[0], &t[1], &t[2]);
             let (pending, outbox, chats, meta) = (&t[4], &t[5], &t[6], &t[7]);
+            let history_tx = HistoryTx {
+                legacy: &t[3],
+                heads: &t[8],
+                log: &t[9],
+            };
             if meta.get(&marker)?.is_some() {
                 return Ok(Some(false));
             }
-            if (head_tree.get(old)?, head_tree.get(new)?) != heads {
+            if (head_tree.get(old)?, head_tree.get(new)?) != heads
+                || history_tx.stamp(old)? != old_stamp
+                || history_tx.stamp(new)? != new_stamp
+            {
                 return Ok(None);
             }
             // The log, rebuilt under the new session from seq 0.
@@ -630,18 +697,9 @@ impl SledStore {
                 let next = u64::try_from(combined.len()).unwrap_or(u64::MAX);
                 head_tree.insert(new, encode_abort(&Head { first: 0, next })?)?;
             }
-            if let Some(bytes) = history.remove(old)? {
-                let mut moved: HistoryRecord = decode(&bytes, || format!("history[{old}]"))
-                    .map_err(ConflictableTransactionError::Abort)?;
-                if let Some(bytes) = history.get(new)? {
-                    let kept: HistoryRecord = decode(&bytes, || format!("history[{new}]"))
-                        .map_err(ConflictableTransactionError::Abort)?;
-                    moved.messages.extend(kept.messages);
-                }
-                let value = encode_abort(&HistoryRef {
-                    messages: &moved.messages,
-                })?;
-                history.insert(new, value)?;
+            if let Some(values) = &history {
+                history_tx.replace(old, &[])?;
+                history_tx.replace(new, values)?;
             }
             for id in &pending_ids {
                 if let Some(bytes) = pending.get(id.to_be_bytes())? {
@@ -670,6 +728,43 @@ impl SledStore {
             Ok(Some(true))
         });
         transaction_result(result)
+    }
+
+    /// The history of `session` and what it was read from (to tell whether it changed since).
+    fn read_history(&self, session: &str) -> Result<(HistoryStamp, Vec<Message>), StoreError> {
+        let head = self.history_heads.get(session).map_err(sled_error)?;
+        let legacy = self.history.get(session).map_err(sled_error)?;
+        let messages = match (&head, &legacy) {
+            (Some(_), _) => self
+                .history_messages
+                .scan_prefix(session_prefix(session))
+                .map(|entry| {
+                    let (key, bytes) = entry.map_err(sled_error)?;
+                    decode_history_entry(&bytes, || {
+                        format!("history_messages[{session}/{}]", describe_seq(&key))
+                    })
+                })
+                .collect::<Result<_, StoreError>>()?,
+            (None, Some(bytes)) => {
+                decode::<HistoryRecord>(bytes, || format!("history[{session}]"))?.messages
+            }
+            (None, None) => Vec::new(),
+        };
+        Ok((HistoryStamp { head, legacy }, messages))
+    }
+
+    /// Makes every write so far durable. sled's `flush` makes the log stable up to the
+    /// highest position reserved when it starts (sled 0.34: `iobuf::flush` is
+    /// `make_stable(max_reserved_lsn)`, and the stable position only advances over a
+    /// contiguous prefix), so one flush covers every write that returned before it began,
+    /// in every tree and every chat: a turn's commit flush covers the intake write of its
+    /// input, whoever was still waiting for that. A transaction holds sled's concurrency
+    /// control exclusively and `flush` holds it shared, so a flush never covers half of a
+    /// transaction (and no transaction is written while a flush runs; see
+    /// [`GroupCommit`]'s docs for what that means for grouping).
+    fn flush_log(&self) -> Result<(), StoreError> {
+        self.db.flush().map_err(sled_error)?;
+        Ok(())
     }
 
     /// Every logged message of `session`, with its key, oldest first.
@@ -792,14 +887,148 @@ struct SeqRecord {
     seq: u64,
 }
 
+/// A history in the format of earlier releases: the whole of it in one value.
 #[derive(serde::Deserialize)]
 struct HistoryRecord {
     messages: Vec<Message>,
 }
 
+/// One message of a history.
+#[derive(serde::Deserialize)]
+struct HistoryEntry {
+    message: Message,
+}
+
+/// A history message as stored, version included: read in one pass, without the
+/// intermediate `Value` of [`decode`] (a turn reads every message of its history).
+#[derive(serde::Deserialize)]
+struct VersionedHistoryEntry {
+    v: Option<u64>,
+    message: Message,
+}
+
+/// [`decode`] for a `history_messages` value; the same errors, from `decode` itself.
+fn decode_history_entry(bytes: &[u8], key: impl Fn() -> String) -> Result<Message, StoreError> {
+    match serde_json::from_slice::<VersionedHistoryEntry>(bytes) {
+        Ok(VersionedHistoryEntry {
+            v: Some(VERSION),
+            message,
+        }) => Ok(message),
+        _ => decode::<HistoryEntry>(bytes, key).map(|entry| entry.message),
+    }
+}
+
 #[derive(serde::Serialize)]
-struct HistoryRef<'a> {
-    messages: &'a [Message],
+struct HistoryEntryRef<'a> {
+    message: &'a Message,
+}
+
+/// The raw values a history was read from: a migration moves it only if they are unchanged
+/// inside its transaction.
+#[derive(Debug, PartialEq)]
+struct HistoryStamp {
+    head: Option<IVec>,
+    legacy: Option<IVec>,
+}
+
+impl HistoryStamp {
+    fn exists(&self) -> bool {
+        self.head.is_some() || self.legacy.is_some()
+    }
+}
+
+/// Each message as its `history_messages` value.
+fn encode_history(messages: &[Message]) -> Result<Vec<Vec<u8>>, StoreError> {
+    messages
+        .iter()
+        .map(|message| encode(&HistoryEntryRef { message }))
+        .collect()
+}
+
+type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
+
+/// The trees of a history inside a transaction. Keeps `history_messages` of a session dense
+/// (`first..next` of its head) and the head absent when the history is empty.
+struct HistoryTx<'a> {
+    legacy: &'a TransactionalTree,
+    heads: &'a TransactionalTree,
+    log: &'a TransactionalTree,
+}
+
+impl HistoryTx<'_> {
+    /// What [`SledStore::read_history`] would stamp, read inside the transaction.
+    fn stamp(&self, session: &str) -> TxResult<HistoryStamp> {
+        Ok(HistoryStamp {
+            head: self.heads.get(session)?,
+            legacy: self.legacy.get(session)?,
+        })
+    }
+
+    /// The head of the session's history; one in the old format is first written out as
+    /// messages (and its record removed).
+    fn head(&self, session: &str) -> TxResult<Head> {
+        if let Some(bytes) = self.heads.get(session)? {
+            return decode(&bytes, || format!("history_heads[{session}]"))
+                .map_err(ConflictableTransactionError::Abort);
+        }
+        let mut head = Head::default();
+        if let Some(bytes) = self.legacy.remove(session)? {
+            let record: HistoryRecord = decode(&bytes, || format!("history[{session}]"))
+                .map_err(ConflictableTransactionError::Abort)?;
+            for message in &record.messages {
+                self.log.insert(
+                    message_key(session, head.next),
+                    encode_abort(&HistoryEntryRef { message })?,
+                )?;
+                head.next += 1;
+            }
+        }
+        Ok(head)
+    }
+
+    /// Drops the `dropped` oldest messages, then appends `values`.
+    fn append(&self, session: &str, dropped: u64, values: &[Vec<u8>]) -> TxResult<()> {
+        let mut head = self.head(session)?;
+        let keep_from = head.first.saturating_add(dropped).min(head.next);
+        for seq in head.first..keep_from {
+            self.log.remove(message_key(session, seq))?;
+        }
+        head.first = keep_from;
+        for value in values {
+            self.log
+                .insert(message_key(session, head.next), value.as_slice())?;
+            head.next += 1;
+        }
+        self.set_head(session, head)
+    }
+
+    /// Replaces the whole history by `values`.
+    fn replace(&self, session: &str, values: &[Vec<u8>]) -> TxResult<()> {
+        self.legacy.remove(session)?;
+        if let Some(bytes) = self.heads.get(session)? {
+            let old: Head = decode(&bytes, || format!("history_heads[{session}]"))
+                .map_err(ConflictableTransactionError::Abort)?;
+            for seq in old.first..old.next {
+                self.log.remove(message_key(session, seq))?;
+            }
+        }
+        let mut head = Head::default();
+        for value in values {
+            self.log
+                .insert(message_key(session, head.next), value.as_slice())?;
+            head.next += 1;
+        }
+        self.set_head(session, head)
+    }
+
+    fn set_head(&self, session: &str, head: Head) -> TxResult<()> {
+        if head.first == head.next {
+            self.heads.remove(session)?;
+        } else {
+            self.heads.insert(session, encode_abort(&head)?)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(serde::Deserialize)]
