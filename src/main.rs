@@ -92,9 +92,6 @@ enum Command {
     },
 }
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     memory::limit_arenas();
     let cli = Cli::parse();
