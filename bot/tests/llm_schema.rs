@@ -143,7 +143,7 @@ fn requests() -> Vec<(&'static str, ChatRequest)> {
     let base = ChatRequest {
         model: "gpt-4o-mini".into(),
         messages: conversation(),
-        tools: vec![weather_tool()],
+        tools: vec![weather_tool()].into(),
         tool_choice: Some(ToolChoice::Auto),
         parallel_tool_calls: Some(true),
         temperature: Some(0.7),
@@ -157,7 +157,7 @@ fn requests() -> Vec<(&'static str, ChatRequest)> {
     none.temperature = None;
     none.max_completion_tokens = None;
     let mut no_tools = base.clone();
-    no_tools.tools.clear();
+    no_tools.tools = Default::default();
     let minimal = chat_request("gpt-4o-mini", vec![Message::user("hi")]);
     // parlor's own image reference, which the agent resolves before a request: should one be
     // left, the body must still be valid.

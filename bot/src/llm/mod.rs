@@ -21,7 +21,7 @@ pub use retry::Retrying;
 pub use stream::{StreamAssembler, assemble};
 pub use wire::{
     ChatRequest, Completion, Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message,
-    ToolCall, ToolChoice, ToolDef, Usage,
+    ToolCall, ToolChoice, ToolDef, ToolDefs, Usage,
 };
 
 /// Why a completion could not be produced. Every variant says whether a retry could help
