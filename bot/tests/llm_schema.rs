@@ -210,6 +210,49 @@ fn every_request_body_is_a_valid_create_chat_completion_request() {
     }
 }
 
+/// What is POSTed is `request_body` serialized, byte for byte, though written without it:
+/// for every request shape, and for text that needs escaping, numbers, and every optional
+/// field present or absent.
+#[test]
+fn the_posted_bytes_are_the_request_body_serialized() {
+    let mut shapes = requests();
+    let mut odd = requests()[0].1.clone();
+    odd.messages.extend([
+        Message::user("quotes \" and \\ backslashes, \u{1} control, tab\t, newline\n, é ✓ 🎉"),
+        Message::Assistant {
+            content: None,
+            tool_calls: Vec::new(),
+        },
+        Message::Assistant {
+            content: Some(String::new()),
+            tool_calls: vec![ToolCall::new("", "x", "not json {")],
+        },
+        Message::tool("call_\"odd\"", "</script>"),
+        Message::User {
+            content: Content::Parts(Vec::new()),
+        },
+    ]);
+    odd.temperature = Some(1.1);
+    odd.max_completion_tokens = Some(u32::MAX);
+    odd.tool_choice = None;
+    odd.parallel_tool_calls = None;
+    shapes.push(("escapes and edge cases", odd));
+    for temperature in [0.0, -0.0, 2.0, 0.3, f32::NAN, f32::INFINITY] {
+        let mut r = requests()[0].1.clone();
+        r.temperature = Some(temperature);
+        shapes.push(("temperature", r));
+    }
+    for (name, request) in shapes {
+        let expected = serde_json::to_vec(&OpenAiClient::request_body(&request)).unwrap();
+        let posted = OpenAiClient::request_bytes(&request);
+        assert_eq!(
+            String::from_utf8(posted).unwrap(),
+            String::from_utf8(expected).unwrap(),
+            "{name}"
+        );
+    }
+}
+
 /// The schema itself must not be so loose that anything passes.
 #[test]
 fn the_request_schema_refuses_broken_bodies() {

@@ -4,8 +4,9 @@
 //! - [`stream`]: assembles streamed chunks (content, reasoning, tool-call deltas by `index`)
 //!   into one [`Completion`].
 //! - [`openai`]: [`OpenAiClient`], the reqwest implementation of [`LlmBackend`], with SSE
-//!   framing, timeouts and retries.
+//!   framing, timeouts and retries; `body.rs` writes its request bodies.
 
+mod body;
 pub mod openai;
 pub mod retry;
 pub mod stream;

@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 pub use super::retry::{RetryPolicy, Retrying};
+use super::body;
 use super::stream::{MAX_STREAM_BYTES, StreamAssembler, assemble, error_message};
 use super::wire::{ChatRequest, Completion};
 use super::{LlmBackend, LlmError};
@@ -195,14 +196,25 @@ impl OpenAiClient {
         Value::Object(body)
     }
 
+    /// [`OpenAiClient::request_body`] serialized, byte for byte, but written from `request`
+    /// directly (see `body.rs`): what [`LlmBackend::stream`] POSTs.
+    pub fn request_bytes(request: &ChatRequest) -> Vec<u8> {
+        body::write(request).unwrap_or_else(|e| {
+            // Unreachable for these types, as in `request_body`.
+            tracing::error!(error = %e, "could not serialize the chat request");
+            serde_json::to_vec(&Self::request_body(request)).unwrap_or_default()
+        })
+    }
+
     /// One attempt, without the overall timeout and cancellation (see `stream`).
     async fn attempt(&self, request: &ChatRequest) -> Result<Completion, LlmError> {
-        let body = Self::request_body(request);
+        let body = Self::request_bytes(request);
         let response = self
             .http
             .post(&self.url)
             .header(header::ACCEPT, "text/event-stream")
-            .json(&body)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
             .send()
             .await
             .map_err(|e| transport_error(&self.config, e))?;
