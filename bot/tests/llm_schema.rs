@@ -242,6 +242,16 @@ fn the_posted_bytes_are_the_request_body_serialized() {
         r.temperature = Some(temperature);
         shapes.push(("temperature", r));
     }
+    // Every ASCII character and a few others, at every offset of a word and past it.
+    let mut every_char = requests()[5].1.clone();
+    for c in (0u8..0x80).map(char::from).chain(['é', '\u{2028}', '✓', '🎉']) {
+        for at in 0..18 {
+            let mut text = "a".repeat(20);
+            text.insert(at, c);
+            every_char.messages.push(Message::user(text));
+        }
+    }
+    shapes.push(("every character at every offset", every_char));
     for (name, request) in shapes {
         let expected = serde_json::to_vec(&OpenAiClient::request_body(&request)).unwrap();
         let posted = OpenAiClient::request_bytes(&request);

@@ -87,13 +87,14 @@ pub struct OpenAiClient {
     http: reqwest::Client,
     // Shared with every body stream in flight, which needs it to describe errors.
     config: Arc<OpenAiConfig>,
-    url: String,
+    /// Parsed once: reqwest parses a URL given as text on every request.
+    url: reqwest::Url,
 }
 
 impl fmt::Debug for OpenAiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiClient")
-            .field("url", &self.url)
+            .field("url", &self.url.as_str())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -103,8 +104,8 @@ impl OpenAiClient {
     /// Builds the HTTP client for `config`.
     ///
     /// # Errors
-    /// [`LlmError::Connect`] when an extra header or the API key cannot be sent as an HTTP
-    /// header, or the TLS backend cannot be set up.
+    /// [`LlmError::Connect`] when the base URL does not parse, an extra header or the API key
+    /// cannot be sent as an HTTP header, or the TLS backend cannot be set up.
     pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
         let mut headers = HeaderMap::new();
         for (name, value) in &config.extra_headers {
@@ -135,6 +136,8 @@ impl OpenAiClient {
             .build()
             .map_err(|e| LlmError::Connect(format!("cannot build the HTTP client: {e}")))?;
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let url = reqwest::Url::parse(&url)
+            .map_err(|e| LlmError::Connect(format!("the base URL is not a URL ({e}): {url}")))?;
         Ok(OpenAiClient {
             http,
             config: Arc::new(config),
@@ -158,7 +161,7 @@ impl OpenAiClient {
 
     /// The URL requests are POSTed to.
     pub fn endpoint(&self) -> &str {
-        &self.url
+        self.url.as_str()
     }
 
     /// Exactly the JSON body POSTed for `request`: its fields, plus `"stream": true` and
@@ -211,7 +214,7 @@ impl OpenAiClient {
         let body = Self::request_bytes(request);
         let response = self
             .http
-            .post(&self.url)
+            .post(self.url.clone())
             .header(header::ACCEPT, "text/event-stream")
             .header(header::CONTENT_TYPE, "application/json")
             .body(body)
