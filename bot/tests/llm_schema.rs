@@ -252,6 +252,21 @@ fn the_posted_bytes_are_the_request_body_serialized() {
         }
     }
     shapes.push(("every character at every offset", every_char));
+    // Strings mixing characters that are escaped with ones next to them in value, ASCII and
+    // not, in every arrangement a simple generator comes up with.
+    let alphabet = ['a', '"', '\\', '\n', '\u{1}', '\u{1f}', ' ', '!', '#', ']', '\u{7f}', 'é', 'Ģ'];
+    let mut mixed = requests()[5].1.clone();
+    let mut seed = 0x2545_f491_u64;
+    for _ in 0..3000 {
+        let mut text = String::new();
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        for _ in 0..(seed >> 59) * 3 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            text.push(alphabet[(seed >> 33) as usize % alphabet.len()]);
+        }
+        mixed.messages.push(Message::user(text));
+    }
+    shapes.push(("mixed escapes", mixed));
     for (name, request) in shapes {
         let expected = serde_json::to_vec(&OpenAiClient::request_body(&request)).unwrap();
         let posted = OpenAiClient::request_bytes(&request);
