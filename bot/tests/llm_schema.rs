@@ -244,7 +244,10 @@ fn the_posted_bytes_are_the_request_body_serialized() {
     }
     // Every ASCII character and a few others, at every offset of a word and past it.
     let mut every_char = requests()[5].1.clone();
-    for c in (0u8..0x80).map(char::from).chain(['é', '\u{2028}', '✓', '🎉']) {
+    for c in (0u8..0x80)
+        .map(char::from)
+        .chain(['é', '\u{2028}', '✓', '🎉'])
+    {
         for at in 0..18 {
             let mut text = "a".repeat(20);
             text.insert(at, c);
@@ -254,7 +257,9 @@ fn the_posted_bytes_are_the_request_body_serialized() {
     shapes.push(("every character at every offset", every_char));
     // Strings mixing characters that are escaped with ones next to them in value, ASCII and
     // not, in every arrangement a simple generator comes up with.
-    let alphabet = ['a', '"', '\\', '\n', '\u{1}', '\u{1f}', ' ', '!', '#', ']', '\u{7f}', 'é', 'Ģ'];
+    let alphabet = [
+        'a', '"', '\\', '\n', '\u{1}', '\u{1f}', ' ', '!', '#', ']', '\u{7f}', 'é', 'Ģ',
+    ];
     let mut mixed = requests()[5].1.clone();
     let mut seed = 0x2545_f491_u64;
     for _ in 0..3000 {

@@ -454,8 +454,9 @@ fn the_rest_of_the_event_stream_framing() {
         "Hel"
     );
     // Bytes that are not UTF-8 are an error also in a line that is cut off.
-    let err = run(vec![Bytes::from(format!("data: {HELLO}\n\n: \u{e9}"))
-        .slice(..HELLO.len() + 11)])
+    let err = run(vec![
+        Bytes::from(format!("data: {HELLO}\n\n: \u{e9}")).slice(..HELLO.len() + 11),
+    ])
     .unwrap_err();
     assert!(matches!(err, LlmError::Malformed(_)), "{err:?}");
 }

@@ -49,7 +49,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// The answer the fake model gives; a little Markdown, so that rendering has work.
-const ANSWER: &str = "Sure: here is a **short** answer, with `code` and a [link](https://example.com).";
+const ANSWER: &str =
+    "Sure: here is a **short** answer, with `code` and a [link](https://example.com).";
 /// The base prompt of `parlor run` (`src/config.rs`, `DEFAULT_SYSTEM_PROMPT`).
 const SYSTEM_PROMPT: &str = "You are parlor, an assistant in a group chat. Several \
 people may talk to you; each message starts with the name of who wrote it. Answer the person \
@@ -91,7 +92,7 @@ fn usage() -> ! {
 
 fn parse_args() -> Args {
     let mut args = Args {
-        turns: 2000,
+        turns: 1000,
         chats: 50,
         stores: vec![StoreKind::Sled, StoreKind::Memory],
     };

@@ -17,8 +17,8 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-pub use super::retry::{RetryPolicy, Retrying};
 use super::body;
+pub use super::retry::{RetryPolicy, Retrying};
 use super::stream::{MAX_STREAM_BYTES, StreamAssembler, assemble, error_message};
 use super::wire::{ChatRequest, Completion};
 use super::{LlmBackend, LlmError};
