@@ -266,7 +266,7 @@ pub fn chat_request(model: &str, messages: Vec<Message>) -> ChatRequest {
     ChatRequest {
         model: model.to_owned(),
         messages,
-        tools: Vec::new(),
+        tools: Default::default(),
         tool_choice: None,
         parallel_tool_calls: None,
         temperature: None,

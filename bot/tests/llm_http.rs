@@ -140,7 +140,8 @@ fn request() -> ChatRequest {
             "GetWeatherArgs",
             "Weather",
             json!({"type": "object", "properties": {"city": {"type": "string"}}}),
-        )],
+        )]
+        .into(),
         tool_choice: Some(ToolChoice::Auto),
         parallel_tool_calls: Some(true),
         temperature: None,

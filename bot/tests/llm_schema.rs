@@ -143,7 +143,7 @@ fn requests() -> Vec<(&'static str, ChatRequest)> {
     let base = ChatRequest {
         model: "gpt-4o-mini".into(),
         messages: conversation(),
-        tools: vec![weather_tool()],
+        tools: vec![weather_tool()].into(),
         tool_choice: Some(ToolChoice::Auto),
         parallel_tool_calls: Some(true),
         temperature: Some(0.7),
@@ -157,7 +157,7 @@ fn requests() -> Vec<(&'static str, ChatRequest)> {
     none.temperature = None;
     none.max_completion_tokens = None;
     let mut no_tools = base.clone();
-    no_tools.tools.clear();
+    no_tools.tools = Default::default();
     let minimal = chat_request("gpt-4o-mini", vec![Message::user("hi")]);
     // parlor's own image reference, which the agent resolves before a request: should one be
     // left, the body must still be valid.
@@ -207,6 +207,79 @@ fn every_request_body_is_a_valid_create_chat_completion_request() {
                 assert!(body.get(key).is_none(), "{name}: {key} must be left out");
             }
         }
+    }
+}
+
+/// What is POSTed is `request_body` serialized, byte for byte, though written without it:
+/// for every request shape, and for text that needs escaping, numbers, and every optional
+/// field present or absent.
+#[test]
+fn the_posted_bytes_are_the_request_body_serialized() {
+    let mut shapes = requests();
+    let mut odd = requests()[0].1.clone();
+    odd.messages.extend([
+        Message::user("quotes \" and \\ backslashes, \u{1} control, tab\t, newline\n, é ✓ 🎉"),
+        Message::Assistant {
+            content: None,
+            tool_calls: Vec::new(),
+        },
+        Message::Assistant {
+            content: Some(String::new()),
+            tool_calls: vec![ToolCall::new("", "x", "not json {")],
+        },
+        Message::tool("call_\"odd\"", "</script>"),
+        Message::User {
+            content: Content::Parts(Vec::new()),
+        },
+    ]);
+    odd.temperature = Some(1.1);
+    odd.max_completion_tokens = Some(u32::MAX);
+    odd.tool_choice = None;
+    odd.parallel_tool_calls = None;
+    shapes.push(("escapes and edge cases", odd));
+    for temperature in [0.0, -0.0, 2.0, 0.3, f32::NAN, f32::INFINITY] {
+        let mut r = requests()[0].1.clone();
+        r.temperature = Some(temperature);
+        shapes.push(("temperature", r));
+    }
+    // Every ASCII character and a few others, at every offset of a word and past it.
+    let mut every_char = requests()[5].1.clone();
+    for c in (0u8..0x80)
+        .map(char::from)
+        .chain(['é', '\u{2028}', '✓', '🎉'])
+    {
+        for at in 0..18 {
+            let mut text = "a".repeat(20);
+            text.insert(at, c);
+            every_char.messages.push(Message::user(text));
+        }
+    }
+    shapes.push(("every character at every offset", every_char));
+    // Strings mixing characters that are escaped with ones next to them in value, ASCII and
+    // not, in every arrangement a simple generator comes up with.
+    let alphabet = [
+        'a', '"', '\\', '\n', '\u{1}', '\u{1f}', ' ', '!', '#', ']', '\u{7f}', 'é', 'Ģ',
+    ];
+    let mut mixed = requests()[5].1.clone();
+    let mut seed = 0x2545_f491_u64;
+    for _ in 0..3000 {
+        let mut text = String::new();
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        for _ in 0..(seed >> 59) * 3 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            text.push(alphabet[(seed >> 33) as usize % alphabet.len()]);
+        }
+        mixed.messages.push(Message::user(text));
+    }
+    shapes.push(("mixed escapes", mixed));
+    for (name, request) in shapes {
+        let expected = serde_json::to_vec(&OpenAiClient::request_body(&request)).unwrap();
+        let posted = OpenAiClient::request_bytes(&request);
+        assert_eq!(
+            String::from_utf8(posted).unwrap(),
+            String::from_utf8(expected).unwrap(),
+            "{name}"
+        );
     }
 }
 

@@ -1,11 +1,12 @@
 //! The LLM edge: the only module that knows the OpenAI chat-completions wire JSON.
 //!
 //! - [`wire`]: request/response message types in the OpenAI shape.
-//! - [`stream`]: assembles streamed chunks (content, reasoning, tool-call deltas by `index`)
-//!   into one [`Completion`].
-//! - [`openai`]: [`OpenAiClient`], the reqwest implementation of [`LlmBackend`], with SSE
-//!   framing, timeouts and retries.
+//! - [`stream`]: reads the server-sent events and assembles their chunks (content,
+//!   reasoning, tool-call deltas by `index`) into one [`Completion`].
+//! - [`openai`]: [`OpenAiClient`], the reqwest implementation of [`LlmBackend`], with
+//!   timeouts and retries; `body.rs` writes its request bodies.
 
+mod body;
 pub mod openai;
 pub mod retry;
 pub mod stream;
@@ -21,7 +22,7 @@ pub use retry::Retrying;
 pub use stream::{StreamAssembler, assemble};
 pub use wire::{
     ChatRequest, Completion, Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message,
-    ToolCall, ToolChoice, ToolDef, Usage,
+    ToolCall, ToolChoice, ToolDef, ToolDefs, Usage,
 };
 
 /// Why a completion could not be produced. Every variant says whether a retry could help

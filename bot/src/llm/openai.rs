@@ -17,6 +17,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::body;
 pub use super::retry::{RetryPolicy, Retrying};
 use super::stream::{MAX_STREAM_BYTES, StreamAssembler, assemble, error_message};
 use super::wire::{ChatRequest, Completion};
@@ -86,13 +87,14 @@ pub struct OpenAiClient {
     http: reqwest::Client,
     // Shared with every body stream in flight, which needs it to describe errors.
     config: Arc<OpenAiConfig>,
-    url: String,
+    /// Parsed once: reqwest parses a URL given as text on every request.
+    url: reqwest::Url,
 }
 
 impl fmt::Debug for OpenAiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiClient")
-            .field("url", &self.url)
+            .field("url", &self.url.as_str())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -102,8 +104,8 @@ impl OpenAiClient {
     /// Builds the HTTP client for `config`.
     ///
     /// # Errors
-    /// [`LlmError::Connect`] when an extra header or the API key cannot be sent as an HTTP
-    /// header, or the TLS backend cannot be set up.
+    /// [`LlmError::Connect`] when the base URL does not parse, an extra header or the API key
+    /// cannot be sent as an HTTP header, or the TLS backend cannot be set up.
     pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
         let mut headers = HeaderMap::new();
         for (name, value) in &config.extra_headers {
@@ -134,6 +136,8 @@ impl OpenAiClient {
             .build()
             .map_err(|e| LlmError::Connect(format!("cannot build the HTTP client: {e}")))?;
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let url = reqwest::Url::parse(&url)
+            .map_err(|e| LlmError::Connect(format!("the base URL is not a URL ({e}): {url}")))?;
         Ok(OpenAiClient {
             http,
             config: Arc::new(config),
@@ -157,7 +161,7 @@ impl OpenAiClient {
 
     /// The URL requests are POSTed to.
     pub fn endpoint(&self) -> &str {
-        &self.url
+        self.url.as_str()
     }
 
     /// Exactly the JSON body POSTed for `request`: its fields, plus `"stream": true` and
@@ -195,14 +199,25 @@ impl OpenAiClient {
         Value::Object(body)
     }
 
+    /// [`OpenAiClient::request_body`] serialized, byte for byte, but written from `request`
+    /// directly (see `body.rs`): what [`LlmBackend::stream`] POSTs.
+    pub fn request_bytes(request: &ChatRequest) -> Vec<u8> {
+        body::write(request).unwrap_or_else(|e| {
+            // Unreachable for these types, as in `request_body`.
+            tracing::error!(error = %e, "could not serialize the chat request");
+            serde_json::to_vec(&Self::request_body(request)).unwrap_or_default()
+        })
+    }
+
     /// One attempt, without the overall timeout and cancellation (see `stream`).
     async fn attempt(&self, request: &ChatRequest) -> Result<Completion, LlmError> {
-        let body = Self::request_body(request);
+        let body = Self::request_bytes(request);
         let response = self
             .http
-            .post(&self.url)
+            .post(self.url.clone())
             .header(header::ACCEPT, "text/event-stream")
-            .json(&body)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
             .send()
             .await
             .map_err(|e| transport_error(&self.config, e))?;

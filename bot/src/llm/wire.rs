@@ -10,8 +10,10 @@
 //! any that is left with a text part.
 
 use std::borrow::Cow;
+use std::ops::Deref;
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::platform::ImageRef;
@@ -233,6 +235,92 @@ pub struct FunctionDef {
     pub parameters: Value,
 }
 
+/// The tools offered to the model, shared by every request that offers them: a registry
+/// builds them once, and a request holds two `Arc`s, not a copy of every schema. Their wire
+/// JSON is serialized once too, here, and written into each request body as it is.
+///
+/// Dereferences to the definitions; built from a `Vec<ToolDef>` (`.into()`) or collected.
+#[derive(Clone)]
+pub struct ToolDefs {
+    defs: Arc<[ToolDef]>,
+    /// `defs` exactly as [`OpenAiClient::request_body`](super::OpenAiClient::request_body)
+    /// has them (through a `Value`, whose objects keep their keys sorted), compact.
+    json: Arc<str>,
+}
+
+impl ToolDefs {
+    /// Whether no tool is offered.
+    pub fn is_empty(&self) -> bool {
+        self.defs.is_empty()
+    }
+
+    /// The definitions as the `tools` array of a request body: compact JSON, keys sorted.
+    pub fn wire_json(&self) -> &str {
+        &self.json
+    }
+}
+
+impl From<Vec<ToolDef>> for ToolDefs {
+    fn from(defs: Vec<ToolDef>) -> Self {
+        let json = match serde_json::to_value(&defs) {
+            Ok(value) => value.to_string(),
+            // Unreachable for these types (string keys only); no tools rather than a crash.
+            Err(e) => {
+                tracing::error!(error = %e, "could not serialize the tool definitions");
+                "[]".to_owned()
+            }
+        };
+        ToolDefs {
+            defs: defs.into(),
+            json: json.into(),
+        }
+    }
+}
+
+impl FromIterator<ToolDef> for ToolDefs {
+    fn from_iter<I: IntoIterator<Item = ToolDef>>(iter: I) -> Self {
+        iter.into_iter().collect::<Vec<_>>().into()
+    }
+}
+
+impl Default for ToolDefs {
+    fn default() -> Self {
+        Vec::new().into()
+    }
+}
+
+impl Deref for ToolDefs {
+    type Target = [ToolDef];
+
+    fn deref(&self) -> &[ToolDef] {
+        &self.defs
+    }
+}
+
+impl std::fmt::Debug for ToolDefs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.defs.iter()).finish()
+    }
+}
+
+impl PartialEq for ToolDefs {
+    fn eq(&self, other: &Self) -> bool {
+        self.defs == other.defs
+    }
+}
+
+impl Serialize for ToolDefs {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.defs.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolDefs {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<ToolDef>::deserialize(deserializer).map(ToolDefs::from)
+    }
+}
+
 /// How the model may use tools.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -254,9 +342,9 @@ pub struct ChatRequest {
     pub model: String,
     /// The conversation, system prompt first.
     pub messages: Vec<Message>,
-    /// Tools offered this time.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<ToolDef>,
+    /// Tools offered this time (shared, see [`ToolDefs`]).
+    #[serde(default, skip_serializing_if = "ToolDefs::is_empty")]
+    pub tools: ToolDefs,
     /// How tools may be used; provider default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
@@ -271,14 +359,23 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<u32>,
 }
 
+/// The text part that takes the place of an image reference left in a request.
+pub(crate) const UNSHOWN_IMAGE: &str = "[an image was attached here but could not be shown]";
+
 impl ChatRequest {
+    /// Whether a message still holds a parlor-internal part (see [`ChatRequest::wire_form`]).
+    pub(crate) fn holds_internal_parts(&self) -> bool {
+        self.messages.iter().any(|m| {
+            matches!(m, Message::User { content: Content::Parts(parts) } if parts.iter().any(ContentPart::is_internal))
+        })
+    }
+
     /// This request as it may be sent: every parlor-internal part (an unresolved
     /// [`ContentPart::ImageRef`]) replaced by a text part saying an image was not shown.
     /// The agent resolves references before it builds a request, so this is the last line of
     /// defence, not the way images are handled; borrowed when there is nothing to replace.
     pub fn wire_form(&self) -> Cow<'_, ChatRequest> {
-        let internal = |m: &Message| matches!(m, Message::User { content: Content::Parts(parts) } if parts.iter().any(ContentPart::is_internal));
-        if !self.messages.iter().any(internal) {
+        if !self.holds_internal_parts() {
             return Cow::Borrowed(self);
         }
         tracing::warn!("a request still held image references; they are sent as text");
@@ -290,7 +387,7 @@ impl ChatRequest {
             {
                 for part in parts.iter_mut().filter(|p| p.is_internal()) {
                     *part = ContentPart::Text {
-                        text: "[an image was attached here but could not be shown]".to_owned(),
+                        text: UNSHOWN_IMAGE.to_owned(),
                     };
                 }
             }

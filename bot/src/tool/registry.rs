@@ -20,7 +20,7 @@ use super::result::codes;
 use super::schema::check_schema;
 use super::validate::{ArgValidator, drop_optional_nulls, parse_arguments};
 use super::{Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
-use crate::llm::{ToolCall, ToolDef};
+use crate::llm::{ToolCall, ToolDefs};
 use crate::platform::ChatRef;
 
 /// Why a set of toolsets cannot be registered. Raised at startup, never at the first request.
@@ -96,6 +96,8 @@ pub struct ToolRegistry {
     /// Specs and validators are the same for every fork, so they are shared.
     entries: Arc<Vec<Entry>>,
     by_name: Arc<HashMap<String, usize>>,
+    /// What every request offers the model, built once: the same for every fork and turn.
+    defs: ToolDefs,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -163,10 +165,12 @@ impl ToolRegistry {
                 });
             }
         }
+        let defs = entries.iter().map(|e| e.spec.to_def()).collect();
         Ok(ToolRegistry {
             toolsets,
             entries: Arc::new(entries),
             by_name: Arc::new(by_name),
+            defs,
         })
     }
 
@@ -176,6 +180,7 @@ impl ToolRegistry {
             toolsets: self.toolsets.iter().map(|t| t.fork()).collect(),
             entries: Arc::clone(&self.entries),
             by_name: Arc::clone(&self.by_name),
+            defs: self.defs.clone(),
         }
     }
 
@@ -203,9 +208,9 @@ impl ToolRegistry {
         self.entries.iter().map(|e| e.spec.name.as_str()).collect()
     }
 
-    /// The exact `tools` array sent to the model.
-    pub fn defs(&self) -> Vec<ToolDef> {
-        self.entries.iter().map(|e| e.spec.to_def()).collect()
+    /// The exact `tools` array sent to the model (shared, not copied).
+    pub fn defs(&self) -> ToolDefs {
+        self.defs.clone()
     }
 
     /// Every toolset's static prompt, in order.
