@@ -440,7 +440,7 @@ impl SseEvents {
                 return Ok(true);
             }
         }
-        while let Some(end) = memchr::memchr2(b'\n', b'\r', piece) {
+        while let Some(end) = piece.iter().position(|&b| b == b'\n' || b == b'\r') {
             let (line, rest) = piece.split_at(end);
             let eol = match rest {
                 [b'\r'] => {
