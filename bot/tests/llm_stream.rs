@@ -427,40 +427,6 @@ fn comments_event_names_and_crlf_framing_are_tolerated() {
     assert_eq!(asm.finish().content, "Hello");
 }
 
-/// The rest of the event-stream format: lone CR line ends (also at the end of a piece, where
-/// an LF may follow), a byte order mark, `data` lines joined by LF into one chunk, a `data`
-/// field without a colon, other fields; the same at every cut.
-#[test]
-fn the_rest_of_the_event_stream_framing() {
-    let split = r#"{"choices":[{"index":0,"delta":{"content":"#;
-    let bytes = format!(
-        "\u{feff}: comment\rid: 7\rretry: 10\r\rdata:{HELLO}\r\rdata: {split}\r\ndata: \"lo\"}}}}]}}\n\
-         data\n\n:\r\ndata: [DONE]\n\n"
-    );
-    let bytes = Bytes::from(bytes);
-    for cut in 0..=bytes.len() {
-        let pieces = vec![bytes.slice(..cut), bytes.slice(cut..)];
-        let asm = run(pieces).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
-        assert!(asm.done(), "cut at {cut}");
-        assert_eq!(asm.chunks(), 2, "cut at {cut}");
-        assert_eq!(asm.finish().content, "Hello", "cut at {cut}");
-    }
-    // A line ended by a CR at the very end is cut off: the event before it does not count.
-    assert_eq!(
-        run(vec![Bytes::from(format!("data: {HELLO}\n\ndata: {LO}\r"))])
-            .unwrap()
-            .finish()
-            .content,
-        "Hel"
-    );
-    // Bytes that are not UTF-8 are an error also in a line that is cut off.
-    let err = run(vec![
-        Bytes::from(format!("data: {HELLO}\n\n: \u{e9}")).slice(..HELLO.len() + 11),
-    ])
-    .unwrap_err();
-    assert!(matches!(err, LlmError::Malformed(_)), "{err:?}");
-}
-
 fn push_all(chunks: &[&str]) -> StreamAssembler {
     let mut asm = StreamAssembler::new();
     for chunk in chunks {

@@ -1,10 +1,10 @@
 //! The LLM edge: the only module that knows the OpenAI chat-completions wire JSON.
 //!
 //! - [`wire`]: request/response message types in the OpenAI shape.
-//! - [`stream`]: reads the server-sent events and assembles their chunks (content,
-//!   reasoning, tool-call deltas by `index`) into one [`Completion`].
-//! - [`openai`]: [`OpenAiClient`], the reqwest implementation of [`LlmBackend`], with
-//!   timeouts and retries; `body.rs` writes its request bodies.
+//! - [`stream`]: assembles streamed chunks (content, reasoning, tool-call deltas by `index`)
+//!   into one [`Completion`].
+//! - [`openai`]: [`OpenAiClient`], the reqwest implementation of [`LlmBackend`], with SSE
+//!   framing, timeouts and retries; `body.rs` writes its request bodies.
 
 mod body;
 pub mod openai;

@@ -15,11 +15,13 @@
 //!   (Perplexity repeats a growing usage in every chunk);
 //! - `{"error": ...}` is an error, never text; data that is not JSON is [`LlmError::Malformed`].
 //!
-//! [`assemble`] does the SSE framing itself (`SseEvents`): only `data` fields matter here.
+//! SSE framing is left to `eventsource-stream`; [`assemble`] only feeds it one line at a time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::pin::Pin;
 
 use bytes::Bytes;
+use eventsource_stream::{EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::Value;
@@ -366,27 +368,21 @@ where
     S: Stream<Item = Result<Bytes, E>>,
     E: Into<LlmError>,
 {
-    let mut bytes = std::pin::pin!(bytes);
+    let mut events = std::pin::pin!(line_pieces(bytes).eventsource());
     let mut assembler = StreamAssembler::new();
-    let mut events = SseEvents::default();
-    let mut total = 0usize;
-    let mut on_data = |data: &str| assembler.push_data(data);
-    let mut done = false;
-    while let Some(piece) = bytes.next().await {
-        let piece = piece.map_err(Into::into)?;
-        total = total.saturating_add(piece.len());
-        if total > MAX_STREAM_BYTES {
-            return Err(LlmError::Malformed(format!(
-                "the response exceeds {MAX_STREAM_BYTES} bytes"
-            )));
-        }
-        if events.feed(&piece, &mut on_data)? {
-            done = true;
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| match e {
+            EventStreamError::Transport(e) => e,
+            EventStreamError::Utf8(e) => {
+                LlmError::Malformed(format!("the stream is not UTF-8: {e}"))
+            }
+            EventStreamError::Parser(e) => {
+                LlmError::Malformed(format!("the stream is not server-sent events: {e}"))
+            }
+        })?;
+        if assembler.push_data(&event.data)? {
             break;
         }
-    }
-    if !done {
-        events.end(&mut on_data)?;
     }
     if assembler.chunks() == 0 {
         return Err(LlmError::Malformed(
@@ -396,126 +392,80 @@ where
     Ok(assembler)
 }
 
-/// Server-sent events framing (the HTML standard's "event stream" parsing), reduced to what
-/// a completion needs: the `data` of each event. Lines end with LF, CRLF or CR; a line
-/// starting with `:` is a comment; `data` lines of one event are joined with LF; a blank
-/// line dispatches the event; every other field (`event`, `id`, `retry`) is ignored; a
-/// byte order mark at the start is skipped.
+/// State of [`line_pieces`].
+struct Lines<S> {
+    inner: Pin<Box<S>>,
+    pending: VecDeque<Bytes>,
+    total: usize,
+    last_byte: Option<u8>,
+    finished: bool,
+}
+
+/// Re-cuts the byte stream so that no piece holds more than one line.
 ///
-/// It replaces `eventsource-stream`, whose parser went through the text character by
-/// character with parser combinators and allocated several strings per line: the largest
-/// cost of reading a stream after the JSON of its chunks. The result does not depend on
-/// where the pieces are cut: a line is handled once it is complete, and a CR that ends a
-/// piece waits for the next byte (it may be the first half of a CRLF).
-#[derive(Default)]
-struct SseEvents {
-    /// The start of a line whose end has not arrived yet.
-    line: Vec<u8>,
-    /// `line` ended with a CR, at the end of the last piece.
-    cr_pending: bool,
-    /// The `data` lines of the event being read, each followed by LF.
-    data: String,
-    /// Whether a line was handled yet (a byte order mark can only be first).
-    started: bool,
-    /// Whether the last byte seen was LF: the end of the stream then counts as a blank line.
-    ended_with_lf: bool,
-}
-
-/// Called with each event's data; `Ok(true)` stops the stream (`[DONE]`).
-type OnData<'a> = dyn FnMut(&str) -> Result<bool, LlmError> + 'a;
-
-impl SseEvents {
-    /// Consumes one piece of the stream; `Ok(true)` once `on_data` asked to stop.
-    fn feed(&mut self, mut piece: &[u8], on_data: &mut OnData<'_>) -> Result<bool, LlmError> {
-        let Some(&last) = piece.last() else {
-            return Ok(false);
-        };
-        self.ended_with_lf = last == b'\n';
-        if self.cr_pending {
-            self.cr_pending = false;
-            if let Some(rest) = piece.strip_prefix(b"\n") {
-                piece = rest;
+/// `eventsource-stream` copies the rest of its buffer after every line it consumes, so one
+/// large read holding many events costs time quadratic in its size; fed line by line it
+/// stays linear.
+/// Cuts only ever happen after `\n`, which never sits inside a UTF-8 character.
+/// Also enforces [`MAX_STREAM_BYTES`] and, when the stream ends on a complete line but
+/// without the blank line that dispatches an event, supplies that blank line.
+fn line_pieces<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, LlmError>>
+where
+    S: Stream<Item = Result<Bytes, E>>,
+    E: Into<LlmError>,
+{
+    let state = Lines {
+        inner: Box::pin(bytes),
+        pending: VecDeque::new(),
+        total: 0,
+        last_byte: None,
+        finished: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(piece) = st.pending.pop_front() {
+                return Some((Ok(piece), st));
             }
-            if self.complete_line(&[], on_data)? {
-                return Ok(true);
+            if st.finished {
+                return None;
             }
-        }
-        while let Some(end) = piece.iter().position(|&b| b == b'\n' || b == b'\r') {
-            let (line, rest) = piece.split_at(end);
-            let eol = match rest {
-                [b'\r'] => {
-                    self.line.extend_from_slice(line);
-                    self.cr_pending = true;
-                    return Ok(false);
+            match st.inner.next().await {
+                Some(Ok(bytes)) => {
+                    if bytes.is_empty() {
+                        continue;
+                    }
+                    st.total = st.total.saturating_add(bytes.len());
+                    if st.total > MAX_STREAM_BYTES {
+                        st.finished = true;
+                        let err = LlmError::Malformed(format!(
+                            "the response exceeds {MAX_STREAM_BYTES} bytes"
+                        ));
+                        return Some((Err(err), st));
+                    }
+                    st.last_byte = bytes.last().copied();
+                    let mut start = 0;
+                    for (i, &b) in bytes.iter().enumerate() {
+                        if b == b'\n' {
+                            st.pending.push_back(bytes.slice(start..=i));
+                            start = i + 1;
+                        }
+                    }
+                    if start < bytes.len() {
+                        st.pending.push_back(bytes.slice(start..));
+                    }
                 }
-                [b'\r', b'\n', ..] => 2,
-                _ => 1,
-            };
-            piece = &rest[eol..];
-            if self.complete_line(line, on_data)? {
-                return Ok(true);
+                Some(Err(e)) => {
+                    st.finished = true;
+                    return Some((Err(e.into()), st));
+                }
+                None => {
+                    st.finished = true;
+                    if st.last_byte == Some(b'\n') {
+                        return Some((Ok(Bytes::from_static(b"\n")), st));
+                    }
+                    return None;
+                }
             }
         }
-        self.line.extend_from_slice(piece);
-        Ok(false)
-    }
-
-    /// The stream ended (without `[DONE]`): a cut-off line is dropped, though bytes that are
-    /// not UTF-8 are an error there as anywhere; the event being read counts if the stream
-    /// ended with a line feed (then nothing is cut off).
-    fn end(&mut self, on_data: &mut OnData<'_>) -> Result<(), LlmError> {
-        utf8(&self.line)?;
-        if self.ended_with_lf {
-            self.handle_line(b"", on_data)?;
-        }
-        Ok(())
-    }
-
-    /// `self.line` followed by `tail` is a complete line: handles it and clears `self.line`.
-    fn complete_line(&mut self, tail: &[u8], on_data: &mut OnData<'_>) -> Result<bool, LlmError> {
-        if self.line.is_empty() {
-            return self.handle_line(tail, on_data);
-        }
-        let mut line = std::mem::take(&mut self.line);
-        line.extend_from_slice(tail);
-        let stop = self.handle_line(&line, on_data);
-        // The buffer is kept for the next line that arrives in pieces.
-        line.clear();
-        self.line = line;
-        stop
-    }
-
-    fn handle_line(&mut self, line: &[u8], on_data: &mut OnData<'_>) -> Result<bool, LlmError> {
-        let mut line = utf8(line)?;
-        if !self.started {
-            self.started = true;
-            line = line.strip_prefix('\u{feff}').unwrap_or(line);
-        }
-        if line.is_empty() {
-            if self.data.is_empty() {
-                return Ok(false);
-            }
-            self.data.pop();
-            let stop = on_data(&self.data);
-            self.data.clear();
-            return stop;
-        }
-        if line.starts_with(':') {
-            return Ok(false);
-        }
-        let (field, value) = match line.split_once(':') {
-            Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
-            None => (line, ""),
-        };
-        if field == "data" {
-            self.data.push_str(value);
-            self.data.push('\n');
-        }
-        Ok(false)
-    }
-}
-
-fn utf8(bytes: &[u8]) -> Result<&str, LlmError> {
-    std::str::from_utf8(bytes)
-        .map_err(|e| LlmError::Malformed(format!("the stream is not UTF-8: {e}")))
+    })
 }
