@@ -168,7 +168,7 @@ fn write_messages(out: &mut Vec<u8>, messages: &[Message]) {
         match message {
             Message::System { content } => {
                 m.str("content", content);
-                m.raw("role", r#""system""#);
+                m.str("role", "system");
             }
             Message::User { content } => {
                 m.key("content");
@@ -176,7 +176,7 @@ fn write_messages(out: &mut Vec<u8>, messages: &[Message]) {
                     Content::Text(text) => write_str(m.out, text),
                     Content::Parts(parts) => write_array(m.out, parts, write_part),
                 }
-                m.raw("role", r#""user""#);
+                m.str("role", "user");
             }
             Message::Assistant {
                 content,
@@ -185,7 +185,7 @@ fn write_messages(out: &mut Vec<u8>, messages: &[Message]) {
                 if let Some(content) = content {
                     m.str("content", content);
                 }
-                m.raw("role", r#""assistant""#);
+                m.str("role", "assistant");
                 if !tool_calls.is_empty() {
                     m.key("tool_calls");
                     write_array(m.out, tool_calls, write_tool_call);
@@ -196,7 +196,7 @@ fn write_messages(out: &mut Vec<u8>, messages: &[Message]) {
                 content,
             } => {
                 m.str("content", content);
-                m.raw("role", r#""tool""#);
+                m.str("role", "tool");
                 m.str("tool_call_id", tool_call_id);
             }
         }
@@ -209,7 +209,7 @@ fn write_part(out: &mut Vec<u8>, part: &ContentPart) {
     match part {
         ContentPart::Text { text } => {
             m.str("text", text);
-            m.raw("type", r#""text""#);
+            m.str("type", "text");
         }
         ContentPart::ImageUrl { image_url } => {
             m.key("image_url");
@@ -219,12 +219,12 @@ fn write_part(out: &mut Vec<u8>, part: &ContentPart) {
             }
             url.str("url", &image_url.url);
             url.end();
-            m.raw("type", r#""image_url""#);
+            m.str("type", "image_url");
         }
         // What `ChatRequest::wire_form` puts in its place.
         ContentPart::ImageRef { .. } => {
             m.str("text", UNSHOWN_IMAGE);
-            m.raw("type", r#""text""#);
+            m.str("type", "text");
         }
     }
     m.end();
@@ -279,33 +279,33 @@ fn needs_escape(byte: u8) -> bool {
     byte < 0x20 || byte == b'"' || byte == b'\\'
 }
 
-/// The index of the first byte at or after `from` that must be escaped, looked for a word of
-/// eight bytes at a time.
+/// The index of the first byte at or after `from` that must be escaped. Words of eight bytes
+/// are skipped while none of their bytes is below 0x20, `"` or `\`; from the first word that
+/// holds one, the bytes are searched one by one.
 fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
-    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
-    const HIGH: u64 = u64::from_le_bytes([0x80; 8]);
-    const QUOTES: u64 = u64::from_le_bytes([b'"'; 8]);
-    const BACKSLASHES: u64 = u64::from_le_bytes([b'\\'; 8]);
-    // The classic "has a zero byte" test: `x - n·ONES` borrows into the high bit of a byte
-    // below `n` (n <= 0x80) that had it clear. Borrows only run upwards, so the lowest byte
-    // flagged is exactly the first such byte (flags above it may be false).
-    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x;
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Whether some byte of `x` is zero, or below `n` (n <= 0x80): subtracting borrows into
+    // the high bit of exactly such a byte first (the classic "has zero byte" test).
+    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH != 0;
+    let has_less = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH != 0;
     let rest = bytes.get(from..)?;
-    let mut words = rest.chunks_exact(8);
-    let mut at = from;
-    for chunk in &mut words {
+    let mut skipped = 0;
+    for chunk in rest.chunks_exact(8) {
         let mut word = [0; 8];
         word.copy_from_slice(chunk);
-        let x = u64::from_le_bytes(word);
-        let flagged = (below(x, 0x20) | below(x ^ QUOTES, 1) | below(x ^ BACKSLASHES, 1)) & HIGH;
-        if flagged != 0 {
-            return Some(at + (flagged.trailing_zeros() / 8) as usize);
+        let x = u64::from_ne_bytes(word);
+        if has_less(x, 0x20)
+            || has_zero(x ^ (ONES * u64::from(b'"')))
+            || has_zero(x ^ (ONES * u64::from(b'\\')))
+        {
+            break;
         }
-        at += 8;
+        skipped += 8;
     }
-    words
-        .remainder()
+    rest[skipped..]
         .iter()
         .position(|&b| needs_escape(b))
-        .map(|i| at + i)
+        .map(|i| from + skipped + i)
 }
+
