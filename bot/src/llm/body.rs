@@ -8,16 +8,15 @@
 //! sorted, so every object here writes its keys in sorted order, and the tools are
 //! [`ToolDefs::wire_json`], serialized once through a `Value`.
 //!
-//! Strings are most of a body (the system prompt, the history) and are written by
-//! `write_str`, which escapes exactly what serde_json escapes but finds those bytes eight
-//! at a time: serde_json's byte-by-byte table lookup was the largest cost left in a request.
-//!
 //! [`OpenAiClient::request_body`]: super::OpenAiClient::request_body
 //! [`ToolDefs::wire_json`]: super::ToolDefs::wire_json
 
+use serde::ser::{SerializeStruct, Serializer};
 use serde::Serialize;
 
-use super::wire::{ChatRequest, Content, ContentPart, Message, ToolCall, UNSHOWN_IMAGE};
+use super::wire::{
+    ChatRequest, Content, ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UNSHOWN_IMAGE,
+};
 
 /// The JSON body POSTed for `request`, as [`super::OpenAiClient::request_body`] describes it.
 pub(crate) fn write(request: &ChatRequest) -> Result<Vec<u8>, serde_json::Error> {
@@ -30,10 +29,8 @@ pub(crate) fn write(request: &ChatRequest) -> Result<Vec<u8>, serde_json::Error>
     if let Some(n) = request.max_completion_tokens {
         body.field("max_completion_tokens", &n)?;
     }
-    body.key("messages");
-    write_messages(body.out, &request.messages);
-    body.key("model");
-    write_str(body.out, &request.model);
+    body.field("messages", &Messages(&request.messages))?;
+    body.field("model", &request.model)?;
     if tools && let Some(parallel) = request.parallel_tool_calls {
         body.field("parallel_tool_calls", &parallel)?;
     }
@@ -110,7 +107,7 @@ impl<'a> Object<'a> {
     }
 
     /// `key` is one of this module's constant names: plain ASCII, nothing to escape.
-    fn key(&mut self, key: &'static str) {
+    fn key(&mut self, key: &str) {
         if !self.first {
             self.out.push(b',');
         }
@@ -120,26 +117,15 @@ impl<'a> Object<'a> {
         self.out.extend_from_slice(b"\":");
     }
 
-    /// A field serialized by serde_json (numbers, `tool_choice`).
-    fn field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> serde_json::Result<()> {
+    fn field<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> serde_json::Result<()> {
         self.key(key);
         serde_json::to_writer(&mut *self.out, value)
     }
 
     /// A value that is JSON already.
-    fn raw(&mut self, key: &'static str, json: &str) {
+    fn raw(&mut self, key: &str, json: &str) {
         self.key(key);
         self.out.extend_from_slice(json.as_bytes());
-    }
-
-    /// A string field.
-    fn str(&mut self, key: &'static str, value: &str) {
-        self.key(key);
-        write_str(self.out, value);
     }
 
     fn end(self) {
@@ -147,165 +133,131 @@ impl<'a> Object<'a> {
     }
 }
 
-/// A JSON array of the items `write` writes.
-fn write_array<T>(out: &mut Vec<u8>, items: &[T], write: impl Fn(&mut Vec<u8>, &T)) {
-    out.push(b'[');
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write(out, item);
+// The wire views: each serializes a borrowed wire type with its keys in sorted order (the
+// derived `Serialize` of the wire types puts `role` and `type` tags first).
+
+struct Messages<'a>(&'a [Message]);
+
+impl Serialize for Messages<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(WireMessage))
     }
-    out.push(b']');
 }
 
-// The derived `Serialize` of the wire types puts the `role` and `type` tags first; these
-// write each object with its keys in sorted order, as a `Value` has them.
+struct WireMessage<'a>(&'a Message);
 
-fn write_messages(out: &mut Vec<u8>, messages: &[Message]) {
-    write_array(out, messages, |out, message| {
-        let mut m = Object::start(out);
-        match message {
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut m = serializer.serialize_struct("Message", 3)?;
+        match self.0 {
             Message::System { content } => {
-                m.str("content", content);
-                m.str("role", "system");
+                m.serialize_field("content", content)?;
+                m.serialize_field("role", "system")?;
             }
             Message::User { content } => {
-                m.key("content");
-                match content {
-                    Content::Text(text) => write_str(m.out, text),
-                    Content::Parts(parts) => write_array(m.out, parts, write_part),
-                }
-                m.str("role", "user");
+                m.serialize_field("content", &WireContent(content))?;
+                m.serialize_field("role", "user")?;
             }
             Message::Assistant {
                 content,
                 tool_calls,
             } => {
                 if let Some(content) = content {
-                    m.str("content", content);
+                    m.serialize_field("content", content)?;
                 }
-                m.str("role", "assistant");
+                m.serialize_field("role", "assistant")?;
                 if !tool_calls.is_empty() {
-                    m.key("tool_calls");
-                    write_array(m.out, tool_calls, write_tool_call);
+                    m.serialize_field("tool_calls", &ToolCalls(tool_calls))?;
                 }
             }
             Message::Tool {
                 tool_call_id,
                 content,
             } => {
-                m.str("content", content);
-                m.str("role", "tool");
-                m.str("tool_call_id", tool_call_id);
+                m.serialize_field("content", content)?;
+                m.serialize_field("role", "tool")?;
+                m.serialize_field("tool_call_id", tool_call_id)?;
             }
         }
-        m.end();
-    });
+        m.end()
+    }
 }
 
-fn write_part(out: &mut Vec<u8>, part: &ContentPart) {
-    let mut m = Object::start(out);
-    match part {
-        ContentPart::Text { text } => {
-            m.str("text", text);
-            m.str("type", "text");
-        }
-        ContentPart::ImageUrl { image_url } => {
-            m.key("image_url");
-            let mut url = Object::start(m.out);
-            if let Some(detail) = &image_url.detail {
-                url.str("detail", detail);
-            }
-            url.str("url", &image_url.url);
-            url.end();
-            m.str("type", "image_url");
-        }
-        // What `ChatRequest::wire_form` puts in its place.
-        ContentPart::ImageRef { .. } => {
-            m.str("text", UNSHOWN_IMAGE);
-            m.str("type", "text");
+struct WireContent<'a>(&'a Content);
+
+impl Serialize for WireContent<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Content::Text(text) => serializer.serialize_str(text),
+            Content::Parts(parts) => serializer.collect_seq(parts.iter().map(WirePart)),
         }
     }
-    m.end();
 }
 
-fn write_tool_call(out: &mut Vec<u8>, call: &ToolCall) {
-    let mut m = Object::start(out);
-    m.key("function");
-    let mut function = Object::start(m.out);
-    function.str("arguments", &call.function.arguments);
-    function.str("name", &call.function.name);
-    function.end();
-    m.str("id", &call.id);
-    m.str("type", &call.kind);
-    m.end();
-}
+struct WirePart<'a>(&'a ContentPart);
 
-/// Writes `s` as a JSON string exactly as serde_json does: `"` and `\` escaped with a
-/// backslash, the control characters below U+0020 as `\b \t \n \f \r` or `\u00xx`
-/// (lower-case hex), every other byte as it is.
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    let bytes = s.as_bytes();
-    out.reserve(bytes.len() + 2);
-    out.push(b'"');
-    let mut run = 0;
-    while let Some(i) = next_escape(bytes, run) {
-        out.extend_from_slice(&bytes[run..i]);
-        let byte = bytes[i];
-        match byte {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x09 => out.extend_from_slice(b"\\t"),
-            0x0A => out.extend_from_slice(b"\\n"),
-            0x0C => out.extend_from_slice(b"\\f"),
-            0x0D => out.extend_from_slice(b"\\r"),
-            _ => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(byte >> 4)]);
-                out.push(HEX[usize::from(byte & 0xF)]);
+impl Serialize for WirePart<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut m = serializer.serialize_struct("ContentPart", 2)?;
+        match self.0 {
+            ContentPart::Text { text } => {
+                m.serialize_field("text", text)?;
+                m.serialize_field("type", "text")?;
+            }
+            ContentPart::ImageUrl { image_url } => {
+                m.serialize_field("image_url", &WireImageUrl(image_url))?;
+                m.serialize_field("type", "image_url")?;
+            }
+            // What `ChatRequest::wire_form` puts in its place.
+            ContentPart::ImageRef { .. } => {
+                m.serialize_field("text", UNSHOWN_IMAGE)?;
+                m.serialize_field("type", "text")?;
             }
         }
-        run = i + 1;
+        m.end()
     }
-    out.extend_from_slice(&bytes[run..]);
-    out.push(b'"');
 }
 
-/// Whether a byte must be escaped in a JSON string.
-fn needs_escape(byte: u8) -> bool {
-    byte < 0x20 || byte == b'"' || byte == b'\\'
-}
+struct WireImageUrl<'a>(&'a ImageUrl);
 
-/// The index of the first byte at or after `from` that must be escaped. Words of eight bytes
-/// are skipped while none of their bytes is below 0x20, `"` or `\`; from the first word that
-/// holds one, the bytes are searched one by one.
-fn next_escape(bytes: &[u8], from: usize) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    // Whether some byte of `x` is zero, or below `n` (n <= 0x80): subtracting borrows into
-    // the high bit of exactly such a byte first (the classic "has zero byte" test).
-    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH != 0;
-    let has_less = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGH != 0;
-    let rest = bytes.get(from..)?;
-    let mut skipped = 0;
-    for chunk in rest.chunks_exact(8) {
-        let mut word = [0; 8];
-        word.copy_from_slice(chunk);
-        let x = u64::from_ne_bytes(word);
-        if has_less(x, 0x20)
-            || has_zero(x ^ (ONES * u64::from(b'"')))
-            || has_zero(x ^ (ONES * u64::from(b'\\')))
-        {
-            break;
+impl Serialize for WireImageUrl<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut m = serializer.serialize_struct("ImageUrl", 2)?;
+        if let Some(detail) = &self.0.detail {
+            m.serialize_field("detail", detail)?;
         }
-        skipped += 8;
+        m.serialize_field("url", &self.0.url)?;
+        m.end()
     }
-    rest[skipped..]
-        .iter()
-        .position(|&b| needs_escape(b))
-        .map(|i| from + skipped + i)
 }
 
+struct ToolCalls<'a>(&'a [ToolCall]);
+
+impl Serialize for ToolCalls<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(WireToolCall))
+    }
+}
+
+struct WireToolCall<'a>(&'a ToolCall);
+
+impl Serialize for WireToolCall<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut m = serializer.serialize_struct("ToolCall", 3)?;
+        m.serialize_field("function", &WireFunctionCall(&self.0.function))?;
+        m.serialize_field("id", &self.0.id)?;
+        m.serialize_field("type", &self.0.kind)?;
+        m.end()
+    }
+}
+
+struct WireFunctionCall<'a>(&'a FunctionCall);
+
+impl Serialize for WireFunctionCall<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut m = serializer.serialize_struct("FunctionCall", 2)?;
+        m.serialize_field("arguments", &self.0.arguments)?;
+        m.serialize_field("name", &self.0.name)?;
+        m.end()
+    }
+}

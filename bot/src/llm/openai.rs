@@ -87,14 +87,13 @@ pub struct OpenAiClient {
     http: reqwest::Client,
     // Shared with every body stream in flight, which needs it to describe errors.
     config: Arc<OpenAiConfig>,
-    /// Parsed once: reqwest parses a URL given as text on every request.
-    url: reqwest::Url,
+    url: String,
 }
 
 impl fmt::Debug for OpenAiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiClient")
-            .field("url", &self.url.as_str())
+            .field("url", &self.url)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -104,8 +103,8 @@ impl OpenAiClient {
     /// Builds the HTTP client for `config`.
     ///
     /// # Errors
-    /// [`LlmError::Connect`] when the base URL does not parse, an extra header or the API key
-    /// cannot be sent as an HTTP header, or the TLS backend cannot be set up.
+    /// [`LlmError::Connect`] when an extra header or the API key cannot be sent as an HTTP
+    /// header, or the TLS backend cannot be set up.
     pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
         let mut headers = HeaderMap::new();
         for (name, value) in &config.extra_headers {
@@ -136,8 +135,6 @@ impl OpenAiClient {
             .build()
             .map_err(|e| LlmError::Connect(format!("cannot build the HTTP client: {e}")))?;
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
-        let url = reqwest::Url::parse(&url)
-            .map_err(|e| LlmError::Connect(format!("the base URL is not a URL ({e}): {url}")))?;
         Ok(OpenAiClient {
             http,
             config: Arc::new(config),
@@ -161,7 +158,7 @@ impl OpenAiClient {
 
     /// The URL requests are POSTed to.
     pub fn endpoint(&self) -> &str {
-        self.url.as_str()
+        &self.url
     }
 
     /// Exactly the JSON body POSTed for `request`: its fields, plus `"stream": true` and
@@ -214,7 +211,7 @@ impl OpenAiClient {
         let body = Self::request_bytes(request);
         let response = self
             .http
-            .post(self.url.clone())
+            .post(&self.url)
             .header(header::ACCEPT, "text/event-stream")
             .header(header::CONTENT_TYPE, "application/json")
             .body(body)
