@@ -105,11 +105,9 @@ async fn a_mention_gets_a_threaded_reply_and_chatter_is_only_recorded() {
         sent[0].text,
         "echo <Alice (telegram:1001): @parlor_bot what did bob say?>"
     );
+    // Typing runs alongside the turn and ends with it: with an instant model it may never
+    // reach the platform (bot/tests/session.rs shows it during a slow one).
     assert_eq!(llm.request_count(), 1, "bob's message started no turn");
-    assert!(
-        telegram.chat_actions().iter().any(|a| a.chat_id == GROUP),
-        "typing was shown"
-    );
 
     let (status, log) = daemon.terminate().await;
     assert!(status.success(), "{log}");

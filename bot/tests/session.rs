@@ -1073,3 +1073,23 @@ async fn a_turn_appends_to_the_history_and_the_trim_drops_the_oldest_turns() {
     let requests = rig.llm.requests();
     assert_eq!(requests[2].messages.len(), 4, "{:?}", requests[2].messages);
 }
+
+#[tokio::test]
+async fn typing_shows_while_the_model_thinks() {
+    let rig = rig(false);
+    rig.say(1, "alice", "hi @parlor").await;
+    rig.llm.wait_requests(1).await;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while rig.platform.typing() == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("typing while the model holds the turn");
+    assert!(
+        rig.platform.sent().is_empty(),
+        "no reply before the model answers"
+    );
+    rig.llm.release(1);
+    rig.platform.wait_sent(1).await;
+}

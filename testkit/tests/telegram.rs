@@ -1056,11 +1056,8 @@ async fn latency_delays_every_call_but_get_updates() {
     // A round trip of an hour would hold any call that is not exempt past the guard.
     fake.set_latency(Duration::from_secs(3600));
     fake.group_message(GROUP, alice(), "hi").push();
-    let polled = tokio::time::timeout(
-        WAIT,
-        ok_result(&fake, "getUpdates", json!({"timeout": 0})),
-    )
-    .await
-    .expect("getUpdates is not delayed");
+    let polled = tokio::time::timeout(WAIT, ok_result(&fake, "getUpdates", json!({"timeout": 0})))
+        .await
+        .expect("getUpdates is not delayed");
     assert_eq!(polled.as_array().map(Vec::len), Some(1));
 }

@@ -11,8 +11,8 @@
 //! [`OpenAiClient::request_body`]: super::OpenAiClient::request_body
 //! [`ToolDefs::wire_json`]: super::ToolDefs::wire_json
 
-use serde::ser::{SerializeStruct, Serializer};
 use serde::Serialize;
+use serde::ser::{SerializeStruct, Serializer};
 
 use super::wire::{
     ChatRequest, Content, ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UNSHOWN_IMAGE,

@@ -87,8 +87,7 @@ impl SessionManager {
             // is between turns (most of them, most of the time) costs the small wait, not
             // the few KiB of a whole turn's state machine.
             let work = Box::pin(async {
-                if item.kind != crate::store::PendingKind::Reset
-                    && !self.rate_limit(session).await
+                if item.kind != crate::store::PendingKind::Reset && !self.rate_limit(session).await
                 {
                     return false;
                 }

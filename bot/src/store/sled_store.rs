@@ -1132,15 +1132,23 @@ fn describe_id(key: &IVec) -> String {
 
 /// Serializes `value` (a struct) as a JSON object with `"v": VERSION` added.
 fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, StoreError> {
-    let mut json = serde_json::to_value(value)
+    // Serialized straight, then the version spliced in as the first member: going through a
+    // `serde_json::Value` to insert it cost more than the rest of a turn's store work.
+    let json = serde_json::to_vec(value)
         .map_err(|e| StoreError::Io(format!("cannot encode a value: {e}")))?;
-    let Value::Object(map) = &mut json else {
+    let Some(members) = json.strip_prefix(b"{") else {
         return Err(StoreError::Io(
             "cannot encode a value: not a JSON object".to_owned(),
         ));
     };
-    map.insert("v".to_owned(), Value::from(VERSION));
-    serde_json::to_vec(&json).map_err(|e| StoreError::Io(format!("cannot encode a value: {e}")))
+    let version = format!("{{\"v\":{VERSION}");
+    let mut out = Vec::with_capacity(json.len() + version.len() + 1);
+    out.extend_from_slice(version.as_bytes());
+    if members != b"}" {
+        out.push(b',');
+    }
+    out.extend_from_slice(members);
+    Ok(out)
 }
 
 fn encode_abort<T: Serialize + ?Sized>(
@@ -1151,13 +1159,23 @@ fn encode_abort<T: Serialize + ?Sized>(
 
 /// Reads a versioned JSON object; `key` names the value in errors.
 fn decode<T: DeserializeOwned>(bytes: &[u8], key: impl Fn() -> String) -> Result<T, StoreError> {
+    /// The version member alone; every other member is skipped without being built.
+    #[derive(serde::Deserialize)]
+    struct Version {
+        v: Option<Value>,
+    }
     let corrupt = |reason: String| StoreError::Corrupt { key: key(), reason };
-    let mut json: Value =
-        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("invalid JSON: {e}")))?;
-    let Value::Object(map) = &mut json else {
-        return Err(corrupt("not a JSON object".to_owned()));
-    };
-    match map.remove("v") {
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                Err(e) => corrupt(format!("invalid JSON: {e}")),
+                Ok(_) => corrupt("not a JSON object".to_owned()),
+            },
+        );
+    }
+    let version = serde_json::from_slice::<Version>(bytes)
+        .map_err(|e| corrupt(format!("invalid JSON: {e}")))?;
+    match version.v {
         Some(v) if v.as_u64() == Some(VERSION) => {}
         Some(v) => {
             return Err(corrupt(format!(
@@ -1167,7 +1185,8 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], key: impl Fn() -> String) -> Result
         }
         None => return Err(corrupt("no schema version \"v\"".to_owned())),
     }
-    serde_json::from_value(json).map_err(|e| corrupt(format!("unexpected content: {e}")))
+    // Stored types ignore members they do not know, `v` among them.
+    serde_json::from_slice(bytes).map_err(|e| corrupt(format!("unexpected content: {e}")))
 }
 
 fn transaction_result<T>(result: Result<T, TransactionError<StoreError>>) -> Result<T, StoreError> {

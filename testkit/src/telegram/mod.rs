@@ -517,6 +517,14 @@ pub fn teloxide_fixture(name: &str) -> Option<Value> {
     server::fixture(&FIXTURES, name)
 }
 
+/// Whether `path` (`/bot{token}/{method}`) is a `getUpdates` call, which
+/// [`FakeTelegram::set_latency`] leaves alone.
+fn is_long_poll(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|method| method.eq_ignore_ascii_case("getupdates"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,12 +535,4 @@ mod tests {
             assert!(teloxide_fixture(name).is_some(), "{name}");
         }
     }
-}
-
-/// Whether `path` (`/bot{token}/{method}`) is a `getUpdates` call, which
-/// [`FakeTelegram::set_latency`] leaves alone.
-fn is_long_poll(path: &str) -> bool {
-    path.rsplit('/')
-        .next()
-        .is_some_and(|method| method.eq_ignore_ascii_case("getupdates"))
 }
