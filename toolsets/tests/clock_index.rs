@@ -16,28 +16,12 @@ use clock_support::*;
 use parlor_bot::platform::{ChatEvent, ChatRef, Inbox, Sender};
 use parlor_bot::session::ChatHook;
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::tool::{Caller, Role};
 use parlor_toolsets::clock::{
-    ClockChatHook, ClockError, ClockHandle, ClockOptions, ClockPatch, MissedPolicy, NewClock,
-    WallTime,
+    ClockChatHook, ClockError, ClockHandle, ClockOptions, ClockPatch, WallTime,
 };
 
-fn new_clock(name: &str, schedule: &str, target: ChatRef) -> NewClock {
-    NewClock {
-        name: name.into(),
-        schedule: schedule.into(),
-        content: format!("post the {name} note"),
-        timezone: None,
-        created_in: target.session_key(),
-        target,
-        creator: Caller {
-            user_id: "test:alice".into(),
-            name: "Alice".into(),
-            role: Role::ChatAdmin,
-        },
-        missed: MissedPolicy::Skip,
-    }
-}
+mod support;
+use support::new_clock;
 
 fn create(handle: &ClockHandle, name: &str, schedule: &str, target: ChatRef) -> u64 {
     handle.create(new_clock(name, schedule, target)).unwrap().id

@@ -11,36 +11,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clock_support::*;
-use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{ScriptedLlm, Sent};
-use parlor_bot::tool::{Caller, Role};
 use parlor_toolsets::clock::{
     ClockHandle, ClockOptions, MissedPolicy, NewClock, RunStatus, WallTime,
 };
 use std::sync::Arc;
 use tokio::time::Instant;
 
-fn alice() -> Caller {
-    Caller {
-        user_id: "test:alice".into(),
-        name: "Alice".into(),
-        role: Role::ChatAdmin,
-    }
-}
-
-fn new_clock(name: &str, schedule: &str, target: ChatRef) -> NewClock {
-    NewClock {
-        name: name.into(),
-        schedule: schedule.into(),
-        content: format!("post the {name} note"),
-        timezone: None,
-        created_in: target.session_key(),
-        target,
-        creator: alice(),
-        missed: MissedPolicy::Skip,
-    }
-}
+mod support;
+use support::new_clock;
 
 fn create(handle: &ClockHandle, clock: NewClock) -> u64 {
     handle.create(clock).unwrap().id

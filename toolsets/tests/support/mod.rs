@@ -1,6 +1,6 @@
 //! Test doubles of the traits parlor-toolsets defines (the others are in
 //! `parlor_bot::testing`): one [`Notifier`], for every test file that needs one
-//! (`mod support;`).
+//! (`mod support;`); and the clock task the clock tests create.
 
 #![allow(dead_code)]
 
@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::KvWrite;
 use parlor_bot::testing::WAIT_LIMIT;
-use parlor_bot::tool::Caller;
+use parlor_bot::tool::{Caller, Role};
+use parlor_toolsets::clock::{MissedPolicy, NewClock};
 use parlor_toolsets::terminal::{Notifier, NotifyError};
 use tokio::sync::watch;
 
@@ -101,5 +102,28 @@ impl Notifier for TestNotifier {
     fn withdraw(&self, _chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
         self.withdrawn.lock().unwrap().push(pending_id);
         Ok(true)
+    }
+}
+
+/// Alice, a chat admin of the test chats: the clock tests' task creator.
+pub fn alice() -> Caller {
+    Caller {
+        user_id: "test:alice".into(),
+        name: "Alice".into(),
+        role: Role::ChatAdmin,
+    }
+}
+
+/// A task `name` on `schedule` into `target`, created there by [`alice`].
+pub fn new_clock(name: &str, schedule: &str, target: ChatRef) -> NewClock {
+    NewClock {
+        name: name.into(),
+        schedule: schedule.into(),
+        content: format!("post the {name} note"),
+        timezone: None,
+        created_in: target.session_key(),
+        target,
+        creator: alice(),
+        missed: MissedPolicy::Skip,
     }
 }
