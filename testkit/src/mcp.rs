@@ -11,7 +11,7 @@
 //! `add_tool` (adds `late_tool` and sends `notifications/tools/list_changed`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
@@ -40,8 +40,9 @@ struct Seen {
     /// `slow` calls that ended because the client cancelled them; a watch so a test can
     /// wait for the count instead of sleeping.
     cancelled: watch::Sender<usize>,
-    /// `tools/call` requests received, for tests that check a call never left the client.
-    calls: AtomicUsize,
+    /// `tools/call` requests received, for tests that check a call never left the client
+    /// or wait for one to arrive.
+    calls: watch::Sender<usize>,
 }
 
 /// The test MCP server's handler. Cloning shares what it saw.
@@ -63,7 +64,7 @@ impl TestMcpServer {
             seen: Arc::new(Seen {
                 late_tool: AtomicBool::new(false),
                 cancelled: watch::channel(0).0,
-                calls: AtomicUsize::new(0),
+                calls: watch::channel(0).0,
             }),
         }
     }
@@ -73,9 +74,9 @@ impl TestMcpServer {
         self.seen.cancelled.subscribe()
     }
 
-    /// How many `tools/call` requests arrived so far.
-    pub fn calls(&self) -> usize {
-        self.seen.calls.load(Ordering::SeqCst)
+    /// How many `tools/call` requests arrived so far (a watch: wait for one to arrive).
+    pub fn calls(&self) -> watch::Receiver<usize> {
+        self.seen.calls.subscribe()
     }
 
     /// Serves one client on this process's stdin and stdout until it hangs up (the
@@ -282,7 +283,7 @@ impl ServerHandler for TestMcpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.seen.calls.fetch_add(1, Ordering::SeqCst);
+        self.seen.calls.send_modify(|n| *n += 1);
         let args = request.arguments.unwrap_or_default();
         self.call(&request.name, &args, context)
             .await

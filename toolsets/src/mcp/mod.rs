@@ -395,6 +395,12 @@ impl McpToolset {
         self.shared.status.borrow().clone()
     }
 
+    /// The status as a watch: it is touched on every connect, failure and tool-list
+    /// refresh.
+    pub fn watch_status(&self) -> watch::Receiver<ServerStatus> {
+        self.shared.status.subscribe()
+    }
+
     /// Waits until the tool list's generation is past `generation` (a test or `parlor mcp`
     /// waiting for `list_changed` to land), at most `timeout`; whether it did.
     pub async fn wait_for_generation(&self, generation: u64, timeout: Duration) -> bool {
