@@ -239,7 +239,12 @@ pub fn agent(
             } else {
                 0
             },
-        )),
+        ))
+        // Likewise an MCP server's own timeout answers TIMEOUT itself.
+        .max(
+            mcp.map(|m| m.longest_timeout() + Duration::from_secs(5))
+                .unwrap_or_default(),
+        ),
         tool_result_max_chars: config.llm.tool_result_max_chars,
         temperature: config.llm.temperature,
         parallel_tool_calls: config.llm.parallel_tool_calls,

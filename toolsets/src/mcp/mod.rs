@@ -128,8 +128,8 @@ pub struct McpServerConfig {
     pub tool_risk: BTreeMap<String, Risk>,
     /// Limit of one call (and of connecting and listing).
     pub timeout: Duration,
-    /// When given, the chats (session keys, `telegram:-100123`) where its tools may run;
-    /// elsewhere they answer `MCP_NOT_ENABLED_HERE`.
+    /// When given, the chats (session keys, `telegram:-100123`, covering the chat's topics)
+    /// where its tools may run; elsewhere they answer `MCP_NOT_ENABLED_HERE`.
     pub chats: Option<Vec<String>>,
 }
 
@@ -319,11 +319,18 @@ impl McpService {
                 ));
             }
         }
+        // They start side by side; one deadline covers the slowest connect + list.
+        let longest = self
+            .servers
+            .iter()
+            .map(|s| s.config.timeout * 2)
+            .max()
+            .unwrap_or_default();
+        let deadline = tokio::time::Instant::now() + longest;
         for server in &self.servers {
             let mut status = server.status.subscribe();
             let first = status.wait_for(|s| *s != ServerStatus::Starting);
-            // Bounded by connect + list, each within the timeout.
-            let _ = tokio::time::timeout(server.config.timeout * 2, first).await;
+            let _ = tokio::time::timeout_at(deadline, first).await;
         }
         for server in &self.servers {
             let error = server
@@ -346,6 +353,16 @@ impl McpService {
                 shared: Arc::clone(s),
             })
             .collect()
+    }
+
+    /// The longest call timeout of any server: the agent's own tool timeout must not cut a
+    /// call shorter.
+    pub fn longest_timeout(&self) -> Duration {
+        self.servers
+            .iter()
+            .map(|s| s.config.timeout)
+            .max()
+            .unwrap_or_default()
     }
 
     /// Each server's name and status.
@@ -423,7 +440,15 @@ impl McpToolset {
             .config
             .chats
             .as_ref()
-            .is_some_and(|chats| !chats.iter().any(|c| c == session))
+            // A chat's key covers its topics (`telegram:-100123/topic:7`) too.
+            .is_some_and(|chats| {
+                !chats.iter().any(|c| {
+                    session == c
+                        || session
+                            .strip_prefix(c.as_str())
+                            .is_some_and(|rest| rest.starts_with("/topic:"))
+                })
+            })
     }
 
     /// The images of a result: each through the runtime's pipeline for a vision model,
