@@ -37,6 +37,8 @@ pub struct Config {
     pub terminal: TerminalSection,
     /// `[toolsets]`: which toolsets are on, and their settings.
     pub toolsets: ToolsetsConfig,
+    /// `[mcp]`: Model Context Protocol servers whose tools the agent gets.
+    pub mcp: McpSection,
     /// The file this configuration came from (the sandbox hides it).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -51,6 +53,8 @@ struct Secrets {
     api_key: Option<Secret>,
     telegram_token: Option<Secret>,
     discord_token: Option<Secret>,
+    /// Per MCP server (by name): each environment variable it names, read at start.
+    mcp: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Secret>>,
 }
 
 /// Names of the systemd credentials parlor reads (`LoadCredential=<name>:<path>`).
@@ -421,6 +425,92 @@ pub struct PromptConfig {
     pub prompt: String,
 }
 
+/// `[mcp]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpSection {
+    /// `[[mcp.servers]]`, in order.
+    pub servers: Vec<McpServerSection>,
+}
+
+/// One `[[mcp.servers]]`: `command` (+ `args`, `env`) for a stdio child, or `url` for
+/// streamable HTTP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpServerSection {
+    /// Its name: tools become `<name>__<tool>`.
+    pub name: String,
+    /// Off skips it entirely.
+    pub enabled: bool,
+    /// The program of a stdio server.
+    pub command: Option<PathBuf>,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Variables set for the child, on top of the allow-list (PATH, HOME, LANG...).
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Variables of parlor's own environment passed on to the child under the same name
+    /// (read at start, then scrubbed from parlor's environment): how a token reaches it.
+    pub pass_env: Vec<String>,
+    /// The child's working directory.
+    pub cwd: Option<PathBuf>,
+    /// The endpoint of a streamable-HTTP server.
+    pub url: Option<String>,
+    /// Headers sent as written (no secrets here).
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Headers whose values come from environment variables: header name → variable.
+    pub header_env: std::collections::BTreeMap<String, String>,
+    /// Environment variable holding a bearer token for `Authorization`.
+    pub bearer_token_env: Option<String>,
+    /// Only these of its tools (by the server's names); all when unset.
+    pub tools: Option<Vec<String>>,
+    /// Never these.
+    pub disabled_tools: Vec<String>,
+    /// The risk of its tools: `read` (anyone), `write` (chat admins), `dangerous`
+    /// (operators). Unset: `dangerous`. A tool the server calls destructive is always
+    /// `dangerous`.
+    pub risk: Option<parlor_bot::tool::Risk>,
+    /// Risk per tool, by the server's tool name.
+    pub tool_risk: std::collections::BTreeMap<String, parlor_bot::tool::Risk>,
+    /// Limit of one call, of connecting and of listing.
+    pub timeout_secs: u64,
+    /// When set, the only chats (session keys, `telegram:-100123`) its tools run in.
+    pub chats: Option<Vec<String>>,
+}
+
+impl Default for McpServerSection {
+    fn default() -> Self {
+        McpServerSection {
+            name: String::new(),
+            enabled: true,
+            command: None,
+            args: Vec::new(),
+            env: Default::default(),
+            pass_env: Vec::new(),
+            cwd: None,
+            url: None,
+            headers: Default::default(),
+            header_env: Default::default(),
+            bearer_token_env: None,
+            tools: None,
+            disabled_tools: Vec::new(),
+            risk: None,
+            tool_risk: Default::default(),
+            timeout_secs: 30,
+            chats: None,
+        }
+    }
+}
+
+impl McpServerSection {
+    /// Every environment variable this server reads a secret from.
+    fn secret_env(&self) -> impl Iterator<Item = &String> {
+        self.pass_env
+            .iter()
+            .chain(self.header_env.values())
+            .chain(self.bearer_token_env.iter())
+    }
+}
+
 fn env(name: &str) -> Option<String> {
     std::env::var(name)
         .ok()
@@ -568,6 +658,51 @@ impl Config {
                 bail!("every [[toolsets.prompt]] needs a non-empty name and prompt");
             }
         }
+        let mut names = std::collections::BTreeSet::new();
+        for server in &self.mcp.servers {
+            let name = &server.name;
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                bail!(
+                    "every [[mcp.servers]] needs a name of letters, digits, '_' or '-'; got {name:?}"
+                );
+            }
+            if !names.insert(name.clone()) {
+                bail!("[[mcp.servers]] name {name:?} is used twice");
+            }
+            match (&server.command, &server.url) {
+                (Some(_), None) => {
+                    if !server.headers.is_empty()
+                        || !server.header_env.is_empty()
+                        || server.bearer_token_env.is_some()
+                    {
+                        bail!("mcp server {name:?}: headers are for url servers, not command ones");
+                    }
+                }
+                (None, Some(url)) => {
+                    if !url.starts_with("http://") && !url.starts_with("https://") {
+                        bail!(
+                            "mcp server {name:?}: url must start with http:// or https://, got {url:?}"
+                        );
+                    }
+                    if !server.args.is_empty()
+                        || !server.env.is_empty()
+                        || !server.pass_env.is_empty()
+                    {
+                        bail!(
+                            "mcp server {name:?}: args, env and pass_env are for command servers"
+                        );
+                    }
+                }
+                _ => bail!("mcp server {name:?} needs exactly one of command and url"),
+            }
+            if server.timeout_secs == 0 {
+                bail!("mcp server {name:?}: timeout_secs must be at least 1");
+            }
+        }
         for id in self
             .bot
             .admins
@@ -626,10 +761,25 @@ impl Config {
             CREDENTIAL_DISCORD,
             "DISCORD_BOT_TOKEN",
         )?;
+        let mut mcp = std::collections::BTreeMap::new();
+        for server in self.mcp.servers.iter().filter(|s| s.enabled) {
+            let mut found = std::collections::BTreeMap::new();
+            for name in server.secret_env() {
+                let Some(secret) = secrets::from_env(name) else {
+                    bail!(
+                        "mcp server {:?} reads the environment variable {name}, which is not set",
+                        server.name
+                    );
+                };
+                found.insert(name.clone(), secret);
+            }
+            mcp.insert(server.name.clone(), found);
+        }
         self.secrets = Secrets {
             api_key,
             telegram_token,
             discord_token,
+            mcp,
         };
         Ok(())
     }
@@ -641,6 +791,11 @@ impl Config {
         for name in ["OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN"] {
             if !names.iter().any(|n| n == name) {
                 names.push(name.to_owned());
+            }
+        }
+        for name in self.mcp.servers.iter().flat_map(|s| s.secret_env()) {
+            if !names.contains(name) {
+                names.push(name.clone());
             }
         }
         names
@@ -686,6 +841,62 @@ impl Config {
     /// The Discord token, once resolved.
     pub fn discord_token(&self) -> Option<&Secret> {
         self.secrets.discord_token.as_ref()
+    }
+
+    /// The enabled MCP servers as the toolset takes them, their secrets filled in from
+    /// what [`Config::resolve_secrets`] read (missing before it ran: `parlor tools` then
+    /// connects without them).
+    pub fn mcp_servers(&self) -> Vec<parlor_toolsets::mcp::McpServerConfig> {
+        use parlor_toolsets::mcp::{McpServerConfig, McpTransport};
+        let none = std::collections::BTreeMap::new();
+        self.mcp
+            .servers
+            .iter()
+            .filter(|s| s.enabled)
+            .map(|s| {
+                let found = self.secrets.mcp.get(&s.name).unwrap_or(&none);
+                let secret = |name: &String| found.get(name).map(|v| v.expose().to_owned());
+                let transport = match (&s.command, &s.url) {
+                    (Some(command), _) => {
+                        let mut env = s.env.clone();
+                        for name in &s.pass_env {
+                            if let Some(value) = secret(name) {
+                                env.insert(name.clone(), value);
+                            }
+                        }
+                        McpTransport::Stdio {
+                            command: command.clone(),
+                            args: s.args.clone(),
+                            env,
+                            cwd: s.cwd.clone(),
+                        }
+                    }
+                    (None, url) => {
+                        let mut headers = s.headers.clone();
+                        for (header, name) in &s.header_env {
+                            if let Some(value) = secret(name) {
+                                headers.insert(header.clone(), value);
+                            }
+                        }
+                        McpTransport::Http {
+                            url: url.clone().unwrap_or_default(),
+                            headers,
+                            bearer_token: s.bearer_token_env.as_ref().and_then(secret),
+                        }
+                    }
+                };
+                McpServerConfig {
+                    name: s.name.clone(),
+                    transport,
+                    tools: s.tools.clone(),
+                    disabled_tools: s.disabled_tools.clone(),
+                    risk: s.risk,
+                    tool_risk: s.tool_risk.clone(),
+                    timeout: Duration::from_secs(s.timeout_secs),
+                    chats: s.chats.clone(),
+                }
+            })
+            .collect()
     }
 
     /// Where the database lives.

@@ -60,7 +60,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(discord) = &discord {
         platforms.push(Arc::new(discord.clone()));
     }
-    let runtime = wiring::runtime(&config, store, platforms)?;
+    // Before the sessions: the first turn already sees every server that came up.
+    let mcp = wiring::mcp(&config).await?;
+    let runtime = wiring::runtime(&config, store, platforms, mcp)?;
     runtime.resume().await?;
     let manager = runtime.sessions.clone();
 

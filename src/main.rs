@@ -6,7 +6,7 @@
 //! its own.
 //!
 //! ## Layout
-//! - `main.rs` — the command line: `run`, `chat`, `ask`, `tools`, `check-config`.
+//! - `main.rs` — the command line: `run`, `chat`, `ask`, `tools`, `check-config`, `mcp`.
 //! - `config.rs` — the TOML file, then the environment, then defaults; every option checked
 //!   at load with a message naming it.
 //! - `secrets.rs` — secrets resolved once (`*_file`, file value, systemd credential,
@@ -76,6 +76,9 @@ enum Command {
     Run,
     /// Check the configuration file and exit.
     CheckConfig,
+    /// Connect to every configured MCP server and report what each offers: its status,
+    /// and each tool's wire name, risk and role.
+    Mcp,
     /// Play a group chat in this terminal: `alice: hi @parlor` speaks as alice. Same
     /// sessions, store and tools as the daemon.
     Chat {
@@ -188,7 +191,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     resolved?;
     match cli.command {
         Command::Tools { json } => {
-            let registry = wiring::catalog_registry(&config)?;
+            // MCP tools are known only from their servers: connect for the listing.
+            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            let mcp = runtime.block_on(wiring::mcp(&config))?;
+            let registry = wiring::catalog_registry(&config, mcp.as_deref());
+            if let Some(mcp) = &mcp {
+                runtime.block_on(mcp.shutdown());
+            }
+            let registry = registry?;
             let text = if json {
                 catalog::to_json(&registry)
             } else {
@@ -200,9 +210,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::CheckConfig => {
             // The secrets were resolved (files and credentials read) before this.
-            wiring::catalog_registry(&config)?;
+            wiring::catalog_registry(&config, None)?;
             println!("configuration is valid");
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Mcp => {
+            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            runtime.block_on(mcp_report(&config))
         }
         Command::Ask { text, name, admin } => {
             let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
@@ -235,10 +249,12 @@ async fn chat(
     }
     let store = wiring::store(&config)?;
     let platform = ConsolePlatform::new(Box::new(std::io::stdout()), &config.bot.name);
+    let mcp = wiring::mcp(&config).await?;
     let runtime = wiring::runtime(
         &config,
         store,
         vec![Arc::new(platform.clone()) as Arc<dyn Platform>],
+        mcp,
     )?;
     runtime.resume().await?;
     let manager = runtime.sessions.clone();
@@ -296,7 +312,8 @@ async fn chat(
 
 async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow::Result<ExitCode> {
     // `ask` runs outside any chat: no terminal (its notices would have nowhere to go).
-    let agent = wiring::agent(config, ephemeral_store(), None, None)?;
+    let mcp = wiring::mcp(config).await?;
+    let agent = wiring::agent(config, ephemeral_store(), None, None, mcp.as_deref())?;
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     // Ctrl-C stops the turn cleanly instead of killing the process mid-call.
@@ -323,6 +340,9 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
     let input = TurnInput::text("console:local", caller, line);
     let result = agent.run_turn(&[], input, cancel).await;
     watcher.abort();
+    if let Some(mcp) = &mcp {
+        mcp.shutdown().await;
+    }
     let turn = result.context("the turn failed")?;
     println!("{}", turn.reply);
     Ok(match turn.end {
@@ -330,5 +350,53 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
         TurnEnd::Answered | TurnEnd::IterationLimit | TurnEnd::RepeatedToolCall => {
             ExitCode::SUCCESS
         }
+    })
+}
+
+/// `parlor mcp`: every configured server connected (or its failure), and what it offers.
+async fn mcp_report(config: &Config) -> anyhow::Result<ExitCode> {
+    use parlor_bot::tool::ToolSet;
+    use parlor_toolsets::mcp::ServerStatus;
+    let Some(mcp) = wiring::mcp(config).await? else {
+        println!("no MCP server is configured (add [[mcp.servers]] to the config)");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let mut all_up = true;
+    let mut out = String::new();
+    for toolset in mcp.toolsets() {
+        let status = match toolset.status() {
+            ServerStatus::Connected => "connected".to_owned(),
+            ServerStatus::Starting => {
+                all_up = false;
+                "no answer yet".to_owned()
+            }
+            ServerStatus::Down(why) => {
+                all_up = false;
+                format!("DOWN: {why}")
+            }
+        };
+        let tools = toolset.tools();
+        out.push_str(&format!(
+            "{} ({status}): {} tool(s)\n",
+            toolset.server(),
+            tools.len()
+        ));
+        for spec in tools {
+            let first_line = spec.description.lines().next().unwrap_or_default();
+            out.push_str(&format!(
+                "  {}  risk {} · role {}  {first_line}\n",
+                spec.name,
+                spec.risk.as_str(),
+                spec.role.as_str()
+            ));
+        }
+    }
+    mcp.shutdown().await;
+    let mut stdout = std::io::stdout().lock();
+    write!(stdout, "{out}").context("cannot write to stdout")?;
+    Ok(if all_up {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }

@@ -14,6 +14,7 @@ use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
 use parlor_toolsets::clock::{ClockChatHook, ClockHandle, ClockOptions, ClockService};
+use parlor_toolsets::mcp::{McpOptions, McpService};
 use parlor_toolsets::terminal::{
     LateNotifier, Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
 };
@@ -26,12 +27,13 @@ use crate::config::{Config, SandboxKind, TerminalPolicy};
 
 /// The tool registry this configuration describes, names and schemas checked. Toolsets
 /// that keep state in the store (message log, memory) use `store`; the terminal toolsets
-/// come from `terminal` when it is enabled.
+/// come from `terminal` when it is enabled; the MCP servers' from `mcp`.
 pub fn registry(
     config: &Config,
     store: Arc<dyn Store>,
     terminal: Option<&Arc<TerminalService>>,
     clock: Option<&ClockHandle>,
+    mcp: Option<&McpService>,
 ) -> anyhow::Result<ToolRegistry> {
     let mut toolsets: Vec<Arc<dyn ToolSet>> = Vec::new();
     for name in &config.toolsets.enabled {
@@ -77,16 +79,42 @@ pub fn registry(
     if let Some(terminal) = terminal {
         toolsets.push(Arc::new(terminal_toolset(Arc::clone(terminal))));
     }
+    for toolset in mcp.map(McpService::toolsets).unwrap_or_default() {
+        toolsets.push(Arc::new(toolset) as Arc<dyn ToolSet>);
+    }
     for p in &config.toolsets.prompt {
         toolsets.push(Arc::new(PromptToolset::new(&p.name, &p.prompt)));
     }
     ToolRegistry::new(toolsets).context("the toolsets cannot be registered")
 }
 
+/// The configured MCP servers, started: each connected with its tools listed, or logged as
+/// failed and retried in the background. `None` when no server is enabled. Must run inside
+/// the Tokio runtime that will own their supervisors.
+pub async fn mcp(config: &Config) -> anyhow::Result<Option<Arc<McpService>>> {
+    let servers = config.mcp_servers();
+    if servers.is_empty() {
+        return Ok(None);
+    }
+    let service = McpService::new(
+        servers,
+        McpOptions {
+            vision: config.llm.vision,
+            ..McpOptions::default()
+        },
+    )
+    .context("the [[mcp.servers]] cannot be set up")?;
+    if let Err(e) = service.start().await {
+        service.shutdown().await;
+        return Err(e).context("an MCP server offers tools parlor cannot register");
+    }
+    Ok(Some(Arc::new(service)))
+}
+
 /// The tool registry for the catalog (`parlor tools`, `check-config`, `ask`): the same
 /// toolsets, over an in-memory store, with a terminal service (when enabled) that works in a
 /// scratch directory, so a running daemon's files are never touched.
-pub fn catalog_registry(config: &Config) -> anyhow::Result<ToolRegistry> {
+pub fn catalog_registry(config: &Config, mcp: Option<&McpService>) -> anyhow::Result<ToolRegistry> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let scratch = std::env::temp_dir().join(format!("parlor-catalog-{}", std::process::id()));
     let terminal = terminal(
@@ -96,7 +124,7 @@ pub fn catalog_registry(config: &Config) -> anyhow::Result<ToolRegistry> {
         scratch,
     );
     let clock = clock_handle(config, Arc::clone(&store))?;
-    registry(config, store, terminal.as_ref(), clock.as_ref())
+    registry(config, store, terminal.as_ref(), clock.as_ref(), mcp)
 }
 
 /// The clock tasks over `store`, when the `clock` toolset is enabled.
@@ -184,6 +212,7 @@ pub fn agent(
     store: Arc<dyn Store>,
     terminal: Option<&Arc<TerminalService>>,
     clock: Option<&ClockHandle>,
+    mcp: Option<&McpService>,
 ) -> anyhow::Result<Agent> {
     let llm = OpenAiClient::with_retries(OpenAiConfig {
         base_url: config.base_url(),
@@ -210,7 +239,12 @@ pub fn agent(
             } else {
                 0
             },
-        )),
+        ))
+        // Likewise an MCP server's own timeout answers TIMEOUT itself.
+        .max(
+            mcp.map(|m| m.longest_timeout() + Duration::from_secs(5))
+                .unwrap_or_default(),
+        ),
         tool_result_max_chars: config.llm.tool_result_max_chars,
         temperature: config.llm.temperature,
         parallel_tool_calls: config.llm.parallel_tool_calls,
@@ -228,7 +262,7 @@ pub fn agent(
     );
     Ok(Agent::new(
         Arc::new(llm),
-        registry(config, store, terminal, clock)?,
+        registry(config, store, terminal, clock, mcp)?,
         &prompt,
         agent_config,
     ))
@@ -256,6 +290,8 @@ pub struct Runtime {
     pub sessions: SessionManager,
     /// The terminal service, when enabled.
     pub terminal: Option<Arc<TerminalService>>,
+    /// The MCP servers' connections (their stdio children end with them).
+    pub mcp: Option<Arc<McpService>>,
     /// The clock service's task, when the clock is enabled; it stops with `clock_stop`.
     clock: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     clock_stop: CancellationToken,
@@ -295,6 +331,10 @@ impl Runtime {
         // No new fires; a fire already waiting on its turn logs how that turn ended.
         self.clock_stop.cancel();
         self.sessions.shutdown(grace).await;
+        // After the sessions: a turn finishing within the grace may still call a server.
+        if let Some(mcp) = &self.mcp {
+            mcp.shutdown().await;
+        }
         let clock = self.clock.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(task) = clock
             && let Err(e) = task.await
@@ -304,11 +344,12 @@ impl Runtime {
     }
 }
 
-/// The runtime over `platforms`, with its store.
+/// The runtime over `platforms`, with its store and the started MCP servers.
 pub fn runtime(
     config: &Config,
     store: Arc<dyn Store>,
     platforms: Vec<Arc<dyn Platform>>,
+    mcp: Option<Arc<McpService>>,
 ) -> anyhow::Result<Runtime> {
     let session_config = SessionConfig {
         bot_name: config.bot.name.clone(),
@@ -343,7 +384,13 @@ pub fn runtime(
     let clock = clock_handle(config, Arc::clone(&store))?;
     let sessions = SessionManager::new(
         Arc::clone(&store),
-        agent(config, store, terminal.as_ref(), clock.as_ref())?,
+        agent(
+            config,
+            store,
+            terminal.as_ref(),
+            clock.as_ref(),
+            mcp.as_deref(),
+        )?,
         platforms,
         session_config,
     );
@@ -363,6 +410,7 @@ pub fn runtime(
     Ok(Runtime {
         sessions,
         terminal,
+        mcp,
         clock: std::sync::Mutex::new(clock),
         clock_stop,
     })

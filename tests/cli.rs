@@ -590,3 +590,43 @@ async fn chat_is_not_dumpable_so_its_own_user_cannot_read_its_environment() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_contains(&stdout(&out), "hello");
 }
+
+#[tokio::test]
+async fn tools_and_mcp_list_an_mcp_servers_tools_with_server_risk_role_and_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            r#"
+[toolsets]
+enabled = []
+[[mcp.servers]]
+name = "kb"
+command = "{}"
+risk = "read"
+tools = ["echo", "delete_file", "lookup"]
+"#,
+            parlor_testkit::mcp_server_bin().display()
+        ),
+    );
+    let tools = tools_json(&config).await;
+    let names: Vec<&str> = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["kb__echo", "kb__delete_file", "kb__lookup"]);
+    let echo = &tools[0];
+    assert_eq!(echo["x-parlor"]["toolset"], "mcp:kb");
+    assert_eq!(echo["x-parlor"]["risk"], "read");
+    assert_eq!(echo["x-parlor"]["role"], "member");
+    assert_eq!(tools[1]["x-parlor"]["role"], "operator", "destructive");
+    assert_no_refs(&tools[2]["function"]["parameters"], "kb__lookup");
+
+    let out = run(parlor().arg("mcp").arg("--config").arg(&config)).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_contains(&text, "kb (connected): 3 tool(s)");
+    assert_contains(&text, "kb__delete_file  risk dangerous · role operator");
+}

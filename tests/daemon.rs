@@ -1058,3 +1058,64 @@ async fn a_watchdog_timeout_that_halves_to_zero_still_gets_pings() {
     assert!(status.success(), "{log}");
     assert!(!log.contains("panicked"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mention_leads_to_an_mcp_tool_call_and_the_reply_uses_its_result() {
+    use parlor_testkit::ToolCallSpec;
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = parlor_testkit::mcp_server_bin();
+    let extra = format!(
+        "[[mcp.servers]]\nname = \"kb\"\ncommand = \"{}\"\nrisk = \"read\"\ntimeout_secs = 20\n",
+        server.display()
+    );
+    let daemon = start(&config(dir.path(), &telegram, &extra), &llm, &telegram).await;
+    llm.push(Reply::tool_calls(vec![
+        ToolCallSpec::new(
+            "c1",
+            "kb__echo",
+            serde_json::json!({"text": "otters hold hands"}),
+        ),
+        ToolCallSpec::new("c2", "kb__whoami", serde_json::json!({})),
+    ]));
+    llm.respond_with(|body| {
+        let echoed = body["messages"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["tool_call_id"] == "c1"))
+            .and_then(|m| m["content"].as_str())
+            .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
+            .and_then(|r| r["message"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let said = echoed.lines().nth(1).unwrap_or("nothing").to_owned();
+        Reply::text(format!("The knowledge base says: {said}"))
+    });
+    telegram
+        .group_message(
+            GROUP,
+            bob(),
+            "@parlor_bot ask the knowledge base about otters",
+        )
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(
+        sent[0].text,
+        "The knowledge base says: echo: otters hold hands",
+        "{}",
+        daemon.log()
+    );
+    // The child saw none of the daemon's secrets.
+    let whoami = tool_results_of(&llm, "c2");
+    let text = whoami[0].to_string();
+    assert_eq!(whoami[0]["success"], true, "{text}");
+    assert!(text.contains("\\\"pid\\\""), "{text}");
+    for secret in [TOKEN, "sk-test", "TELEGRAM_BOT_TOKEN", "OPENAI_API_KEY"] {
+        assert!(
+            !text.contains(secret),
+            "{secret} reached the MCP child: {text}"
+        );
+    }
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+}

@@ -10,6 +10,8 @@
 //! - [`discord`]: [`FakeDiscord`], a fake Discord REST API (`/api/v10/...`) and
 //!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
 //!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to;
+//! - [`mcp`]: [`TestMcpServer`], a real MCP server (rmcp's server side) over stdio (the
+//!   `parlor-mcp-test-server` binary) and streamable HTTP on loopback ([`McpHttpServer`]);
 //! - [`process`]: [`DaemonProcess`], a daemon under test as a child process, ready once it
 //!   polls the fake Telegram, its stderr collected.
 //!
@@ -30,6 +32,7 @@
 
 pub mod discord;
 pub mod llm;
+pub mod mcp;
 pub mod process;
 pub mod telegram;
 
@@ -42,6 +45,7 @@ pub use discord::{
     DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,
 };
 pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
+pub use mcp::{McpHttpServer, TestMcpServer, mcp_server_bin};
 pub use process::DaemonProcess;
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,

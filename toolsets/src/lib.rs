@@ -31,6 +31,8 @@
 //!   [`ClockService`](clock::ClockService) firing them into sessions, and the `clock_*` tools.
 //! - [`terminal`] — operator-only `shell` and `task_*`: one persistent shell per chat,
 //!   background tasks, the bubblewrap sandbox.
+//! - [`mcp`] — the tools of configured MCP servers (stdio children, streamable HTTP) through
+//!   rmcp, one toolset per server, risk as role, restarted with backoff.
 //! - [`todo`] — `todo_list`, the per-session plan the agent keeps (the reference stateful
 //!   toolset: a per-turn injection and a `/reset` hook).
 //! - [`time`] — `time`: the current time in a time zone.
@@ -41,6 +43,7 @@
 //! options built in the binary's `config.rs` and registered in `wiring.rs`.
 
 pub mod clock;
+pub mod mcp;
 pub mod memory;
 pub mod message;
 pub mod prompt;

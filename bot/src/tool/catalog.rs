@@ -89,7 +89,7 @@ pub fn to_json(registry: &ToolRegistry) -> String {
         .map(|(toolset, spec)| {
             let mut def = serde_json::to_value(spec.to_def()).unwrap_or(Value::Null);
             if let Value::Object(entry) = &mut def {
-                entry.insert("x-parlor".to_owned(), policy(toolset, spec));
+                entry.insert("x-parlor".to_owned(), policy(&toolset, &spec));
             }
             def
         })

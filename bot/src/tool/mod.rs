@@ -339,6 +339,14 @@ pub trait ToolSet: Send + Sync {
     /// The tools this set offers; sent as schemas with every request.
     fn tools(&self) -> Vec<ToolSpec>;
 
+    /// A number that changes whenever [`ToolSet::tools`] would answer differently (an MCP
+    /// server announced a new tool list). The registry reads it on every request and
+    /// rebuilds its definitions when it moved; a toolset whose tools never change keeps
+    /// the default, 0.
+    fn generation(&self) -> u64 {
+        0
+    }
+
     /// Runs one call. Arguments are already validated against the tool's schema; a failure
     /// is a [`ToolResult`] with an error code, never a panic.
     async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult;

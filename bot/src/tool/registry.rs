@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use futures::FutureExt;
 
@@ -86,6 +86,104 @@ struct Entry {
     validator: ArgValidator,
 }
 
+/// The registry's view of its toolsets' tools at one [`ToolSet::generation`] sum: specs,
+/// validators, the name index and the `tools` array, built together.
+struct Built {
+    entries: Vec<Entry>,
+    by_name: HashMap<String, usize>,
+    /// What every request offers the model: the same for every fork and turn until a
+    /// toolset's generation moves.
+    defs: ToolDefs,
+    /// The sum of the toolsets' generations this was built at.
+    generation: u64,
+}
+
+impl Built {
+    /// Checks and indexes every tool of `toolsets`. `strict` (at startup) fails on the
+    /// first bad tool; otherwise (a toolset's list changed while running) a bad tool is
+    /// logged and left out, so the others stay usable.
+    fn build(
+        toolsets: &[Arc<dyn ToolSet>],
+        generation: u64,
+        strict: bool,
+    ) -> Result<Self, RegistryError> {
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut by_name: HashMap<String, usize> = HashMap::new();
+        for (index, toolset) in toolsets.iter().enumerate() {
+            for spec in toolset.tools() {
+                match check_spec(toolsets, &entries, &by_name, toolset.as_ref(), &spec) {
+                    Ok(validator) => {
+                        by_name.insert(spec.name.clone(), entries.len());
+                        entries.push(Entry {
+                            toolset: index,
+                            spec,
+                            validator,
+                        });
+                    }
+                    Err(e) if strict => return Err(e),
+                    Err(e) => {
+                        tracing::error!(toolset = toolset.name(), error = %e, "tool left out");
+                    }
+                }
+            }
+        }
+        let defs = entries.iter().map(|e| e.spec.to_def()).collect();
+        Ok(Built {
+            entries,
+            by_name,
+            defs,
+            generation,
+        })
+    }
+}
+
+/// Every check a tool passes before it is registered; its argument validator when it does.
+fn check_spec(
+    toolsets: &[Arc<dyn ToolSet>],
+    entries: &[Entry],
+    by_name: &HashMap<String, usize>,
+    toolset: &dyn ToolSet,
+    spec: &ToolSpec,
+) -> Result<ArgValidator, RegistryError> {
+    if !is_valid_tool_name(&spec.name) {
+        return Err(RegistryError::InvalidName {
+            name: spec.name.clone(),
+            toolset: toolset.name().to_owned(),
+        });
+    }
+    if let Some(&first) = by_name.get(&spec.name) {
+        return Err(RegistryError::Duplicate {
+            name: spec.name.clone(),
+            first: toolsets[entries[first].toolset].name().to_owned(),
+            second: toolset.name().to_owned(),
+        });
+    }
+    check_schema(&spec.parameters).map_err(|reason| RegistryError::BadSchema {
+        name: spec.name.clone(),
+        reason,
+    })?;
+    let validator = ArgValidator::new(&spec.parameters).map_err(|e| RegistryError::BadSchema {
+        name: spec.name.clone(),
+        reason: e.to_string(),
+    })?;
+    if spec.risk == Risk::Dangerous && spec.role < Role::Operator {
+        return Err(RegistryError::DangerousBelowOperator {
+            name: spec.name.clone(),
+            toolset: toolset.name().to_owned(),
+            role: spec.role.as_str(),
+        });
+    }
+    if let Some(argument) = &spec.role_in_chat_arg
+        && !is_string_property(&spec.parameters, argument)
+    {
+        return Err(RegistryError::BadRoleArgument {
+            name: spec.name.clone(),
+            argument: argument.clone(),
+        });
+    }
+    Ok(validator)
+}
+
 /// The toolsets of one agent, in registration order, with a name index.
 ///
 /// Cloning is cheap and shares the toolsets; [`ToolRegistry::fork`] gives a new session its
@@ -93,11 +191,9 @@ struct Entry {
 #[derive(Clone)]
 pub struct ToolRegistry {
     toolsets: Vec<Arc<dyn ToolSet>>,
-    /// Specs and validators are the same for every fork, so they are shared.
-    entries: Arc<Vec<Entry>>,
-    by_name: Arc<HashMap<String, usize>>,
-    /// What every request offers the model, built once: the same for every fork and turn.
-    defs: ToolDefs,
+    /// Specs, validators and defs, shared by every fork: swapped for a rebuilt set when a
+    /// toolset's [`ToolSet::generation`] moves (the readers of the old one keep it).
+    built: Arc<RwLock<Arc<Built>>>,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -116,71 +212,36 @@ impl ToolRegistry {
     /// dangerous tool needs an operator, and that a `role_in_chat_arg` names a string
     /// argument.
     pub fn new(toolsets: Vec<Arc<dyn ToolSet>>) -> Result<Self, RegistryError> {
-        let mut entries: Vec<Entry> = Vec::new();
-        let mut by_name: HashMap<String, usize> = HashMap::new();
-        for (index, toolset) in toolsets.iter().enumerate() {
-            for spec in toolset.tools() {
-                if !is_valid_tool_name(&spec.name) {
-                    return Err(RegistryError::InvalidName {
-                        name: spec.name,
-                        toolset: toolset.name().to_owned(),
-                    });
-                }
-                if let Some(&first) = by_name.get(&spec.name) {
-                    return Err(RegistryError::Duplicate {
-                        name: spec.name,
-                        first: toolsets[entries[first].toolset].name().to_owned(),
-                        second: toolset.name().to_owned(),
-                    });
-                }
-                check_schema(&spec.parameters).map_err(|reason| RegistryError::BadSchema {
-                    name: spec.name.clone(),
-                    reason,
-                })?;
-                let validator =
-                    ArgValidator::new(&spec.parameters).map_err(|e| RegistryError::BadSchema {
-                        name: spec.name.clone(),
-                        reason: e.to_string(),
-                    })?;
-                if spec.risk == Risk::Dangerous && spec.role < Role::Operator {
-                    return Err(RegistryError::DangerousBelowOperator {
-                        name: spec.name,
-                        toolset: toolset.name().to_owned(),
-                        role: spec.role.as_str(),
-                    });
-                }
-                if let Some(argument) = &spec.role_in_chat_arg
-                    && !is_string_property(&spec.parameters, argument)
-                {
-                    return Err(RegistryError::BadRoleArgument {
-                        name: spec.name.clone(),
-                        argument: argument.clone(),
-                    });
-                }
-                by_name.insert(spec.name.clone(), entries.len());
-                entries.push(Entry {
-                    toolset: index,
-                    spec,
-                    validator,
-                });
-            }
-        }
-        let defs = entries.iter().map(|e| e.spec.to_def()).collect();
+        let generation = generation_of(&toolsets);
+        let built = Built::build(&toolsets, generation, true)?;
         Ok(ToolRegistry {
             toolsets,
-            entries: Arc::new(entries),
-            by_name: Arc::new(by_name),
-            defs,
+            built: Arc::new(RwLock::new(Arc::new(built))),
         })
+    }
+
+    /// The tools as of now: the shared build, rebuilt first when a toolset's generation
+    /// moved. The common case is a few integer reads and one uncontended read lock.
+    fn current(&self) -> Arc<Built> {
+        let generation = generation_of(&self.toolsets);
+        let built = Arc::clone(&self.built.read().unwrap_or_else(|e| e.into_inner()));
+        if built.generation == generation {
+            return built;
+        }
+        // Lenient: a bad tool appearing at runtime is logged and left out, never an error.
+        let fresh = match Built::build(&self.toolsets, generation, false) {
+            Ok(fresh) => Arc::new(fresh),
+            Err(_) => return built,
+        };
+        *self.built.write().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&fresh);
+        fresh
     }
 
     /// A registry for a new session: every toolset forked, specs shared.
     pub fn fork(&self) -> Self {
         ToolRegistry {
             toolsets: self.toolsets.iter().map(|t| t.fork()).collect(),
-            entries: Arc::clone(&self.entries),
-            by_name: Arc::clone(&self.by_name),
-            defs: self.defs.clone(),
+            built: Arc::clone(&self.built),
         }
     }
 
@@ -196,21 +257,24 @@ impl ToolRegistry {
         &self.toolsets
     }
 
-    /// Every tool with the name of its toolset, in registration order.
-    pub fn specs(&self) -> impl Iterator<Item = (&str, &ToolSpec)> {
-        self.entries
-            .iter()
-            .map(|e| (self.toolsets[e.toolset].name(), &e.spec))
+    /// Every tool with the name of its toolset, in registration order (a snapshot).
+    pub fn specs(&self) -> impl Iterator<Item = (String, ToolSpec)> + use<> {
+        let built = self.current();
+        let toolsets: Vec<String> = self.toolsets.iter().map(|t| t.name().to_owned()).collect();
+        (0..built.entries.len()).map(move |i| {
+            let entry = &built.entries[i];
+            (toolsets[entry.toolset].clone(), entry.spec.clone())
+        })
     }
 
     /// The names of every tool, in registration order.
-    pub fn names(&self) -> Vec<&str> {
-        self.entries.iter().map(|e| e.spec.name.as_str()).collect()
+    pub fn names(&self) -> Vec<String> {
+        names_of(&self.current())
     }
 
     /// The exact `tools` array sent to the model (shared, not copied).
     pub fn defs(&self) -> ToolDefs {
-        self.defs.clone()
+        self.current().defs.clone()
     }
 
     /// Every toolset's static prompt, in order.
@@ -236,12 +300,13 @@ impl ToolRegistry {
     /// every problem is a [`ToolResult`] with an error code.
     pub async fn call(&self, call: &ToolCall, mut cx: ToolContext) -> ToolResult {
         let name = &call.function.name;
-        let Some(entry) = self.by_name.get(name).map(|&i| &self.entries[i]) else {
+        let built = self.current();
+        let Some(entry) = built.by_name.get(name).map(|&i| &built.entries[i]) else {
             return ToolResult::err(
                 codes::TOOL_NOT_FOUND,
                 format!(
                     "there is no tool named {name:?}; the tools are: {}",
-                    self.names().join(", ")
+                    names_of(&built).join(", ")
                 ),
             );
         };
@@ -314,6 +379,18 @@ impl ToolRegistry {
             }
         }
     }
+}
+
+/// The sum of the toolsets' generations: it moves whenever one of them does (each only
+/// counts up).
+fn generation_of(toolsets: &[Arc<dyn ToolSet>]) -> u64 {
+    toolsets
+        .iter()
+        .fold(0u64, |sum, t| sum.wrapping_add(t.generation()))
+}
+
+fn names_of(built: &Built) -> Vec<String> {
+    built.entries.iter().map(|e| e.spec.name.clone()).collect()
 }
 
 /// Whether `schema` has a top-level property `name` that may be a string.
