@@ -10,10 +10,12 @@
 //! - [`discord`]: [`FakeDiscord`], a fake Discord REST API (`/api/v10/...`) and
 //!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
 //!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to;
+//! - [`web`]: [`FakeWeb`], scripted web pages on a loopback address (127.0.0.1 or another
+//!   of 127.0.0.0/8), and the answers of SearXNG, Brave Search and DuckDuckGo's HTML page;
 //! - [`process`]: [`DaemonProcess`], a daemon under test as a child process, ready once it
 //!   polls the fake Telegram, its stderr collected.
 //!
-//! What the three have in common (a loopback server that stops with the fake,
+//! What the fakes have in common (a loopback server that stops with the fake,
 //! the state lock, bounded waits and their [`WaitTimeout`]) lives once, in the
 //! private `server` module.
 //!
@@ -32,6 +34,7 @@ pub mod discord;
 pub mod llm;
 pub mod process;
 pub mod telegram;
+pub mod web;
 
 mod server;
 
@@ -46,4 +49,7 @@ pub use process::DaemonProcess;
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
     SentMessage, TgUser, teloxide_fixture, utf16_len,
+};
+pub use web::{
+    FakePage, FakeWeb, SearchHit, WebRequest, brave_json, duckduckgo_html, searxng_json,
 };
