@@ -79,7 +79,7 @@ pub struct WebOptions {
     pub calls_per_minute: usize,
     /// How long a fetched page is kept for paging and repeated reads.
     pub cache_ttl: Duration,
-    /// Most pages kept.
+    /// Most pages kept (all chats together; also at most 8 MiB of text).
     pub cache_entries: usize,
 }
 
@@ -178,11 +178,19 @@ struct Document {
     cut_at_cap: bool,
 }
 
-/// The recently fetched pages, newest last, by requested URL.
+/// The recently fetched pages, newest last, by session and requested URL: one chat never
+/// sees what another fetched (not even that it did).
 #[derive(Debug, Default)]
 struct Cache {
-    entries: VecDeque<(String, Instant, Arc<Document>)>,
+    entries: VecDeque<(CacheKey, Instant, Arc<Document>)>,
 }
+
+/// `(session, url)`.
+type CacheKey = (String, String);
+
+/// Most bytes of page text the cache holds, all chats together; the daemon's footprint is
+/// a target (README, Benchmarks), and a page may be megabytes.
+const CACHE_BYTES: usize = 8 * 1024 * 1024;
 
 /// What the tools share.
 struct Web {
@@ -283,8 +291,8 @@ fn tools(web: Arc<Web>) -> parlor_bot::tool::ToolSetBridgeBuilder<Web> {
         .risk(Risk::Read)
         .failure_codes(&[BLOCKED_ADDRESS, UNSUPPORTED_CONTENT])
         .result_doc(
-            "`data`: `url` (final, after redirects), `title`, `content_type`, `charset`, \
-             `content` (this part of the text, fenced in <web_page>), `start_char`, \
+            "`data`: `url` (final, after redirects), `content_type`, `charset`, `content` \
+             (this part of the text, fenced in <web_page url=... title=...>), `start_char`, \
              `end_char`, `total_chars`, `next_start_char` (null at the end), `cut_at_cap` \
              (the page was longer than the download limit), `cached`.",
         )
@@ -373,7 +381,7 @@ impl Web {
     async fn fetch(&self, args: WebFetchArgs, cx: &ToolContext) -> Outcome {
         let url = self.client.parse(&args.url).map_err(net_failure)?;
         self.take_call(WEB_FETCH, &cx.session)?;
-        let key = url.to_string();
+        let key = (cx.session.clone(), url.to_string());
         let (doc, cached) = match self.cached(&key) {
             Some(doc) => (doc, true),
             None => {
@@ -381,7 +389,7 @@ impl Web {
                     () = cx.cancel.cancelled() => {
                         return Err(ToolError::cancelled("web_fetch was cancelled"));
                     }
-                    doc = self.download(&key) => Arc::new(doc?),
+                    doc = self.download(&key.1) => Arc::new(doc?),
                 };
                 self.remember(key, Arc::clone(&doc));
                 (doc, false)
@@ -402,14 +410,11 @@ impl Web {
         let (part, next) = page::page(&doc.text, start, max);
         let end = start + part.chars().count();
         let content = page_block(&doc, &part, start, end);
-        let mut message = match &doc.title {
-            Some(title) => format!("{} ({})", clip(title, 120), doc.final_url),
-            None => doc.final_url.clone(),
-        };
-        message.push_str(&format!(
-            ": characters {start}-{end} of {}",
-            doc.total_chars
-        ));
+        // The title is the page's words: it goes inside the fence, never into the message.
+        let mut message = format!(
+            "{}: characters {start}-{end} of {}",
+            doc.final_url, doc.total_chars
+        );
         if let Some(next) = next {
             message.push_str(&format!("; more from start_char={next}"));
         }
@@ -424,7 +429,6 @@ impl Web {
             message,
             json!({
                 "url": doc.final_url,
-                "title": doc.title,
                 "content_type": doc.media_type,
                 "charset": doc.charset,
                 "content": content,
@@ -438,7 +442,7 @@ impl Web {
         ))
     }
 
-    fn cached(&self, key: &str) -> Option<Arc<Document>> {
+    fn cached(&self, key: &CacheKey) -> Option<Arc<Document>> {
         let now = Instant::now();
         let ttl = self.options.cache_ttl;
         let mut cache = lock(&self.cache);
@@ -452,14 +456,23 @@ impl Web {
             .map(|(_, _, doc)| Arc::clone(doc))
     }
 
-    fn remember(&self, key: String, doc: Arc<Document>) {
-        if self.options.cache_entries == 0 || self.options.cache_ttl.is_zero() {
+    fn remember(&self, key: CacheKey, doc: Arc<Document>) {
+        if self.options.cache_entries == 0
+            || self.options.cache_ttl.is_zero()
+            || doc.text.len() > CACHE_BYTES
+        {
             return;
         }
         let mut cache = lock(&self.cache);
         cache.entries.retain(|(k, _, _)| *k != key);
-        while cache.entries.len() >= self.options.cache_entries {
-            cache.entries.pop_front();
+        let mut bytes: usize = cache.entries.iter().map(|(_, _, d)| d.text.len()).sum();
+        while cache.entries.len() >= self.options.cache_entries
+            || bytes + doc.text.len() > CACHE_BYTES
+        {
+            match cache.entries.pop_front() {
+                Some((_, _, old)) => bytes -= old.text.len(),
+                None => break,
+            }
         }
         cache.entries.push_back((key, Instant::now(), doc));
     }
@@ -598,14 +611,14 @@ fn results_block(query: &str, hits: &[Hit]) -> String {
         body.push_str(&format!(
             "{}. {}\n   url: {}\n",
             i + 1,
-            one_line(&clip(&hit.title, 200)),
+            one_line(&clip(&hit.title, 150)),
             one_line(&hit.url)
         ));
         if let Some(published) = &hit.published {
             body.push_str(&format!("   published: {}\n", one_line(published)));
         }
         if !hit.snippet.is_empty() {
-            body.push_str(&format!("   {}\n", one_line(&clip(&hit.snippet, 400))));
+            body.push_str(&format!("   {}\n", one_line(&clip(&hit.snippet, 300))));
         }
     }
     if hits.is_empty() {
