@@ -55,6 +55,7 @@ struct Secrets {
     discord_token: Option<Secret>,
     /// Per MCP server (by name): each environment variable it names, read at start.
     mcp: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Secret>>,
+    brave_api_key: Option<Secret>,
 }
 
 /// Names of the systemd credentials parlor reads (`LoadCredential=<name>:<path>`).
@@ -339,12 +340,14 @@ pub struct ToolsetsConfig {
     pub memory: MemoryConfig,
     /// `[toolsets.clock]`
     pub clock: ClockConfig,
+    /// `[toolsets.web]`
+    pub web: WebConfig,
     /// `[[toolsets.prompt]]`: prompt-only toolsets.
     pub prompt: Vec<PromptConfig>,
 }
 
 /// Toolsets this build knows.
-pub const KNOWN_TOOLSETS: &[&str] = &["todo_list", "time", "message", "memory", "clock"];
+pub const KNOWN_TOOLSETS: &[&str] = &["todo_list", "time", "message", "memory", "clock", "web"];
 
 impl Default for ToolsetsConfig {
     fn default() -> Self {
@@ -353,6 +356,7 @@ impl Default for ToolsetsConfig {
             time: TimeConfig::default(),
             memory: MemoryConfig::default(),
             clock: ClockConfig::default(),
+            web: WebConfig::default(),
             prompt: Vec::new(),
         }
     }
@@ -392,6 +396,77 @@ impl Default for ClockConfig {
             max_tasks_per_chat: 20,
             min_interval_secs: 60,
             run_timeout_secs: 600,
+        }
+    }
+}
+
+/// `[toolsets.web]`: the search provider, the URL guard (which `load_image` uses too) and
+/// the limits of `web_search` / `web_fetch`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebConfig {
+    /// `duckduckgo` (keyless, the default), `searxng` or `brave`.
+    pub provider: WebProvider,
+    /// Base URL of a SearXNG instance whose JSON API is on; needed with `searxng`.
+    pub searxng_url: Option<String>,
+    /// Base URL of the Brave Search API.
+    pub brave_url: String,
+    /// Environment variable holding the Brave Search API key.
+    pub brave_api_key_env: String,
+    /// File holding the Brave Search API key.
+    pub brave_api_key_file: Option<PathBuf>,
+    /// Base URL of DuckDuckGo's HTML endpoint.
+    pub duckduckgo_url: String,
+    /// Networks (CIDRs) fetches may reach although they are not public, e.g. an intranet.
+    pub allow_networks: Vec<String>,
+    /// Host names (with their subdomains) fetches never reach.
+    pub deny_hosts: Vec<String>,
+    /// One fetch, redirects and body included.
+    pub fetch_timeout_secs: u64,
+    /// One search.
+    pub search_timeout_secs: u64,
+    /// Most bytes of a page downloaded; a longer page is cut there.
+    pub max_fetch_bytes: u64,
+    /// Characters of page text per `web_fetch` result unless the model asks for fewer.
+    pub page_chars: usize,
+    /// `web_search` and `web_fetch` calls per chat and minute, together.
+    pub calls_per_minute: usize,
+    /// How long a fetched page is kept for paging and repeated reads (0: not kept).
+    pub cache_secs: u64,
+}
+
+/// Who answers `web_search`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebProvider {
+    /// DuckDuckGo's HTML page; no key.
+    Duckduckgo,
+    /// A SearXNG instance's JSON API.
+    Searxng,
+    /// The Brave Search API; needs a key.
+    Brave,
+}
+
+/// The name of the systemd credential holding the Brave Search API key.
+pub const CREDENTIAL_BRAVE: &str = "brave_api_key";
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        WebConfig {
+            provider: WebProvider::Duckduckgo,
+            searxng_url: None,
+            brave_url: parlor_toolsets::web::search::BRAVE_URL.to_owned(),
+            brave_api_key_env: "BRAVE_API_KEY".to_owned(),
+            brave_api_key_file: None,
+            duckduckgo_url: parlor_toolsets::web::search::DUCKDUCKGO_URL.to_owned(),
+            allow_networks: Vec::new(),
+            deny_hosts: Vec::new(),
+            fetch_timeout_secs: 20,
+            search_timeout_secs: 15,
+            max_fetch_bytes: 2 * 1024 * 1024,
+            page_chars: 5000,
+            calls_per_minute: 20,
+            cache_secs: 300,
         }
     }
 }
@@ -596,6 +671,22 @@ impl Config {
             ("terminal.max_timeout_secs", self.terminal.max_timeout_secs),
             ("terminal.max_task_hours", self.terminal.max_task_hours),
             (
+                "toolsets.web.fetch_timeout_secs",
+                self.toolsets.web.fetch_timeout_secs,
+            ),
+            (
+                "toolsets.web.search_timeout_secs",
+                self.toolsets.web.search_timeout_secs,
+            ),
+            (
+                "toolsets.web.max_fetch_bytes",
+                self.toolsets.web.max_fetch_bytes,
+            ),
+            (
+                "toolsets.web.calls_per_minute",
+                self.toolsets.web.calls_per_minute as u64,
+            ),
+            (
                 "toolsets.memory.max_entries",
                 self.toolsets.memory.max_entries as u64,
             ),
@@ -653,6 +744,7 @@ impl Config {
         {
             bail!("toolsets.time.default_timezone: {why}");
         }
+        self.check_web()?;
         for p in &self.toolsets.prompt {
             if p.name.trim().is_empty() || p.prompt.trim().is_empty() {
                 bail!("every [[toolsets.prompt]] needs a non-empty name and prompt");
@@ -718,6 +810,35 @@ impl Config {
         Ok(())
     }
 
+    /// `[toolsets.web]`: URLs, networks, the page size.
+    fn check_web(&self) -> anyhow::Result<()> {
+        let web = &self.toolsets.web;
+        self.url_guard()?;
+        for (key, url) in [
+            ("toolsets.web.brave_url", Some(&web.brave_url)),
+            ("toolsets.web.duckduckgo_url", Some(&web.duckduckgo_url)),
+            ("toolsets.web.searxng_url", web.searxng_url.as_ref()),
+        ] {
+            if let Some(url) = url
+                && !url.starts_with("http://")
+                && !url.starts_with("https://")
+            {
+                bail!("{key} must start with http:// or https://, got {url:?}");
+            }
+        }
+        if web.provider == WebProvider::Searxng && web.searxng_url.is_none() {
+            bail!(
+                "toolsets.web.provider = \"searxng\" needs toolsets.web.searxng_url (the base URL \
+                 of the instance, with format = json enabled in its settings)"
+            );
+        }
+        let max = parlor_toolsets::web::MAX_PAGE_CHARS;
+        if !(100..=max).contains(&web.page_chars) {
+            bail!("toolsets.web.page_chars must be between 100 and {max}");
+        }
+        Ok(())
+    }
+
     /// The LLM endpoint: file, `OPENAI_BASE_URL`, OpenAI.
     pub fn base_url(&self) -> String {
         self.llm
@@ -775,11 +896,29 @@ impl Config {
             }
             mcp.insert(server.name.clone(), found);
         }
+        let brave_api_key = resolve(
+            self.toolsets.web.brave_api_key_file.as_deref(),
+            "toolsets.web.brave_api_key_file",
+            None,
+            CREDENTIAL_BRAVE,
+            &self.toolsets.web.brave_api_key_env,
+        )?;
+        if self.web_enabled()
+            && self.toolsets.web.provider == WebProvider::Brave
+            && brave_api_key.is_none()
+        {
+            bail!(
+                "toolsets.web.provider = \"brave\" needs a Brave Search API key: set {} (or \
+                 toolsets.web.brave_api_key_file, or the systemd credential {CREDENTIAL_BRAVE})",
+                self.toolsets.web.brave_api_key_env
+            );
+        }
         self.secrets = Secrets {
             api_key,
             telegram_token,
             discord_token,
             mcp,
+            brave_api_key,
         };
         Ok(())
     }
@@ -788,7 +927,12 @@ impl Config {
     /// `OPENAI_API_KEY` also when `api_key_env` names another.
     pub fn secret_env_names(&self) -> Vec<String> {
         let mut names = vec![self.llm.api_key_env.clone()];
-        for name in ["OPENAI_API_KEY", "TELEGRAM_BOT_TOKEN", "DISCORD_BOT_TOKEN"] {
+        for name in [
+            "OPENAI_API_KEY",
+            "TELEGRAM_BOT_TOKEN",
+            "DISCORD_BOT_TOKEN",
+            self.toolsets.web.brave_api_key_env.as_str(),
+        ] {
             if !names.iter().any(|n| n == name) {
                 names.push(name.to_owned());
             }
@@ -819,6 +963,7 @@ impl Config {
                 &self.llm.api_key_file,
                 &self.telegram.token_file,
                 &self.discord.token_file,
+                &self.toolsets.web.brave_api_key_file,
             ]
             .into_iter()
             .flatten()
@@ -897,6 +1042,23 @@ impl Config {
                 }
             })
             .collect()
+    }
+
+    /// The Brave Search API key, once resolved.
+    pub fn brave_api_key(&self) -> Option<&Secret> {
+        self.secrets.brave_api_key.as_ref()
+    }
+
+    /// Whether the `web` toolset is enabled.
+    pub fn web_enabled(&self) -> bool {
+        self.toolsets.enabled.iter().any(|t| t == "web")
+    }
+
+    /// The URL guard of `[toolsets.web]`, for `web_fetch` and `load_image` alike.
+    pub fn url_guard(&self) -> anyhow::Result<parlor_toolsets::net::Guard> {
+        let web = &self.toolsets.web;
+        parlor_toolsets::net::Guard::new(&web.allow_networks, &web.deny_hosts)
+            .context("toolsets.web.allow_networks / deny_hosts")
     }
 
     /// Where the database lives.
@@ -1043,8 +1205,31 @@ token = "discord-secret-888"
                 "MY_LLM_KEY",
                 "OPENAI_API_KEY",
                 "TELEGRAM_BOT_TOKEN",
-                "DISCORD_BOT_TOKEN"
+                "DISCORD_BOT_TOKEN",
+                "BRAVE_API_KEY"
             ]
         );
+    }
+
+    #[test]
+    fn the_web_section_is_checked() {
+        let config = Config::parse(
+            "[toolsets.web]\nprovider = \"searxng\"\nsearxng_url = \"http://10.0.0.2:8888\"\nallow_networks = [\"10.1.2.0/24\", \"127.0.0.2\"]\n",
+        )
+        .unwrap();
+        assert_eq!(config.url_guard().unwrap().allow_networks().len(), 2);
+        for (text, key) in [
+            ("[toolsets.web]\nprovider = \"searxng\"\n", "searxng_url"),
+            (
+                "[toolsets.web]\nallow_networks = [\"10.0.0.0/40\"]\n",
+                "allow_networks",
+            ),
+            ("[toolsets.web]\nbrave_url = \"ftp://x\"\n", "brave_url"),
+            ("[toolsets.web]\npage_chars = 9000\n", "page_chars"),
+            ("[toolsets.web]\nprovider = \"bing\"\n", "provider"),
+        ] {
+            let e = format!("{:#}", Config::parse(text).unwrap_err());
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 }

@@ -18,12 +18,14 @@ use parlor_toolsets::mcp::{McpOptions, McpService};
 use parlor_toolsets::terminal::{
     LateNotifier, Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
 };
+use parlor_toolsets::web::search::Provider;
 use parlor_toolsets::{MemoryChatHook, PromptToolset, TodoChatHook, TodoList, time};
 use parlor_toolsets::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
+use parlor_toolsets::{WebOptions, web_toolset};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, SandboxKind, TerminalPolicy};
+use crate::config::{Config, SandboxKind, TerminalPolicy, WebProvider};
 
 /// The tool registry this configuration describes, names and schemas checked. Toolsets
 /// that keep state in the store (message log, memory) use `store`; the terminal toolsets
@@ -46,6 +48,7 @@ pub fn registry(
                         vision: config.llm.vision,
                         bot_name: config.bot.name.clone(),
                         context_scan_limit: config.bot.max_messages_per_chat,
+                        url_guard: config.url_guard()?,
                         ..MessageOptions::default()
                     },
                 )
@@ -73,6 +76,8 @@ pub fn registry(
                     .map_err(|why| anyhow::anyhow!("toolsets.time.default_timezone: {why}"))?;
                 toolsets.push(Arc::new(time::time_toolset(tz)?));
             }
+            "web" => toolsets
+                .push(web_toolset(web_options(config)?).context("cannot build the web toolset")?),
             other => anyhow::bail!("unknown toolset {other:?}"),
         }
     }
@@ -109,6 +114,39 @@ pub async fn mcp(config: &Config) -> anyhow::Result<Option<Arc<McpService>>> {
         return Err(e).context("an MCP server offers tools parlor cannot register");
     }
     Ok(Some(Arc::new(service)))
+}
+
+/// The web toolset's options from `[toolsets.web]`. The Brave key is empty when secrets
+/// were not resolved (the catalog), where no search runs.
+fn web_options(config: &Config) -> anyhow::Result<WebOptions> {
+    let web = &config.toolsets.web;
+    let provider = match web.provider {
+        WebProvider::Duckduckgo => Provider::DuckDuckGo {
+            base_url: web.duckduckgo_url.clone(),
+        },
+        WebProvider::Searxng => Provider::Searxng {
+            // `check` refuses searxng without a URL.
+            base_url: web.searxng_url.clone().unwrap_or_default(),
+        },
+        WebProvider::Brave => Provider::Brave {
+            base_url: web.brave_url.clone(),
+            api_key: config
+                .brave_api_key()
+                .map(|k| k.expose().to_owned())
+                .unwrap_or_default(),
+        },
+    };
+    Ok(WebOptions {
+        provider,
+        guard: config.url_guard()?,
+        fetch_timeout: Duration::from_secs(web.fetch_timeout_secs),
+        search_timeout: Duration::from_secs(web.search_timeout_secs),
+        max_fetch_bytes: web.max_fetch_bytes,
+        page_chars: web.page_chars,
+        calls_per_minute: web.calls_per_minute,
+        cache_ttl: Duration::from_secs(web.cache_secs),
+        ..WebOptions::default()
+    })
 }
 
 /// The tool registry for the catalog (`parlor tools`, `check-config`, `ask`): the same

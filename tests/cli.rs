@@ -120,7 +120,9 @@ async fn tools_json_lists_the_default_tools_with_valid_ref_free_schemas() {
             "clock_get",
             "clock_update",
             "clock_delete",
-            "clock_log"
+            "clock_log",
+            "web_search",
+            "web_fetch"
         ]
     );
 
@@ -343,7 +345,7 @@ async fn ask_runs_a_whole_turn_with_a_tool_call_through_the_real_binary() {
     assert_eq!(first.body["stream_options"]["include_usage"], true);
     let offered = first.tool_names();
     // `ask` runs outside any chat, so the clock (which fires into chats) is not offered.
-    assert_eq!(offered.len(), 9, "{offered:?}");
+    assert_eq!(offered.len(), 11, "{offered:?}");
     assert!(offered.iter().any(|t| t == "time_now"), "{offered:?}");
     assert_eq!(
         first.last_user_text().as_deref(),

@@ -12,10 +12,12 @@
 //!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to;
 //! - [`mcp`]: [`TestMcpServer`], a real MCP server (rmcp's server side) over stdio (the
 //!   `parlor-mcp-test-server` binary) and streamable HTTP on loopback ([`McpHttpServer`]);
+//! - [`web`]: [`FakeWeb`], scripted web pages on a loopback address (127.0.0.1 or another
+//!   of 127.0.0.0/8), and the answers of SearXNG, Brave Search and DuckDuckGo's HTML page;
 //! - [`process`]: [`DaemonProcess`], a daemon under test as a child process, ready once it
 //!   polls the fake Telegram, its stderr collected.
 //!
-//! What the three have in common (a loopback server that stops with the fake,
+//! What the fakes have in common (a loopback server that stops with the fake,
 //! the state lock, bounded waits and their [`WaitTimeout`]) lives once, in the
 //! private `server` module.
 //!
@@ -35,6 +37,7 @@ pub mod llm;
 pub mod mcp;
 pub mod process;
 pub mod telegram;
+pub mod web;
 
 mod server;
 
@@ -50,4 +53,7 @@ pub use process::DaemonProcess;
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
     SentMessage, TgUser, teloxide_fixture, utf16_len,
+};
+pub use web::{
+    FakePage, FakeWeb, SearchHit, WebRequest, brave_json, duckduckgo_html, searxng_json,
 };

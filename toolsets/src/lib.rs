@@ -23,8 +23,12 @@
 //! ## Layout
 //! - [`message`] — `get_message`, `get_group_context`, `send_markdown`, and `load_image`
 //!   when the model has vision. Images go through the runtime's pipeline
-//!   ([`parlor_bot::image`]); `message/fetch.rs` fetches image URLs with a timeout, a
-//!   streaming size cap and a guard against private addresses.
+//!   ([`parlor_bot::image`]); `message/fetch.rs` fetches image URLs through [`net`] with a
+//!   streaming size cap.
+//! - [`web`] — `web_search` (SearXNG, Brave, DuckDuckGo) and `web_fetch` (pages as Markdown,
+//!   paged, fenced as untrusted content).
+//! - [`net`] — the one SSRF guard every URL tool fetches through: refused ranges, allowed
+//!   networks, denied hosts, pinned addresses, redirects vetted hop by hop, no proxy.
 //! - [`memory`] — per-session notes that survive restarts and `/reset` (`memory_write`,
 //!   `memory_read`, `memory_search`, `memory_delete`).
 //! - [`clock`] — scheduled tasks (cron, one-shot, interval): the store records, the
@@ -46,13 +50,16 @@ pub mod clock;
 pub mod mcp;
 pub mod memory;
 pub mod message;
+pub mod net;
 pub mod prompt;
 mod support;
 pub mod terminal;
 pub mod time;
 pub mod todo;
+pub mod web;
 
 pub use memory::{MemoryChatHook, MemoryOptions, MemoryToolset, memory_toolset};
 pub use message::{MessageOptions, MessageToolset, MessageToolsetError, message_toolset};
 pub use prompt::PromptToolset;
 pub use todo::{TodoChatHook, TodoList};
+pub use web::{WebOptions, WebToolset, WebToolsetError, web_toolset};

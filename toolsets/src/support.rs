@@ -38,6 +38,33 @@ pub(crate) fn clip(text: &str, max: usize) -> String {
     .into_owned()
 }
 
+/// Replaces the `<` of every `<tag` or `</tag` (any case) in `text` with `‹`, so quoted
+/// content cannot close or open the fence `<tag>` it is shown in.
+pub(crate) fn defuse_fence(text: &str, tag: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('<') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let name = after.strip_prefix('/').unwrap_or(after);
+        let is_tag = name
+            .get(..tag.len())
+            .is_some_and(|n| n.eq_ignore_ascii_case(tag));
+        out.push(if is_tag { '‹' } else { '<' });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A value safe inside a double-quoted attribute of a fence tag.
+pub(crate) fn attribute(value: &str) -> String {
+    value
+        .chars()
+        .filter(|c| !c.is_control() && !matches!(c, '"' | '<' | '>'))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::clip;

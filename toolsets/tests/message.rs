@@ -27,12 +27,18 @@ use parlor_bot::tool::{MessageAppender, Risk, ToolContext, ToolRegistry, ToolSet
 use parlor_toolsets::message::{
     IMAGE_TOO_LARGE, MESSAGE_NOT_FOUND, MessageOptions, MessageToolset, NO_IMAGE, NOT_AN_IMAGE,
 };
+use parlor_toolsets::net::Guard;
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
 // Fakes and helpers
 
 /// A platform in memory, as Telegram: records sends (ids from 9001), serves images by file id.
+/// The URL guard with exactly the test servers' address allowed.
+fn loopback_guard() -> Guard {
+    Guard::new(&["127.0.0.1/32".to_owned()], &[]).unwrap()
+}
+
 fn platform() -> Arc<TestPlatform> {
     TestPlatform::default()
         .named("telegram")
@@ -100,7 +106,7 @@ impl Harness {
     fn vision() -> Self {
         Self::new(MessageOptions {
             vision: true,
-            allow_private_urls: true,
+            url_guard: loopback_guard(),
             ..MessageOptions::default()
         })
     }
@@ -219,7 +225,7 @@ fn tools_and_prompt_depend_on_vision() {
             "get_message read [\"MESSAGE_NOT_FOUND\"]",
             "get_group_context read [\"MESSAGE_NOT_FOUND\"]",
             "send_markdown write [\"MESSAGE_NOT_FOUND\"]",
-            "load_image read [\"MESSAGE_NOT_FOUND\", \"NO_IMAGE\", \"IMAGE_TOO_LARGE\", \"NOT_AN_IMAGE\"]",
+            "load_image read [\"MESSAGE_NOT_FOUND\", \"NO_IMAGE\", \"IMAGE_TOO_LARGE\", \"NOT_AN_IMAGE\", \"BLOCKED_ADDRESS\"]",
         ]
     "#]]
     .assert_debug_eq(&summary);
@@ -815,7 +821,7 @@ async fn load_image_refuses_non_http_urls_and_private_addresses() {
         "http://localhost:9/a.png",
     ] {
         let result = guarded.call("load_image", json!({"url": url})).await;
-        assert_code(&result, "PERMISSION_DENIED");
+        assert_code(&result, "BLOCKED_ADDRESS");
     }
 }
 
@@ -875,7 +881,7 @@ async fn load_image_fetches_an_image_url_within_the_limits() {
     let addr = image_server(bytes.clone()).await;
     let h = Harness::new(MessageOptions {
         vision: true,
-        allow_private_urls: true,
+        url_guard: loopback_guard(),
         max_image_bytes: 1024 * 1024,
         ..MessageOptions::default()
     });

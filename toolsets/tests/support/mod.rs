@@ -1,6 +1,6 @@
 //! Test doubles of the traits parlor-toolsets defines (the others are in
-//! `parlor_bot::testing`): one [`Notifier`], for every test file that needs one
-//! (`mod support;`); and the clock task the clock tests create.
+//! `parlor_bot::testing`): one [`Notifier`] and one [`Lookup`], for every test file that
+//! needs one (`mod support;`); and the clock task the clock tests create.
 
 #![allow(dead_code)]
 
@@ -13,6 +13,7 @@ use parlor_bot::store::KvWrite;
 use parlor_bot::testing::WAIT_LIMIT;
 use parlor_bot::tool::{Caller, Role};
 use parlor_toolsets::clock::{MissedPolicy, NewClock};
+use parlor_toolsets::net::Lookup;
 use parlor_toolsets::terminal::{Notifier, NotifyError};
 use tokio::sync::watch;
 
@@ -125,5 +126,52 @@ pub fn new_clock(name: &str, schedule: &str, target: ChatRef) -> NewClock {
         target,
         creator: alice(),
         missed: MissedPolicy::Skip,
+    }
+}
+
+/// A resolver answering from a script: each name has a list of answers, handed out one per
+/// lookup (the last one repeats), so a test can make a name change its address between two
+/// lookups (DNS rebinding). Names not in the script do not resolve. It records every lookup.
+#[derive(Debug, Default)]
+pub struct ScriptedLookup {
+    answers: Mutex<std::collections::HashMap<String, Vec<Vec<std::net::IpAddr>>>>,
+    lookups: Mutex<Vec<String>>,
+}
+
+impl ScriptedLookup {
+    /// `host` answers `addresses` from now on, after the answers scripted before.
+    pub fn answer(&self, host: &str, addresses: &[&str]) -> &Self {
+        let parsed = addresses.iter().map(|a| a.parse().unwrap()).collect();
+        self.answers
+            .lock()
+            .unwrap()
+            .entry(host.to_owned())
+            .or_default()
+            .push(parsed);
+        self
+    }
+
+    /// The names looked up so far, in order.
+    pub fn lookups(&self) -> Vec<String> {
+        self.lookups.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Lookup for ScriptedLookup {
+    async fn lookup(&self, host: &str) -> std::io::Result<Vec<std::net::IpAddr>> {
+        self.lookups.lock().unwrap().push(host.to_owned());
+        let mut answers = self.answers.lock().unwrap();
+        let Some(script) = answers.get_mut(host) else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{host}: no such name (scripted)"),
+            ));
+        };
+        if script.len() > 1 {
+            Ok(script.remove(0))
+        } else {
+            Ok(script.first().cloned().unwrap_or_default())
+        }
     }
 }
