@@ -10,10 +10,14 @@
 //! - [`discord`]: [`FakeDiscord`], a fake Discord REST API (`/api/v10/...`) and
 //!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
 //!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to;
+//! - [`onebot`]: [`FakeOneBot`], a fake OneBot v11 implementation (NapCat's stand-in)
+//!   speaking forward and reverse WebSocket: group and private messages as segments or
+//!   CQ strings, notices, heartbeats, `echo`ed answers, scripted `retcode`s and dropped
+//!   connections, images over HTTP;
 //! - [`process`]: [`DaemonProcess`], a daemon under test as a child process, ready once it
 //!   polls the fake Telegram, its stderr collected.
 //!
-//! What the three have in common (a loopback server that stops with the fake,
+//! What the fakes have in common (a loopback server that stops with the fake,
 //! the state lock, bounded waits and their [`WaitTimeout`]) lives once, in the
 //! private `server` module.
 //!
@@ -30,6 +34,7 @@
 
 pub mod discord;
 pub mod llm;
+pub mod onebot;
 pub mod process;
 pub mod telegram;
 
@@ -42,6 +47,7 @@ pub use discord::{
     DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,
 };
 pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
+pub use onebot::{FakeOneBot, OneBotFailure, OneBotMessageBuilder, OneBotSent};
 pub use process::DaemonProcess;
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
