@@ -280,6 +280,9 @@ impl OneBotAdapter {
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
+        // Events wait for the account's identity (or its failure), so a mention of the bot
+        // reads as its nickname from the first message on; reading goes on meanwhile.
+        let (known_tx, known_rx) = tokio::sync::watch::channel(false);
         let identify = async {
             match self.login_info().await {
                 Ok(me) => {
@@ -289,13 +292,23 @@ impl OneBotAdapter {
                     tracing::warn!(%error, "get_login_info failed; the bot's QQ number comes from its events")
                 }
             }
+            known_tx.send_replace(true);
         };
         let serving = link::serve(
             &self.inner.links,
             ws,
             self.inner.config.missed_heartbeats,
             shutdown,
-            |batch| self.deliver_batch(batch, inbox.as_ref(), shutdown),
+            |batch| {
+                let mut known = known_rx.clone();
+                async move {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return false,
+                        _ = known.wait_for(|known| *known) => {}
+                    }
+                    self.deliver_batch(batch, inbox.as_ref(), shutdown).await
+                }
+            },
         );
         // The identity is asked over the connection being served, so both run at once.
         let ((), ended) = tokio::join!(identify, serving);
