@@ -286,4 +286,24 @@ mod tests {
         assert_eq!(segment.param("qq").as_deref(), Some("10001"));
         assert_eq!(to_string(&[segment]), "[CQ:at,qq=10001]");
     }
+
+    /// The property `fuzz/fuzz_targets/onebot.rs` checks, on inputs that tempt it.
+    #[test]
+    fn writing_what_was_read_reads_back_the_same() {
+        for raw in [
+            "[CQ:reply,id=7][CQ:at,qq=42] /help &#91;x&#93; &amp; [CQ:face,id=178]",
+            "[CQ:a,]",
+            "[CQ:a,=,==,k=v=w]",
+            "&amp;#91; &#9 && [CQ:",
+            "[CQ:x=y,k]]",
+            "[CQ:a,k=1,k=2]",
+            "[[CQ:b]]",
+            "[CQ:a\n,b=c]",
+            "]]&#93;[",
+        ] {
+            let segments = parse(raw);
+            let written = to_string(&segments);
+            assert_eq!(parse(&written), segments, "{raw:?} -> {written:?}");
+        }
+    }
 }
