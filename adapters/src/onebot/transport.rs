@@ -310,9 +310,16 @@ impl OneBotAdapter {
                 }
             },
         );
-        // The identity is asked over the connection being served, so both run at once.
-        let ((), ended) = tokio::join!(identify, serving);
-        ended
+        // The identity is asked over the connection being served, so both run at once; when
+        // the connection ends, an unanswered question ends with it.
+        tokio::pin!(serving, identify);
+        let mut identified = false;
+        loop {
+            tokio::select! {
+                ended = &mut serving => return ended,
+                () = &mut identify, if !identified => identified = true,
+            }
+        }
     }
 
     /// Converts and delivers one batch of events; false when the runtime is shutting down.
