@@ -3,12 +3,14 @@
 //!
 //! Resolution order for each setting: the file, then the environment (`OPENAI_API_KEY`,
 //! `OPENAI_BASE_URL`, `PARLOR_MODEL`, `TELEGRAM_BOT_TOKEN`, `DISCORD_BOT_TOKEN`,
+//! `ONEBOT_ACCESS_TOKEN`,
 //! `PARLOR_DATA_DIR`), then the built-in default — so `parlor chat` runs with nothing but an
 //! LLM endpoint in the environment.
 //!
 //! Secrets (the API key, the bot tokens) are resolved once, at start
 //! ([`Config::resolve_secrets`]): a `*_file` key, then the value in the file, then a systemd
-//! credential (`$CREDENTIALS_DIRECTORY/llm_api_key`, `telegram_token`, `discord_token`),
+//! credential (`$CREDENTIALS_DIRECTORY/llm_api_key`, `telegram_token`, `discord_token`,
+//! `onebot_token`),
 //! then the environment. Then `main` scrubs them out of the process environment
 //! ([`Config::secret_env_names`]). They are [`Secret`]s, so `Debug` of a config never shows
 //! them.
@@ -33,6 +35,8 @@ pub struct Config {
     pub telegram: TelegramSection,
     /// `[discord]`: the Discord adapter.
     pub discord: DiscordSection,
+    /// `[onebot]`: QQ through a OneBot v11 implementation (NapCat...).
+    pub onebot: OneBotSection,
     /// `[terminal]`: the shell toolset (off by default).
     pub terminal: TerminalSection,
     /// `[toolsets]`: which toolsets are on, and their settings.
@@ -56,6 +60,7 @@ struct Secrets {
     /// Per MCP server (by name): each environment variable it names, read at start.
     mcp: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Secret>>,
     brave_api_key: Option<Secret>,
+    onebot_token: Option<Secret>,
 }
 
 /// Names of the systemd credentials parlor reads (`LoadCredential=<name>:<path>`).
@@ -64,6 +69,8 @@ pub const CREDENTIAL_API_KEY: &str = "llm_api_key";
 pub const CREDENTIAL_TELEGRAM: &str = "telegram_token";
 /// See [`CREDENTIAL_API_KEY`].
 pub const CREDENTIAL_DISCORD: &str = "discord_token";
+/// See [`CREDENTIAL_API_KEY`].
+pub const CREDENTIAL_ONEBOT: &str = "onebot_token";
 
 /// `[bot]`
 #[derive(Debug, Clone, Deserialize)]
@@ -234,6 +241,61 @@ pub struct DiscordSection {
     pub api_url: Option<String>,
     /// Whether replies may ping `@everyone`, `@here` and roles.
     pub allow_mass_mentions: bool,
+}
+
+/// `[onebot]`: one of `url` (forward: parlor connects) and `listen` (reverse: the
+/// implementation connects) turns the adapter on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OneBotSection {
+    /// Forward WebSocket: the implementation's server, `ws://127.0.0.1:3001` for NapCat.
+    pub url: Option<String>,
+    /// Reverse WebSocket: where parlor listens for the implementation (`127.0.0.1:6700`).
+    pub listen: Option<String>,
+    /// The access token both sides share; the `onebot_token` credential or
+    /// `ONEBOT_ACCESS_TOKEN` when unset. Prefer those or `access_token_file`.
+    pub access_token: Option<Secret>,
+    /// File holding the access token.
+    pub access_token_file: Option<PathBuf>,
+    /// The least time between two posts into one chat (QQ bans accounts that post fast).
+    pub min_send_interval_ms: u64,
+    /// The longest text part of a reply, in characters; longer replies are split.
+    pub max_message_chars: usize,
+    /// The limit on each action.
+    pub request_timeout_secs: u64,
+}
+
+impl Default for OneBotSection {
+    fn default() -> Self {
+        OneBotSection {
+            url: None,
+            listen: None,
+            access_token: None,
+            access_token_file: None,
+            min_send_interval_ms: 1000,
+            max_message_chars: 3000,
+            request_timeout_secs: 30,
+        }
+    }
+}
+
+impl OneBotSection {
+    /// Whether `[onebot]` turns the adapter on.
+    pub fn enabled(&self) -> bool {
+        self.url.is_some() || self.listen.is_some()
+    }
+
+    /// `listen` as an address, when set.
+    pub fn listen_addr(&self) -> anyhow::Result<Option<std::net::SocketAddr>> {
+        self.listen
+            .as_deref()
+            .map(|listen| {
+                listen.trim().parse().with_context(|| {
+                    format!("onebot.listen must be an address with a port, like 127.0.0.1:6700; got {listen:?}")
+                })
+            })
+            .transpose()
+    }
 }
 
 /// `[terminal]`
@@ -630,7 +692,27 @@ impl Config {
         {
             bail!("discord.api_url must start with http:// or https://, got {api_url:?}");
         }
+        if self.onebot.url.is_some() && self.onebot.listen.is_some() {
+            bail!(
+                "[onebot] takes url (forward: parlor connects) or listen (reverse: the implementation connects), not both"
+            );
+        }
+        if let Some(url) = &self.onebot.url
+            && !url.starts_with("ws://")
+            && !url.starts_with("wss://")
+        {
+            bail!("onebot.url must start with ws:// or wss://, got {url:?}");
+        }
+        self.onebot.listen_addr()?;
         for (name, value) in [
+            (
+                "onebot.request_timeout_secs",
+                self.onebot.request_timeout_secs,
+            ),
+            (
+                "onebot.max_message_chars",
+                self.onebot.max_message_chars as u64,
+            ),
             ("llm.request_timeout_secs", self.llm.request_timeout_secs),
             ("llm.connect_timeout_secs", self.llm.connect_timeout_secs),
             ("llm.idle_timeout_secs", self.llm.idle_timeout_secs),
@@ -913,12 +995,20 @@ impl Config {
                 self.toolsets.web.brave_api_key_env
             );
         }
+        let onebot_token = resolve(
+            self.onebot.access_token_file.as_deref(),
+            "onebot.access_token_file",
+            self.onebot.access_token.as_ref(),
+            CREDENTIAL_ONEBOT,
+            "ONEBOT_ACCESS_TOKEN",
+        )?;
         self.secrets = Secrets {
             api_key,
             telegram_token,
             discord_token,
             mcp,
             brave_api_key,
+            onebot_token,
         };
         Ok(())
     }
@@ -932,6 +1022,7 @@ impl Config {
             "TELEGRAM_BOT_TOKEN",
             "DISCORD_BOT_TOKEN",
             self.toolsets.web.brave_api_key_env.as_str(),
+            "ONEBOT_ACCESS_TOKEN",
         ] {
             if !names.iter().any(|n| n == name) {
                 names.push(name.to_owned());
@@ -964,6 +1055,7 @@ impl Config {
                 &self.telegram.token_file,
                 &self.discord.token_file,
                 &self.toolsets.web.brave_api_key_file,
+                &self.onebot.access_token_file,
             ]
             .into_iter()
             .flatten()
@@ -1061,6 +1153,11 @@ impl Config {
             .context("toolsets.web.allow_networks / deny_hosts")
     }
 
+    /// The OneBot access token, once resolved.
+    pub fn onebot_token(&self) -> Option<&Secret> {
+        self.secrets.onebot_token.as_ref()
+    }
+
     /// Where the database lives.
     pub fn data_dir(&self) -> PathBuf {
         if let Some(dir) = &self.bot.data_dir {
@@ -1128,6 +1225,9 @@ api_key_file = "{}"
 token = "123:telegram-secret-777"
 [discord]
 token = "discord-secret-888"
+[onebot]
+url = "ws://127.0.0.1:3001"
+access_token = "onebot-secret-999"
 "#,
             key_file.display()
         ))
@@ -1149,11 +1249,41 @@ token = "discord-secret-888"
             "sk-from-a-file-31337",
             "telegram-secret-777",
             "discord-secret-888",
+            "onebot-secret-999",
         ] {
             assert!(!debug.contains(secret), "{secret} in {debug}");
             assert!(!pretty.contains(secret), "{secret} in {pretty}");
         }
         assert!(debug.contains("[redacted]"), "{debug}");
+        assert_eq!(
+            config.onebot_token().map(Secret::expose),
+            Some("onebot-secret-999")
+        );
+    }
+
+    #[test]
+    fn onebot_takes_one_transport_with_a_valid_address() {
+        let forward = Config::parse("[onebot]\nurl = \"ws://127.0.0.1:3001\"\n").unwrap();
+        assert!(forward.onebot.enabled());
+        assert_eq!(forward.onebot.min_send_interval_ms, 1000);
+        let reverse = Config::parse("[onebot]\nlisten = \"127.0.0.1:6700\"\n").unwrap();
+        assert_eq!(
+            reverse.onebot.listen_addr().unwrap(),
+            Some("127.0.0.1:6700".parse().unwrap())
+        );
+        assert!(!Config::default().onebot.enabled());
+        for (bad, says) in [
+            ("url = \"ws://a:1\"\nlisten = \"127.0.0.1:1\"", "not both"),
+            ("url = \"http://a:1\"", "ws://"),
+            ("listen = \"localhost\"", "onebot.listen"),
+            (
+                "url = \"ws://a:1\"\nmax_message_chars = 0",
+                "onebot.max_message_chars",
+            ),
+        ] {
+            let error = Config::parse(&format!("[onebot]\n{bad}\n")).unwrap_err();
+            assert!(format!("{error:#}").contains(says), "{bad}: {error:#}");
+        }
     }
 
     #[test]
@@ -1206,7 +1336,8 @@ token = "discord-secret-888"
                 "OPENAI_API_KEY",
                 "TELEGRAM_BOT_TOKEN",
                 "DISCORD_BOT_TOKEN",
-                "BRAVE_API_KEY"
+                "BRAVE_API_KEY",
+                "ONEBOT_ACCESS_TOKEN"
             ]
         );
     }

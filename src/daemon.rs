@@ -1,5 +1,5 @@
 //! `parlor run`: the daemon. Opens the store (refusing a second daemon on the same data
-//! directory), connects the adapters, resumes what a crash left pending, serves until
+//! directory), connects the adapters (Telegram, Discord, OneBot), resumes what a crash left pending, serves until
 //! SIGTERM/SIGINT, then drains: intake stops, running turns get `shutdown_grace_secs`, the
 //! store is flushed.
 
@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use parlor_adapters::Receiver;
 use parlor_adapters::discord::{DiscordAdapter, DiscordConfig};
+use parlor_adapters::onebot::{OneBotAdapter, OneBotConfig, Transport};
 use parlor_adapters::telegram::{TelegramAdapter, TelegramConfig};
 use parlor_bot::platform::{Inbox, Platform};
 use tokio::task::JoinSet;
@@ -21,13 +22,15 @@ use crate::{systemd, wiring};
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let telegram_token = config.telegram_token().map(|t| t.expose().to_owned());
     let discord_token = config.discord_token().map(|t| t.expose().to_owned());
-    if telegram_token.is_none() && discord_token.is_none() {
+    if telegram_token.is_none() && discord_token.is_none() && !config.onebot.enabled() {
         anyhow::bail!(
             "no chat platform is configured: give systemd the telegram_token or discord_token \
-             credential, set TELEGRAM_BOT_TOKEN or DISCORD_BOT_TOKEN, or set [telegram] / \
-             [discord] token_file. To try parlor without one, run `parlor chat`"
+             credential, set TELEGRAM_BOT_TOKEN or DISCORD_BOT_TOKEN, set [telegram] / \
+             [discord] token_file, or point [onebot] at a OneBot implementation (url or \
+             listen). To try parlor without one, run `parlor chat`"
         );
     }
+    let onebot = onebot(&config)?;
     let store = wiring::store(&config)?;
     let telegram = match telegram_token {
         Some(token) => Some(
@@ -60,6 +63,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if let Some(discord) = &discord {
         platforms.push(Arc::new(discord.clone()));
     }
+    if let Some(onebot) = &onebot {
+        platforms.push(Arc::new(onebot.clone()));
+    }
     // Before the sessions: the first turn already sees every server that came up.
     let mcp = wiring::mcp(&config).await?;
     let runtime = wiring::runtime(&config, store, platforms, mcp)?;
@@ -70,7 +76,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut tasks = JoinSet::new();
     // READY once every adapter is receiving.
     let readiness = Arc::new(Readiness::new(
-        usize::from(telegram.is_some()) + usize::from(discord.is_some()),
+        usize::from(telegram.is_some())
+            + usize::from(discord.is_some())
+            + usize::from(onebot.is_some()),
     ));
     if let Some(telegram) = telegram {
         let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
@@ -92,6 +100,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 .run_with_ready(inbox, shutdown, move || readiness.one_ready())
                 .await
                 .context("the Discord adapter stopped")
+        });
+    }
+    if let Some(onebot) = onebot {
+        let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
+        let shutdown = shutdown.clone();
+        let readiness = Arc::clone(&readiness);
+        tasks.spawn(async move {
+            onebot
+                .run_with_ready(inbox, shutdown, move || readiness.one_ready())
+                .await
+                .context("the OneBot adapter stopped")
         });
     }
     {
@@ -136,6 +155,40 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     result
+}
+
+/// The OneBot adapter `[onebot]` asks for, if any. Nothing is dialled yet: the adapter
+/// connects (or listens) when it runs.
+fn onebot(config: &Config) -> anyhow::Result<Option<OneBotAdapter>> {
+    let section = &config.onebot;
+    let transport = match (&section.url, section.listen_addr()?) {
+        (Some(url), _) => Transport::Forward {
+            url: url.trim().to_owned(),
+        },
+        (None, Some(listen)) => {
+            if !listen.ip().is_loopback() && config.onebot_token().is_none() {
+                anyhow::bail!(
+                    "onebot.listen = {listen} is reachable from other hosts: set an access token \
+                     (onebot.access_token_file, the onebot_token credential or \
+                     ONEBOT_ACCESS_TOKEN) so that only your OneBot implementation can connect"
+                );
+            }
+            Transport::Reverse { listen }
+        }
+        (None, None) => return Ok(None),
+    };
+    let mut adapter_config = OneBotConfig {
+        request_timeout: Duration::from_secs(section.request_timeout_secs),
+        min_send_interval: Duration::from_millis(section.min_send_interval_ms),
+        max_message_chars: section.max_message_chars,
+        ..OneBotConfig::new(transport)
+    };
+    if let Some(token) = config.onebot_token() {
+        adapter_config = adapter_config.with_token(token.expose().to_owned());
+    }
+    OneBotAdapter::new(adapter_config)
+        .map(Some)
+        .context("cannot set up the OneBot adapter")
 }
 
 /// Counts adapters down to systemd's READY=1.

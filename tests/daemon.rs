@@ -1,5 +1,5 @@
-//! End-to-end tests of `parlor run`: the real binary against a fake Telegram Bot API and a
-//! fake LLM, both in this process on 127.0.0.1. They kill the daemon with SIGKILL and SIGTERM
+//! End-to-end tests of `parlor run`: the real binary against a fake Telegram Bot API (and a
+//! fake OneBot implementation for QQ) and a fake LLM, both in this process on 127.0.0.1. They kill the daemon with SIGKILL and SIGTERM
 //! and inspect its store afterwards.
 
 // A failed unwrap in a test is the test failing.
@@ -14,7 +14,9 @@ use support::{TOKEN, config, daemon_command};
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_bot::testing::PNG_1X1;
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser};
+use parlor_testkit::{
+    DaemonProcess, FakeLlm, FakeOneBot, FakeTelegram, Reply, TgUser, ToolCallSpec,
+};
 
 const GROUP: i64 = -100_123;
 const WAIT: Duration = Duration::from_secs(30);
@@ -1118,4 +1120,99 @@ async fn a_mention_leads_to_an_mcp_tool_call_and_the_reply_uses_its_result() {
     }
     let (status, log) = daemon.terminate().await;
     assert!(status.success(), "{log}");
+}
+
+/// The access token the fake OneBot implementation and the daemon share.
+const ONEBOT_TOKEN: &str = "onebot-TEST-token";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qq_group_and_a_telegram_group_are_served_at_once_and_a_qq_clock_task_fires() {
+    const QQ_GROUP: i64 = 555;
+    let llm = FakeLlm::start().await;
+    llm.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        Reply::text(if last.contains("Scheduled task") {
+            "Stand-up in 5 minutes!".to_owned()
+        } else {
+            format!("echo <{}>", last.replace('\n', " | "))
+        })
+    });
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let qq = FakeOneBot::start(ONEBOT_TOKEN, 42).await;
+    let dir = tempfile::tempdir().unwrap();
+    let onebot = format!(
+        "\n[onebot]\nurl = \"{}\"\nmin_send_interval_ms = 200\n",
+        qq.ws_url()
+    );
+    let mut command = daemon_command(&config(dir.path(), &telegram, &onebot), &llm);
+    command.env("ONEBOT_ACCESS_TOKEN", ONEBOT_TOKEN);
+    let daemon = spawn(command, &telegram).await;
+    qq.wait_for_connections(1, WAIT).await.unwrap();
+
+    let asked_tg = telegram
+        .group_message(GROUP, alice(), "@parlor_bot hello from Telegram")
+        .mention_bot()
+        .push();
+    let asked_qq = qq
+        .group_message(QQ_GROUP, 1001, "alice", " hello from QQ")
+        .mention_bot()
+        .role("admin")
+        .push();
+    let tg_sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(tg_sent[0].reply_to_message_id, Some(asked_tg));
+    assert_eq!(
+        tg_sent[0].text,
+        "echo <Alice (telegram:1001): @parlor_bot hello from Telegram>"
+    );
+    let qq_sent = qq.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(qq_sent[0].group_id, Some(QQ_GROUP));
+    assert_eq!(qq_sent[0].reply_to(), Some(asked_qq.to_string()));
+    assert_eq!(qq_sent[0].at(), Some("1001".to_owned()));
+    assert_eq!(
+        qq_sent[0].text(),
+        " echo <alice (qq:1001): @parlor hello from QQ>"
+    );
+
+    // The group's admin (by `sender.role`) schedules a reminder into the QQ group.
+    let due = chrono::Utc::now() + chrono::Duration::seconds(3);
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "clock_create",
+        serde_json::json!({
+            "name": "standup",
+            "schedule": due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            "content": "Post the stand-up reminder.",
+            "target_chat": format!("qq:group:{QQ_GROUP}"),
+        }),
+    )]));
+    llm.push(Reply::text("Scheduled."));
+    qq.group_message(QQ_GROUP, 1001, "alice", " remind us about stand-up")
+        .mention_bot()
+        .role("admin")
+        .push();
+    let qq_sent = qq.wait_for_sent(3, WAIT).await.unwrap();
+    assert_eq!(
+        qq_sent[1].text().trim(),
+        "Scheduled.",
+        "{:?}",
+        llm.requests()
+    );
+    assert_eq!(qq_sent[2].text(), "Stand-up in 5 minutes!");
+    assert_eq!(qq_sent[2].group_id, Some(QQ_GROUP));
+    assert_eq!(qq_sent[2].reply_to(), None, "a fire answers no message");
+    assert_eq!(
+        telegram.sent_messages().len(),
+        1,
+        "nothing leaked to Telegram"
+    );
+
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+    assert!(
+        !log.contains(ONEBOT_TOKEN),
+        "the access token leaked: {log}"
+    );
+    let store = open_store(dir.path());
+    assert!(store.pending().unwrap().is_empty());
+    assert!(store.unsent_outbox().unwrap().is_empty());
 }

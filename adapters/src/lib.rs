@@ -5,7 +5,7 @@
 //! [`Inbox`], and it implements [`Platform`](parlor_bot::platform::Platform) so the runtime
 //! and the toolsets can answer.
 //!
-//! **Invariant:** only this crate touches platform SDKs (teloxide-core, serenity); it depends
+//! **Invariant:** only this crate touches platform SDKs (teloxide-core, serenity, tokio-tungstenite for OneBot); it depends
 //! on `parlor-bot` for the normalized types and `parlor-render` for replies, never on
 //! `parlor-toolsets` — adapters and toolsets meet at `parlor_bot::platform`, never directly.
 //!
@@ -21,6 +21,10 @@
 //!   session per channel/thread/DM, mentions, replies, commands, images), sending in parts of
 //!   at most 2000 characters with explicit `allowed_mentions`, paced per channel and honouring
 //!   429s, admins from role permissions.
+//! - [`onebot`] — QQ through a OneBot v11 implementation (NapCat...): forward or reverse
+//!   WebSocket with the access token, events as segments or CQ codes ([`onebot::cq`]),
+//!   actions answered by `echo`, plain-text replies split and paced per chat, admins from
+//!   `sender.role`.
 //! - [`console`] — the local terminal adapter behind `parlor chat`.
 //! - `common` (private) — what Telegram and Discord share: bounded retries around a call,
 //!   the bot token kept secret and scrubbed from error texts, the cap on image downloads,
@@ -31,6 +35,7 @@
 mod common;
 pub mod console;
 pub mod discord;
+pub mod onebot;
 pub mod telegram;
 
 use std::future::Future;

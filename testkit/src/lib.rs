@@ -14,6 +14,10 @@
 //!   `parlor-mcp-test-server` binary) and streamable HTTP on loopback ([`McpHttpServer`]);
 //! - [`web`]: [`FakeWeb`], scripted web pages on a loopback address (127.0.0.1 or another
 //!   of 127.0.0.0/8), and the answers of SearXNG, Brave Search and DuckDuckGo's HTML page;
+//! - [`onebot`]: [`FakeOneBot`], a fake OneBot v11 implementation (NapCat's stand-in)
+//!   speaking forward and reverse WebSocket: group and private messages as segments or
+//!   CQ strings, notices, heartbeats, `echo`ed answers, scripted `retcode`s and dropped
+//!   connections, images over HTTP;
 //! - [`process`]: [`DaemonProcess`], a daemon under test as a child process, ready once it
 //!   polls the fake Telegram, its stderr collected.
 //!
@@ -35,6 +39,7 @@
 pub mod discord;
 pub mod llm;
 pub mod mcp;
+pub mod onebot;
 pub mod process;
 pub mod telegram;
 pub mod web;
@@ -49,6 +54,7 @@ pub use discord::{
 };
 pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
 pub use mcp::{McpHttpServer, TestMcpServer, mcp_server_bin};
+pub use onebot::{FakeOneBot, OneBotFailure, OneBotMessageBuilder, OneBotSent};
 pub use process::DaemonProcess;
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,

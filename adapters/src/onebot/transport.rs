@@ -1,0 +1,404 @@
+//! Forward and reverse WebSocket: who opens the connection, and what happens between
+//! connections. [`link::serve`] runs each connection once it is open.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use parlor_bot::backoff::{Backoff, Failures};
+use parlor_bot::platform::{Delivery, Inbox, InboxError, PlatformError};
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
+use tokio_util::sync::CancellationToken;
+
+use super::event::Received;
+use super::link::{self, Ended};
+use super::{OneBotAdapter, Transport};
+use crate::Receiver;
+
+/// Attempts to store one batch before its events are given up (OneBot cannot resend them).
+const DELIVERY_ATTEMPTS: u32 = 5;
+
+const DELIVERY_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(400),
+    max: Duration::from_millis(3200),
+};
+
+/// A connection that lasted this long was healthy: the next failure starts the backoff
+/// afresh.
+const HEALTHY: Duration = Duration::from_secs(60);
+
+/// The limit on a reverse connection's WebSocket handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Receiver for OneBotAdapter {
+    /// Forward: dials the implementation, serves the connection, and dials again with
+    /// backoff whenever it ends; `ready` is called at the first connection. Returns
+    /// [`PlatformError::Unauthorized`] when the implementation refuses the token (401/403).
+    ///
+    /// Reverse: listens, and serves each implementation that connects with the right
+    /// token (a newer connection replaces the older); `ready` is called once listening.
+    /// Returns [`PlatformError::Unavailable`] when the address cannot be bound.
+    ///
+    /// Both return `Ok(())` at shutdown or when the inbox answers `ShuttingDown`.
+    async fn run_with_ready<R>(
+        &self,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+        ready: R,
+    ) -> Result<(), PlatformError>
+    where
+        R: FnOnce() + Send,
+    {
+        match self.inner.config.transport.clone() {
+            Transport::Forward { url } => self.forward(&url, inbox, shutdown, ready).await,
+            Transport::Reverse { listen } => self.reverse(listen, inbox, shutdown, ready).await,
+        }
+    }
+}
+
+impl OneBotAdapter {
+    async fn forward<R>(
+        &self,
+        url: &str,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+        ready: R,
+    ) -> Result<(), PlatformError>
+    where
+        R: FnOnce() + Send,
+    {
+        let mut ready = Some(ready);
+        let mut failures = Failures::new(Backoff::default());
+        loop {
+            let started = tokio::time::Instant::now();
+            let why = match self.dial(url).await {
+                Ok(ws) => {
+                    tracing::info!(url, "connected to the OneBot implementation");
+                    if let Some(ready) = ready.take() {
+                        ready();
+                    }
+                    match self.serve(ws, &inbox, &shutdown).await {
+                        Ended::Shutdown => return Ok(()),
+                        Ended::Lost(why) => why,
+                    }
+                }
+                Err(Dial::Refused(status)) => {
+                    tracing::error!(
+                        url,
+                        status,
+                        "the OneBot implementation refused the access token"
+                    );
+                    return Err(PlatformError::Unauthorized);
+                }
+                Err(Dial::Failed(why)) => why,
+            };
+            if started.elapsed() > HEALTHY {
+                failures.reset();
+            }
+            let wait = failures.next_delay();
+            tracing::warn!(url, error = %why, ?wait, "no connection to the OneBot implementation; reconnecting");
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Opens the forward connection, with the token as `Authorization: Bearer`.
+    async fn dial(
+        &self,
+        url: &str,
+    ) -> Result<
+        tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>,
+        Dial,
+    > {
+        let mut request = url
+            .into_client_request()
+            .map_err(|e| Dial::Failed(format!("bad url: {e}")))?;
+        if let Some(token) = &self.inner.token {
+            let value =
+                HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+                    Dial::Failed("the access token cannot be sent in a header".to_owned())
+                })?;
+            request.headers_mut().insert("Authorization", value);
+        }
+        let redact = |text: String| match &self.inner.token {
+            Some(token) => token.redact(&text),
+            None => text,
+        };
+        match tokio::time::timeout(
+            self.inner.config.request_timeout,
+            tokio_tungstenite::connect_async(request),
+        )
+        .await
+        {
+            Ok(Ok((ws, _))) => Ok(ws),
+            Ok(Err(tokio_tungstenite::tungstenite::Error::Http(response)))
+                if matches!(response.status().as_u16(), 401 | 403) =>
+            {
+                Err(Dial::Refused(response.status().as_u16()))
+            }
+            Ok(Err(error)) => Err(Dial::Failed(redact(error.to_string()))),
+            Err(_) => Err(Dial::Failed("the connection attempt timed out".to_owned())),
+        }
+    }
+
+    async fn reverse<R>(
+        &self,
+        listen: std::net::SocketAddr,
+        inbox: Arc<dyn Inbox>,
+        shutdown: CancellationToken,
+        ready: R,
+    ) -> Result<(), PlatformError>
+    where
+        R: FnOnce() + Send,
+    {
+        let listener = TcpListener::bind(listen).await.map_err(|e| {
+            PlatformError::Unavailable(format!("cannot listen for OneBot on {listen}: {e}"))
+        })?;
+        tracing::info!(%listen, "waiting for the OneBot implementation to connect");
+        ready();
+        // The connection being served: a newer one cancels it.
+        let current: Arc<Mutex<Option<CancellationToken>>> = Arc::default();
+        // Stops every connection when the listener stops, whatever stopped it.
+        let stop_all = shutdown.child_token();
+        let mut connections = JoinSet::new();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(done) = connections.join_next() => {
+                    if matches!(done, Ok(true)) {
+                        // The inbox stopped taking events: the daemon is going down.
+                        break;
+                    }
+                }
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(accepted) => accepted,
+                        Err(error) => {
+                            tracing::warn!(%error, "accepting a OneBot connection failed");
+                            continue;
+                        }
+                    };
+                    let adapter = self.clone();
+                    let inbox = Arc::clone(&inbox);
+                    let current = Arc::clone(&current);
+                    let stop = stop_all.child_token();
+                    connections.spawn(async move {
+                        adapter.accept(stream, peer, inbox, current, stop).await
+                    });
+                }
+            }
+        }
+        stop_all.cancel();
+        let drained = tokio::time::timeout(Duration::from_secs(5), async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            connections.abort_all();
+        }
+        Ok(())
+    }
+
+    /// Shakes hands with one reverse connection (refusing a wrong token) and serves it.
+    /// True when the inbox stopped taking events.
+    async fn accept(
+        &self,
+        stream: TcpStream,
+        peer: std::net::SocketAddr,
+        inbox: Arc<dyn Inbox>,
+        current: Arc<Mutex<Option<CancellationToken>>>,
+        stop: CancellationToken,
+    ) -> bool {
+        let mut self_id: Option<String> = None;
+        let token = self.inner.token.clone();
+        // The handshake's callback signature is tungstenite's; its error is an HTTP answer.
+        #[allow(clippy::result_large_err)]
+        let check = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+            self_id = request
+                .headers()
+                .get("X-Self-ID")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            match &token {
+                Some(token) if !presents(request, token.expose()) => {
+                    let mut refusal =
+                        ErrorResponse::new(Some("wrong or missing access token".to_owned()));
+                    *refusal.status_mut() = StatusCode::UNAUTHORIZED;
+                    Err(refusal)
+                }
+                _ => Ok(response),
+            }
+        };
+        let handshake = tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            tokio_tungstenite::accept_hdr_async(stream, check),
+        )
+        .await;
+        let ws = match handshake {
+            Ok(Ok(ws)) => ws,
+            Ok(Err(error)) => {
+                tracing::warn!(%peer, %error, "refused a OneBot connection");
+                return false;
+            }
+            Err(_) => {
+                tracing::warn!(%peer, "a OneBot connection did not finish its handshake");
+                return false;
+            }
+        };
+        let previous = current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(stop.clone());
+        if let Some(previous) = previous {
+            previous.cancel();
+        }
+        tracing::info!(%peer, self_id = self_id.as_deref().unwrap_or("?"), "the OneBot implementation connected");
+        let ended = self.serve(ws, &inbox, &stop).await;
+        match ended {
+            Ended::Shutdown => !stop.is_cancelled(),
+            Ended::Lost(why) => {
+                tracing::warn!(%peer, error = %why, "the OneBot connection ended; waiting for it to come back");
+                false
+            }
+        }
+    }
+
+    /// Serves one open connection: events into the inbox, and the account's identity
+    /// asked for alongside.
+    async fn serve<S>(
+        &self,
+        ws: tokio_tungstenite::WebSocketStream<S>,
+        inbox: &Arc<dyn Inbox>,
+        shutdown: &CancellationToken,
+    ) -> Ended
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        // Events wait for the account's identity (or its failure), so a mention of the bot
+        // reads as its nickname from the first message on; reading goes on meanwhile.
+        let (known_tx, known_rx) = tokio::sync::watch::channel(false);
+        let identify = async {
+            match self.login_info().await {
+                Ok(me) => {
+                    tracing::info!(self_id = me.self_id, nickname = ?me.nickname, "logged in to QQ")
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "get_login_info failed; the bot's QQ number comes from its events")
+                }
+            }
+            known_tx.send_replace(true);
+        };
+        let serving = link::serve(
+            &self.inner.links,
+            ws,
+            self.inner.config.missed_heartbeats,
+            shutdown,
+            |batch| {
+                let mut known = known_rx.clone();
+                async move {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return false,
+                        _ = known.wait_for(|known| *known) => {}
+                    }
+                    self.deliver_batch(batch, inbox.as_ref(), shutdown).await
+                }
+            },
+        );
+        // The identity is asked over the connection being served, so both run at once; when
+        // the connection ends, an unanswered question ends with it.
+        tokio::pin!(serving, identify);
+        let mut identified = false;
+        loop {
+            tokio::select! {
+                ended = &mut serving => return ended,
+                () = &mut identify, if !identified => identified = true,
+            }
+        }
+    }
+
+    /// Converts and delivers one batch of events; false when the runtime is shutting down.
+    /// A store failure is retried a few times, then the rest of the batch is logged as lost.
+    async fn deliver_batch(
+        &self,
+        events: Vec<Value>,
+        inbox: &dyn Inbox,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let mut batch: Vec<Delivery> = events
+            .iter()
+            .filter_map(|event| match self.convert(event) {
+                Received::Message(converted) => Some(Delivery::Message(converted.message)),
+                Received::Chat(event) => Some(Delivery::Event(*event)),
+                Received::Heartbeat { .. } | Received::Own(_) | Received::Ignored => None,
+            })
+            .collect();
+        let mut attempt = 0;
+        while !batch.is_empty() {
+            attempt += 1;
+            let error = match inbox.deliver_all(batch.clone()).await {
+                Ok(()) => return true,
+                Err(error) => error,
+            };
+            batch.drain(..error.durable.min(batch.len()));
+            match error.error {
+                InboxError::ShuttingDown => return false,
+                InboxError::Store(why) => {
+                    if attempt >= DELIVERY_ATTEMPTS {
+                        tracing::error!(lost = batch.len(), error = %why, "could not store QQ events; they are lost");
+                        return true;
+                    }
+                    let wait = DELIVERY_BACKOFF.delay(attempt - 1);
+                    tracing::warn!(left = batch.len(), error = %why, ?wait, "could not store QQ events; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return false,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Why a forward connection could not be opened.
+enum Dial {
+    /// The implementation answered 401/403: the token is wrong.
+    Refused(u16),
+    Failed(String),
+}
+
+/// Whether `request` carries `token`, as `Authorization: Bearer` (or `Token`) or as the
+/// `access_token` query parameter.
+fn presents(request: &Request, token: &str) -> bool {
+    let header = request
+        .headers()
+        .get("Authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("Token "))
+        })
+        .map(str::trim);
+    let query = request.uri().query().and_then(|query| {
+        query.split('&').find_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            (key == "access_token").then_some(value)
+        })
+    });
+    [header, query]
+        .into_iter()
+        .flatten()
+        .any(|given| same(given.as_bytes(), token.as_bytes()))
+}
+
+/// Compares without stopping at the first difference, so the time taken says nothing
+/// about how much of a guessed token was right.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
