@@ -34,6 +34,8 @@
 //! - [`todo`] — `todo_list`, the per-session plan the agent keeps (the reference stateful
 //!   toolset: a per-turn injection and a `/reset` hook).
 //! - [`time`] — `time`: the current time in a time zone.
+//! - [`notice`] — how background work (terminal tasks, sub-agents) tells its chat that it
+//!   ended, exactly once: the [`Notifier`](notice::Notifier) and the "told" state of a row.
 //! - [`prompt`] — prompt-only toolsets: text for the system prompt, no tools.
 //!
 //! ## Where a new toolset goes
@@ -43,6 +45,7 @@
 pub mod clock;
 pub mod memory;
 pub mod message;
+pub mod notice;
 pub mod prompt;
 mod support;
 pub mod terminal;
