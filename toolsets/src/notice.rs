@@ -277,3 +277,20 @@ pub fn starters(callers: &[Caller], system_name: &str) -> Caller {
         role,
     }
 }
+
+/// Escapes `&`, `<`, `>`, `"` and `'` for XML text and attribute values: what a notice block
+/// carries from its job (output, a model's answer) can never close the block or open another.
+pub fn xml_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
