@@ -270,11 +270,13 @@ struct RunEnd {
     usage: Usage,
 }
 
-/// Counts a run's tokens and cancels it past its budget; passes every event on to the log.
+/// Counts a run's tokens and cancels the run past its budget (the loop sees it before its
+/// next request); passes every event on to the log.
 struct Budget {
     limit: u64,
     used: AtomicU64,
-    exhausted: CancellationToken,
+    exhausted: std::sync::atomic::AtomicBool,
+    run: CancellationToken,
 }
 
 impl AgentObserver for Budget {
@@ -285,7 +287,8 @@ impl AgentObserver for Budget {
                 .max(usage.prompt_tokens + usage.completion_tokens);
             let used = self.used.fetch_add(tokens, Ordering::Relaxed) + tokens;
             if used >= self.limit {
-                self.exhausted.cancel();
+                self.exhausted.store(true, Ordering::Relaxed);
+                self.run.cancel();
             }
         }
         TracingObserver.on_event(event);
@@ -465,10 +468,12 @@ impl SubagentService {
                 usage: Usage::default(),
             };
         };
+        let cancel = stop.child_token();
         let budget = Arc::new(Budget {
             limit: self.options.max_tokens,
             used: AtomicU64::new(0),
-            exhausted: CancellationToken::new(),
+            exhausted: std::sync::atomic::AtomicBool::new(false),
+            run: cancel.clone(),
         });
         let agent = agent
             .fork()
@@ -485,16 +490,11 @@ impl SubagentService {
             platform: cx.platform.clone(),
             roles: cx.roles.clone(),
         };
-        let cancel = stop.child_token();
         let turn = agent.run_turn(&[], input, cancel.clone());
         tokio::pin!(turn);
         let mut out_of_time = false;
         let outcome = tokio::select! {
             outcome = &mut turn => outcome,
-            () = budget.exhausted.cancelled() => {
-                cancel.cancel();
-                turn.await
-            }
             () = tokio::time::sleep(self.options.max_wall) => {
                 out_of_time = true;
                 cancel.cancel();
@@ -510,7 +510,8 @@ impl SubagentService {
                 usage: Usage::default(),
             },
             Ok(turn) => {
-                let exhausted = budget.exhausted.is_cancelled() || out_of_time;
+                let out_of_tokens = budget.exhausted.load(Ordering::Relaxed);
+                let exhausted = out_of_tokens || out_of_time;
                 let (status, error) = match turn.end {
                     TurnEnd::Answered if !exhausted => (SubagentStatus::Completed, None),
                     TurnEnd::IterationLimit => (
@@ -520,7 +521,7 @@ impl SubagentService {
                             self.options.max_iterations
                         )),
                     ),
-                    _ if budget.exhausted.is_cancelled() => (
+                    _ if out_of_tokens => (
                         SubagentStatus::BudgetExhausted,
                         Some(format!("it used its {} tokens", self.options.max_tokens)),
                     ),
@@ -540,10 +541,13 @@ impl SubagentService {
                         Some("it kept repeating the same tool call".to_owned()),
                     ),
                 };
-                let answer = if status == SubagentStatus::Completed {
-                    turn.reply
-                } else {
-                    last_text(&turn.messages)
+                let answer = match turn.end {
+                    _ if status == SubagentStatus::Completed => turn.reply,
+                    // Its last message is the loop's own "I stopped after N steps".
+                    TurnEnd::IterationLimit | TurnEnd::RepeatedToolCall => {
+                        last_text(turn.messages.split_last().map_or(&[], |(_, rest)| rest))
+                    }
+                    _ => last_text(&turn.messages),
                 };
                 RunEnd {
                     status,
