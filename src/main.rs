@@ -74,8 +74,11 @@ enum Command {
     },
     /// Run the daemon: serve every configured chat platform until SIGTERM.
     Run,
-    /// Check the configuration file and exit.
+    /// Check the configuration file (and the skill folders it names) and exit.
     CheckConfig,
+    /// List the skills `[toolsets.skill] dirs` holds, and every one skipped with its file
+    /// and the problem.
+    Skills,
     /// Play a group chat in this terminal: `alice: hi @parlor` speaks as alice. Same
     /// sessions, store and tools as the daemon.
     Chat {
@@ -175,7 +178,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         None => Config::default(),
     };
     // The catalog needs no secret, and must print for someone who may not read them.
-    let needs_secrets = !matches!(cli.command, Command::Tools { .. });
+    let needs_secrets = !matches!(cli.command, Command::Tools { .. } | Command::Skills);
     let resolved = if needs_secrets {
         config.resolve_secrets()
     } else {
@@ -201,7 +204,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig => {
             // The secrets were resolved (files and credentials read) before this.
             wiring::catalog_registry(&config)?;
-            println!("configuration is valid");
+            let problems = skill_problems(&config);
+            if problems.is_empty() {
+                println!("configuration is valid");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                for problem in &problems {
+                    println!("{problem}");
+                }
+                println!(
+                    "configuration is valid, but {} skill problem(s) above: those skills are \
+                     skipped until fixed",
+                    problems.len()
+                );
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Skills => {
+            print_skills(&config).context("cannot write to stdout")?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Ask { text, name, admin } => {
@@ -296,7 +316,12 @@ async fn chat(
 
 async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow::Result<ExitCode> {
     // `ask` runs outside any chat: no terminal (its notices would have nowhere to go).
-    let agent = wiring::agent(config, ephemeral_store(), None, None)?;
+    // No sub-agents: `ask` runs one turn and ends, so a background one could tell nobody.
+    let services = wiring::Services {
+        skills: wiring::skills(config),
+        ..wiring::Services::default()
+    };
+    let agent = wiring::agent(config, ephemeral_store(), &services)?;
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     // Ctrl-C stops the turn cleanly instead of killing the process mid-call.
@@ -331,4 +356,67 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
             ExitCode::SUCCESS
         }
     })
+}
+
+/// What is wrong with the skill folders: each skipped skill with its file, and each
+/// `[toolsets.skill.chats]` entry naming no skill.
+fn skill_problems(config: &Config) -> Vec<String> {
+    let Some(library) = wiring::skills(config) else {
+        return Vec::new();
+    };
+    let catalog = library.catalog();
+    let mut problems: Vec<String> = catalog
+        .problems
+        .iter()
+        .map(|p| format!("skill skipped: {p}"))
+        .collect();
+    let options = parlor_toolsets::skill::SkillOptions {
+        chats: config.toolsets.skill.chats.clone(),
+        ..parlor_toolsets::skill::SkillOptions::default()
+    };
+    for name in parlor_toolsets::skill::unknown_restricted(&options, &catalog) {
+        problems.push(format!(
+            "toolsets.skill.chats names skill {name:?}, which no skill folder provides"
+        ));
+    }
+    problems
+}
+
+/// `parlor skills`.
+fn print_skills(config: &Config) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let Some(library) = wiring::skills(config) else {
+        writeln!(
+            out,
+            "no skills: [toolsets.skill] dirs names no folder (or `skill` is not in toolsets.enabled)"
+        )?;
+        return Ok(());
+    };
+    let catalog = library.catalog();
+    for skill in catalog.skills.values() {
+        let chats = config
+            .toolsets
+            .skill
+            .chats
+            .get(&skill.name)
+            .map_or_else(|| "every chat".to_owned(), |c| c.join(", "));
+        writeln!(out, "{} — {}", skill.name, skill.description)?;
+        writeln!(
+            out,
+            "  folder: {}\n  files: {}\n  offered in: {chats}",
+            skill.dir.display(),
+            if skill.resources.is_empty() {
+                "none".to_owned()
+            } else {
+                skill.resources.join(", ")
+            }
+        )?;
+    }
+    if catalog.skills.is_empty() {
+        writeln!(out, "no skills found")?;
+    }
+    for problem in skill_problems(config) {
+        writeln!(out, "{problem}")?;
+    }
+    Ok(())
 }
