@@ -195,10 +195,7 @@ async fn a_skill_from_a_folder_is_followed_and_reload_and_sighup_pick_up_new_one
                     json!({"name": "welcome", "path": r["data"]["resources"][0]}),
                 )])
             }
-            Some(r) => Reply::text(format!(
-                "{}",
-                r["data"]["text"].as_str().unwrap_or("no text").trim()
-            )),
+            Some(r) => Reply::text(r["data"]["text"].as_str().unwrap_or("no text").trim()),
         }
     });
     let telegram = FakeTelegram::start(TOKEN).await;
