@@ -406,10 +406,71 @@ pub struct ToolsetsConfig {
     pub web: WebConfig,
     /// `[[toolsets.prompt]]`: prompt-only toolsets.
     pub prompt: Vec<PromptConfig>,
+    /// `[toolsets.subagent]`
+    pub subagent: SubagentConfig,
+    /// `[toolsets.skill]`
+    pub skill: SkillConfig,
 }
 
-/// Toolsets this build knows.
-pub const KNOWN_TOOLSETS: &[&str] = &["todo_list", "time", "message", "memory", "clock", "web"];
+/// Toolsets this build knows and enables by default (`skill` only registers when its
+/// `dirs` name folders).
+pub const KNOWN_TOOLSETS: &[&str] = &[
+    "todo_list",
+    "time",
+    "message",
+    "memory",
+    "clock",
+    "web",
+    "skill",
+];
+
+/// Toolsets this build knows that run only when `toolsets.enabled` names them: each
+/// `subagent` call is a whole agent run, paid in tokens.
+pub const OPT_IN_TOOLSETS: &[&str] = &["subagent"];
+
+/// `[toolsets.subagent]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SubagentConfig {
+    /// Model of the sub-agents (a cheaper one, say); `llm.model` when empty.
+    pub model: String,
+    /// Most LLM calls of one sub-agent.
+    pub max_iterations: usize,
+    /// Most tokens of one sub-agent, over all its calls.
+    pub max_tokens: u64,
+    /// Longest one sub-agent may run, in seconds.
+    pub max_wall_secs: u64,
+    /// Most sub-agents running at once in one chat.
+    pub max_per_chat: usize,
+    /// Most sub-agents running at once in the whole bot.
+    pub max_total: usize,
+}
+
+impl Default for SubagentConfig {
+    fn default() -> Self {
+        let d = parlor_toolsets::subagent::SubagentOptions::default();
+        SubagentConfig {
+            model: String::new(),
+            max_iterations: d.max_iterations,
+            max_tokens: d.max_tokens,
+            max_wall_secs: d.max_wall.as_secs(),
+            max_per_chat: d.max_per_session,
+            max_total: d.max_total,
+        }
+    }
+}
+
+/// `[toolsets.skill]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SkillConfig {
+    /// Folders holding one folder per skill (each with a `SKILL.md`); relative ones are
+    /// relative to the config file's folder.
+    pub dirs: Vec<PathBuf>,
+    /// Skills offered only in some chats: skill name → session keys
+    /// (`deploy = ["telegram:-100123"]`); every other skill is offered everywhere.
+    pub chats: std::collections::BTreeMap<String, Vec<String>>,
+}
 
 impl Default for ToolsetsConfig {
     fn default() -> Self {
@@ -420,6 +481,8 @@ impl Default for ToolsetsConfig {
             clock: ClockConfig::default(),
             web: WebConfig::default(),
             prompt: Vec::new(),
+            subagent: SubagentConfig::default(),
+            skill: SkillConfig::default(),
         }
     }
 }
@@ -814,10 +877,38 @@ impl Config {
             bail!("telegram.poll_timeout_secs must be at most 50 (Telegram's own limit)");
         }
         for name in &self.toolsets.enabled {
-            if !KNOWN_TOOLSETS.contains(&name.as_str()) {
+            if !KNOWN_TOOLSETS.contains(&name.as_str()) && !OPT_IN_TOOLSETS.contains(&name.as_str())
+            {
                 bail!(
-                    "toolsets.enabled names unknown toolset {name:?}; known: {}",
-                    KNOWN_TOOLSETS.join(", ")
+                    "toolsets.enabled names unknown toolset {name:?}; known: {}, {}",
+                    KNOWN_TOOLSETS.join(", "),
+                    OPT_IN_TOOLSETS.join(", ")
+                );
+            }
+        }
+        let s = &self.toolsets.subagent;
+        for (name, value) in [
+            ("toolsets.subagent.max_iterations", s.max_iterations as u64),
+            ("toolsets.subagent.max_tokens", s.max_tokens),
+            ("toolsets.subagent.max_wall_secs", s.max_wall_secs),
+            ("toolsets.subagent.max_per_chat", s.max_per_chat as u64),
+            ("toolsets.subagent.max_total", s.max_total as u64),
+        ] {
+            if value == 0 {
+                bail!("{name} must be at least 1");
+            }
+        }
+        for (skill, chats) in &self.toolsets.skill.chats {
+            if !parlor_toolsets::skill::is_valid_name(skill) {
+                bail!(
+                    "toolsets.skill.chats names {skill:?}, which is not a skill name (lowercase \
+                     letters, digits and hyphens)"
+                );
+            }
+            if let Some(chat) = chats.iter().find(|c| !c.contains(':')) {
+                bail!(
+                    "toolsets.skill.chats.{skill} lists {chat:?}; chats are session keys, like \
+                     \"telegram:-100123\""
                 );
             }
         }
@@ -1177,6 +1268,33 @@ impl Config {
             return PathBuf::from(home).join(".local/share/parlor");
         }
         PathBuf::from("parlor-data")
+    }
+
+    /// The skill folders, relative ones resolved against the config file's folder.
+    pub fn skill_dirs(&self) -> Vec<PathBuf> {
+        let base = self
+            .path
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_owned)
+            .unwrap_or_default();
+        self.toolsets
+            .skill
+            .dirs
+            .iter()
+            .map(|d| {
+                if d.is_absolute() {
+                    d.clone()
+                } else {
+                    base.join(d)
+                }
+            })
+            .collect()
+    }
+
+    /// Whether `toolsets.enabled` names `name`.
+    pub fn toolset_enabled(&self, name: &str) -> bool {
+        self.toolsets.enabled.iter().any(|t| t == name)
     }
 
     /// Request timeout as a duration.

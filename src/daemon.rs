@@ -1,6 +1,7 @@
 //! `parlor run`: the daemon. Opens the store (refusing a second daemon on the same data
-//! directory), connects the adapters (Telegram, Discord, OneBot), resumes what a crash left pending, serves until
-//! SIGTERM/SIGINT, then drains: intake stops, running turns get `shutdown_grace_secs`, the
+//! directory), connects the adapters (Telegram, Discord, OneBot), resumes what a crash left
+//! pending, serves until SIGTERM/SIGINT (SIGHUP re-reads the skills), then drains: intake
+//! stops, running turns get `shutdown_grace_secs`, the
 //! store is flushed.
 
 use std::sync::Arc;
@@ -121,6 +122,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             Ok(())
         });
     }
+    {
+        // SIGHUP re-reads what the tools load from files (skills), as `/reload` does.
+        let shutdown = shutdown.clone();
+        let sessions = manager.clone();
+        tasks.spawn(async move {
+            reload_on_hangup(sessions, shutdown).await;
+            Ok(())
+        });
+    }
     if let Some(interval) = systemd::watchdog_interval() {
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
@@ -225,6 +235,36 @@ async fn wait_for_signal() -> &'static str {
             tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the daemon");
             let _ = tokio::signal::ctrl_c().await;
             "SIGINT"
+        }
+    }
+}
+
+/// Until `shutdown`: on every SIGHUP, the toolsets re-read their files (off the async
+/// workers: it reads folders).
+async fn reload_on_hangup(
+    sessions: parlor_bot::session::SessionManager,
+    shutdown: CancellationToken,
+) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(hangup) => hangup,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; /reload still re-reads the skills");
+            shutdown.cancelled().await;
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            Some(()) = hangup.recv() => {
+                let sessions = sessions.clone();
+                match tokio::task::spawn_blocking(move || sessions.reload()).await {
+                    Ok(lines) if lines.is_empty() => tracing::info!("SIGHUP: nothing to reload"),
+                    Ok(lines) => tracing::info!("SIGHUP: reloaded: {}", lines.join("; ")),
+                    Err(e) => tracing::error!(error = %e, "reloading on SIGHUP failed"),
+                }
+            }
         }
     }
 }

@@ -74,11 +74,14 @@ enum Command {
     },
     /// Run the daemon: serve every configured chat platform until SIGTERM.
     Run,
-    /// Check the configuration file and exit.
+    /// Check the configuration file (and the skill folders it names) and exit.
     CheckConfig,
     /// Connect to every configured MCP server and report what each offers: its status,
     /// and each tool's wire name, risk and role.
     Mcp,
+    /// List the skills `[toolsets.skill] dirs` holds, and every one skipped with its file
+    /// and the problem.
+    Skills,
     /// Play a group chat in this terminal: `alice: hi @parlor` speaks as alice. Same
     /// sessions, store and tools as the daemon.
     Chat {
@@ -178,7 +181,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         None => Config::default(),
     };
     // The catalog needs no secret, and must print for someone who may not read them.
-    let needs_secrets = !matches!(cli.command, Command::Tools { .. });
+    let needs_secrets = !matches!(cli.command, Command::Tools { .. } | Command::Skills);
     let resolved = if needs_secrets {
         config.resolve_secrets()
     } else {
@@ -194,7 +197,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // MCP tools are known only from their servers: connect for the listing.
             let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
             let mcp = runtime.block_on(wiring::mcp(&config))?;
-            let registry = wiring::catalog_registry(&config, mcp.as_deref());
+            let registry = wiring::catalog_registry(&config, mcp.clone());
             if let Some(mcp) = &mcp {
                 runtime.block_on(mcp.shutdown());
             }
@@ -211,7 +214,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig => {
             // The secrets were resolved (files and credentials read) before this.
             wiring::catalog_registry(&config, None)?;
-            println!("configuration is valid");
+            let problems = skill_problems(&config);
+            if problems.is_empty() {
+                println!("configuration is valid");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                for problem in &problems {
+                    println!("{problem}");
+                }
+                println!(
+                    "configuration is valid, but {} skill problem(s) above: those skills are \
+                     skipped until fixed",
+                    problems.len()
+                );
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Skills => {
+            print_skills(&config).context("cannot write to stdout")?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp => {
@@ -312,8 +332,13 @@ async fn chat(
 
 async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow::Result<ExitCode> {
     // `ask` runs outside any chat: no terminal (its notices would have nowhere to go).
-    let mcp = wiring::mcp(config).await?;
-    let agent = wiring::agent(config, ephemeral_store(), None, None, mcp.as_deref())?;
+    // No sub-agents: `ask` runs one turn and ends, so a background one could tell nobody.
+    let services = wiring::Services {
+        skills: wiring::skills(config),
+        mcp: wiring::mcp(config).await?,
+        ..wiring::Services::default()
+    };
+    let agent = wiring::agent(config, ephemeral_store(), &services)?;
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();
     // Ctrl-C stops the turn cleanly instead of killing the process mid-call.
@@ -340,7 +365,7 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
     let input = TurnInput::text("console:local", caller, line);
     let result = agent.run_turn(&[], input, cancel).await;
     watcher.abort();
-    if let Some(mcp) = &mcp {
+    if let Some(mcp) = &services.mcp {
         mcp.shutdown().await;
     }
     let turn = result.context("the turn failed")?;
@@ -399,4 +424,67 @@ async fn mcp_report(config: &Config) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// What is wrong with the skill folders: each skipped skill with its file, and each
+/// `[toolsets.skill.chats]` entry naming no skill.
+fn skill_problems(config: &Config) -> Vec<String> {
+    let Some(library) = wiring::skills(config) else {
+        return Vec::new();
+    };
+    let catalog = library.catalog();
+    let mut problems: Vec<String> = catalog
+        .problems
+        .iter()
+        .map(|p| format!("skill skipped: {p}"))
+        .collect();
+    let options = parlor_toolsets::skill::SkillOptions {
+        chats: config.toolsets.skill.chats.clone(),
+        ..parlor_toolsets::skill::SkillOptions::default()
+    };
+    for name in parlor_toolsets::skill::unknown_restricted(&options, &catalog) {
+        problems.push(format!(
+            "toolsets.skill.chats names skill {name:?}, which no skill folder provides"
+        ));
+    }
+    problems
+}
+
+/// `parlor skills`.
+fn print_skills(config: &Config) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let Some(library) = wiring::skills(config) else {
+        writeln!(
+            out,
+            "no skills: [toolsets.skill] dirs names no folder (or `skill` is not in toolsets.enabled)"
+        )?;
+        return Ok(());
+    };
+    let catalog = library.catalog();
+    for skill in catalog.skills.values() {
+        let chats = config
+            .toolsets
+            .skill
+            .chats
+            .get(&skill.name)
+            .map_or_else(|| "every chat".to_owned(), |c| c.join(", "));
+        writeln!(out, "{} — {}", skill.name, skill.description)?;
+        writeln!(
+            out,
+            "  folder: {}\n  files: {}\n  offered in: {chats}",
+            skill.dir.display(),
+            if skill.resources.is_empty() {
+                "none".to_owned()
+            } else {
+                skill.resources.join(", ")
+            }
+        )?;
+    }
+    if catalog.skills.is_empty() {
+        writeln!(out, "no skills found")?;
+    }
+    for problem in skill_problems(config) {
+        writeln!(out, "{problem}")?;
+    }
+    Ok(())
 }

@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions};
-use parlor_bot::llm::{OpenAiClient, OpenAiConfig, RetryPolicy};
+use parlor_bot::llm::{LlmBackend, OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
 use parlor_toolsets::clock::{ClockChatHook, ClockHandle, ClockOptions, ClockService};
 use parlor_toolsets::mcp::{McpOptions, McpService};
+use parlor_toolsets::skill::{SkillLibrary, SkillOptions, skill_toolset};
+use parlor_toolsets::subagent::{SubagentOptions, SubagentService, subagent_toolset};
 use parlor_toolsets::terminal::{
     LateNotifier, Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
 };
@@ -27,16 +29,49 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, SandboxKind, TerminalPolicy, WebProvider};
 
+/// The services toolsets are built over, each present when its toolset is enabled.
+#[derive(Clone, Default)]
+pub struct Services {
+    /// The terminal (`[terminal] enabled`).
+    pub terminal: Option<Arc<TerminalService>>,
+    /// The clock tasks (`clock`).
+    pub clock: Option<ClockHandle>,
+    /// The sub-agents (`subagent`); `None` where notices have nowhere to go (`ask`).
+    pub subagents: Option<Arc<SubagentService>>,
+    /// The skills (`skill` with `dirs`).
+    pub skills: Option<Arc<SkillLibrary>>,
+    /// The MCP servers' connections, started by [`mcp`] (async, before the sessions).
+    pub mcp: Option<Arc<McpService>>,
+}
+
+impl Services {
+    /// The services of `config` over `store`, posting notices through `notifier`; the
+    /// terminal works under `data_dir`.
+    pub fn new(
+        config: &Config,
+        store: &Arc<dyn Store>,
+        notifier: Arc<dyn Notifier>,
+        data_dir: PathBuf,
+    ) -> anyhow::Result<Services> {
+        Ok(Services {
+            terminal: terminal(config, Arc::clone(store), Arc::clone(&notifier), data_dir),
+            clock: clock_handle(config, Arc::clone(store))?,
+            subagents: subagents(config, Arc::clone(store), notifier),
+            skills: skills(config),
+            mcp: None,
+        })
+    }
+}
+
 /// The tool registry this configuration describes, names and schemas checked. Toolsets
-/// that keep state in the store (message log, memory) use `store`; the terminal toolsets
-/// come from `terminal` when it is enabled; the MCP servers' from `mcp`.
+/// that keep state in the store (message log, memory) use `store`; those over a service
+/// (terminal, clock, sub-agents, skills, MCP servers) are registered when `services` has it.
 pub fn registry(
     config: &Config,
     store: Arc<dyn Store>,
-    terminal: Option<&Arc<TerminalService>>,
-    clock: Option<&ClockHandle>,
-    mcp: Option<&McpService>,
+    services: &Services,
 ) -> anyhow::Result<ToolRegistry> {
+    let clock = services.clock.as_ref();
     let mut toolsets: Vec<Arc<dyn ToolSet>> = Vec::new();
     for name in &config.toolsets.enabled {
         match name.as_str() {
@@ -78,13 +113,28 @@ pub fn registry(
             }
             "web" => toolsets
                 .push(web_toolset(web_options(config)?).context("cannot build the web toolset")?),
+            "subagent" => {
+                if let Some(service) = &services.subagents {
+                    toolsets.push(Arc::new(subagent_toolset(Arc::clone(service))));
+                }
+            }
+            "skill" => {
+                if let Some(library) = &services.skills {
+                    toolsets.push(Arc::new(skill_toolset(Arc::clone(library))));
+                }
+            }
             other => anyhow::bail!("unknown toolset {other:?}"),
         }
     }
-    if let Some(terminal) = terminal {
+    if let Some(terminal) = &services.terminal {
         toolsets.push(Arc::new(terminal_toolset(Arc::clone(terminal))));
     }
-    for toolset in mcp.map(McpService::toolsets).unwrap_or_default() {
+    for toolset in services
+        .mcp
+        .as_deref()
+        .map(McpService::toolsets)
+        .unwrap_or_default()
+    {
         toolsets.push(Arc::new(toolset) as Arc<dyn ToolSet>);
     }
     for p in &config.toolsets.prompt {
@@ -152,17 +202,53 @@ fn web_options(config: &Config) -> anyhow::Result<WebOptions> {
 /// The tool registry for the catalog (`parlor tools`, `check-config`, `ask`): the same
 /// toolsets, over an in-memory store, with a terminal service (when enabled) that works in a
 /// scratch directory, so a running daemon's files are never touched.
-pub fn catalog_registry(config: &Config, mcp: Option<&McpService>) -> anyhow::Result<ToolRegistry> {
+pub fn catalog_registry(
+    config: &Config,
+    mcp: Option<Arc<McpService>>,
+) -> anyhow::Result<ToolRegistry> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let scratch = std::env::temp_dir().join(format!("parlor-catalog-{}", std::process::id()));
-    let terminal = terminal(
-        config,
-        Arc::clone(&store),
-        Arc::new(LateNotifier::new()),
-        scratch,
-    );
-    let clock = clock_handle(config, Arc::clone(&store))?;
-    registry(config, store, terminal.as_ref(), clock.as_ref(), mcp)
+    let mut services = Services::new(config, &store, Arc::new(LateNotifier::new()), scratch)?;
+    services.mcp = mcp;
+    registry(config, store, &services)
+}
+
+/// The sub-agents when `toolsets.enabled` names `subagent`; their agent is set by
+/// [`agent`].
+pub fn subagents(
+    config: &Config,
+    store: Arc<dyn Store>,
+    notifier: Arc<dyn Notifier>,
+) -> Option<Arc<SubagentService>> {
+    if !config.toolset_enabled("subagent") {
+        return None;
+    }
+    let s = &config.toolsets.subagent;
+    Some(SubagentService::new(
+        store,
+        notifier,
+        SubagentOptions {
+            max_iterations: s.max_iterations,
+            max_tokens: s.max_tokens,
+            max_wall: Duration::from_secs(s.max_wall_secs),
+            max_per_session: s.max_per_chat,
+            max_total: s.max_total,
+            ..SubagentOptions::default()
+        },
+    ))
+}
+
+/// The skills when `skill` is enabled and `[toolsets.skill] dirs` names folders (read now;
+/// what cannot be read is logged and skipped).
+pub fn skills(config: &Config) -> Option<Arc<SkillLibrary>> {
+    let dirs = config.skill_dirs();
+    if !config.toolset_enabled("skill") || dirs.is_empty() {
+        return None;
+    }
+    Some(SkillLibrary::new(SkillOptions {
+        chats: config.toolsets.skill.chats.clone(),
+        ..SkillOptions::new(dirs)
+    }))
 }
 
 /// The clock tasks over `store`, when the `clock` toolset is enabled.
@@ -245,13 +331,11 @@ fn sandbox_hidden(config: &Config, data_dir: &std::path::Path) -> Vec<PathBuf> {
 }
 
 /// The agent this configuration describes, talking to the configured endpoint.
-pub fn agent(
-    config: &Config,
-    store: Arc<dyn Store>,
-    terminal: Option<&Arc<TerminalService>>,
-    clock: Option<&ClockHandle>,
-    mcp: Option<&McpService>,
-) -> anyhow::Result<Agent> {
+///
+/// With sub-agents, their agent is built here too and handed to the service: the same
+/// client and toolsets, without `subagent` (no nesting), under their own model and step
+/// limit, and with the message toolset naming what they post as theirs in the chat log.
+pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> anyhow::Result<Agent> {
     let llm = OpenAiClient::with_retries(OpenAiConfig {
         base_url: config.base_url(),
         api_key: config.api_key().map(|k| k.expose().into()),
@@ -265,6 +349,8 @@ pub fn agent(
         ..OpenAiConfig::default()
     })
     .context("cannot build the LLM client")?;
+    let llm: Arc<dyn LlmBackend> = Arc::new(llm);
+    let terminal = services.terminal.as_ref();
     let agent_config = AgentConfig {
         model: config.model(),
         max_iterations: config.llm.max_iterations,
@@ -280,7 +366,10 @@ pub fn agent(
         ))
         // Likewise an MCP server's own timeout answers TIMEOUT itself.
         .max(
-            mcp.map(|m| m.longest_timeout() + Duration::from_secs(5))
+            services
+                .mcp
+                .as_ref()
+                .map(|m| m.longest_timeout() + Duration::from_secs(5))
                 .unwrap_or_default(),
         ),
         tool_result_max_chars: config.llm.tool_result_max_chars,
@@ -298,11 +387,47 @@ pub fn agent(
         config.bot.system_prompt.trim_end(),
         parlor_bot::session::ATTRIBUTION_PROMPT
     );
+    let mut main_config = agent_config.clone();
+    if let Some(service) = &services.subagents {
+        let mut sub = config.clone();
+        sub.toolsets.enabled.retain(|t| t != "subagent");
+        sub.bot.name = format!("{} (sub-agent)", config.bot.name);
+        let sub_services = Services {
+            subagents: None,
+            ..services.clone()
+        };
+        let model = &config.toolsets.subagent.model;
+        let sub_prompt = format!(
+            "{}\n\n{}",
+            config.bot.system_prompt.trim_end(),
+            parlor_toolsets::subagent::SUBAGENT_PROMPT
+        );
+        service.set_agent(Agent::new(
+            Arc::clone(&llm),
+            registry(&sub, Arc::clone(&store), &sub_services)
+                .context("the sub-agents' toolsets cannot be registered")?,
+            &sub_prompt,
+            AgentConfig {
+                model: if model.trim().is_empty() {
+                    config.model()
+                } else {
+                    model.trim().to_owned()
+                },
+                max_iterations: config.toolsets.subagent.max_iterations,
+                ..agent_config
+            },
+        ));
+        // A sub-agent in the foreground is one tool call: the agent's limit must not cut it
+        // before its own wall-time budget does.
+        main_config.tool_timeout = main_config.tool_timeout.max(Duration::from_secs(
+            config.toolsets.subagent.max_wall_secs + 10,
+        ));
+    }
     Ok(Agent::new(
-        Arc::new(llm),
-        registry(config, store, terminal, clock, mcp)?,
+        llm,
+        registry(config, store, services)?,
         &prompt,
-        agent_config,
+        main_config,
     ))
 }
 
@@ -330,6 +455,8 @@ pub struct Runtime {
     pub terminal: Option<Arc<TerminalService>>,
     /// The MCP servers' connections (their stdio children end with them).
     pub mcp: Option<Arc<McpService>>,
+    /// The sub-agents, when enabled.
+    pub subagents: Option<Arc<SubagentService>>,
     /// The clock service's task, when the clock is enabled; it stops with `clock_stop`.
     clock: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     clock_stop: CancellationToken,
@@ -337,12 +464,18 @@ pub struct Runtime {
 
 impl Runtime {
     /// After a restart: re-queues pending input, resends unsent replies, and tells chats
-    /// about terminal tasks a crash interrupted.
+    /// about terminal tasks and sub-agents a crash interrupted.
     pub async fn resume(&self) -> anyhow::Result<()> {
         self.sessions
             .resume()
             .await
             .context("cannot resume from the store")?;
+        if let Some(subagents) = &self.subagents {
+            subagents
+                .recover()
+                .await
+                .context("cannot recover sub-agents")?;
+        }
         if let Some(terminal) = &self.terminal {
             terminal
                 .recover()
@@ -360,11 +493,16 @@ impl Runtime {
         Ok(())
     }
 
-    /// Drains: terminal processes are killed first (nothing outlives the daemon), then the
-    /// sessions get `grace` to finish their turns.
+    /// Drains: terminal processes are killed and sub-agents stopped first (nothing outlives
+    /// the daemon), then the sessions get `grace` to finish their turns.
     pub async fn shutdown(&self, grace: Duration) {
         if let Some(terminal) = &self.terminal {
             terminal.shutdown().await;
+        }
+        // Background sub-agents end `interrupted` (told after the next start); a foreground
+        // one answers its turn CANCELLED, and that turn may still finish.
+        if let Some(subagents) = &self.subagents {
+            subagents.shutdown().await;
         }
         // No new fires; a fire already waiting on its turn logs how that turn ended.
         self.clock_stop.cancel();
@@ -401,16 +539,17 @@ pub fn runtime(
         idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
         ..SessionConfig::default()
     };
-    // The terminal posts notices into sessions that need its toolset first: a late-bound
-    // notifier breaks the cycle.
+    // The terminal and the sub-agents post notices into sessions that need their toolsets
+    // first: a late-bound notifier breaks the cycle.
     let late = Arc::new(LateNotifier::new());
-    let terminal = terminal(
+    let mut services = Services::new(
         config,
-        Arc::clone(&store),
+        &store,
         Arc::clone(&late) as Arc<dyn Notifier>,
         config.data_dir(),
-    );
-    if terminal.is_some() && config.terminal.sandbox == Some(SandboxKind::None) {
+    )?;
+    services.mcp = mcp;
+    if services.terminal.is_some() && config.terminal.sandbox == Some(SandboxKind::None) {
         // Said at every start: an operator who chose this should not forget it.
         tracing::warn!(
             "[terminal] sandbox = \"none\": shell commands run as parlor's own user and can \
@@ -419,19 +558,19 @@ pub fn runtime(
              unless every operator is trusted with all of that"
         );
     }
-    let clock = clock_handle(config, Arc::clone(&store))?;
     let sessions = SessionManager::new(
         Arc::clone(&store),
-        agent(
-            config,
-            store,
-            terminal.as_ref(),
-            clock.as_ref(),
-            mcp.as_deref(),
-        )?,
+        agent(config, store, &services)?,
         platforms,
         session_config,
     );
+    let Services {
+        terminal,
+        clock,
+        subagents,
+        mcp,
+        ..
+    } = services;
     late.set(Arc::new(sessions.clone()));
     // What the toolsets keep about a chat follows it when it moves or the bot leaves.
     sessions.add_chat_hook(Arc::new(MemoryChatHook));
@@ -449,6 +588,7 @@ pub fn runtime(
         sessions,
         terminal,
         mcp,
+        subagents,
         clock: std::sync::Mutex::new(clock),
         clock_stop,
     })

@@ -40,6 +40,13 @@
 //! - [`todo`] — `todo_list`, the per-session plan the agent keeps (the reference stateful
 //!   toolset: a per-turn injection and a `/reset` hook).
 //! - [`time`] — `time`: the current time in a time zone.
+//! - [`notice`] — how background work (terminal tasks, sub-agents) tells its chat that it
+//!   ended, exactly once: the [`Notifier`](notice::Notifier) and the "told" state of a row.
+//! - [`subagent`] — `subagent`, `subagent_output`, `subagent_stop`, `subagent_list`: work
+//!   handed to a fresh agent with budgets, in the foreground or in the background (rows in
+//!   the store, a notice when it ends).
+//! - [`skill`] — `skill`, `skill_read`: procedures operators write as `SKILL.md` folders,
+//!   listed in the system prompt, loaded on demand, re-read on `/reload` and SIGHUP.
 //! - [`prompt`] — prompt-only toolsets: text for the system prompt, no tools.
 //!
 //! ## Where a new toolset goes
@@ -51,7 +58,10 @@ pub mod mcp;
 pub mod memory;
 pub mod message;
 pub mod net;
+pub mod notice;
 pub mod prompt;
+pub mod skill;
+pub mod subagent;
 mod support;
 pub mod terminal;
 pub mod time;

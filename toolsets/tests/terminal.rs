@@ -426,8 +426,8 @@ async fn a_background_notice_arrives_once_escaped_and_capped() {
     assert!(text.ends_with("</TERMINAL_TASK_RESULT>"));
 
     let row = wait_status(&rig.service, &id, TaskStatus::Completed).await;
-    assert_eq!(row.notice_pending_id, Some(*pending));
-    assert!(row.notified);
+    assert_eq!(row.told.notice_pending_id, Some(*pending));
+    assert!(row.told.notified);
     assert_eq!(row.exit_code, Some(0));
     assert!(
         row.log_path
@@ -458,7 +458,7 @@ async fn task_output_before_delivery_withdraws_the_notice_and_tasks_are_per_sess
     let notices = rig.notes.wait_notices(1).await;
     let pending = notices[0].pending_id;
     let row = wait_status(&rig.service, &id, TaskStatus::Completed).await;
-    assert_eq!(row.notice_pending_id, Some(pending));
+    assert_eq!(row.told.notice_pending_id, Some(pending));
 
     let r = call(&*rig.tools, &admin(), "task_output", json!({"task_id": id})).await;
     assert!(r.success, "{r:?}");
@@ -466,7 +466,7 @@ async fn task_output_before_delivery_withdraws_the_notice_and_tasks_are_per_sess
     assert_eq!(data(&r)["status"], "completed");
     assert_eq!(rig.notes.withdrawn(), [pending]);
     let row = rig.service.task(&group().session_key(), &id).unwrap();
-    assert!(row.notice_withdrawn && row.notified);
+    assert!(row.told.notice_withdrawn && row.told.notified);
     // Reading again does not withdraw again.
     call(&*rig.tools, &admin(), "task_output", json!({"task_id": id})).await;
     assert_eq!(rig.notes.withdrawn().len(), 1);
@@ -764,9 +764,7 @@ fn running_row(id: &str, pgid: u32, log: std::path::PathBuf) -> TaskRecord {
         ended: None,
         log_path: log,
         pgid,
-        notice_pending_id: None,
-        notice_withdrawn: false,
-        notified: false,
+        told: Default::default(),
     }
 }
 
@@ -820,7 +818,7 @@ async fn a_restart_marks_running_tasks_interrupted_kills_leftovers_and_tells_onc
     assert_eq!(second.recover().await.unwrap(), 1);
     let row = second.task(&group().session_key(), "task-old").unwrap();
     assert_eq!(row.status, TaskStatus::Interrupted);
-    assert!(row.notified && row.ended.is_some());
+    assert!(row.told.notified && row.ended.is_some());
     let notices = rig.notes.notices();
     assert_eq!(notices.len(), 1);
     assert!(
@@ -916,7 +914,7 @@ async fn shutdown_kills_everything_and_the_next_start_tells_once() {
     );
     let row = rig.service.task(&group().session_key(), &id).unwrap();
     assert_eq!(row.status, TaskStatus::Interrupted);
-    assert!(!row.notified);
+    assert!(!row.told.notified);
     assert!(rig.notes.notices().is_empty());
     let r = call(&*rig.tools, &admin(), "shell", json!({"command": "true"})).await;
     assert_eq!(r.code(), Some("UNAVAILABLE"));
@@ -938,7 +936,7 @@ async fn a_result_that_could_not_be_told_during_shutdown_is_told_after_the_resta
     rig.notes.set_shutting_down(true);
     let id = start_bg(&*rig.tools, "echo late", "late").await;
     let row = wait_status(&rig.service, &id, TaskStatus::Completed).await;
-    assert!(!row.notified);
+    assert!(!row.told.notified);
     assert!(rig.notes.notices().is_empty());
     rig.notes.set_shutting_down(false);
     let next = TerminalService::new(
@@ -999,7 +997,7 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
     let b = start_bg(&*tools, "echo 'beta & 2'", "second").await;
     for id in [&a, &b] {
         let row = wait_status(&service, id, TaskStatus::Completed).await;
-        assert!(row.notice_pending_id.is_some());
+        assert!(row.told.notice_pending_id.is_some());
     }
     llm.release(1);
     platform.wait_sent(1).await;
@@ -1033,6 +1031,7 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
         service
             .task(&group().session_key(), &c)
             .unwrap()
+            .told
             .notice_withdrawn
     );
     llm.release(10);

@@ -47,7 +47,7 @@ async fn requests_carry_the_system_prompt_history_tools_and_usage_adds_up() {
         Base prompt.
 
         For requests that take several steps, keep a plan with the todo_list tool: write it before you start, mark each step in_progress and then completed as you go, and clear it when the work is done."#]]
-    .assert_eq(agent.system_prompt());
+    .assert_eq(&agent.system_prompt());
 
     let history = vec![Message::user("earlier"), Message::assistant("answer")];
     let turn = agent
@@ -55,7 +55,7 @@ async fn requests_carry_the_system_prompt_history_tools_and_usage_adds_up() {
         .await
         .unwrap();
     let first = &llm.requests()[0];
-    assert_eq!(first.messages[0], Message::system(agent.system_prompt()));
+    assert_eq!(first.messages[0], Message::system(&*agent.system_prompt()));
     assert_eq!(&first.messages[1..3], &history[..]);
     assert_eq!(first.messages[3], Message::user("hello"));
     assert_eq!(first.tools.len(), 1);

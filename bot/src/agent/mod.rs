@@ -21,7 +21,7 @@ mod events;
 pub mod images;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -173,10 +173,19 @@ pub struct Agent {
     llm: Arc<dyn LlmBackend>,
     tools: ToolRegistry,
     config: AgentConfig,
-    /// Base prompt plus every toolset's static prompt, fixed at construction so that the
-    /// provider's prompt cache keeps hitting.
-    system_prompt: Arc<str>,
+    /// The operator's base prompt.
+    base_prompt: Arc<str>,
+    /// Base prompt plus every toolset's prompt, built at construction and rebuilt only when
+    /// the toolsets' prompt version changes (skills re-read), so that the provider's prompt
+    /// cache keeps hitting. Shared by every fork: the prompts are the same for all.
+    system_prompt: Arc<Mutex<SystemPrompt>>,
     observer: Arc<dyn AgentObserver>,
+}
+
+/// The system prompt and the toolsets' prompt version it was built at.
+struct SystemPrompt {
+    version: u64,
+    text: Arc<str>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -196,12 +205,16 @@ impl Agent {
         base_prompt: &str,
         config: AgentConfig,
     ) -> Self {
-        let system_prompt = assemble_system_prompt(base_prompt, &tools.prompts());
+        let system_prompt = SystemPrompt {
+            version: tools.prompt_version(),
+            text: assemble_system_prompt(base_prompt, &tools.prompts()).into(),
+        };
         Agent {
             llm,
             tools,
             config,
-            system_prompt: system_prompt.into(),
+            base_prompt: base_prompt.into(),
+            system_prompt: Arc::new(Mutex::new(system_prompt)),
             observer: Arc::new(TracingObserver),
         }
     }
@@ -220,9 +233,17 @@ impl Agent {
         }
     }
 
-    /// The system prompt sent first in every request.
-    pub fn system_prompt(&self) -> &str {
-        &self.system_prompt
+    /// The system prompt sent first in every request, rebuilt first when the toolsets'
+    /// prompts changed.
+    pub fn system_prompt(&self) -> Arc<str> {
+        let version = self.tools.prompt_version();
+        // A poisoned lock only means a panic while swapping an `Arc`; the value is sound.
+        let mut prompt = self.system_prompt.lock().unwrap_or_else(|e| e.into_inner());
+        if prompt.version != version {
+            prompt.text = assemble_system_prompt(&self.base_prompt, &self.tools.prompts()).into();
+            prompt.version = version;
+        }
+        Arc::clone(&prompt.text)
     }
 
     /// This agent's tools.
@@ -265,6 +286,8 @@ impl Agent {
         // How often each (tool, arguments) has been called in this turn.
         let mut seen_calls: HashMap<(String, String), usize> = HashMap::new();
         let tools = self.tools.defs();
+        // One prompt for the whole turn, even if the skills are re-read meanwhile.
+        let system_prompt = self.system_prompt();
         let vision = self.config.images.vision;
         let mut images =
             images::TurnImages::new(self.config.images.clone(), input.platform.clone());
@@ -295,7 +318,7 @@ impl Agent {
             turn.iterations += 1;
 
             let mut messages = Vec::with_capacity(1 + history.len() + turn.messages.len());
-            messages.push(Message::system(&*self.system_prompt));
+            messages.push(Message::system(&*system_prompt));
             messages.extend(history.iter().map(|m| images::earlier(m, vision)));
             messages.extend(turn.messages.iter().map(|m| images.current(m)));
             let request = ChatRequest {

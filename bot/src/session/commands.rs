@@ -1,6 +1,7 @@
-//! The commands the runtime answers itself: `/help`, `/status` and `/stop` are answered at
-//! intake (their text needs no network; the answer goes through the outbox), `/reset` is
-//! queued for the chat's actor, which checks the sender's role and carries it out.
+//! The commands the runtime answers itself: `/help`, `/status`, `/stop` and `/reload` are
+//! answered at intake (their text needs no network; the answer goes through the outbox),
+//! `/reset` is queued for the chat's actor, which checks the sender's role and carries it
+//! out. `/reload` needs an operator, which intake knows from the config alone.
 
 use super::manager::{Session, SessionManager};
 use crate::tool::catalog;
@@ -12,6 +13,7 @@ pub(super) enum Command {
     Reset,
     Stop,
     Status,
+    Reload,
 }
 
 impl Command {
@@ -24,6 +26,7 @@ impl Command {
             "/reset" => Some(Command::Reset),
             "/stop" => Some(Command::Stop),
             "/status" => Some(Command::Status),
+            "/reload" => Some(Command::Reload),
             _ => None,
         }
     }
@@ -37,7 +40,8 @@ impl SessionManager {
             "Mention me or reply to one of my messages to talk to me.\n\n\
              Commands:\n/help — this text\n/status — what I am doing\n\
              /stop — stop my current answer\n/reset — forget this chat's conversation \
-             and plan, after the current answer; its memory stays (chat admins in groups)\n\n\
+             and plan, after the current answer; its memory stays (chat admins in groups)\n\
+             /reload — re-read the skills and other files the tools load (operators)\n\n\
              Tools I can use:\n{}",
             if tools.is_empty() {
                 "none".to_owned()
@@ -74,6 +78,26 @@ impl SessionManager {
             self.inner.template.tools().names().len(),
             self.inner.started.elapsed().as_secs() / 60
         )
+    }
+
+    /// Re-reads what the toolsets load from outside the program (skill folders): `/reload`
+    /// and SIGHUP. Every session's tools share what they load, so this serves them all; a
+    /// line for each toolset that loads something.
+    pub fn reload(&self) -> Vec<String> {
+        self.inner.template.tools().reload()
+    }
+
+    /// The answer to `/reload` from `user_id`: done for an operator, refused otherwise.
+    pub(super) fn reload_text(&self, user_id: &str) -> String {
+        if !super::policy::is_operator(&self.inner.config, user_id) {
+            return "Only an operator of the bot may /reload.".to_owned();
+        }
+        let lines = self.reload();
+        if lines.is_empty() {
+            "Reloaded: no tool loads anything from files.".to_owned()
+        } else {
+            format!("Reloaded.\n{}", lines.join("\n"))
+        }
     }
 
     /// `/stop`: the answer to send and the running turn's token, to cancel once the

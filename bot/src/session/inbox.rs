@@ -146,11 +146,14 @@ impl SessionManager {
                     .map_err(store_error)?;
                 Ok(Accepted::nothing())
             }
-            Addressed::Command(command @ (Command::Help | Command::Status | Command::Stop)) => {
+            Addressed::Command(
+                command @ (Command::Help | Command::Status | Command::Stop | Command::Reload),
+            ) => {
                 let session = self.live_session(&key);
                 let (text, cancel) = match command {
                     Command::Help => (self.help_text(), None),
                     Command::Status => (self.status_text(&key, session.as_deref()), None),
+                    Command::Reload => (self.reload_text(&message.sender.id), None),
                     _ => self.stop(session.as_deref()),
                 };
                 let answer = OutboxEntry::new(&key, &message.chat, text, reply_to);

@@ -351,8 +351,24 @@ pub trait ToolSet: Send + Sync {
     /// is a [`ToolResult`] with an error code, never a panic.
     async fn invoke(&self, call: ToolInvocation, cx: ToolContext) -> ToolResult;
 
-    /// Static text appended to the system prompt once, at construction.
+    /// Text appended to the system prompt, at construction and again whenever
+    /// [`ToolSet::prompt_version`] changes (never within a turn: the prompt stays one stable
+    /// prefix for the provider's cache).
     fn prompt(&self) -> Option<String> {
+        None
+    }
+
+    /// A number that changes whenever [`ToolSet::prompt`] would give another text (the
+    /// skills re-read from their folders); the agent rebuilds its system prompt when the
+    /// sum over its toolsets changes. Constant for a prompt fixed in code.
+    fn prompt_version(&self) -> u64 {
+        0
+    }
+
+    /// Re-reads what this toolset loads from outside the program (`/reload` by an operator,
+    /// SIGHUP): a line for the operator saying what it found, or `None` when it loads
+    /// nothing.
+    fn reload(&self) -> Option<String> {
         None
     }
 

@@ -282,6 +282,21 @@ impl ToolRegistry {
         self.toolsets.iter().filter_map(|t| t.prompt()).collect()
     }
 
+    /// The sum of every toolset's [`ToolSet::prompt_version`]: when it changes, so did
+    /// [`ToolRegistry::prompts`].
+    pub fn prompt_version(&self) -> u64 {
+        self.toolsets
+            .iter()
+            .fold(0u64, |sum, t| sum.wrapping_add(t.prompt_version()))
+    }
+
+    /// Re-reads what the toolsets load from outside ([`ToolSet::reload`]); a line for each
+    /// toolset that loads something. Toolsets share what they load across forks, so one
+    /// reload serves every session.
+    pub fn reload(&self) -> Vec<String> {
+        self.toolsets.iter().filter_map(|t| t.reload()).collect()
+    }
+
     /// Whether any toolset holds in-memory session state (see
     /// [`ToolSet::holds_session_state`]).
     pub fn holds_session_state(&self) -> bool {

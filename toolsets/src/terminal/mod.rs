@@ -10,7 +10,8 @@
 //!   `data_dir/task_logs/<task_id>.log`; each is a row in the store's `terminal_tasks` space
 //!   and has a watcher (in the service's `TaskTracker`) that waits for its end, records it
 //!   and posts a `<TERMINAL_TASK_RESULT>` notice into the task's chat through a
-//!   [`Notifier`] (the [`SessionManager`], as a stackable `task_result` item).
+//!   [`Notifier`] (the session manager, as a stackable `task_result` item; shared with every
+//!   kind of background work in [`crate::notice`]).
 //! - **Exactly once:** the row remembers the notice's pending id; `task_output` on an ended
 //!   task withdraws a notice that has not started its turn; `task_stop` sends none; a
 //!   restart ([`TerminalService::recover`]) marks rows still `running` as `interrupted` and
@@ -39,10 +40,9 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -50,12 +50,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use parlor_bot::platform::ChatRef;
-use parlor_bot::session::{SessionManager, SubmitError};
-use parlor_bot::store::{KvWrite, Store};
-use parlor_bot::tool::{
-    Bridged, Caller, Risk, Role, ToolContext, ToolError, ToolResult, ToolSetBridge,
-};
+use parlor_bot::store::Store;
+use parlor_bot::tool::{Bridged, Risk, Role, ToolContext, ToolError, ToolResult, ToolSetBridge};
 
+pub use crate::notice::{LateNotifier, Notifier, NotifyError};
 pub use output::xml_escape;
 pub use sys::process_alive;
 pub use tasks::{TaskRecord, TaskStatus};
@@ -168,99 +166,6 @@ impl Default for TerminalConfig {
             sandbox: Sandbox::None,
             bwrap_program: PathBuf::from("bwrap"),
             bash_program: PathBuf::from("bash"),
-        }
-    }
-}
-
-/// Why a notice was not queued.
-#[derive(Debug, thiserror::Error)]
-pub enum NotifyError {
-    /// The daemon is shutting down; the notice can be given after the next start.
-    #[error("the daemon is shutting down")]
-    ShuttingDown,
-    /// Any other failure (no adapter for the chat, a full queue, storage).
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// Where completion notices go: the [`SessionManager`] in the daemon, a recorder in tests.
-#[async_trait]
-pub trait Notifier: Send + Sync {
-    /// Queues `text` for `chat` as a stackable task result whose turn runs as `caller` (who
-    /// started the task), stored together with `also` (the task rows saying they were told)
-    /// in one transaction; returns its pending id.
-    async fn notify(
-        &self,
-        chat: &ChatRef,
-        text: String,
-        caller: Caller,
-        also: Vec<KvWrite>,
-    ) -> Result<u64, NotifyError>;
-    /// Withdraws a queued notice that has not started its turn; `true` when withdrawn.
-    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError>;
-}
-
-fn submit_error(e: SubmitError) -> NotifyError {
-    match e {
-        SubmitError::ShuttingDown => NotifyError::ShuttingDown,
-        // Anything else (no adapter, storage) is logged by the caller; the task is unharmed.
-        other => NotifyError::Failed(other.to_string()),
-    }
-}
-
-#[async_trait]
-impl Notifier for SessionManager {
-    async fn notify(
-        &self,
-        chat: &ChatRef,
-        text: String,
-        caller: Caller,
-        also: Vec<KvWrite>,
-    ) -> Result<u64, NotifyError> {
-        self.submit_notice(chat, text, caller, also)
-            .await
-            .map_err(submit_error)
-    }
-    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
-        SessionManager::withdraw(self, chat, pending_id).map_err(submit_error)
-    }
-}
-
-/// A notifier set after construction, for the wiring: the [`SessionManager`] needs the
-/// agent (and so this toolset) before it exists. Until [`LateNotifier::set`], notices fail
-/// (logged; the task is unharmed).
-#[derive(Default)]
-pub struct LateNotifier(OnceLock<Arc<dyn Notifier>>);
-
-impl LateNotifier {
-    /// An unset notifier.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Sets the real notifier; a second call is ignored.
-    pub fn set(&self, notifier: Arc<dyn Notifier>) {
-        let _ = self.0.set(notifier);
-    }
-}
-
-#[async_trait]
-impl Notifier for LateNotifier {
-    async fn notify(
-        &self,
-        chat: &ChatRef,
-        text: String,
-        caller: Caller,
-        also: Vec<KvWrite>,
-    ) -> Result<u64, NotifyError> {
-        match self.0.get() {
-            Some(n) => n.notify(chat, text, caller, also).await,
-            None => Err(NotifyError::Failed("no notifier wired yet".to_owned())),
-        }
-    }
-    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
-        match self.0.get() {
-            Some(n) => n.withdraw(chat, pending_id),
-            None => Ok(false),
         }
     }
 }

@@ -139,21 +139,7 @@ pub(crate) fn tail_chars(text: &str, max_chars: usize) -> (String, usize) {
     )
 }
 
-/// Escapes `&`, `<`, `>`, `"` and `'` for XML text and attribute values.
-pub fn xml_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use crate::notice::xml_escape;
 
 /// The end of a log file: at most `max_bytes` bytes, decoded leniently, and the file's size.
 /// A missing file reads as empty.

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::output::{Capped, cap_middle, read_log_tail, tail_chars, xml_escape};
 use super::{
-    NotifyError, ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes,
-    create_dir, sys,
+    ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes, create_dir, sys,
 };
+use crate::notice::{self, NoticeRow, Telling, Told};
 use crate::support::Outcome;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{KvWrite, StoreError};
@@ -27,9 +27,6 @@ use parlor_bot::tool::{Caller, Role, ToolContext, ToolError, ToolResult};
 
 /// Characters of output a completion notice carries.
 pub const NOTICE_OUTPUT_CHARS: usize = 2000;
-
-/// How long a notice may take to be queued before it is given up (logged).
-const NOTIFY_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The state of a background task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,16 +104,25 @@ pub struct TaskRecord {
     /// Its process group (its `bash -c` leader's pid).
     #[serde(default)]
     pub pgid: u32,
-    /// The pending id of its queued completion notice.
-    #[serde(default)]
-    pub notice_pending_id: Option<u64>,
-    /// Whether that notice was withdrawn because the model read the output first.
-    #[serde(default)]
-    pub notice_withdrawn: bool,
-    /// Whether the chat has been told of its end (a notice queued, the output read with
-    /// `task_output`, or stopped on request): nothing more will be sent about it.
-    #[serde(default)]
-    pub notified: bool,
+    /// Where it stands with its chat: its completion notice's pending id, whether that was
+    /// withdrawn (the output read with `task_output` first), whether the chat was told.
+    #[serde(flatten)]
+    pub told: Told,
+}
+
+impl NoticeRow for TaskRecord {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn told(&self) -> &Told {
+        &self.told
+    }
+    fn told_mut(&mut self) -> &mut Told {
+        &mut self.told
+    }
+    fn write(&self) -> Result<KvWrite, StoreError> {
+        row_write(self)
+    }
 }
 
 /// A task whose process this daemon runs.
@@ -388,9 +394,7 @@ impl TerminalService {
             ended: None,
             log_path,
             pgid,
-            notice_pending_id: None,
-            notice_withdrawn: false,
-            notified: false,
+            told: Told::default(),
         };
         self.save_logged(&row);
         tracing::info!(task = %id, session = %cx.session, pgid, "background task started");
@@ -475,41 +479,15 @@ impl TerminalService {
         row.ended = Some(Utc::now());
         tracing::info!(task = id, status = status.as_str(), exit_code = ?row.exit_code, "background task ended");
         match status {
-            TaskStatus::Stopped => row.notified = true,
-            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::TimedOut if !row.notified => {
+            TaskStatus::Stopped => row.told.notified = true,
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::TimedOut => {
                 if let Some(chat) = row.chat.clone() {
                     // The final status is stored before the notice, so a slow notifier
                     // never hides it.
                     self.save_logged(&row);
                     let text = notice_block(&row, None);
-                    // "Told" lands with the notice itself: a kill can neither lose the
-                    // notice nor, after the restart, tell it again.
-                    let mut told = row.clone();
-                    told.notified = true;
-                    let also = row_write(&told).into_iter().collect();
-                    let notify = self.notifier.notify(&chat, text, row.starter(), also);
-                    match tokio::time::timeout(NOTIFY_TIMEOUT, notify).await {
-                        Ok(Ok(pending)) => {
-                            row.notice_pending_id = Some(pending);
-                            row.notified = true;
-                        }
-                        Ok(Err(NotifyError::ShuttingDown)) => {
-                            // Left untold: `recover` sends it after the next start.
-                            tracing::info!(
-                                task = id,
-                                "shutting down; the completion notice is sent after the next start"
-                            );
-                        }
-                        Ok(Err(e)) => {
-                            // Given up (logged): the task itself is recorded either way.
-                            row.notified = true;
-                            tracing::warn!(task = id, chat = %chat, error = %e, "the completion notice could not be queued")
-                        }
-                        Err(_) => {
-                            row.notified = true;
-                            tracing::warn!(task = id, chat = %chat, "queueing the completion notice timed out")
-                        }
-                    }
+                    let starter = row.starter();
+                    notice::tell_once(self.notifier.as_ref(), &chat, text, starter, &mut row).await;
                 }
             }
             // Interrupted by shutdown: told after the next start (`recover`).
@@ -524,26 +502,12 @@ impl TerminalService {
         let Some(mut row) = self.task(&cx.session, &args.task_id) else {
             return not_found(&args.task_id);
         };
-        let mut withdrawn = false;
         if row.status != TaskStatus::Running {
-            if let (Some(pending), Some(chat), false) = (
-                row.notice_pending_id,
-                row.chat.clone(),
-                row.notice_withdrawn,
-            ) {
-                match self.notifier.withdraw(&chat, pending) {
-                    Ok(true) => {
-                        withdrawn = true;
-                        row.notice_withdrawn = true;
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::warn!(task = %row.id, error = %e, "cannot withdraw the notice")
-                    }
-                }
-            }
-            if !row.notified || withdrawn {
-                row.notified = true;
+            let changed = match row.chat.clone() {
+                Some(chat) => notice::read_before_told(self.notifier.as_ref(), &chat, &mut row),
+                None => !std::mem::replace(&mut row.told.notified, true),
+            };
+            if changed {
                 self.save_logged(&row);
             }
         }
@@ -663,7 +627,7 @@ impl TerminalService {
                 }
                 row.status = TaskStatus::Interrupted;
                 row.ended = Some(Utc::now());
-                row.notified = false;
+                row.told.notified = false;
                 self.save(&row)?;
                 marked += 1;
             }
@@ -673,7 +637,7 @@ impl TerminalService {
                     | TaskStatus::Completed
                     | TaskStatus::Failed
                     | TaskStatus::TimedOut
-            ) && !row.notified;
+            ) && !row.told.notified;
             if untold {
                 match row.chat.clone() {
                     Some(chat) => to_tell
@@ -682,14 +646,14 @@ impl TerminalService {
                         .1
                         .push(row),
                     None => {
-                        row.notified = true;
+                        row.told.notified = true;
                         self.save(&row)?;
                     }
                 }
             }
         }
         self.store.flush()?;
-        for (_, (chat, rows)) in to_tell {
+        for (_, (chat, mut rows)) in to_tell {
             let text = rows
                 .iter()
                 .map(|row| {
@@ -701,32 +665,13 @@ impl TerminalService {
                 })
                 .collect::<Vec<_>>()
                 .join("\n");
-            let also = rows
-                .iter()
-                .map(|row| {
-                    let mut told = row.clone();
-                    told.notified = true;
-                    row_write(&told)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let notify = self.notifier.notify(&chat, text, starters(&rows), also);
-            let told = match tokio::time::timeout(NOTIFY_TIMEOUT, notify).await {
-                Ok(Ok(pending)) => Some(Some(pending)),
-                Ok(Err(NotifyError::ShuttingDown)) => None,
-                Ok(Err(e)) => {
-                    tracing::warn!(chat = %chat, error = %e, "cannot tell the chat about interrupted tasks");
-                    Some(None)
-                }
-                Err(_) => {
-                    tracing::warn!(chat = %chat, "telling the chat about interrupted tasks timed out");
-                    Some(None)
-                }
-            };
-            if let Some(pending) = told {
-                for mut row in rows {
-                    row.notified = true;
-                    row.notice_pending_id = pending;
-                    self.save(&row)?;
+            let callers: Vec<Caller> = rows.iter().map(TaskRecord::starter).collect();
+            let caller = notice::starters(&callers, "terminal");
+            if notice::tell(self.notifier.as_ref(), &chat, text, caller, &mut rows).await
+                != Telling::Later
+            {
+                for row in &rows {
+                    self.save(row)?;
                 }
             }
         }
@@ -782,31 +727,6 @@ impl TaskRecord {
             name: self.started_by_name.clone(),
             role: self.started_by_role,
         }
-    }
-}
-
-/// The caller of one notice about several tasks: their starter when it is one person, else
-/// the system with the least of their roles (as the session queue merges callers), so
-/// nobody's notice gains a role its starter did not have.
-fn starters(rows: &[TaskRecord]) -> Caller {
-    let Some(first) = rows.first() else {
-        return Caller::default();
-    };
-    let role = rows
-        .iter()
-        .map(|r| r.started_by_role)
-        .min()
-        .unwrap_or_default();
-    if rows.iter().all(|r| r.started_by == first.started_by) {
-        return Caller {
-            role,
-            ..first.starter()
-        };
-    }
-    Caller {
-        user_id: String::new(),
-        name: "terminal".to_owned(),
-        role,
     }
 }
 

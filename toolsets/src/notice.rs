@@ -1,0 +1,296 @@
+//! Results that arrive by themselves: the one way background work (a terminal task, a
+//! sub-agent) tells its chat that it ended, exactly once (docs/contract.md, "Asynchronous
+//! results").
+//!
+//! - [`Notifier`]: where notices go, the [`SessionManager`] in the daemon (a stackable
+//!   `task_result` item whose turn runs as the one who started the work).
+//! - [`Told`]: the part of a job's stored row that says where it stands with its chat (its
+//!   notice's pending id, whether that notice was withdrawn, whether the chat was told).
+//! - [`tell`], [`tell_once`], [`read_before_told`]: the state changes of that part, shared
+//!   so that every kind of background work keeps the same promise: "told" is written in the
+//!   same transaction as the notice (a kill can neither lose it nor, after the restart, tell
+//!   it twice), a result read before its notice ran withdraws the notice, and work that
+//!   ended while the daemon stopped is told after the next start.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use parlor_bot::platform::ChatRef;
+use parlor_bot::session::{SessionManager, SubmitError};
+use parlor_bot::store::{KvWrite, StoreError};
+use parlor_bot::tool::Caller;
+
+/// How long a notice may take to be queued before it is given up (logged).
+pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Why a notice was not queued.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    /// The daemon is shutting down; the notice can be given after the next start.
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    /// Any other failure (no adapter for the chat, a full queue, storage).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Where completion notices go: the [`SessionManager`] in the daemon, a recorder in tests.
+#[async_trait]
+pub trait Notifier: Send + Sync {
+    /// Queues `text` for `chat` as a stackable task result whose turn runs as `caller` (who
+    /// started the work), stored together with `also` (the rows saying they were told) in
+    /// one transaction; returns its pending id.
+    async fn notify(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        caller: Caller,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, NotifyError>;
+    /// Withdraws a queued notice that has not started its turn; `true` when withdrawn.
+    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError>;
+}
+
+fn submit_error(e: SubmitError) -> NotifyError {
+    match e {
+        SubmitError::ShuttingDown => NotifyError::ShuttingDown,
+        // Anything else (no adapter, storage) is logged by the caller; the work is unharmed.
+        other => NotifyError::Failed(other.to_string()),
+    }
+}
+
+#[async_trait]
+impl Notifier for SessionManager {
+    async fn notify(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        caller: Caller,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, NotifyError> {
+        self.submit_notice(chat, text, caller, also)
+            .await
+            .map_err(submit_error)
+    }
+    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
+        SessionManager::withdraw(self, chat, pending_id).map_err(submit_error)
+    }
+}
+
+/// A notifier set after construction, for the wiring: the [`SessionManager`] needs the
+/// agent (and so the toolsets that post notices) before it exists. Until
+/// [`LateNotifier::set`], notices fail (logged; the work is unharmed).
+#[derive(Default)]
+pub struct LateNotifier(OnceLock<Arc<dyn Notifier>>);
+
+impl LateNotifier {
+    /// An unset notifier.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets the real notifier; a second call is ignored.
+    pub fn set(&self, notifier: Arc<dyn Notifier>) {
+        let _ = self.0.set(notifier);
+    }
+}
+
+#[async_trait]
+impl Notifier for LateNotifier {
+    async fn notify(
+        &self,
+        chat: &ChatRef,
+        text: String,
+        caller: Caller,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, NotifyError> {
+        match self.0.get() {
+            Some(n) => n.notify(chat, text, caller, also).await,
+            None => Err(NotifyError::Failed("no notifier wired yet".to_owned())),
+        }
+    }
+    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
+        match self.0.get() {
+            Some(n) => n.withdraw(chat, pending_id),
+            None => Ok(false),
+        }
+    }
+}
+
+/// Where a job stands with its chat, as stored in its row (flattened: the fields sit beside
+/// the row's own).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Told {
+    /// The pending id of its queued notice.
+    #[serde(default)]
+    pub notice_pending_id: Option<u64>,
+    /// Whether that notice was withdrawn because the model read the result first.
+    #[serde(default)]
+    pub notice_withdrawn: bool,
+    /// Whether the chat has been told of its end (a notice queued, the result read, or
+    /// stopped on request): nothing more will be sent about it.
+    #[serde(default)]
+    pub notified: bool,
+}
+
+/// A stored row of background work that tells its chat when it ends.
+pub trait NoticeRow: Clone {
+    /// Its id, for the log.
+    fn id(&self) -> &str;
+    /// Where it stands with its chat.
+    fn told(&self) -> &Told;
+    /// The same, to change.
+    fn told_mut(&mut self) -> &mut Told;
+    /// The store write that saves this row as it is.
+    fn write(&self) -> Result<KvWrite, StoreError>;
+}
+
+/// What became of a notice [`tell`] tried to queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Telling {
+    /// Queued, with this pending id; the rows say so.
+    Queued(u64),
+    /// The daemon is shutting down: the rows stay untold, for the next start.
+    Later,
+    /// Given up (logged); the rows count as told, so nothing retries it.
+    GivenUp,
+}
+
+/// Queues one notice about `rows` (all for `chat`), the rows saved as told in the same
+/// transaction. Updates the rows' [`Told`] to what happened; the caller saves them (the
+/// pending id is known only now). A store failure building the rows' writes is given up.
+pub async fn tell<R: NoticeRow>(
+    notifier: &dyn Notifier,
+    chat: &ChatRef,
+    text: String,
+    caller: Caller,
+    rows: &mut [R],
+) -> Telling {
+    let also = rows
+        .iter()
+        .map(|row| {
+            let mut told = row.clone();
+            told.told_mut().notified = true;
+            told.write()
+        })
+        .collect::<Result<Vec<_>, _>>();
+    let outcome = match also {
+        Err(e) => {
+            tracing::error!(chat = %chat, error = %e, "cannot write the rows of a notice");
+            Telling::GivenUp
+        }
+        Ok(also) => {
+            let notify = notifier.notify(chat, text, caller, also);
+            match tokio::time::timeout(NOTIFY_TIMEOUT, notify).await {
+                Ok(Ok(pending)) => Telling::Queued(pending),
+                Ok(Err(NotifyError::ShuttingDown)) => {
+                    tracing::info!(chat = %chat, "shutting down; the notice is sent after the next start");
+                    Telling::Later
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(chat = %chat, error = %e, "a notice could not be queued");
+                    Telling::GivenUp
+                }
+                Err(_) => {
+                    tracing::warn!(chat = %chat, "queueing a notice timed out");
+                    Telling::GivenUp
+                }
+            }
+        }
+    };
+    for row in rows.iter_mut() {
+        let told = row.told_mut();
+        match outcome {
+            Telling::Queued(pending) => {
+                told.notice_pending_id = Some(pending);
+                told.notified = true;
+            }
+            Telling::GivenUp => told.notified = true,
+            Telling::Later => {}
+        }
+    }
+    outcome
+}
+
+/// [`tell`] for one row that has not been told yet; a told row is left alone.
+pub async fn tell_once<R: NoticeRow>(
+    notifier: &dyn Notifier,
+    chat: &ChatRef,
+    text: String,
+    caller: Caller,
+    row: &mut R,
+) -> Option<Telling> {
+    if row.told().notified {
+        return None;
+    }
+    Some(tell(notifier, chat, text, caller, std::slice::from_mut(row)).await).inspect(|t| {
+        tracing::debug!(job = row.id(), outcome = ?t, "notice");
+    })
+}
+
+/// The model reads an ended job's result itself: its notice, when queued and not started,
+/// is withdrawn, and the row counts as told. `true` when the row changed (save it).
+pub fn read_before_told<R: NoticeRow>(
+    notifier: &dyn Notifier,
+    chat: &ChatRef,
+    row: &mut R,
+) -> bool {
+    let mut withdrawn = false;
+    let told = row.told().clone();
+    if let (Some(pending), false) = (told.notice_pending_id, told.notice_withdrawn) {
+        match notifier.withdraw(chat, pending) {
+            Ok(true) => withdrawn = true,
+            Ok(false) => {}
+            Err(e) => tracing::warn!(job = row.id(), error = %e, "cannot withdraw the notice"),
+        }
+    }
+    let t = row.told_mut();
+    if withdrawn {
+        t.notice_withdrawn = true;
+    }
+    if !t.notified || withdrawn {
+        t.notified = true;
+        return true;
+    }
+    false
+}
+
+/// The caller of one notice about several jobs: their starter when it is one person, else
+/// the system (named `system_name`) with the least of their roles (as the session queue
+/// merges callers), so nobody's notice gains a role its starter did not have.
+pub fn starters(callers: &[Caller], system_name: &str) -> Caller {
+    let Some(first) = callers.first() else {
+        return Caller::default();
+    };
+    let role = callers.iter().map(|c| c.role).min().unwrap_or_default();
+    if callers.iter().all(|c| c.user_id == first.user_id) {
+        return Caller {
+            role,
+            ..first.clone()
+        };
+    }
+    Caller {
+        user_id: String::new(),
+        name: system_name.to_owned(),
+        role,
+    }
+}
+
+/// Escapes `&`, `<`, `>`, `"` and `'` for XML text and attribute values: what a notice block
+/// carries from its job (output, a model's answer) can never close the block or open another.
+pub fn xml_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c => out.push(c),
+        }
+    }
+    out
+}

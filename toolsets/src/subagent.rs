@@ -1,0 +1,1060 @@
+//! `subagent`: the agent hands work that takes many steps to a sub-agent, a fresh agent with
+//! its own short history (the task and the context the parent gives it, nothing else of the
+//! chat), the session's toolsets minus this one (no nesting), optionally a cheaper model, and
+//! hard budgets: LLM calls, tokens, wall time.
+//!
+//! Tools: `subagent {task, context?, run_in_background?}`, `subagent_output {subagent_id}`,
+//! `subagent_stop {subagent_id}`, `subagent_list {}`.
+//!
+//! - **Foreground** (default): the call returns the sub-agent's final answer (capped), its
+//!   status and its usage.
+//! - **Background**: a row in the store's `subagents` space, a run in the service's
+//!   `TaskTracker`, a `subagent_id` returned at once; when the run ends its chat gets a
+//!   stackable `<SUBAGENT_RESULT>` notice through the shared [`notice`] machinery, exactly as
+//!   a terminal task's: "told" lands with the notice, `subagent_output` withdraws a notice
+//!   that has not started its turn, `subagent_stop` sends none, and a restart
+//!   ([`SubagentService::recover`]) marks rows still `running` as `interrupted` and tells each
+//!   chat once.
+//! - **Who:** the sub-agent's tool calls pass the same registry gate with the caller of the
+//!   turn that started it: a member's sub-agent is refused what the member is refused. The
+//!   wiring builds its registry without this toolset, so it cannot start sub-agents of its
+//!   own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use parlor_bot::agent::{Agent, AgentEvent, AgentObserver, TracingObserver, TurnEnd, TurnInput};
+use parlor_bot::llm::{Content, Message, Usage};
+use parlor_bot::platform::ChatRef;
+use parlor_bot::store::{KvWrite, Store, StoreError};
+use parlor_bot::tool::{
+    Bridged, Caller, Risk, Role, ToolContext, ToolResult, ToolSetBridge, codes as shared,
+};
+
+use crate::notice::{self, NoticeRow, Notifier, Telling, Told, xml_escape};
+use crate::support::{built, clip};
+
+/// The store space of background sub-agents (`<session>|<subagent_id>`).
+pub const SPACE: &str = "subagents";
+
+/// Characters of a result a `<SUBAGENT_RESULT>` notice carries.
+pub const NOTICE_RESULT_CHARS: usize = 2000;
+
+/// This toolset's error codes.
+pub mod codes {
+    /// As many sub-agents run as the chat, or the bot, may have at once.
+    pub const SUBAGENT_LIMIT: &str = "SUBAGENT_LIMIT";
+    /// No sub-agent of that id in this chat.
+    pub const SUBAGENT_NOT_FOUND: &str = "SUBAGENT_NOT_FOUND";
+    /// The sub-agent used up its steps, tokens or time before it answered.
+    pub const BUDGET_EXHAUSTED: &str = "BUDGET_EXHAUSTED";
+    /// The sub-agent's model could not be reached, or the run failed otherwise.
+    pub const SUBAGENT_FAILED: &str = "SUBAGENT_FAILED";
+}
+
+/// Limits of the sub-agents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubagentOptions {
+    /// Most LLM calls of one sub-agent.
+    pub max_iterations: usize,
+    /// Most tokens (prompt and completion, over all its calls) of one sub-agent.
+    pub max_tokens: u64,
+    /// Longest one sub-agent may run.
+    pub max_wall: Duration,
+    /// Most sub-agents running at once in one chat (foreground and background).
+    pub max_per_session: usize,
+    /// Most sub-agents running at once in the whole bot.
+    pub max_total: usize,
+    /// Longest answer a foreground call returns, in characters.
+    pub answer_max_chars: usize,
+    /// Longest result stored for a background sub-agent (what `subagent_output` returns).
+    pub stored_max_chars: usize,
+}
+
+impl Default for SubagentOptions {
+    fn default() -> Self {
+        SubagentOptions {
+            max_iterations: 8,
+            max_tokens: 60_000,
+            max_wall: Duration::from_secs(300),
+            max_per_session: 2,
+            max_total: 8,
+            answer_max_chars: 6000,
+            stored_max_chars: 20_000,
+        }
+    }
+}
+
+/// The system prompt a sub-agent starts from (the operator's prompt comes before it).
+pub const SUBAGENT_PROMPT: &str = "You are a sub-agent: the assistant of a group chat handed \
+    you one task. Work on it with your tools, step by step, and end with a final answer that \
+    contains everything the assistant needs (facts, sources, the result), concise and \
+    self-contained: it goes back to the assistant, not to the chat. You see nothing of the \
+    chat but the task and the context you were given.";
+
+/// The state of a sub-agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubagentStatus {
+    /// Still working.
+    Running,
+    /// Answered.
+    Completed,
+    /// Its model failed, or it stopped itself without an answer.
+    Failed,
+    /// Ran out of steps, tokens or time.
+    BudgetExhausted,
+    /// Stopped with `subagent_stop`.
+    Stopped,
+    /// The daemon stopped (or crashed) while it ran.
+    Interrupted,
+}
+
+impl SubagentStatus {
+    /// The name the model sees.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubagentStatus::Running => "running",
+            SubagentStatus::Completed => "completed",
+            SubagentStatus::Failed => "failed",
+            SubagentStatus::BudgetExhausted => "budget_exhausted",
+            SubagentStatus::Stopped => "stopped",
+            SubagentStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// One background sub-agent, as stored (`{"v":1,...}` under `<session>|<subagent_id>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubagentRecord {
+    /// Schema version (1).
+    pub v: u32,
+    /// Its id (`sa-…`).
+    pub id: String,
+    /// Session key of the chat that started it.
+    pub session: String,
+    /// Where its notice goes; `None` outside a chat.
+    #[serde(default)]
+    pub chat: Option<ChatRef>,
+    /// The task it was given.
+    pub task: String,
+    /// Platform-qualified id of who asked for it.
+    pub started_by: String,
+    /// Their display name.
+    #[serde(default)]
+    pub started_by_name: String,
+    /// Their role when they started it; its notice runs with it.
+    #[serde(default)]
+    pub started_by_role: Role,
+    /// Current state.
+    pub status: SubagentStatus,
+    /// Its final answer (or what it had when it ended), capped.
+    #[serde(default)]
+    pub result: String,
+    /// Why it failed, when it did.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// LLM calls made.
+    #[serde(default)]
+    pub iterations: usize,
+    /// Tokens used.
+    #[serde(default)]
+    pub usage: Usage,
+    /// When it started.
+    pub started: DateTime<Utc>,
+    /// When it ended.
+    #[serde(default)]
+    pub ended: Option<DateTime<Utc>>,
+    /// Where it stands with its chat (its notice's pending id, withdrawn, told).
+    #[serde(flatten)]
+    pub told: Told,
+}
+
+impl SubagentRecord {
+    /// Who started it, as the caller its notice turn runs as.
+    pub fn starter(&self) -> Caller {
+        Caller {
+            user_id: self.started_by.clone(),
+            name: self.started_by_name.clone(),
+            role: self.started_by_role,
+        }
+    }
+}
+
+impl NoticeRow for SubagentRecord {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn told(&self) -> &Told {
+        &self.told
+    }
+    fn told_mut(&mut self) -> &mut Told {
+        &mut self.told
+    }
+    fn write(&self) -> Result<KvWrite, StoreError> {
+        row_write(self)
+    }
+}
+
+fn key(session: &str, id: &str) -> String {
+    format!("{session}|{id}")
+}
+
+fn row_write(row: &SubagentRecord) -> Result<KvWrite, StoreError> {
+    let key = key(&row.session, &row.id);
+    let text = serde_json::to_string(row).map_err(|e| StoreError::Corrupt {
+        key: key.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(KvWrite {
+        space: SPACE.to_owned(),
+        key,
+        value: Some(text),
+    })
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn new_id() -> String {
+    let millis = Utc::now().timestamp_millis().unsigned_abs();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xfff;
+    format!("sa-{millis:x}{n:03x}")
+}
+
+/// Arguments of `subagent`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct SubagentArgs {
+    /// What the sub-agent must do, completely stated: it sees nothing of the chat.
+    pub task: String,
+    /// Facts from the conversation the sub-agent needs (names, links, constraints).
+    pub context: Option<String>,
+    /// Run it in the background: a subagent_id returns at once and the result arrives by
+    /// itself as a SUBAGENT_RESULT message.
+    #[serde(default)]
+    pub run_in_background: bool,
+}
+
+/// Arguments of `subagent_output` and `subagent_stop`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct SubagentIdArgs {
+    /// The id `subagent` returned (`sa-…`).
+    pub subagent_id: String,
+}
+
+/// Arguments of `subagent_list`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct SubagentListArgs {}
+
+/// A sub-agent this daemon runs.
+struct Running {
+    session: String,
+    stop: CancellationToken,
+    done: CancellationToken,
+}
+
+/// What one run came to.
+struct RunEnd {
+    status: SubagentStatus,
+    answer: String,
+    error: Option<String>,
+    iterations: usize,
+    usage: Usage,
+}
+
+/// Counts a run's tokens and cancels the run past its budget (the loop sees it before its
+/// next request); passes every event on to the log.
+struct Budget {
+    limit: u64,
+    used: AtomicU64,
+    exhausted: std::sync::atomic::AtomicBool,
+    run: CancellationToken,
+}
+
+impl AgentObserver for Budget {
+    fn on_event(&self, event: &AgentEvent<'_>) {
+        if let AgentEvent::Usage { usage, .. } = event {
+            let tokens = usage
+                .total_tokens
+                .max(usage.prompt_tokens + usage.completion_tokens);
+            let used = self.used.fetch_add(tokens, Ordering::Relaxed) + tokens;
+            if used >= self.limit {
+                self.exhausted.store(true, Ordering::Relaxed);
+                self.run.cancel();
+            }
+        }
+        TracingObserver.on_event(event);
+    }
+}
+
+/// The sub-agents of the bot: their agent, limits, live runs and stored rows.
+pub struct SubagentService {
+    agent: OnceLock<Agent>,
+    store: Arc<dyn Store>,
+    notifier: Arc<dyn Notifier>,
+    options: SubagentOptions,
+    tracker: TaskTracker,
+    shutting_down: CancellationToken,
+    running: Mutex<HashMap<String, Running>>,
+    /// Serializes row updates that race with notices (a run's end vs `subagent_output`).
+    rows: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for SubagentService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubagentService")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SubagentService {
+    /// A service over `store`, posting notices through `notifier`. Its agent comes later
+    /// ([`SubagentService::set_agent`]): it is built from the toolsets this one is among.
+    pub fn new(
+        store: Arc<dyn Store>,
+        notifier: Arc<dyn Notifier>,
+        options: SubagentOptions,
+    ) -> Arc<SubagentService> {
+        Arc::new(SubagentService {
+            agent: OnceLock::new(),
+            store,
+            notifier,
+            options,
+            tracker: TaskTracker::new(),
+            shutting_down: CancellationToken::new(),
+            running: Mutex::default(),
+            rows: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Sets the agent sub-agents run as (its registry without this toolset, its model, its
+    /// iteration limit); a second call is ignored.
+    pub fn set_agent(&self, agent: Agent) {
+        let _ = self.agent.set(agent);
+    }
+
+    /// The limits.
+    pub fn options(&self) -> &SubagentOptions {
+        &self.options
+    }
+
+    /// Sub-agents running now, foreground ones included.
+    pub fn running(&self) -> usize {
+        self.lock_running().len()
+    }
+
+    /// A stored sub-agent of `session`.
+    pub fn row(&self, session: &str, id: &str) -> Option<SubagentRecord> {
+        match self.store.kv_get(SPACE, &key(session, id)) {
+            Ok(Some(text)) => serde_json::from_str(&text)
+                .inspect_err(
+                    |e| tracing::error!(subagent = id, error = %e, "unreadable sub-agent row"),
+                )
+                .ok(),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(subagent = id, error = %e, "cannot read a sub-agent row");
+                None
+            }
+        }
+    }
+
+    /// Every stored sub-agent of `session` (or of every session with `None`), oldest first.
+    pub fn rows(&self, session: Option<&str>) -> Vec<SubagentRecord> {
+        let prefix = session.map(|s| format!("{s}|")).unwrap_or_default();
+        let rows = match self.store.kv_scan(SPACE, &prefix) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list sub-agent rows");
+                return Vec::new();
+            }
+        };
+        let mut rows: Vec<SubagentRecord> = rows
+            .into_iter()
+            .filter_map(|(k, v)| {
+                serde_json::from_str(&v)
+                    .inspect_err(|e| tracing::error!(key = k, error = %e, "unreadable sub-agent row skipped"))
+                    .ok()
+            })
+            .collect();
+        rows.sort_by(|a, b| a.started.cmp(&b.started).then(a.id.cmp(&b.id)));
+        rows
+    }
+
+    fn save(&self, row: &SubagentRecord) -> Result<(), StoreError> {
+        let write = row_write(row)?;
+        self.store.kv_put(
+            &write.space,
+            &write.key,
+            write.value.as_deref().unwrap_or_default(),
+        )
+    }
+
+    fn save_logged(&self, row: &SubagentRecord) {
+        if let Err(e) = self.save(row).and_then(|()| self.store.flush()) {
+            tracing::error!(subagent = %row.id, error = %e, "cannot store the sub-agent row");
+        }
+    }
+
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims a place for a new run of `session` under the limits.
+    fn claim(&self, id: &str, session: &str) -> Result<Running, ToolResult> {
+        let mut running = self.lock_running();
+        if self.shutting_down.is_cancelled() {
+            return Err(ToolResult::err(
+                shared::UNAVAILABLE,
+                "the bot is shutting down; no sub-agent can start now",
+            ));
+        }
+        let here = running.values().filter(|r| r.session == session).count();
+        if here >= self.options.max_per_session {
+            return Err(ToolResult::err(
+                codes::SUBAGENT_LIMIT,
+                format!(
+                    "{here} sub-agents are already running in this chat (the limit); wait for \
+                     one to end or stop one with subagent_stop"
+                ),
+            ));
+        }
+        if running.len() >= self.options.max_total {
+            return Err(ToolResult::err(
+                codes::SUBAGENT_LIMIT,
+                "the bot is running as many sub-agents as it may; try again later, or do the \
+                 work yourself",
+            ));
+        }
+        let claim = Running {
+            session: session.to_owned(),
+            stop: self.shutting_down.child_token(),
+            done: CancellationToken::new(),
+        };
+        running.insert(
+            id.to_owned(),
+            Running {
+                session: claim.session.clone(),
+                stop: claim.stop.clone(),
+                done: claim.done.clone(),
+            },
+        );
+        Ok(claim)
+    }
+
+    fn release(&self, id: &str) {
+        if let Some(r) = self.lock_running().remove(id) {
+            r.done.cancel();
+        }
+    }
+
+    /// Runs one sub-agent to its end: budgets enforced, `stop` honoured.
+    async fn run(&self, args: &SubagentArgs, cx: &ToolContext, stop: &CancellationToken) -> RunEnd {
+        let Some(agent) = self.agent.get() else {
+            return RunEnd {
+                status: SubagentStatus::Failed,
+                answer: String::new(),
+                error: Some("sub-agents are not set up in this bot".to_owned()),
+                iterations: 0,
+                usage: Usage::default(),
+            };
+        };
+        let cancel = stop.child_token();
+        let budget = Arc::new(Budget {
+            limit: self.options.max_tokens,
+            used: AtomicU64::new(0),
+            exhausted: std::sync::atomic::AtomicBool::new(false),
+            run: cancel.clone(),
+        });
+        let agent = agent
+            .fork()
+            .with_observer(Arc::clone(&budget) as Arc<dyn AgentObserver>);
+        let mut text = format!("<TASK>\n{}\n</TASK>", args.task.trim());
+        if let Some(context) = args.context.as_deref().filter(|c| !c.trim().is_empty()) {
+            text.push_str(&format!("\n<CONTEXT>\n{}\n</CONTEXT>", context.trim()));
+        }
+        let input = TurnInput {
+            session: cx.session.clone(),
+            caller: cx.caller.clone(),
+            content: Content::Text(text),
+            chat: cx.chat.clone(),
+            platform: cx.platform.clone(),
+            roles: cx.roles.clone(),
+        };
+        let turn = agent.run_turn(&[], input, cancel.clone());
+        tokio::pin!(turn);
+        let mut out_of_time = false;
+        let outcome = tokio::select! {
+            outcome = &mut turn => outcome,
+            () = tokio::time::sleep(self.options.max_wall) => {
+                out_of_time = true;
+                cancel.cancel();
+                turn.await
+            }
+        };
+        match outcome {
+            Err(e) => RunEnd {
+                status: SubagentStatus::Failed,
+                answer: String::new(),
+                error: Some(e.to_string()),
+                iterations: 0,
+                usage: Usage::default(),
+            },
+            Ok(turn) => {
+                let out_of_tokens = budget.exhausted.load(Ordering::Relaxed);
+                let exhausted = out_of_tokens || out_of_time;
+                let (status, error) = match turn.end {
+                    TurnEnd::Answered if !exhausted => (SubagentStatus::Completed, None),
+                    TurnEnd::IterationLimit => (
+                        SubagentStatus::BudgetExhausted,
+                        Some(format!(
+                            "it used all {} of its steps",
+                            self.options.max_iterations
+                        )),
+                    ),
+                    _ if out_of_tokens => (
+                        SubagentStatus::BudgetExhausted,
+                        Some(format!("it used its {} tokens", self.options.max_tokens)),
+                    ),
+                    _ if out_of_time => (
+                        SubagentStatus::BudgetExhausted,
+                        Some(format!(
+                            "it ran out of its {} seconds",
+                            self.options.max_wall.as_secs()
+                        )),
+                    ),
+                    TurnEnd::Cancelled if self.shutting_down.is_cancelled() => {
+                        (SubagentStatus::Interrupted, None)
+                    }
+                    TurnEnd::Cancelled => (SubagentStatus::Stopped, None),
+                    TurnEnd::Answered | TurnEnd::RepeatedToolCall => (
+                        SubagentStatus::Failed,
+                        Some("it kept repeating the same tool call".to_owned()),
+                    ),
+                };
+                let answer = match turn.end {
+                    _ if status == SubagentStatus::Completed => turn.reply,
+                    // Its last message is the loop's own "I stopped after N steps".
+                    TurnEnd::IterationLimit | TurnEnd::RepeatedToolCall => {
+                        last_text(turn.messages.split_last().map_or(&[], |(_, rest)| rest))
+                    }
+                    _ => last_text(&turn.messages),
+                };
+                RunEnd {
+                    status,
+                    answer,
+                    error,
+                    iterations: turn.iterations,
+                    usage: turn.usage,
+                }
+            }
+        }
+    }
+
+    /// `subagent`.
+    async fn start(self: &Arc<Self>, args: SubagentArgs, cx: ToolContext) -> ToolResult {
+        if args.task.trim().is_empty() {
+            return ToolResult::err(
+                shared::INVALID_ARGUMENTS,
+                "subagent: `task` is empty; say what the sub-agent must do",
+            );
+        }
+        let id = new_id();
+        let claim = match self.claim(&id, &cx.session) {
+            Ok(claim) => claim,
+            Err(refusal) => return refusal,
+        };
+        if !args.run_in_background {
+            // The parent's turn being stopped stops its sub-agent too.
+            let stop = claim.stop.clone();
+            let parent = cx.cancel.clone();
+            let end = tokio::select! {
+                end = self.run(&args, &cx, &stop) => end,
+                () = parent.cancelled() => {
+                    stop.cancel();
+                    RunEnd { status: SubagentStatus::Stopped, answer: String::new(), error: None, iterations: 0, usage: Usage::default() }
+                }
+            };
+            self.release(&id);
+            return foreground_result(&id, end, self.options.answer_max_chars);
+        }
+        let row = SubagentRecord {
+            v: 1,
+            id: id.clone(),
+            session: cx.session.clone(),
+            chat: cx.chat.clone(),
+            task: args.task.clone(),
+            started_by: cx.caller.user_id.clone(),
+            started_by_name: cx.caller.name.clone(),
+            started_by_role: cx.caller.role,
+            status: SubagentStatus::Running,
+            result: String::new(),
+            error: None,
+            iterations: 0,
+            usage: Usage::default(),
+            started: Utc::now(),
+            ended: None,
+            told: Told::default(),
+        };
+        if let Err(e) = self.save(&row).and_then(|()| self.store.flush()) {
+            tracing::error!(subagent = %id, error = %e, "cannot store a new sub-agent");
+            self.release(&id);
+            return ToolResult::err(
+                shared::UNAVAILABLE,
+                "the bot's storage could not be written; the sub-agent did not start",
+            );
+        }
+        tracing::info!(subagent = %id, session = %cx.session, "background sub-agent started");
+        let service = Arc::clone(self);
+        let run_id = id.clone();
+        // The tool call's own token ends with the call; the run has its own.
+        let cx = ToolContext {
+            cancel: CancellationToken::new(),
+            ..cx
+        };
+        self.tracker.spawn(async move {
+            let end = service.run(&args, &cx, &claim.stop).await;
+            service.finish(&cx.session, &run_id, end).await;
+            service.release(&run_id);
+        });
+        ToolResult::ok_with(
+            format!(
+                "started sub-agent {id}; its result will arrive by itself as a SUBAGENT_RESULT \
+                 message when it ends. Tell the chat it is working on it and end your turn"
+            ),
+            json!({"subagent_id": id, "status": "running"}),
+        )
+    }
+
+    /// Records a background run's end and, unless it was stopped or interrupted, queues
+    /// its notice (unless the model already read the result).
+    async fn finish(&self, session: &str, id: &str, end: RunEnd) {
+        let _rows = self.rows.lock().await;
+        let Some(mut row) = self.row(session, id) else {
+            tracing::error!(subagent = id, "the row of a finished sub-agent is missing");
+            return;
+        };
+        if row.status == SubagentStatus::Stopped {
+            return;
+        }
+        row.status = end.status;
+        row.result = clip(&end.answer, self.options.stored_max_chars);
+        row.error = end.error;
+        row.iterations = end.iterations;
+        row.usage = end.usage;
+        row.ended = Some(Utc::now());
+        tracing::info!(
+            subagent = id,
+            status = row.status.as_str(),
+            "background sub-agent ended"
+        );
+        match row.status {
+            SubagentStatus::Stopped => row.told.notified = true,
+            SubagentStatus::Interrupted | SubagentStatus::Running => {}
+            _ => {
+                if let Some(chat) = row.chat.clone() {
+                    // The final status is stored before the notice, so a slow notifier
+                    // never hides it.
+                    self.save_logged(&row);
+                    let text = notice_block(&row, None);
+                    let starter = row.starter();
+                    notice::tell_once(self.notifier.as_ref(), &chat, text, starter, &mut row).await;
+                } else {
+                    row.told.notified = true;
+                }
+            }
+        }
+        self.save_logged(&row);
+    }
+
+    /// `subagent_output`.
+    async fn output(&self, args: SubagentIdArgs, cx: &ToolContext) -> ToolResult {
+        let rows = self.rows.lock().await;
+        let Some(mut row) = self.row(&cx.session, &args.subagent_id) else {
+            return not_found(&args.subagent_id);
+        };
+        if row.status != SubagentStatus::Running {
+            let changed = match row.chat.clone() {
+                Some(chat) => notice::read_before_told(self.notifier.as_ref(), &chat, &mut row),
+                None => !std::mem::replace(&mut row.told.notified, true),
+            };
+            if changed {
+                self.save_logged(&row);
+            }
+        }
+        drop(rows);
+        let mut data = row_json(&row);
+        data["result"] = json!(row.result);
+        let message = match row.status {
+            SubagentStatus::Running => format!("sub-agent {} is still working", row.id),
+            status => format!("sub-agent {} ended: {}", row.id, status.as_str()),
+        };
+        ToolResult::ok_with(message, data)
+    }
+
+    /// `subagent_stop`.
+    async fn stop(&self, args: SubagentIdArgs, cx: &ToolContext) -> ToolResult {
+        let Some(row) = self.row(&cx.session, &args.subagent_id) else {
+            return not_found(&args.subagent_id);
+        };
+        let running = self
+            .lock_running()
+            .get(&row.id)
+            .filter(|r| r.session == cx.session)
+            .map(|r| (r.stop.clone(), r.done.clone()));
+        let Some((stop, done)) = running else {
+            return ToolResult::ok_with(
+                format!(
+                    "sub-agent {} had already ended: {}",
+                    row.id,
+                    row.status.as_str()
+                ),
+                row_json(&row),
+            );
+        };
+        {
+            // Marked first, under the rows lock: the run's end then records nothing and
+            // sends no notice. A run that ended meanwhile keeps its end (and its notice).
+            let _rows = self.rows.lock().await;
+            let mut stopped = self.row(&cx.session, &row.id).unwrap_or(row);
+            if stopped.status != SubagentStatus::Running {
+                return ToolResult::ok_with(
+                    format!(
+                        "sub-agent {} had already ended: {}",
+                        stopped.id,
+                        stopped.status.as_str()
+                    ),
+                    row_json(&stopped),
+                );
+            }
+            stopped.status = SubagentStatus::Stopped;
+            stopped.ended = Some(Utc::now());
+            stopped.told.notified = true;
+            self.save_logged(&stopped);
+        }
+        stop.cancel();
+        if tokio::time::timeout(Duration::from_secs(10), done.cancelled())
+            .await
+            .is_err()
+        {
+            tracing::warn!(subagent = %args.subagent_id, "the sub-agent did not end in time after a stop");
+        }
+        let row = self.row(&cx.session, &args.subagent_id);
+        ToolResult::ok_with(
+            format!(
+                "sub-agent {} stopped; no result message will be sent",
+                args.subagent_id
+            ),
+            row.as_ref().map(row_json).unwrap_or_default(),
+        )
+    }
+
+    /// `subagent_list`.
+    fn list(&self, cx: &ToolContext) -> ToolResult {
+        let mut rows = self.rows(Some(&cx.session));
+        rows.reverse();
+        rows.truncate(50);
+        let running = rows
+            .iter()
+            .filter(|r| r.status == SubagentStatus::Running)
+            .count();
+        let list: Vec<_> = rows.iter().map(row_json).collect();
+        ToolResult::ok_with(
+            format!("{} sub-agents ({running} running)", list.len()),
+            json!({ "subagents": list }),
+        )
+    }
+
+    /// After a restart: rows still `running` belong to a previous daemon; they become
+    /// `interrupted`, and each chat is told once, in one notice (with any sub-agent that
+    /// ended during the last shutdown and was not told yet). Returns how many rows it
+    /// marked `interrupted`.
+    pub async fn recover(&self) -> Result<usize, StoreError> {
+        let _rows = self.rows.lock().await;
+        let live: Vec<String> = self.lock_running().keys().cloned().collect();
+        let mut marked = 0;
+        let mut to_tell: BTreeMap<String, (ChatRef, Vec<SubagentRecord>)> = BTreeMap::new();
+        for mut row in self.rows(None) {
+            if live.contains(&row.id) {
+                continue;
+            }
+            if row.status == SubagentStatus::Running {
+                row.status = SubagentStatus::Interrupted;
+                row.ended = Some(Utc::now());
+                row.told.notified = false;
+                self.save(&row)?;
+                marked += 1;
+            }
+            if row.status == SubagentStatus::Stopped || row.told.notified {
+                continue;
+            }
+            match row.chat.clone() {
+                Some(chat) => to_tell
+                    .entry(chat.session_key())
+                    .or_insert_with(|| (chat, Vec::new()))
+                    .1
+                    .push(row),
+                None => {
+                    row.told.notified = true;
+                    self.save(&row)?;
+                }
+            }
+        }
+        self.store.flush()?;
+        for (_, (chat, mut rows)) in to_tell {
+            let text = rows
+                .iter()
+                .map(|row| {
+                    let note = (row.status == SubagentStatus::Interrupted).then_some(
+                        "the bot was restarted while this sub-agent worked; it was stopped \
+                         and did not finish",
+                    );
+                    notice_block(row, note)
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            let callers: Vec<Caller> = rows.iter().map(SubagentRecord::starter).collect();
+            let caller = notice::starters(&callers, "subagent");
+            if notice::tell(self.notifier.as_ref(), &chat, text, caller, &mut rows).await
+                != Telling::Later
+            {
+                for row in &rows {
+                    self.save(row)?;
+                }
+            }
+        }
+        self.store.flush()?;
+        Ok(marked)
+    }
+
+    /// Stops every sub-agent (background rows become `interrupted`, told after the next
+    /// start) and waits for their runs. New calls are refused.
+    pub async fn shutdown(&self) {
+        self.shutting_down.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("sub-agents still running after shutdown");
+        }
+        if let Err(e) = self.store.flush() {
+            tracing::error!(error = %e, "cannot flush the store on sub-agent shutdown");
+        }
+    }
+}
+
+/// The last text the model wrote in a run (what a sub-agent had when it was cut short).
+fn last_text(messages: &[Message]) -> String {
+    messages
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            Message::Assistant {
+                content: Some(text),
+                ..
+            } if !text.trim().is_empty() => Some(text.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+fn usage_json(usage: &Usage) -> serde_json::Value {
+    json!({
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+    })
+}
+
+fn foreground_result(id: &str, end: RunEnd, max_chars: usize) -> ToolResult {
+    let data = json!({
+        "subagent_id": id,
+        "status": end.status.as_str(),
+        "answer": clip(&end.answer, max_chars),
+        "iterations": end.iterations,
+        "usage": usage_json(&end.usage),
+    });
+    match end.status {
+        SubagentStatus::Completed => ToolResult::ok_with(format!("sub-agent {id} answered"), data),
+        SubagentStatus::BudgetExhausted => ToolResult::err(
+            codes::BUDGET_EXHAUSTED,
+            format!(
+                "sub-agent {id} stopped before it answered: {}; `data.answer` holds what it \
+                 had. Give it a smaller task, or do the rest yourself",
+                end.error.as_deref().unwrap_or("its budget ran out")
+            ),
+        )
+        .with_data(data),
+        SubagentStatus::Stopped | SubagentStatus::Interrupted => ToolResult::err(
+            shared::CANCELLED,
+            format!("sub-agent {id} was stopped before it answered"),
+        )
+        .with_data(data),
+        SubagentStatus::Failed | SubagentStatus::Running => ToolResult::err(
+            codes::SUBAGENT_FAILED,
+            format!(
+                "sub-agent {id} failed: {}",
+                end.error.as_deref().unwrap_or("it gave no answer")
+            ),
+        )
+        .with_data(data),
+    }
+}
+
+fn row_json(row: &SubagentRecord) -> serde_json::Value {
+    json!({
+        "subagent_id": row.id,
+        "status": row.status.as_str(),
+        "task": row.task,
+        "error": row.error,
+        "iterations": row.iterations,
+        "usage": usage_json(&row.usage),
+        "started": row.started.to_rfc3339(),
+        "ended": row.ended.map(|t| t.to_rfc3339()),
+    })
+}
+
+/// One `<SUBAGENT_RESULT>` block: the first [`NOTICE_RESULT_CHARS`] characters of the
+/// result, every value XML-escaped.
+fn notice_block(row: &SubagentRecord, note: Option<&str>) -> String {
+    let result = clip(&row.result, NOTICE_RESULT_CHARS);
+    let mut block = format!(
+        "<SUBAGENT_RESULT>\n  <subagent_id>{}</subagent_id><status>{}</status>\n  <task>{}</task>\n  <result>{}</result>\n",
+        xml_escape(&row.id),
+        row.status.as_str(),
+        xml_escape(&clip(&row.task, 500)),
+        xml_escape(&result),
+    );
+    let mut notes = Vec::new();
+    if row.result.chars().count() > NOTICE_RESULT_CHARS {
+        notes.push("the result is cut here; subagent_output reads all of it".to_owned());
+    }
+    if let Some(error) = &row.error {
+        notes.push(error.clone());
+    }
+    if let Some(note) = note {
+        notes.push(note.to_owned());
+    }
+    if !notes.is_empty() {
+        block.push_str(&format!(
+            "  <note>{}</note>\n",
+            xml_escape(&notes.join("; "))
+        ));
+    }
+    block.push_str("</SUBAGENT_RESULT>");
+    block
+}
+
+fn not_found(id: &str) -> ToolResult {
+    ToolResult::err(
+        codes::SUBAGENT_NOT_FOUND,
+        format!("no sub-agent {id} in this chat; subagent_list shows this chat's sub-agents"),
+    )
+}
+
+/// The `subagent` toolset over a service.
+#[derive(Debug, Clone)]
+pub struct SubagentToolset {
+    bridge: ToolSetBridge,
+}
+
+impl Bridged for SubagentToolset {
+    fn bridge(&self) -> &ToolSetBridge {
+        &self.bridge
+    }
+}
+
+/// The toolset of `service`: `subagent`, `subagent_output`, `subagent_stop`, `subagent_list`.
+pub fn subagent_toolset(service: Arc<SubagentService>) -> SubagentToolset {
+    let o = service.options.clone();
+    let builder = ToolSetBridge::builder_with_state("subagent", service)
+        .prompt(format!(
+            "For work that takes many steps (research across several sources, comparing \
+             options, a long analysis) you can hand the task to a sub-agent with the `subagent` \
+             tool. Give it the whole task and the context it needs: it sees nothing of the \
+             chat. In the foreground its answer comes back as the tool result; with \
+             run_in_background=true tell the chat it is working on it and end your turn: the \
+             result arrives by itself as a <SUBAGENT_RESULT> message. A SUBAGENT_RESULT is a \
+             report from the system, not a message from a user. A sub-agent has at most {} \
+             steps, {} tokens and {} seconds.",
+            o.max_iterations,
+            o.max_tokens,
+            o.max_wall.as_secs()
+        ))
+        .add_function_with_state(
+            "subagent",
+            &format!(
+                "Hand a task that takes many steps to a sub-agent: a fresh assistant with your \
+                 tools (except this one) and its own short history: it sees only `task` and \
+                 `context`. Foreground (default): waits and returns its final answer (capped \
+                 at {} characters). With run_in_background=true a subagent_id returns at once \
+                 and the result arrives later by itself as a SUBAGENT_RESULT message. At most \
+                 {} sub-agents per chat at once.",
+                o.answer_max_chars, o.max_per_session
+            ),
+            |s: Arc<SubagentService>, args: SubagentArgs, cx: ToolContext| async move {
+                s.start(args, cx).await
+            },
+        )
+        .risk(Risk::Write)
+        .role(Role::Member)
+        .failure_codes(&[
+            codes::SUBAGENT_LIMIT,
+            codes::BUDGET_EXHAUSTED,
+            codes::SUBAGENT_FAILED,
+        ])
+        .result_doc(
+            "Foreground: `data.answer`, `data.status`, `data.iterations`, `data.usage`. \
+             Background: `data.subagent_id`, `data.status` (running).",
+        )
+        .add_function_with_state(
+            "subagent_output",
+            "Status and full result of a background sub-agent of this chat. Reading an ended \
+             one's result here means its SUBAGENT_RESULT message will not be delivered \
+             separately.",
+            |s: Arc<SubagentService>, args: SubagentIdArgs, cx: ToolContext| async move {
+                s.output(args, &cx).await
+            },
+        )
+        .risk(Risk::Read)
+        .role(Role::Member)
+        .failure_codes(&[codes::SUBAGENT_NOT_FOUND])
+        .result_doc(
+            "`data.subagent_id`, `data.status` (running, completed, failed, budget_exhausted, \
+             stopped, interrupted), `data.result`, `data.error`, `data.usage`.",
+        )
+        .add_function_with_state(
+            "subagent_stop",
+            "Stop a running background sub-agent of this chat. It ends `stopped` and sends no \
+             result message.",
+            |s: Arc<SubagentService>, args: SubagentIdArgs, cx: ToolContext| async move {
+                s.stop(args, &cx).await
+            },
+        )
+        .risk(Risk::Write)
+        .role(Role::Member)
+        .failure_codes(&[codes::SUBAGENT_NOT_FOUND])
+        .result_doc("`data.subagent_id`, `data.status`.")
+        .add_function_with_state(
+            "subagent_list",
+            "The background sub-agents of this chat, newest first (at most 50).",
+            |s: Arc<SubagentService>, _args: SubagentListArgs, cx: ToolContext| async move {
+                s.list(&cx)
+            },
+        )
+        .risk(Risk::Read)
+        .role(Role::Member)
+        .result_doc("`data.subagents`: `subagent_id`, `status`, `task`, `started`, `ended`.");
+    SubagentToolset {
+        bridge: built(builder),
+    }
+}
