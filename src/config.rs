@@ -1330,6 +1330,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_example_config_parses_and_says_the_defaults() {
+        let example = Config::parse(include_str!("../config.example.toml")).unwrap();
+        let defaults = Config::default();
+        assert_eq!(example.toolsets.enabled, defaults.toolsets.enabled);
+        assert_eq!(
+            example.toolsets.subagent.max_tokens,
+            defaults.toolsets.subagent.max_tokens
+        );
+        assert!(example.toolsets.skill.dirs.is_empty());
+    }
+
+    #[test]
     fn debug_never_prints_a_secret() {
         let dir = tempfile::tempdir().unwrap();
         let key_file = dir.path().join("key");
