@@ -6,21 +6,26 @@
 //!   `task_result` item whose turn runs as the one who started the work).
 //! - [`Told`]: the part of a job's stored row that says where it stands with its chat (its
 //!   notice's pending id, whether that notice was withdrawn, whether the chat was told).
+//! - [`Rows`]: the rows of one kind in the store (read, list, save, tell after a restart).
 //! - [`tell`], [`tell_once`], [`read_before_told`]: the state changes of that part, shared
 //!   so that every kind of background work keeps the same promise: "told" is written in the
 //!   same transaction as the notice (a kill can neither lose it nor, after the restart, tell
 //!   it twice), a result read before its notice ran withdraws the notice, and work that
 //!   ended while the daemon stopped is told after the next start.
 
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::session::{SessionManager, SubmitError};
-use parlor_bot::store::{KvWrite, StoreError};
+use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::tool::Caller;
 
 /// How long a notice may take to be queued before it is given up (logged).
@@ -135,16 +140,139 @@ pub struct Told {
     pub notified: bool,
 }
 
-/// A stored row of background work that tells its chat when it ends.
-pub trait NoticeRow: Clone {
-    /// Its id, for the log.
+/// A stored row of background work that tells its chat when it ends: versioned JSON under
+/// `<session>|<id>` in the space of its kind.
+pub trait NoticeRow: Clone + Serialize + DeserializeOwned {
+    /// The store space of its kind.
+    const SPACE: &'static str;
+    /// Its id (`task-…`, `sa-…`).
     fn id(&self) -> &str;
+    /// The session that started it.
+    fn session(&self) -> &str;
+    /// When it started.
+    fn started(&self) -> DateTime<Utc>;
     /// Where it stands with its chat.
     fn told(&self) -> &Told;
     /// The same, to change.
     fn told_mut(&mut self) -> &mut Told;
     /// The store write that saves this row as it is.
-    fn write(&self) -> Result<KvWrite, StoreError>;
+    fn write(&self) -> Result<KvWrite, StoreError> {
+        let key = row_key(self.session(), self.id());
+        let text = serde_json::to_string(self).map_err(|e| StoreError::Corrupt {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(KvWrite {
+            space: Self::SPACE.to_owned(),
+            key,
+            value: Some(text),
+        })
+    }
+}
+
+fn row_key(session: &str, id: &str) -> String {
+    format!("{session}|{id}")
+}
+
+/// The stored rows of one kind of background work.
+pub struct Rows<R> {
+    store: Arc<dyn Store>,
+    kind: PhantomData<fn() -> R>,
+}
+
+impl<R: NoticeRow> Rows<R> {
+    /// The rows of kind `R` in `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Rows {
+            store,
+            kind: PhantomData,
+        }
+    }
+
+    /// The row `id` of `session`; an unreadable one is logged and missing.
+    pub fn get(&self, session: &str, id: &str) -> Option<R> {
+        match self.store.kv_get(R::SPACE, &row_key(session, id)) {
+            Ok(Some(text)) => serde_json::from_str(&text)
+                .inspect_err(
+                    |e| tracing::error!(space = R::SPACE, id, error = %e, "unreadable row"),
+                )
+                .ok(),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(space = R::SPACE, id, error = %e, "cannot read a row");
+                None
+            }
+        }
+    }
+
+    /// Every row of `session` (of every session with `None`), oldest first; unreadable ones
+    /// are logged and skipped.
+    pub fn list(&self, session: Option<&str>) -> Vec<R> {
+        let prefix = session.map(|s| format!("{s}|")).unwrap_or_default();
+        let rows = match self.store.kv_scan(R::SPACE, &prefix) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(space = R::SPACE, error = %e, "cannot list rows");
+                return Vec::new();
+            }
+        };
+        let mut rows: Vec<R> = rows
+            .into_iter()
+            .filter_map(|(k, v)| {
+                serde_json::from_str(&v)
+                    .inspect_err(|e| tracing::error!(space = R::SPACE, key = k, error = %e, "unreadable row skipped"))
+                    .ok()
+            })
+            .collect();
+        rows.sort_by(|a, b| a.started().cmp(&b.started()).then(a.id().cmp(b.id())));
+        rows
+    }
+
+    /// Writes `row` (not flushed).
+    pub fn save(&self, row: &R) -> Result<(), StoreError> {
+        let write = row.write()?;
+        self.store.kv_put(
+            &write.space,
+            &write.key,
+            write.value.as_deref().unwrap_or_default(),
+        )
+    }
+
+    /// Writes and flushes `row`; a failure is logged (the work goes on either way).
+    pub fn save_logged(&self, row: &R) {
+        if let Err(e) = self.save(row).and_then(|()| self.store.flush()) {
+            tracing::error!(space = R::SPACE, id = row.id(), error = %e, "cannot store a row");
+        }
+    }
+
+    /// Flushes the store.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.store.flush()
+    }
+
+    /// After a restart: each chat of `to_tell` is told once, in one notice of every row's
+    /// `block`, running as their [`starters`] (named `system_name` for several people);
+    /// the rows are saved as told unless the daemon is shutting down again.
+    pub async fn tell_chats(
+        &self,
+        notifier: &dyn Notifier,
+        to_tell: BTreeMap<String, (ChatRef, Vec<R>)>,
+        block: impl Fn(&R) -> String,
+        starter: impl Fn(&R) -> Caller,
+        system_name: &str,
+    ) -> Result<(), StoreError> {
+        for (_, (chat, mut rows)) in to_tell {
+            let text = rows.iter().map(&block).collect::<Vec<_>>().join("\n");
+            let callers: Vec<Caller> = rows.iter().map(&starter).collect();
+            let caller = starters(&callers, system_name);
+            if tell(notifier, &chat, text, caller, &mut rows).await != Telling::Later {
+                for row in &rows {
+                    self.save(row)?;
+                }
+            }
+        }
+        self.store.flush()
+    }
 }
 
 /// What became of a notice [`tell`] tried to queue.

@@ -35,12 +35,12 @@ use tokio_util::task::TaskTracker;
 use parlor_bot::agent::{Agent, AgentEvent, AgentObserver, TracingObserver, TurnEnd, TurnInput};
 use parlor_bot::llm::{Content, Message, Usage};
 use parlor_bot::platform::ChatRef;
-use parlor_bot::store::{KvWrite, Store, StoreError};
+use parlor_bot::store::{Store, StoreError};
 use parlor_bot::tool::{
     Bridged, Caller, Risk, Role, ToolContext, ToolResult, ToolSetBridge, codes as shared,
 };
 
-use crate::notice::{self, NoticeRow, Notifier, Telling, Told, xml_escape};
+use crate::notice::{self, NoticeRow, Notifier, Rows, Told, xml_escape};
 use crate::support::{built, clip};
 
 /// The store space of background sub-agents (`<session>|<subagent_id>`).
@@ -191,8 +191,15 @@ impl SubagentRecord {
 }
 
 impl NoticeRow for SubagentRecord {
+    const SPACE: &'static str = SPACE;
     fn id(&self) -> &str {
         &self.id
+    }
+    fn session(&self) -> &str {
+        &self.session
+    }
+    fn started(&self) -> DateTime<Utc> {
+        self.started
     }
     fn told(&self) -> &Told {
         &self.told
@@ -200,26 +207,6 @@ impl NoticeRow for SubagentRecord {
     fn told_mut(&mut self) -> &mut Told {
         &mut self.told
     }
-    fn write(&self) -> Result<KvWrite, StoreError> {
-        row_write(self)
-    }
-}
-
-fn key(session: &str, id: &str) -> String {
-    format!("{session}|{id}")
-}
-
-fn row_write(row: &SubagentRecord) -> Result<KvWrite, StoreError> {
-    let key = key(&row.session, &row.id);
-    let text = serde_json::to_string(row).map_err(|e| StoreError::Corrupt {
-        key: key.clone(),
-        reason: e.to_string(),
-    })?;
-    Ok(KvWrite {
-        space: SPACE.to_owned(),
-        key,
-        value: Some(text),
-    })
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -298,7 +285,7 @@ impl AgentObserver for Budget {
 /// The sub-agents of the bot: their agent, limits, live runs and stored rows.
 pub struct SubagentService {
     agent: OnceLock<Agent>,
-    store: Arc<dyn Store>,
+    table: Rows<SubagentRecord>,
     notifier: Arc<dyn Notifier>,
     options: SubagentOptions,
     tracker: TaskTracker,
@@ -326,7 +313,7 @@ impl SubagentService {
     ) -> Arc<SubagentService> {
         Arc::new(SubagentService {
             agent: OnceLock::new(),
-            store,
+            table: Rows::new(store),
             notifier,
             options,
             tracker: TaskTracker::new(),
@@ -354,55 +341,20 @@ impl SubagentService {
 
     /// A stored sub-agent of `session`.
     pub fn row(&self, session: &str, id: &str) -> Option<SubagentRecord> {
-        match self.store.kv_get(SPACE, &key(session, id)) {
-            Ok(Some(text)) => serde_json::from_str(&text)
-                .inspect_err(
-                    |e| tracing::error!(subagent = id, error = %e, "unreadable sub-agent row"),
-                )
-                .ok(),
-            Ok(None) => None,
-            Err(e) => {
-                tracing::error!(subagent = id, error = %e, "cannot read a sub-agent row");
-                None
-            }
-        }
+        self.table.get(session, id)
     }
 
     /// Every stored sub-agent of `session` (or of every session with `None`), oldest first.
     pub fn rows(&self, session: Option<&str>) -> Vec<SubagentRecord> {
-        let prefix = session.map(|s| format!("{s}|")).unwrap_or_default();
-        let rows = match self.store.kv_scan(SPACE, &prefix) {
-            Ok(rows) => rows,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot list sub-agent rows");
-                return Vec::new();
-            }
-        };
-        let mut rows: Vec<SubagentRecord> = rows
-            .into_iter()
-            .filter_map(|(k, v)| {
-                serde_json::from_str(&v)
-                    .inspect_err(|e| tracing::error!(key = k, error = %e, "unreadable sub-agent row skipped"))
-                    .ok()
-            })
-            .collect();
-        rows.sort_by(|a, b| a.started.cmp(&b.started).then(a.id.cmp(&b.id)));
-        rows
+        self.table.list(session)
     }
 
     fn save(&self, row: &SubagentRecord) -> Result<(), StoreError> {
-        let write = row_write(row)?;
-        self.store.kv_put(
-            &write.space,
-            &write.key,
-            write.value.as_deref().unwrap_or_default(),
-        )
+        self.table.save(row)
     }
 
     fn save_logged(&self, row: &SubagentRecord) {
-        if let Err(e) = self.save(row).and_then(|()| self.store.flush()) {
-            tracing::error!(subagent = %row.id, error = %e, "cannot store the sub-agent row");
-        }
+        self.table.save_logged(row);
     }
 
     fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
@@ -605,7 +557,7 @@ impl SubagentService {
             ended: None,
             told: Told::default(),
         };
-        if let Err(e) = self.save(&row).and_then(|()| self.store.flush()) {
+        if let Err(e) = self.save(&row).and_then(|()| self.table.flush()) {
             tracing::error!(subagent = %id, error = %e, "cannot store a new sub-agent");
             self.release(&id);
             return ToolResult::err(
@@ -809,30 +761,22 @@ impl SubagentService {
                 }
             }
         }
-        self.store.flush()?;
-        for (_, (chat, mut rows)) in to_tell {
-            let text = rows
-                .iter()
-                .map(|row| {
+        self.table.flush()?;
+        self.table
+            .tell_chats(
+                self.notifier.as_ref(),
+                to_tell,
+                |row| {
                     let note = (row.status == SubagentStatus::Interrupted).then_some(
                         "the bot was restarted while this sub-agent worked; it was stopped \
                          and did not finish",
                     );
                     notice_block(row, note)
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            let callers: Vec<Caller> = rows.iter().map(SubagentRecord::starter).collect();
-            let caller = notice::starters(&callers, "subagent");
-            if notice::tell(self.notifier.as_ref(), &chat, text, caller, &mut rows).await
-                != Telling::Later
-            {
-                for row in &rows {
-                    self.save(row)?;
-                }
-            }
-        }
-        self.store.flush()?;
+                },
+                SubagentRecord::starter,
+                "subagent",
+            )
+            .await?;
         Ok(marked)
     }
 
@@ -847,7 +791,7 @@ impl SubagentService {
         {
             tracing::warn!("sub-agents still running after shutdown");
         }
-        if let Err(e) = self.store.flush() {
+        if let Err(e) = self.table.flush() {
             tracing::error!(error = %e, "cannot flush the store on sub-agent shutdown");
         }
     }

@@ -19,10 +19,10 @@ use super::output::{Capped, cap_middle, read_log_tail, tail_chars, xml_escape};
 use super::{
     ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes, create_dir, sys,
 };
-use crate::notice::{self, NoticeRow, Telling, Told};
+use crate::notice::{self, NoticeRow, Rows, Told};
 use crate::support::Outcome;
 use parlor_bot::platform::ChatRef;
-use parlor_bot::store::{KvWrite, StoreError};
+use parlor_bot::store::StoreError;
 use parlor_bot::tool::{Caller, Role, ToolContext, ToolError, ToolResult};
 
 /// Characters of output a completion notice carries.
@@ -111,17 +111,21 @@ pub struct TaskRecord {
 }
 
 impl NoticeRow for TaskRecord {
+    const SPACE: &'static str = TASKS_SPACE;
     fn id(&self) -> &str {
         &self.id
+    }
+    fn session(&self) -> &str {
+        &self.session
+    }
+    fn started(&self) -> DateTime<Utc> {
+        self.started
     }
     fn told(&self) -> &Told {
         &self.told
     }
     fn told_mut(&mut self) -> &mut Told {
         &mut self.told
-    }
-    fn write(&self) -> Result<KvWrite, StoreError> {
-        row_write(self)
     }
 }
 
@@ -131,24 +135,6 @@ pub(crate) struct Running {
     pgid: u32,
     stop: CancellationToken,
     done: CancellationToken,
-}
-
-/// The store write of a task row, for [`Store::kv_put`] or to go with a notice.
-fn row_write(row: &TaskRecord) -> Result<KvWrite, StoreError> {
-    let key = key(&row.session, &row.id);
-    let text = serde_json::to_string(row).map_err(|e| StoreError::Corrupt {
-        key: key.clone(),
-        reason: e.to_string(),
-    })?;
-    Ok(KvWrite {
-        space: TASKS_SPACE.to_owned(),
-        key,
-        value: Some(text),
-    })
-}
-
-fn key(session: &str, id: &str) -> String {
-    format!("{session}|{id}")
 }
 
 static TASK_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -245,22 +231,14 @@ enum End {
 }
 
 impl TerminalService {
+    /// The task rows in the store.
+    fn table(&self) -> Rows<TaskRecord> {
+        Rows::new(Arc::clone(&self.store))
+    }
+
     /// A task row of `session`.
     pub fn task(&self, session: &str, id: &str) -> Option<TaskRecord> {
-        match self.store.kv_get(TASKS_SPACE, &key(session, id)) {
-            Ok(Some(text)) => match serde_json::from_str(&text) {
-                Ok(row) => Some(row),
-                Err(e) => {
-                    tracing::error!(task = id, error = %e, "unreadable task row");
-                    None
-                }
-            },
-            Ok(None) => None,
-            Err(e) => {
-                tracing::error!(task = id, error = %e, "cannot read a task row");
-                None
-            }
-        }
+        self.table().get(session, id)
     }
 
     /// Whether this daemon still runs the task or is still recording its end (its notice
@@ -271,41 +249,15 @@ impl TerminalService {
 
     /// Every task row of `session` (or of every session with `None`), oldest first.
     pub fn tasks(&self, session: Option<&str>) -> Vec<TaskRecord> {
-        let prefix = session.map(|s| format!("{s}|")).unwrap_or_default();
-        let rows = match self.store.kv_scan(TASKS_SPACE, &prefix) {
-            Ok(rows) => rows,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot list task rows");
-                return Vec::new();
-            }
-        };
-        let mut rows: Vec<TaskRecord> = rows
-            .into_iter()
-            .filter_map(|(k, v)| match serde_json::from_str(&v) {
-                Ok(row) => Some(row),
-                Err(e) => {
-                    tracing::error!(key = k, error = %e, "unreadable task row skipped");
-                    None
-                }
-            })
-            .collect();
-        rows.sort_by(|a, b| a.started.cmp(&b.started).then(a.id.cmp(&b.id)));
-        rows
+        self.table().list(session)
     }
 
     fn save(&self, row: &TaskRecord) -> Result<(), StoreError> {
-        let write = row_write(row)?;
-        self.store.kv_put(
-            &write.space,
-            &write.key,
-            write.value.as_deref().unwrap_or_default(),
-        )
+        self.table().save(row)
     }
 
     fn save_logged(&self, row: &TaskRecord) {
-        if let Err(e) = self.save(row).and_then(|()| self.store.flush()) {
-            tracing::error!(task = %row.id, error = %e, "cannot store the task row");
-        }
+        self.table().save_logged(row);
     }
 
     /// `shell(run_in_background=true)`: starts the task and its watcher.
@@ -652,30 +604,23 @@ impl TerminalService {
                 }
             }
         }
-        self.store.flush()?;
-        for (_, (chat, mut rows)) in to_tell {
-            let text = rows
-                .iter()
-                .map(|row| {
+        let table = self.table();
+        table.flush()?;
+        table
+            .tell_chats(
+                self.notifier.as_ref(),
+                to_tell,
+                |row| {
                     let note = (row.status == TaskStatus::Interrupted).then_some(
                         "the bot was restarted while this task ran; the task was stopped and \
                          did not finish",
                     );
                     notice_block(row, note)
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            let callers: Vec<Caller> = rows.iter().map(TaskRecord::starter).collect();
-            let caller = notice::starters(&callers, "terminal");
-            if notice::tell(self.notifier.as_ref(), &chat, text, caller, &mut rows).await
-                != Telling::Later
-            {
-                for row in &rows {
-                    self.save(row)?;
-                }
-            }
-        }
-        self.store.flush()?;
+                },
+                TaskRecord::starter,
+                "terminal",
+            )
+            .await?;
         Ok(marked)
     }
 
