@@ -9,5 +9,5 @@ pub(crate) mod token;
 
 pub(crate) use download::SizeLimit;
 pub(crate) use retry::{Failure, RetryPolicy, with_retries};
-pub(crate) use send::{ensure_platform, nothing_to_send, parse_id, reply_target};
+pub(crate) use send::{SendProgress, ensure_platform, nothing_to_send, parse_id, reply_target};
 pub(crate) use token::Token;

@@ -59,8 +59,8 @@ use link::Links;
 use pace::Pacer;
 
 use crate::common::{
-    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
-    with_retries,
+    Failure, RetryPolicy, SendProgress, SizeLimit, Token, ensure_platform, nothing_to_send,
+    parse_id, with_retries,
 };
 
 /// The platform as logs and error texts name it.
@@ -92,7 +92,7 @@ struct Inner {
     pacer: Pacer,
     /// Parts of a long reply already sent, by the reply's key, while the rest still fails:
     /// OneBot has no idempotency key, so this keeps a retried reply from repeating them.
-    progress: Mutex<HashMap<String, Vec<String>>>,
+    progress: SendProgress,
     /// For image downloads from QQ's servers.
     http: reqwest::Client,
 }
@@ -202,7 +202,7 @@ impl OneBotAdapter {
                 links: Links::new(),
                 me: Mutex::new(BotIdentity::default()),
                 known: Mutex::new(Known::default()),
-                progress: Mutex::new(HashMap::new()),
+                progress: SendProgress::default(),
                 http,
             }),
         })
@@ -398,7 +398,7 @@ impl OneBotAdapter {
                 .copied(),
             _ => None,
         };
-        let mut message_ids = key.map(|k| self.progress(k)).unwrap_or_default();
+        let mut message_ids = key.map(|k| self.inner.progress.sent(k)).unwrap_or_default();
         if message_ids.len() > parts.len() {
             message_ids.clear();
         }
@@ -444,44 +444,16 @@ impl OneBotAdapter {
                         tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off; a retry sends the rest");
                     }
                     if let Some(key) = key {
-                        self.set_progress(key, &message_ids, &error);
+                        self.inner.progress.failed(key, &message_ids, &error);
                     }
                     return Err(error);
                 }
             }
         }
         if let Some(key) = key {
-            self.lock_progress().remove(key);
+            self.inner.progress.done(key);
         }
         Ok(SentMessage { message_ids })
-    }
-
-    fn lock_progress(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
-        self.inner
-            .progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn progress(&self, key: &str) -> Vec<String> {
-        self.lock_progress().get(key).cloned().unwrap_or_default()
-    }
-
-    /// Remembers the parts sent before `error`, when a retry may follow.
-    fn set_progress(&self, key: &str, sent: &[String], error: &PlatformError) {
-        let mut progress = self.lock_progress();
-        let retried = matches!(
-            error,
-            PlatformError::RateLimited(_) | PlatformError::Unavailable(_)
-        );
-        if !retried || sent.is_empty() {
-            progress.remove(key);
-            return;
-        }
-        if progress.len() >= MEMORY && !progress.contains_key(key) {
-            progress.clear();
-        }
-        progress.insert(key.to_owned(), sent.to_vec());
     }
 
     /// Downloads `url` (http or https), never more than `max_image_bytes`.

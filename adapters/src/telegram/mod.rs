@@ -43,12 +43,8 @@ mod error;
 mod poll;
 mod render;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-
-/// Most replies whose sent parts are remembered at once (see `Inner::progress`).
-const MAX_PROGRESS: usize = 1024;
 
 use async_trait::async_trait;
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
@@ -70,8 +66,8 @@ use convert::PLATFORM;
 use error::classify;
 
 use crate::common::{
-    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
-    reply_target, with_retries,
+    Failure, RetryPolicy, SendProgress, SizeLimit, Token, ensure_platform, nothing_to_send,
+    parse_id, reply_target, with_retries,
 };
 
 /// The platform as logs and error texts name it.
@@ -97,7 +93,7 @@ struct Inner {
     /// Parts of a long reply already sent, by the reply's key, while the rest still fails:
     /// a retry of the reply sends only what is missing. Telegram has no idempotency key, so
     /// this is what keeps a retried reply from repeating its first parts (within a run).
-    progress: std::sync::Mutex<HashMap<String, Vec<String>>>,
+    progress: SendProgress,
 }
 
 impl fmt::Debug for TelegramAdapter {
@@ -174,7 +170,7 @@ impl TelegramAdapter {
                 token,
                 me,
                 allowed_updates,
-                progress: std::sync::Mutex::default(),
+                progress: SendProgress::default(),
             }),
         })
     }
@@ -253,7 +249,7 @@ impl TelegramAdapter {
             return Err(nothing_to_send(NAME));
         }
         let policy = self.policy();
-        let mut message_ids = key.map(|k| self.progress(k)).unwrap_or_default();
+        let mut message_ids = key.map(|k| self.inner.progress.sent(k)).unwrap_or_default();
         if message_ids.len() > parts.len() {
             // Not the reply we started (a different text under the same key): start over.
             message_ids.clear();
@@ -285,47 +281,16 @@ impl TelegramAdapter {
                         tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off; a retry sends the rest");
                     }
                     if let Some(key) = key {
-                        self.set_progress(key, &message_ids, &error);
+                        self.inner.progress.failed(key, &message_ids, &error);
                     }
                     return Err(error);
                 }
             }
         }
         if let Some(key) = key {
-            self.lock_progress().remove(key);
+            self.inner.progress.done(key);
         }
         Ok(SentMessage { message_ids })
-    }
-
-    fn lock_progress(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<String>>> {
-        // Every update leaves the map consistent; a poisoned lock is still usable.
-        self.inner
-            .progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn progress(&self, key: &str) -> Vec<String> {
-        self.lock_progress().get(key).cloned().unwrap_or_default()
-    }
-
-    /// Remembers the parts sent before `error`, when a retry may follow.
-    fn set_progress(&self, key: &str, sent: &[String], error: &PlatformError) {
-        let mut progress = self.lock_progress();
-        let retried = matches!(
-            error,
-            PlatformError::RateLimited(_) | PlatformError::Unavailable(_)
-        );
-        if !retried || sent.is_empty() {
-            progress.remove(key);
-            return;
-        }
-        // Only replies that are failing right now are here; a bound keeps a long outage of
-        // many chats from growing it without end.
-        if progress.len() >= MAX_PROGRESS && !progress.contains_key(key) {
-            progress.clear();
-        }
-        progress.insert(key.to_owned(), sent.to_vec());
     }
 }
 
