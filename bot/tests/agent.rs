@@ -526,3 +526,125 @@ fn registry_refuses_bad_and_duplicate_names() {
         ToolRegistry::new(vec![Arc::new(Named("same")), Arc::new(Named("same"))]).unwrap_err();
     assert!(err.to_string().contains("declared by both"), "{err}");
 }
+
+/// Stray tool calls (`agent/stray.rs`): an answer that writes a call as text is retried
+/// once with a nudge and never posted or stored.
+mod stray_calls {
+    use super::*;
+    use parlor_bot::agent::stray::{APOLOGY, NUDGE};
+
+    const CALL: &str = r#"{"name": "sleep", "arguments": {"ms": 0, "tag": "x"}}"#;
+
+    fn patterns() -> Vec<String> {
+        vec![
+            format!("<tool_call>\n{CALL}\n</tool_call>"),
+            format!("I will wait.\n<tool_call>\n{CALL}\n</tool_call>"),
+            format!("<function_calls>\n<invoke name=\"sleep\">\n</invoke>\n</function_calls>"),
+            format!("Sure:\n<function_calls><invoke name=\"sleep\"></invoke></function_calls>"),
+            CALL.to_owned(),
+            format!("Waiting now:\n{CALL}"),
+            format!("```json\n{CALL}\n```"),
+            format!("<|python_tag|>{CALL}"),
+            format!("Let me check. <|python_tag|>{CALL}"),
+        ]
+    }
+
+    fn all_text(messages: &[Message]) -> String {
+        messages
+            .iter()
+            .map(|m| format!("{m:?}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[tokio::test]
+    async fn a_stray_call_is_retried_with_a_nudge_and_never_posted() {
+        for stray in patterns() {
+            let llm = ScriptedLlm::new(vec![
+                text(&stray),
+                calls(&[("c1", "sleep", json!({"ms": 0, "tag": "x"}))]),
+                text("Done waiting."),
+            ]);
+            let agent = agent_with(
+                llm.clone(),
+                Arc::new(TestTools::default()),
+                AgentConfig::default(),
+            );
+            let turn = agent
+                .run_turn(&[], input("wait a bit"), CancellationToken::new())
+                .await
+                .unwrap();
+            assert_eq!(turn.reply, "Done waiting.", "{stray}");
+            assert_eq!(turn.end, TurnEnd::Answered);
+            let requests = llm.requests();
+            assert_eq!(requests.len(), 3, "{stray}");
+            // The retry carries the stray answer and the nudge; the request after it does not.
+            let retry = &requests[1].messages;
+            assert_eq!(retry.last(), Some(&Message::user(NUDGE)), "{stray}");
+            assert!(!all_text(&requests[2].messages).contains(NUDGE));
+            // Neither is stored with the turn.
+            let stored = all_text(&turn.messages);
+            assert!(
+                !stored.contains(NUDGE) && !stored.contains("python_tag"),
+                "{stored}"
+            );
+            assert!(
+                !stored.contains("<tool_call>") && !stored.contains("<invoke"),
+                "{stored}"
+            );
+            assert_no_dangling_calls(&turn.messages);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_second_stray_answer_becomes_an_apology() {
+        for stray in patterns() {
+            let llm = ScriptedLlm::new(vec![text(&stray), text(&stray)]);
+            let agent = agent_with(
+                llm.clone(),
+                Arc::new(TestTools::default()),
+                AgentConfig::default(),
+            );
+            let turn = agent
+                .run_turn(&[], input("wait a bit"), CancellationToken::new())
+                .await
+                .unwrap();
+            assert_eq!(turn.reply, APOLOGY, "{stray}");
+            assert_eq!(llm.requests().len(), 2, "retried once only: {stray}");
+            assert_eq!(turn.messages.len(), 2);
+            assert_eq!(turn.messages.last(), Some(&Message::assistant(APOLOGY)));
+        }
+    }
+
+    #[tokio::test]
+    async fn ordinary_answers_and_requests_without_tools_are_left_alone() {
+        let mention = format!("You could send {CALL} to the API, as its docs show.");
+        let llm = ScriptedLlm::new(vec![text(&mention)]);
+        let agent = agent_with(
+            llm.clone(),
+            Arc::new(TestTools::default()),
+            AgentConfig::default(),
+        );
+        let turn = agent
+            .run_turn(&[], input("how?"), CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(turn.reply, mention);
+        assert_eq!(llm.requests().len(), 1);
+
+        // Without tools in the request, JSON is what the user asked for.
+        let llm = ScriptedLlm::new(vec![text(CALL)]);
+        let agent = Agent::new(
+            llm.clone(),
+            ToolRegistry::new(vec![]).unwrap(),
+            "You are a test bot.",
+            AgentConfig::default(),
+        );
+        let turn = agent
+            .run_turn(&[], input("json please"), CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(turn.reply, CALL);
+        assert_eq!(llm.requests().len(), 1);
+    }
+}

@@ -14,11 +14,14 @@
 //!   [`AgentConfig::max_identical_tool_calls`] times in a turn is stopped, and the chat told;
 //! - a request refused as too long for the model's context is retried once without the
 //!   older half of the history ([`Turn::history_dropped`]);
+//! - an answer that writes a tool call as text ([`stray`]) is never posted: the request is
+//!   retried once with a nudge, and a second such answer becomes [`stray::APOLOGY`];
 //! - no request carries an image reference ([`ContentPart::ImageRef`]): references of the
 //!   current turn become `data:` URLs, older ones a line of text (see [`images`]).
 
 mod events;
 pub mod images;
+pub mod stray;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -291,6 +294,9 @@ impl Agent {
         let vision = self.config.images.vision;
         let mut images =
             images::TurnImages::new(self.config.images.clone(), input.platform.clone());
+        // A stray answer and the nudge after it: sent with the retry, never stored.
+        let mut stray_retry: Option<[Message; 2]> = None;
+        let mut stray_retried = false;
 
         loop {
             if turn.iterations >= self.config.max_iterations {
@@ -321,6 +327,7 @@ impl Agent {
             messages.push(Message::system(&*system_prompt));
             messages.extend(history.iter().map(|m| images::earlier(m, vision)));
             messages.extend(turn.messages.iter().map(|m| images.current(m)));
+            messages.extend(stray_retry.take().into_iter().flatten());
             let request = ChatRequest {
                 model: self.config.model.clone(),
                 messages,
@@ -364,8 +371,23 @@ impl Agent {
                     usage,
                 });
             }
-            turn.messages.push(completion.to_message());
             let cut_off = completion.finish_reason.as_deref() == Some("length");
+            if completion.tool_calls.is_empty()
+                && !tools.is_empty()
+                && stray::is_stray_call(&completion.content)
+            {
+                if stray_retried {
+                    tracing::warn!(session = %input.session, "the model wrote a tool call as text again; apologizing instead");
+                    turn.messages.push(Message::assistant(stray::APOLOGY));
+                    turn.reply = stray::APOLOGY.to_owned();
+                    break;
+                }
+                tracing::info!(session = %input.session, "the model wrote a tool call as text; asking again");
+                stray_retried = true;
+                stray_retry = Some([completion.to_message(), Message::user(stray::NUDGE)]);
+                continue;
+            }
+            turn.messages.push(completion.to_message());
             if completion.tool_calls.is_empty() {
                 turn.reply = completion.content;
                 if cut_off {
