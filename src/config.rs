@@ -61,6 +61,8 @@ struct Secrets {
     mcp: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Secret>>,
     brave_api_key: Option<Secret>,
     onebot_token: Option<Secret>,
+    /// Per `[[llm.vision_models]]` entry (in order): its own key, when it names one.
+    vision_keys: Vec<Option<Secret>>,
 }
 
 /// Names of the systemd credentials parlor reads (`LoadCredential=<name>:<path>`).
@@ -174,6 +176,21 @@ pub struct LlmConfig {
     pub idle_timeout_secs: u64,
     /// Retries after the first attempt on connect errors, timeouts, 429 and 5xx.
     pub max_retries: u32,
+    /// `[[llm.vision_models]]`: models that describe images when `vision` is off, tried in
+    /// order.
+    pub vision_models: Vec<VisionModelConfig>,
+}
+
+/// `[[llm.vision_models]]`: a model that can see, asked to describe images for the main one.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VisionModelConfig {
+    /// Model name as its provider spells it.
+    pub model: String,
+    /// Its endpoint; the main model's (`llm.base_url`) when unset.
+    pub base_url: Option<String>,
+    /// Environment variable holding its API key; the main model's key when unset.
+    pub api_key_env: Option<String>,
 }
 
 impl Default for LlmConfig {
@@ -197,6 +214,7 @@ impl Default for LlmConfig {
             connect_timeout_secs: 10,
             idle_timeout_secs: 60,
             max_retries: 3,
+            vision_models: Vec::new(),
         }
     }
 }
@@ -745,6 +763,20 @@ impl Config {
         if self.model().trim().is_empty() {
             bail!("llm.model must not be empty");
         }
+        for (i, vision) in self.llm.vision_models.iter().enumerate() {
+            if vision.model.trim().is_empty() {
+                bail!("llm.vision_models[{i}]: model must be set");
+            }
+            if let Some(url) = &vision.base_url
+                && !url.starts_with("http://")
+                && !url.starts_with("https://")
+            {
+                bail!(
+                    "llm.vision_models[{i}] ({}): base_url must start with http:// or https://, got {url:?}",
+                    vision.model
+                );
+            }
+        }
         let api_url = &self.telegram.api_url;
         if !api_url.starts_with("http://") && !api_url.starts_with("https://") {
             bail!("telegram.api_url must start with http:// or https://, got {api_url:?}");
@@ -1093,6 +1125,18 @@ impl Config {
             CREDENTIAL_ONEBOT,
             "ONEBOT_ACCESS_TOKEN",
         )?;
+        let mut vision_keys = Vec::new();
+        for vision in &self.llm.vision_models {
+            vision_keys.push(match &vision.api_key_env {
+                Some(name) => Some(secrets::from_env(name).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "llm.vision_models ({}) reads its API key from {name}, which is not set",
+                        vision.model
+                    )
+                })?),
+                None => None,
+            });
+        }
         self.secrets = Secrets {
             api_key,
             telegram_token,
@@ -1100,6 +1144,7 @@ impl Config {
             mcp,
             brave_api_key,
             onebot_token,
+            vision_keys,
         };
         Ok(())
     }
@@ -1117,6 +1162,16 @@ impl Config {
         ] {
             if !names.iter().any(|n| n == name) {
                 names.push(name.to_owned());
+            }
+        }
+        for name in self
+            .llm
+            .vision_models
+            .iter()
+            .filter_map(|v| v.api_key_env.as_ref())
+        {
+            if !names.contains(name) {
+                names.push(name.clone());
             }
         }
         for name in self.mcp.servers.iter().flat_map(|s| s.secret_env()) {
@@ -1159,6 +1214,15 @@ impl Config {
     /// Ollama need none).
     pub fn api_key(&self) -> Option<&Secret> {
         self.secrets.api_key.as_ref()
+    }
+
+    /// The API key of `[[llm.vision_models]]` entry `index`, once resolved: its own, or the
+    /// main model's.
+    pub fn vision_api_key(&self, index: usize) -> Option<&Secret> {
+        match self.secrets.vision_keys.get(index) {
+            Some(Some(key)) => Some(key),
+            _ => self.api_key(),
+        }
     }
 
     /// The Telegram token, once resolved.

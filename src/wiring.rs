@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use parlor_bot::agent::{Agent, AgentConfig, ImageOptions};
+use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, VisionModel};
 use parlor_bot::llm::{LlmBackend, OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager};
@@ -80,7 +80,8 @@ pub fn registry(
                 message_toolset(
                     Arc::clone(&store),
                     MessageOptions {
-                        vision: config.llm.vision,
+                        // load_image is offered when images can be seen or described.
+                        vision: config.llm.vision || !config.llm.vision_models.is_empty(),
                         bot_name: config.bot.name.clone(),
                         context_scan_limit: config.bot.max_messages_per_chat,
                         url_guard: config.url_guard()?,
@@ -330,15 +331,15 @@ fn sandbox_hidden(config: &Config, data_dir: &std::path::Path) -> Vec<PathBuf> {
     hide
 }
 
-/// The agent this configuration describes, talking to the configured endpoint.
-///
-/// With sub-agents, their agent is built here too and handed to the service: the same
-/// client and toolsets, without `subagent` (no nesting), under their own model and step
-/// limit, and with the message toolset naming what they post as theirs in the chat log.
-pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> anyhow::Result<Agent> {
-    let llm = OpenAiClient::with_retries(OpenAiConfig {
-        base_url: config.base_url(),
-        api_key: config.api_key().map(|k| k.expose().into()),
+/// A client of an OpenAI-compatible endpoint with the `[llm]` limits and retries.
+fn llm_client(
+    config: &Config,
+    base_url: String,
+    api_key: Option<&crate::secrets::Secret>,
+) -> anyhow::Result<Arc<dyn LlmBackend>> {
+    let client = OpenAiClient::with_retries(OpenAiConfig {
+        base_url,
+        api_key: api_key.map(|k| k.expose().into()),
         request_timeout: config.request_timeout(),
         connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
         idle_timeout: Duration::from_secs(config.llm.idle_timeout_secs),
@@ -347,9 +348,28 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
             ..RetryPolicy::default()
         },
         ..OpenAiConfig::default()
-    })
-    .context("cannot build the LLM client")?;
-    let llm: Arc<dyn LlmBackend> = Arc::new(llm);
+    })?;
+    Ok(Arc::new(client))
+}
+
+/// The agent this configuration describes, talking to the configured endpoint.
+///
+/// With sub-agents, their agent is built here too and handed to the service: the same
+/// client and toolsets, without `subagent` (no nesting), under their own model and step
+/// limit, and with the message toolset naming what they post as theirs in the chat log.
+pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> anyhow::Result<Agent> {
+    let llm = llm_client(config, config.base_url(), config.api_key())
+        .context("cannot build the LLM client")?;
+    let mut vision_models = Vec::new();
+    for (i, vision) in config.llm.vision_models.iter().enumerate() {
+        let base_url = vision.base_url.clone().unwrap_or_else(|| config.base_url());
+        vision_models.push(VisionModel {
+            model: vision.model.trim().to_owned(),
+            llm: llm_client(config, base_url, config.vision_api_key(i)).with_context(|| {
+                format!("cannot build the client of vision model {}", vision.model)
+            })?,
+        });
+    }
     let terminal = services.terminal.as_ref();
     let agent_config = AgentConfig {
         model: config.model(),
@@ -402,21 +422,24 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
             config.bot.system_prompt.trim_end(),
             parlor_toolsets::subagent::SUBAGENT_PROMPT
         );
-        service.set_agent(Agent::new(
-            Arc::clone(&llm),
-            registry(&sub, Arc::clone(&store), &sub_services)
-                .context("the sub-agents' toolsets cannot be registered")?,
-            &sub_prompt,
-            AgentConfig {
-                model: if model.trim().is_empty() {
-                    config.model()
-                } else {
-                    model.trim().to_owned()
+        service.set_agent(
+            Agent::new(
+                Arc::clone(&llm),
+                registry(&sub, Arc::clone(&store), &sub_services)
+                    .context("the sub-agents' toolsets cannot be registered")?,
+                &sub_prompt,
+                AgentConfig {
+                    model: if model.trim().is_empty() {
+                        config.model()
+                    } else {
+                        model.trim().to_owned()
+                    },
+                    max_iterations: config.toolsets.subagent.max_iterations,
+                    ..agent_config
                 },
-                max_iterations: config.toolsets.subagent.max_iterations,
-                ..agent_config
-            },
-        ));
+            )
+            .with_vision_models(vision_models.clone()),
+        );
         // A sub-agent in the foreground is one tool call: the agent's limit must not cut it
         // before its own wall-time budget does.
         main_config.tool_timeout = main_config.tool_timeout.max(Duration::from_secs(
@@ -428,7 +451,8 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
         registry(config, store, services)?,
         &prompt,
         main_config,
-    ))
+    )
+    .with_vision_models(vision_models))
 }
 
 /// Opens the store under the data directory; fails clearly when another parlor holds it.

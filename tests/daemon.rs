@@ -900,6 +900,51 @@ async fn a_photo_is_shown_in_its_own_turn_and_only_named_after_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_vision_a_photo_is_described_by_a_vision_model_and_remembered() {
+    let llm = FakeLlm::start().await;
+    let eyes = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    telegram.add_file("photo-1", PNG_1X1.to_vec());
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &telegram, "");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!(
+        "[[llm.vision_models]]\nmodel = \"eyes-1\"\nbase_url = \"{}\"\n",
+        eyes.base_url()
+    ));
+    std::fs::write(&path, text).unwrap();
+    let daemon = start(&path, &llm, &telegram).await;
+    eyes.push(Reply::text("A single grey pixel on a white card."));
+    llm.push(Reply::text("It is one grey pixel."));
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot what is on our summit picture?")
+        .mention_bot()
+        .photo("photo-1", PNG_1X1.len() as u64)
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "It is one grey pixel.");
+
+    // The vision model got the photo; the main model, which cannot see, its description.
+    let asked = eyes.requests();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].model(), Some("eyes-1"));
+    let seen = serde_json::Value::Array(asked[0].messages().to_vec()).to_string();
+    assert!(seen.contains("data:image/png;base64,"), "{seen}");
+    let main = serde_json::Value::Array(llm.requests()[0].messages().to_vec()).to_string();
+    assert!(
+        main.contains("A single grey pixel on a white card."),
+        "{main}"
+    );
+    assert!(!main.contains("data:"), "{main}");
+    daemon.terminate().await;
+
+    // Stored with the turn: later turns (and a restart) still know what it showed.
+    let history = stored_history(dir.path());
+    assert!(history.contains("A single grey pixel"), "{history}");
+    assert!(!history.contains("data:"), "{history}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_survives_a_restart_and_stays_in_its_group() {
     use parlor_testkit::ToolCallSpec;
     const B: i64 = -100_777;

@@ -455,3 +455,137 @@ fn a_request_body_never_carries_a_reference_even_if_one_slips_through() {
     let back: Message = serde_json::from_value(stored).unwrap();
     assert_eq!(back, request.messages[0]);
 }
+
+/// Vision fallback (`[[llm.vision_models]]`): a model without vision gets descriptions.
+mod vision_fallback {
+    use super::*;
+    use parlor_bot::agent::VisionModel;
+    use parlor_bot::llm::LlmError;
+
+    fn described_by(llm: Arc<ScriptedLlm>, describers: &[Arc<ScriptedLlm>]) -> Agent {
+        agent(llm, AgentConfig::default()).with_vision_models(
+            describers
+                .iter()
+                .enumerate()
+                .map(|(i, d)| VisionModel {
+                    model: format!("eyes-{i}"),
+                    llm: Arc::clone(d) as _,
+                })
+                .collect(),
+        )
+    }
+
+    fn first_user_text(request: &ChatRequest) -> String {
+        request
+            .messages
+            .iter()
+            .find_map(|m| match m {
+                Message::User { content } => Some(content.text()),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_attached_photo_is_described_and_the_description_is_kept() {
+        let platform = serving(&[("f1", png(8, 8))]);
+        let llm = ScriptedLlm::new(vec![noop_call("c1"), text("It says HELLO."), text("ok")]);
+        let eyes = ScriptedLlm::new(vec![text("A red sign reading \"HELLO\".")]);
+        let agent = described_by(llm.clone(), std::slice::from_ref(&eyes));
+        let content = with_images("alice: what does it say?", vec![image_ref("f1", "7")]);
+        let turn = run(&agent, &[], content, &platform).await;
+        assert_eq!(turn.reply, "It says HELLO.");
+
+        // The vision model saw the photo, as a data: URL, with no tools, once per turn.
+        let asked = eyes.requests();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].model, "eyes-0");
+        assert!(asked[0].tools.is_empty());
+        match &parts(&asked[0], 1)[0] {
+            ContentPart::ImageUrl { image_url } => {
+                assert!(image_url.url.starts_with("data:image/"))
+            }
+            other => panic!("not an image: {other:?}"),
+        }
+        assert_eq!(platform.downloads(), vec!["f1".to_owned()]);
+
+        // The main model read the description in both of the turn's requests.
+        for request in &llm.requests()[..2] {
+            let user = first_user_text(request);
+            assert!(user.contains("alice: what does it say?"), "{user}");
+            assert!(user.contains("reading \"HELLO\""), "{user}");
+            assert!(user.contains("described by a vision model"), "{user}");
+            assert_no_reference_on_the_wire(request);
+        }
+        // Stored as described: a later turn still knows, and nothing is downloaded again.
+        assert!(format!("{:?}", turn.messages[0]).contains("HELLO"));
+        run(
+            &agent,
+            &turn.messages,
+            Content::Text("alice: and?".into()),
+            &platform,
+        )
+        .await;
+        assert!(first_user_text(&llm.requests()[2]).contains("reading \"HELLO\""));
+        assert_eq!(eyes.requests().len(), 1);
+        assert_eq!(platform.downloads().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_next_vision_model_is_tried_and_a_total_failure_is_said_plainly() {
+        let platform = serving(&[("f1", png(4, 4))]);
+        let llm = ScriptedLlm::new(vec![text("ok"), text("ok")]);
+        let broken = Arc::new(ScriptedLlm::results(vec![
+            Err(LlmError::Connect("refused".into())),
+            Err(LlmError::Connect("refused".into())),
+        ]));
+        let working = ScriptedLlm::new(vec![text("A cat on a sofa.")]);
+        let agent = described_by(llm.clone(), &[broken.clone(), working.clone()]);
+        run(
+            &agent,
+            &[],
+            with_images("look", vec![image_ref("f1", "3")]),
+            &platform,
+        )
+        .await;
+        assert_eq!(broken.requests().len(), 1);
+        assert_eq!(working.requests().len(), 1);
+        assert!(first_user_text(&llm.requests()[0]).contains("A cat on a sofa."));
+
+        // With every vision model failing, the model is told, and the turn goes on.
+        let agent = described_by(llm.clone(), std::slice::from_ref(&broken));
+        let turn = run(
+            &agent,
+            &[],
+            with_images("look", vec![image_ref("f1", "3")]),
+            &platform,
+        )
+        .await;
+        assert_eq!(turn.end, TurnEnd::Answered);
+        let user = first_user_text(&llm.requests()[1]);
+        assert!(user.contains("no vision model could describe it"), "{user}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_turn_asks_no_further_vision_model() {
+        let platform = serving(&[("f1", png(4, 4))]);
+        let llm = ScriptedLlm::new(vec![text("never")]);
+        let slow = ScriptedLlm::default().gated().shared();
+        let next = ScriptedLlm::new(vec![text("never either")]);
+        let agent = described_by(llm.clone(), &[slow.clone(), next.clone()]);
+        let cancel = CancellationToken::new();
+        let stopper = cancel.clone();
+        let run = agent.run_turn(
+            &[],
+            input(with_images("look", vec![image_ref("f1", "1")]), &platform),
+            cancel,
+        );
+        let (turn, ()) = tokio::join!(run, async {
+            slow.wait_requests(1).await;
+            stopper.cancel();
+        });
+        assert_eq!(turn.unwrap().end, TurnEnd::Cancelled);
+        assert!(next.requests().is_empty());
+        assert!(llm.requests().is_empty());
+    }
+}

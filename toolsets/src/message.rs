@@ -5,7 +5,7 @@
 //! | `get_message {message_id}` | read | one recorded message of this chat, with what it replies to |
 //! | `get_group_context {limit?, before_message_id?, from_user?}` | read | recent messages, newest first, paged |
 //! | `send_markdown {text, reply_to_message_id?}` | write | posts Markdown into this chat now |
-//! | `load_image {message_id?, url?}` | read | an image as the next user message (only with vision) |
+//! | `load_image {message_id?, url?}` | read | an image as the next user message (only with vision or vision models) |
 //!
 //! **Scope.** Every lookup goes through the message log of the calling session
 //! ([`ToolContext::session`]), so an id of another chat is simply not found; no tool takes a
@@ -81,7 +81,8 @@ pub const REPLY_TEXT_CHARS: usize = 500;
 /// Settings of the message toolset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageOptions {
-    /// Whether the model sees images (`llm.vision`); without it `load_image` is not offered.
+    /// Whether the model sees images or has them described (`llm.vision`,
+    /// `[[llm.vision_models]]`); without it `load_image` is not offered.
     pub vision: bool,
     /// Most characters `send_markdown` takes in one call.
     pub max_send_chars: usize,

@@ -12,7 +12,12 @@
 //!   can ask `load_image` for it again; so does a `data:` URL in history (written before
 //!   references existed, or by `load_image`);
 //! - **without vision**, references become the note that images were attached and the model
-//!   cannot see them, and no image is downloaded.
+//!   cannot see them, and no image is downloaded; unless **vision models** are configured
+//!   ([`VisionModel`], `[[llm.vision_models]]`): then the current turn's images (attached or
+//!   added by `load_image`) are downloaded as above and described by the first of them that
+//!   answers, and the description takes the image's place, in the request and in the
+//!   stored turn (so later turns still know what the image showed). A cancelled turn is not
+//!   a failure: no further model is asked. With every model failing, the note says so.
 //!
 //! [`strip_image_data`] is the storage side: the session layer runs it on history before it
 //! commits, so the `data:` URLs of a turn (`load_image`'s) do not outlive the turn.
@@ -24,8 +29,33 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::image::{self, ImageError};
-use crate::llm::{Content, ContentPart, ImageUrl, Message};
+use crate::llm::{ChatRequest, Content, ContentPart, ImageUrl, LlmBackend, LlmError, Message};
 use crate::platform::{ImageRef, Platform, PlatformError};
+
+/// A model that can see, asked to describe images for a main model that cannot.
+#[derive(Clone)]
+pub struct VisionModel {
+    /// Model name sent with the request.
+    pub model: String,
+    /// Its endpoint.
+    pub llm: Arc<dyn LlmBackend>,
+}
+
+impl std::fmt::Debug for VisionModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VisionModel")
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a vision model is asked (as the system message).
+pub const DESCRIBE_PROMPT: &str = "You describe images for an assistant that cannot see \
+them. Describe this image in at most 120 words: what it shows, any text in it (quoted \
+exactly), numbers, charts or code, and anything unusual. Say only what you see.";
+
+/// Longest description kept, in characters.
+const MAX_DESCRIPTION_CHARS: usize = 1500;
 
 /// How images reach the model. Defaults: vision off; the pipeline's limits.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +89,8 @@ impl Default for ImageOptions {
 pub(super) struct TurnImages {
     options: ImageOptions,
     platform: Option<Arc<dyn Platform>>,
+    /// Who describes images when the model cannot see them (empty: nobody).
+    describers: Arc<[VisionModel]>,
     /// By platform file id: the part that stands for the image in this turn's requests.
     resolved: HashMap<String, ContentPart>,
     /// How many images are shown (not replaced by a text) so far.
@@ -66,10 +98,15 @@ pub(super) struct TurnImages {
 }
 
 impl TurnImages {
-    pub(super) fn new(options: ImageOptions, platform: Option<Arc<dyn Platform>>) -> Self {
+    pub(super) fn new(
+        options: ImageOptions,
+        platform: Option<Arc<dyn Platform>>,
+        describers: Arc<[VisionModel]>,
+    ) -> Self {
         TurnImages {
             options,
             platform,
+            describers,
             resolved: HashMap::new(),
             shown: 0,
         }
@@ -78,8 +115,11 @@ impl TurnImages {
     /// Resolves every reference in `messages` that is not resolved yet. Downloads run
     /// concurrently; a cancelled turn stops waiting for them and caches nothing of them.
     pub(super) async fn load(&mut self, messages: &[Message], cancel: &CancellationToken) {
-        if !self.options.vision {
+        if !self.options.vision && self.describers.is_empty() {
             return;
+        }
+        if !self.options.vision {
+            self.describe_urls(messages, cancel).await;
         }
         let mut wanted: Vec<(&ImageRef, Option<&str>)> = Vec::new();
         for (image, message_id) in refs(messages) {
@@ -95,16 +135,16 @@ impl TurnImages {
         let this = &*self;
         let fetches: Vec<_> = wanted
             .into_iter()
-            .map(
-                |(image, message_id)| async move { (image, this.resolve(image, message_id).await) },
-            )
+            .map(|(image, message_id)| async move {
+                (image, this.resolve(image, message_id, cancel).await)
+            })
             .collect();
         let results = tokio::select! {
             results = futures::future::join_all(fetches) => results,
             () = cancel.cancelled() => return,
         };
         for (image, part) in results {
-            if matches!(part, ContentPart::ImageUrl { .. }) {
+            if matches!(part, ContentPart::ImageUrl { .. }) || !self.options.vision {
                 self.shown += 1;
             }
             self.resolved.insert(image.file_id.clone(), part);
@@ -121,14 +161,25 @@ impl TurnImages {
         }
     }
 
-    /// One reference: a `data:` URL part, or a text part saying why not.
-    async fn resolve(&self, image: &ImageRef, message_id: Option<&str>) -> ContentPart {
+    /// One reference: a `data:` URL part (or, for a model without vision, its
+    /// description), or a text part saying why not.
+    async fn resolve(
+        &self,
+        image: &ImageRef,
+        message_id: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> ContentPart {
         match self.prepare(image).await {
-            Ok(prepared) => ContentPart::ImageUrl {
+            Ok(prepared) if self.options.vision => ContentPart::ImageUrl {
                 image_url: ImageUrl {
                     url: prepared.data_url(),
                     detail: None,
                 },
+            },
+            Ok(prepared) => ContentPart::Text {
+                text: self
+                    .describe(&prepared.data_url(), &which(message_id), cancel)
+                    .await,
             },
             Err(why) => {
                 tracing::warn!(file = %image.file_id, reason = %why, "an attached image is not shown");
@@ -180,9 +231,118 @@ impl TurnImages {
             })
     }
 
+    /// Images a tool added to the current turn (`load_image`'s `data:` URLs), described for
+    /// a model without vision.
+    async fn describe_urls(&mut self, messages: &[Message], cancel: &CancellationToken) {
+        let mut urls: Vec<&str> = Vec::new();
+        for message in messages {
+            if let Message::User {
+                content: Content::Parts(parts),
+            } = message
+            {
+                for part in parts {
+                    if let ContentPart::ImageUrl { image_url } = part
+                        && !self.resolved.contains_key(&image_url.url)
+                        && !urls.contains(&image_url.url.as_str())
+                    {
+                        urls.push(&image_url.url);
+                    }
+                }
+            }
+        }
+        for url in urls {
+            let text = tokio::select! {
+                text = self.describe(url, "the image a tool loaded", cancel) => text,
+                () = cancel.cancelled() => return,
+            };
+            self.resolved
+                .insert(url.to_owned(), ContentPart::Text { text });
+        }
+    }
+
+    /// A description of the image at `url` by the first vision model that gives one, or a
+    /// note that none could. `what` names the image for the model.
+    async fn describe(&self, url: &str, what: &str, cancel: &CancellationToken) -> String {
+        let request = |model: &str| ChatRequest {
+            model: model.to_owned(),
+            messages: vec![
+                Message::system(DESCRIBE_PROMPT),
+                Message::User {
+                    content: Content::Parts(vec![ContentPart::ImageUrl {
+                        image_url: ImageUrl {
+                            url: url.to_owned(),
+                            detail: None,
+                        },
+                    }]),
+                },
+            ],
+            tools: Default::default(),
+            tool_choice: None,
+            parallel_tool_calls: None,
+            temperature: None,
+            max_completion_tokens: Some(400),
+        };
+        for describer in self.describers.iter() {
+            match describer
+                .llm
+                .stream(&request(&describer.model), cancel)
+                .await
+            {
+                Ok(completion) if !completion.content.trim().is_empty() => {
+                    let text: String = completion
+                        .content
+                        .trim()
+                        .chars()
+                        .take(MAX_DESCRIPTION_CHARS)
+                        .collect();
+                    return format!(
+                        "[{what}, described by a vision model (you cannot see images yourself): {text}]"
+                    );
+                }
+                // The turn is ending: asking the next model would be wasted.
+                Err(LlmError::Cancelled) => return format!("[{what} was not loaded]"),
+                Ok(_) => {
+                    tracing::warn!(model = %describer.model, "a vision model gave an empty description");
+                }
+                Err(error) => {
+                    tracing::warn!(model = %describer.model, %error, "a vision model could not describe an image");
+                }
+            }
+        }
+        format!(
+            "[{what} is attached, but this model cannot see images and no vision model could describe it]"
+        )
+    }
+
+    /// Whether images are described for a model without vision.
+    pub(super) fn describes(&self) -> bool {
+        !self.options.vision && !self.describers.is_empty()
+    }
+
     /// A message of the current turn as it is sent: references replaced by what
     /// [`TurnImages::load`] resolved them to.
     pub(super) fn current(&self, message: &Message) -> Message {
+        if self.describes() {
+            return map_parts(message, |part| match part {
+                ContentPart::ImageRef { image, message_id } => Some(
+                    self.resolved
+                        .get(&image.file_id)
+                        .cloned()
+                        .unwrap_or_else(|| ContentPart::Text {
+                            text: format!("[{} was not loaded]", which(message_id.as_deref())),
+                        }),
+                ),
+                ContentPart::ImageUrl { image_url } => Some(
+                    self.resolved
+                        .get(&image_url.url)
+                        .cloned()
+                        .unwrap_or_else(|| ContentPart::Text {
+                            text: "[an image was not loaded]".to_owned(),
+                        }),
+                ),
+                ContentPart::Text { .. } => None,
+            });
+        }
         if !self.options.vision {
             return without_vision(message, false);
         }

@@ -37,7 +37,7 @@ use crate::platform::{ChatRef, Platform};
 use crate::tool::{Caller, MessageAppender, ToolContext, ToolRegistry, ToolResult, codes};
 
 pub use events::{AgentEvent, AgentObserver, TracingObserver};
-pub use images::{ImageOptions, strip_image_data};
+pub use images::{ImageOptions, VisionModel, strip_image_data};
 
 /// Limits and model settings of the loop. Defaults follow docs/contract.md, "A turn".
 #[derive(Debug, Clone, PartialEq)]
@@ -183,6 +183,8 @@ pub struct Agent {
     /// cache keeps hitting. Shared by every fork: the prompts are the same for all.
     system_prompt: Arc<Mutex<SystemPrompt>>,
     observer: Arc<dyn AgentObserver>,
+    /// Who describes images when the model has no vision (`[[llm.vision_models]]`).
+    vision_models: Arc<[VisionModel]>,
 }
 
 /// The system prompt and the toolsets' prompt version it was built at.
@@ -219,7 +221,14 @@ impl Agent {
             base_prompt: base_prompt.into(),
             system_prompt: Arc::new(Mutex::new(system_prompt)),
             observer: Arc::new(TracingObserver),
+            vision_models: Arc::from(Vec::new()),
         }
+    }
+
+    /// Has images described by `models` (tried in order) when the model has no vision.
+    pub fn with_vision_models(mut self, models: Vec<VisionModel>) -> Self {
+        self.vision_models = models.into();
+        self
     }
 
     /// Sends loop events to `observer` instead of the log.
@@ -292,8 +301,11 @@ impl Agent {
         // One prompt for the whole turn, even if the skills are re-read meanwhile.
         let system_prompt = self.system_prompt();
         let vision = self.config.images.vision;
-        let mut images =
-            images::TurnImages::new(self.config.images.clone(), input.platform.clone());
+        let mut images = images::TurnImages::new(
+            self.config.images.clone(),
+            input.platform.clone(),
+            Arc::clone(&self.vision_models),
+        );
         // A stray answer and the nudge after it: sent with the retry, never stored.
         let mut stray_retry: Option<[Message; 2]> = None;
         let mut stray_retried = false;
@@ -320,6 +332,12 @@ impl Agent {
             if cancel.is_cancelled() {
                 turn.end = TurnEnd::Cancelled;
                 break;
+            }
+            if images.describes() {
+                // Stored as described: later turns still know what the images showed.
+                for message in &mut turn.messages {
+                    *message = images.current(message);
+                }
             }
             turn.iterations += 1;
 
