@@ -546,6 +546,12 @@ mod stray_calls {
             format!("```json\n{CALL}\n```"),
             format!("<|python_tag|>{CALL}"),
             format!("Let me check. <|python_tag|>{CALL}"),
+            format!("<|tool_call|>{CALL}"),
+            format!("One moment. <|tool_call|>{CALL}"),
+            format!("[TOOL_CALLS] [{CALL}]"),
+            format!("On it.\n[TOOL_CALLS] [{CALL}]"),
+            r#"{"name": "sleep", "parameters": {"ms": 0, "tag": "x"}}"#.to_owned(),
+            "On it:\n```json\n{\"name\": \"sleep\", \"parameters\": {\"ms\": 0}}\n```".to_owned(),
         ]
     }
 
@@ -589,7 +595,11 @@ mod stray_calls {
                 "{stored}"
             );
             assert!(
-                !stored.contains("<tool_call>") && !stored.contains("<invoke"),
+                !stored.contains("<tool_call>")
+                    && !stored.contains("<invoke")
+                    && !stored.contains("TOOL_CALLS")
+                    && !stored.contains("|tool_call|")
+                    && !stored.contains("parameters"),
                 "{stored}"
             );
             assert_no_dangling_calls(&turn.messages);
