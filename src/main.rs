@@ -301,7 +301,7 @@ async fn chat(
             "parlor chat — model {} at {}. Store: {}\n\
              You are in a group chat: write `name: text` to speak as someone, mention @{} to \
              address the bot ({}), `> text` replies to its last message, /help lists commands. \
-             Ctrl-D ends.",
+             Ctrl-D ends. Logs: errors only, on stderr (PARLOR_LOG=info for more).",
             config.model(),
             config.base_url(),
             config.data_dir().display(),
