@@ -20,6 +20,7 @@
 
 mod config;
 mod daemon;
+mod firstrun;
 mod memory;
 mod secrets;
 mod systemd;
@@ -101,11 +102,13 @@ enum Command {
 fn main() -> ExitCode {
     memory::limit_arenas();
     let cli = Cli::parse();
-    // The daemon logs its life (info); the interactive commands stay quiet but for warnings.
-    init_logging(if matches!(cli.command, Command::Run) {
-        "info"
-    } else {
-        "warn"
+    // The daemon logs its life (info). `chat` and `ask` share the terminal with a
+    // conversation: only errors, so retries and warnings do not interleave with it
+    // (PARLOR_LOG=warn or info brings them back). The rest stay quiet but for warnings.
+    init_logging(match cli.command {
+        Command::Run => "info",
+        Command::Chat { .. } | Command::Ask { .. } => "error",
+        _ => "warn",
     });
     match run(cli) {
         Ok(code) => code,
@@ -240,6 +243,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Ask { text, name, admin } => {
             let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            if let Some(help) = runtime.block_on(firstrun::preflight(&config)) {
+                eprintln!("{help}");
+                return Ok(ExitCode::from(2));
+            }
             runtime.block_on(ask(&config, text, name, admin))
         }
         Command::Run => {
@@ -249,6 +256,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Chat { dm, name, admin } => {
             let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            if let Some(help) = runtime.block_on(firstrun::preflight(&config)) {
+                eprintln!("{help}");
+                return Ok(ExitCode::from(2));
+            }
             runtime.block_on(chat(config, dm, name, admin))
         }
     }
@@ -290,7 +301,7 @@ async fn chat(
             "parlor chat — model {} at {}. Store: {}\n\
              You are in a group chat: write `name: text` to speak as someone, mention @{} to \
              address the bot ({}), `> text` replies to its last message, /help lists commands. \
-             Ctrl-D ends.",
+             Ctrl-D ends. Logs: errors only, on stderr (PARLOR_LOG=info for more).",
             config.model(),
             config.base_url(),
             config.data_dir().display(),
@@ -368,7 +379,14 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
     if let Some(mcp) = &services.mcp {
         mcp.shutdown().await;
     }
-    let turn = result.context("the turn failed")?;
+    let turn = match result {
+        Ok(turn) => turn,
+        Err(e) if firstrun::is_unreachable(&e) => {
+            eprintln!("{}", firstrun::unreachable(config, &e.to_string()).await);
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("the turn failed")),
+    };
     println!("{}", turn.reply);
     Ok(match turn.end {
         TurnEnd::Cancelled => ExitCode::from(130),

@@ -632,3 +632,93 @@ tools = ["echo", "delete_file", "lookup"]
     assert_contains(&text, "kb (connected): 3 tool(s)");
     assert_contains(&text, "kb__delete_file  risk dangerous · role operator");
 }
+
+/// A loopback address nothing listens on: bound, then released.
+async fn closed_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+/// A stand-in for a local Ollama: answers every request with `200 {}`.
+async fn fake_local_server() -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            let _ = socket
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+                .await;
+        }
+    });
+    (url, server)
+}
+
+#[tokio::test]
+async fn a_first_run_without_a_key_explains_what_is_missing() {
+    let data = tempfile::tempdir().unwrap();
+    let out = run(parlor()
+        .args(["ask", "hello"])
+        .env("PARLOR_DATA_DIR", data.path())
+        .env("PARLOR_LOCAL_LLM_PROBE", closed_url().await))
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_contains(&err, "no API key is set");
+    assert_contains(&err, "OPENAI_API_KEY");
+    assert_contains(&err, "OPENAI_BASE_URL");
+    assert_contains(&err, "PARLOR_MODEL");
+    assert_contains(&err, "http://127.0.0.1:11434/v1");
+    assert!(!err.contains("WARN"), "{err}");
+    assert!(!err.contains("A local model server answers"), "{err}");
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+
+    // `chat` stops the same way, before any conversation starts.
+    let out = run(parlor()
+        .arg("chat")
+        .env("PARLOR_DATA_DIR", data.path())
+        .env("PARLOR_LOCAL_LLM_PROBE", closed_url().await)
+        .stdin(std::process::Stdio::null()))
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_contains(&stderr(&out), "no API key is set");
+}
+
+#[tokio::test]
+async fn a_first_run_offers_a_local_server_that_answers() {
+    let (url, server) = fake_local_server().await;
+    let data = tempfile::tempdir().unwrap();
+    let out = run(parlor()
+        .args(["ask", "hello"])
+        .env("PARLOR_DATA_DIR", data.path())
+        .env("PARLOR_LOCAL_LLM_PROBE", &url))
+    .await;
+    server.abort();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_contains(&err, &format!("A local model server answers at {url}"));
+    assert_contains(&err, &format!("base_url = \"{url}/v1\""));
+    assert_contains(&err, &format!("OPENAI_BASE_URL={url}/v1"));
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_is_explained_without_a_warn_stack() {
+    let data = tempfile::tempdir().unwrap();
+    let endpoint = format!("{}/v1", closed_url().await);
+    let out = run(parlor()
+        .args(["ask", "hello"])
+        .env("PARLOR_DATA_DIR", data.path())
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("OPENAI_BASE_URL", &endpoint)
+        .env("PARLOR_LOCAL_LLM_PROBE", closed_url().await))
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_contains(&err, &format!("could not reach the model at {endpoint}"));
+    assert_contains(&err, "OPENAI_API_KEY");
+    assert!(!err.contains("WARN"), "{err}");
+}
