@@ -20,6 +20,7 @@
 
 mod config;
 mod daemon;
+mod http;
 mod memory;
 mod secrets;
 mod systemd;

@@ -428,7 +428,10 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
         registry(config, store, services)?,
         &prompt,
         main_config,
-    ))
+    )
+    .with_observer(Arc::new(parlor_bot::metrics::MetricsObserver::new(
+        config.model(),
+    ))))
 }
 
 /// Opens the store under the data directory; fails clearly when another parlor holds it.
