@@ -47,7 +47,9 @@ impl Health {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Option<String>>> {
         // A panic while holding the map leaves it whole (single inserts), so poison is moot.
-        self.components.lock().unwrap_or_else(PoisonError::into_inner)
+        self.components
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 

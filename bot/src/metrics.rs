@@ -51,7 +51,11 @@ impl Default for Metrics {
         let turns = Family::<Labels, Counter>::default();
         registry.register("turns", "Turns by platform and outcome", turns.clone());
         let llm_requests = Family::<Labels, Counter>::default();
-        registry.register("llm_requests", "LLM requests by model", llm_requests.clone());
+        registry.register(
+            "llm_requests",
+            "LLM requests by model",
+            llm_requests.clone(),
+        );
         let llm_latency: Family<Labels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -60,17 +64,41 @@ impl Default for Metrics {
             llm_latency.clone(),
         );
         let tokens = Family::<Labels, Counter>::default();
-        registry.register("llm_tokens", "Tokens by model and direction", tokens.clone());
+        registry.register(
+            "llm_tokens",
+            "Tokens by model and direction",
+            tokens.clone(),
+        );
         let tool_calls = Family::<Labels, Counter>::default();
-        registry.register("tool_calls", "Tool calls by tool and result code", tool_calls.clone());
+        registry.register(
+            "tool_calls",
+            "Tool calls by tool and result code",
+            tool_calls.clone(),
+        );
         let sessions = Gauge::default();
-        registry.register("sessions_in_memory", "Sessions held in memory", sessions.clone());
+        registry.register(
+            "sessions_in_memory",
+            "Sessions held in memory",
+            sessions.clone(),
+        );
         let send_errors = Family::<Labels, Counter>::default();
-        registry.register("platform_send_errors", "Platform send errors by platform", send_errors.clone());
+        registry.register(
+            "platform_send_errors",
+            "Platform send errors by platform",
+            send_errors.clone(),
+        );
         let send_retries = Family::<Labels, Counter>::default();
-        registry.register("platform_send_retries", "Platform send retries by platform", send_retries.clone());
+        registry.register(
+            "platform_send_retries",
+            "Platform send retries by platform",
+            send_retries.clone(),
+        );
         let clock_fires = Family::<Labels, Counter>::default();
-        registry.register("clock_fires", "Clock task fires by status", clock_fires.clone());
+        registry.register(
+            "clock_fires",
+            "Clock task fires by status",
+            clock_fires.clone(),
+        );
         Metrics {
             registry,
             turns,
@@ -140,7 +168,9 @@ pub struct MetricsObserver {
 
 impl std::fmt::Debug for MetricsObserver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetricsObserver").field("model", &self.model).finish_non_exhaustive()
+        f.debug_struct("MetricsObserver")
+            .field("model", &self.model)
+            .finish_non_exhaustive()
     }
 }
 
@@ -177,10 +207,16 @@ impl AgentObserver for MetricsObserver {
             AgentEvent::Usage { session, usage } => {
                 let mut labels = self.model();
                 labels.push(("direction", "in".to_owned()));
-                metrics.tokens.get_or_create(&labels).inc_by(usage.prompt_tokens);
+                metrics
+                    .tokens
+                    .get_or_create(&labels)
+                    .inc_by(usage.prompt_tokens);
                 labels.pop();
                 labels.push(("direction", "out".to_owned()));
-                metrics.tokens.get_or_create(&labels).inc_by(usage.completion_tokens);
+                metrics
+                    .tokens
+                    .get_or_create(&labels)
+                    .inc_by(usage.completion_tokens);
                 let mut sent = self.sent.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some(at) = sent.iter().position(|(s, _)| s == session) {
                     let (_, started) = sent.swap_remove(at);
@@ -191,7 +227,11 @@ impl AgentObserver for MetricsObserver {
                 }
             }
             AgentEvent::ToolFinished { call, result, .. } => {
-                let code = if result.success { "ok" } else { result.code().unwrap_or("error") };
+                let code = if result.success {
+                    "ok"
+                } else {
+                    result.code().unwrap_or("error")
+                };
                 metrics
                     .tool_calls
                     .get_or_create(&vec![
