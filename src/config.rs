@@ -43,6 +43,8 @@ pub struct Config {
     pub toolsets: ToolsetsConfig,
     /// `[mcp]`: Model Context Protocol servers whose tools the agent gets.
     pub mcp: McpSection,
+    /// `[http]`: `/healthz`, `/readyz` and `/metrics` (off unless `listen` is set).
+    pub http: HttpSection,
     /// The file this configuration came from (the sandbox hides it).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -259,6 +261,28 @@ pub struct DiscordSection {
     pub api_url: Option<String>,
     /// Whether replies may ping `@everyone`, `@here` and roles.
     pub allow_mass_mentions: bool,
+}
+
+/// `[http]`: the operator's listener.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSection {
+    /// Where to serve `/healthz`, `/readyz` and `/metrics`, `127.0.0.1:9464`; unset: off.
+    pub listen: Option<String>,
+}
+
+impl HttpSection {
+    /// The parsed `listen` address, if set.
+    pub fn listen_addr(&self) -> anyhow::Result<Option<std::net::SocketAddr>> {
+        self.listen
+            .as_deref()
+            .map(|listen| {
+                listen.parse().with_context(|| {
+                    format!("http.listen must be an address and port like 127.0.0.1:9464, got {listen:?}")
+                })
+            })
+            .transpose()
+    }
 }
 
 /// `[onebot]`: one of `url` (forward: parlor connects) and `listen` (reverse: the
@@ -787,6 +811,7 @@ impl Config {
         {
             bail!("discord.api_url must start with http:// or https://, got {api_url:?}");
         }
+        self.http.listen_addr()?;
         if self.onebot.url.is_some() && self.onebot.listen.is_some() {
             bail!(
                 "[onebot] takes url (forward: parlor connects) or listen (reverse: the implementation connects), not both"

@@ -33,6 +33,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let onebot = onebot(&config)?;
     let store = wiring::store(&config)?;
+    // Bound before anything connects: a taken port fails the start, not the first scrape.
+    let http = match config.http.listen_addr()? {
+        Some(addr) => Some(crate::http::bind(addr).await?),
+        None => None,
+    };
+    let http_store = Arc::clone(&store);
     let telegram = match telegram_token {
         Some(token) => Some(
             TelegramAdapter::connect(TelegramConfig {
@@ -82,34 +88,46 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             + usize::from(onebot.is_some()),
     ));
     if let Some(telegram) = telegram {
+        parlor_bot::health::global().set_down("telegram", "not connected yet");
         let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
         let shutdown = shutdown.clone();
         let readiness = Arc::clone(&readiness);
         tasks.spawn(async move {
             telegram
-                .run_with_ready(inbox, shutdown, move || readiness.one_ready())
+                .run_with_ready(inbox, shutdown, move || {
+                    parlor_bot::health::global().set_ready("telegram");
+                    readiness.one_ready();
+                })
                 .await
                 .context("the Telegram adapter stopped")
         });
     }
     if let Some(discord) = discord {
+        parlor_bot::health::global().set_down("discord", "not connected yet");
         let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
         let shutdown = shutdown.clone();
         let readiness = Arc::clone(&readiness);
         tasks.spawn(async move {
             discord
-                .run_with_ready(inbox, shutdown, move || readiness.one_ready())
+                .run_with_ready(inbox, shutdown, move || {
+                    parlor_bot::health::global().set_ready("discord");
+                    readiness.one_ready();
+                })
                 .await
                 .context("the Discord adapter stopped")
         });
     }
     if let Some(onebot) = onebot {
+        parlor_bot::health::global().set_down("onebot", "not connected yet");
         let inbox: Arc<dyn Inbox> = Arc::new(manager.clone());
         let shutdown = shutdown.clone();
         let readiness = Arc::clone(&readiness);
         tasks.spawn(async move {
             onebot
-                .run_with_ready(inbox, shutdown, move || readiness.one_ready())
+                .run_with_ready(inbox, shutdown, move || {
+                    parlor_bot::health::global().set_ready("onebot");
+                    readiness.one_ready();
+                })
                 .await
                 .context("the OneBot adapter stopped")
         });
@@ -130,6 +148,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             reload_on_hangup(sessions, shutdown).await;
             Ok(())
         });
+    }
+    if let Some(listener) = http {
+        let shutdown = shutdown.clone();
+        let state = crate::http::HttpState {
+            store: http_store,
+            sessions: Some(manager.clone()),
+        };
+        tasks.spawn(async move { crate::http::serve(listener, state, shutdown).await });
     }
     if let Some(interval) = systemd::watchdog_interval() {
         let shutdown = shutdown.clone();

@@ -21,6 +21,7 @@
 mod config;
 mod daemon;
 mod firstrun;
+mod http;
 mod memory;
 mod secrets;
 mod systemd;

@@ -452,7 +452,10 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
         &prompt,
         main_config,
     )
-    .with_vision_models(vision_models))
+    .with_vision_models(vision_models)
+    .with_observer(Arc::new(parlor_bot::metrics::MetricsObserver::new(
+        config.model(),
+    ))))
 }
 
 /// Opens the store under the data directory; fails clearly when another parlor holds it.

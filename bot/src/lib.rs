@@ -24,8 +24,10 @@
 
 pub mod agent;
 pub mod backoff;
+pub mod health;
 pub mod image;
 pub mod llm;
+pub mod metrics;
 pub mod platform;
 pub mod ratelimit;
 pub mod session;

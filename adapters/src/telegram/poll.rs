@@ -112,6 +112,7 @@ impl Receiver for TelegramAdapter {
             };
             let wait = match fetched {
                 Ok(batch) => {
+                    parlor_bot::health::global().set_ready("telegram");
                     acknowledged = offset;
                     match self
                         .deliver_batch(batch, inbox.as_ref(), &shutdown, &mut offset)
@@ -131,6 +132,8 @@ impl Receiver for TelegramAdapter {
                 }
                 Err(Failure::Transient(error)) => {
                     let wait = failures.next_delay();
+                    parlor_bot::health::global()
+                        .set_down("telegram", format!("polling Telegram failed: {error}"));
                     tracing::warn!(%error, ?wait, "polling Telegram failed; retrying");
                     wait
                 }
@@ -158,6 +161,8 @@ impl Receiver for TelegramAdapter {
                 }
                 Err(Failure::Fatal(error)) => {
                     let wait = failures.next_delay();
+                    parlor_bot::health::global()
+                        .set_down("telegram", format!("Telegram refused getUpdates: {error}"));
                     tracing::error!(%error, ?wait, "Telegram refused getUpdates; retrying");
                     wait
                 }

@@ -122,11 +122,13 @@ impl SessionManager {
                 }
                 Ok(Err(PlatformError::Refused(why) | PlatformError::NotFound(why))) => {
                     tracing::error!(outbox = entry.id, chat = %entry.chat, reason = %why, "the platform refused the reply for good; giving it up (is the bot still in this chat?)");
+                    crate::metrics::global().send_error(&entry.chat.platform);
                     self.given_up(entry, &why).await;
                     return Sent::Done;
                 }
                 Ok(Err(PlatformError::RateLimited(after))) => after.max(Duration::from_secs(1)),
                 Ok(Err(e)) => {
+                    crate::metrics::global().send_error(&entry.chat.platform);
                     if failures < 3 || failures.is_multiple_of(20) {
                         tracing::warn!(outbox = entry.id, chat = %entry.chat, error = %e, failures, "could not send; the reply stays in the outbox and is retried");
                     }
@@ -137,6 +139,7 @@ impl SessionManager {
                     BACKOFF.delay(failures)
                 }
             };
+            crate::metrics::global().send_retry(&entry.chat.platform);
             failures = failures.saturating_add(1);
             tokio::select! {
                 biased;

@@ -194,6 +194,7 @@ async fn execute(
             ),
         },
     };
+    parlor_bot::metrics::global().clock_fire(end.status.as_str());
     match end.status {
         RunStatus::Ok => {
             tracing::info!(clock = task.id, run = fire.run, ids = ?end.message_ids, "clock task posted");

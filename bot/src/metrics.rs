@@ -1,0 +1,262 @@
+//! The daemon's counters, in one process-wide Prometheus registry (`prometheus-client`,
+//! the Prometheus project's own Rust client) that `/metrics` encodes. Fed from the
+//! existing hooks: [`MetricsObserver`] for the agent loop, one-line calls elsewhere.
+
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Instant;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::agent::{AgentEvent, AgentObserver, TracingObserver, TurnEnd};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Every counter parlor keeps.
+pub struct Metrics {
+    registry: Registry,
+    /// Turns by `platform` and `outcome`.
+    pub turns: Family<Labels, Counter>,
+    /// LLM requests by `model`.
+    pub llm_requests: Family<Labels, Counter>,
+    /// Seconds from an LLM request to its usage report, by `model`.
+    pub llm_latency: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Tokens by `model` and `direction` (`in` / `out`).
+    pub tokens: Family<Labels, Counter>,
+    /// Tool calls by `tool` and `code` (`ok` or the result's code).
+    pub tool_calls: Family<Labels, Counter>,
+    /// Sessions held in memory.
+    pub sessions: Gauge,
+    /// Platform send errors by `platform`.
+    pub send_errors: Family<Labels, Counter>,
+    /// Platform send retries by `platform`.
+    pub send_retries: Family<Labels, Counter>,
+    /// Clock task fires by `status`.
+    pub clock_fires: Family<Labels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("parlor");
+        let turns = Family::<Labels, Counter>::default();
+        registry.register("turns", "Turns by platform and outcome", turns.clone());
+        let llm_requests = Family::<Labels, Counter>::default();
+        registry.register(
+            "llm_requests",
+            "LLM requests by model",
+            llm_requests.clone(),
+        );
+        let llm_latency: Family<Labels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "llm_request_seconds",
+            "Seconds from an LLM request to its usage report, by model",
+            llm_latency.clone(),
+        );
+        let tokens = Family::<Labels, Counter>::default();
+        registry.register(
+            "llm_tokens",
+            "Tokens by model and direction",
+            tokens.clone(),
+        );
+        let tool_calls = Family::<Labels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "Tool calls by tool and result code",
+            tool_calls.clone(),
+        );
+        let sessions = Gauge::default();
+        registry.register(
+            "sessions_in_memory",
+            "Sessions held in memory",
+            sessions.clone(),
+        );
+        let send_errors = Family::<Labels, Counter>::default();
+        registry.register(
+            "platform_send_errors",
+            "Platform send errors by platform",
+            send_errors.clone(),
+        );
+        let send_retries = Family::<Labels, Counter>::default();
+        registry.register(
+            "platform_send_retries",
+            "Platform send retries by platform",
+            send_retries.clone(),
+        );
+        let clock_fires = Family::<Labels, Counter>::default();
+        registry.register(
+            "clock_fires",
+            "Clock task fires by status",
+            clock_fires.clone(),
+        );
+        Metrics {
+            registry,
+            turns,
+            llm_requests,
+            llm_latency,
+            tokens,
+            tool_calls,
+            sessions,
+            send_errors,
+            send_retries,
+            clock_fires,
+        }
+    }
+}
+
+// 0.1 s to ~51 s: a local model answers in the first buckets, a long tool-laden turn in the last.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.1, 2.0, 10))
+}
+
+impl Metrics {
+    /// The registry in the Prometheus text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an empty answer would be the only symptom.
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::warn!(error = %e, "cannot encode the metrics");
+        }
+        out
+    }
+
+    /// Counts a platform send that failed for good.
+    pub fn send_error(&self, platform: &str) {
+        self.send_errors
+            .get_or_create(&vec![("platform", platform.to_owned())])
+            .inc();
+    }
+
+    /// Counts a platform send that is tried again.
+    pub fn send_retry(&self, platform: &str) {
+        self.send_retries
+            .get_or_create(&vec![("platform", platform.to_owned())])
+            .inc();
+    }
+
+    /// Counts a clock task fire by how it ended.
+    pub fn clock_fire(&self, status: &str) {
+        self.clock_fires
+            .get_or_create(&vec![("status", status.to_owned())])
+            .inc();
+    }
+}
+
+/// The process's metrics.
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::default)
+}
+
+/// Feeds the agent loop's events into [`global`] and on to the log.
+pub struct MetricsObserver {
+    model: String,
+    inner: Arc<dyn AgentObserver>,
+    // When the latest LLM request of each session was sent; a handful of entries at most.
+    sent: Mutex<Vec<(String, Instant)>>,
+}
+
+impl std::fmt::Debug for MetricsObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsObserver")
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MetricsObserver {
+    /// Counts for `model`, then logs as [`TracingObserver`] does.
+    pub fn new(model: impl Into<String>) -> Self {
+        MetricsObserver {
+            model: model.into(),
+            inner: Arc::new(TracingObserver),
+            sent: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn model(&self) -> Labels {
+        vec![("model", self.model.clone())]
+    }
+}
+
+/// The platform part of a session key (`telegram:-100...` is `telegram`).
+fn platform_of(session: &str) -> String {
+    session.split(':').next().unwrap_or(session).to_owned()
+}
+
+impl AgentObserver for MetricsObserver {
+    fn on_event(&self, event: &AgentEvent<'_>) {
+        let metrics = global();
+        match *event {
+            AgentEvent::LlmRequest { session, .. } => {
+                metrics.llm_requests.get_or_create(&self.model()).inc();
+                let mut sent = self.sent.lock().unwrap_or_else(PoisonError::into_inner);
+                sent.retain(|(s, _)| s != session);
+                sent.push((session.to_owned(), Instant::now()));
+            }
+            AgentEvent::Usage { session, usage } => {
+                let mut labels = self.model();
+                labels.push(("direction", "in".to_owned()));
+                metrics
+                    .tokens
+                    .get_or_create(&labels)
+                    .inc_by(usage.prompt_tokens);
+                labels.pop();
+                labels.push(("direction", "out".to_owned()));
+                metrics
+                    .tokens
+                    .get_or_create(&labels)
+                    .inc_by(usage.completion_tokens);
+                let mut sent = self.sent.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(at) = sent.iter().position(|(s, _)| s == session) {
+                    let (_, started) = sent.swap_remove(at);
+                    metrics
+                        .llm_latency
+                        .get_or_create(&self.model())
+                        .observe(started.elapsed().as_secs_f64());
+                }
+            }
+            AgentEvent::ToolFinished { call, result, .. } => {
+                let code = if result.success {
+                    "ok"
+                } else {
+                    result.code().unwrap_or("error")
+                };
+                metrics
+                    .tool_calls
+                    .get_or_create(&vec![
+                        ("tool", call.function.name.clone()),
+                        ("code", code.to_owned()),
+                    ])
+                    .inc();
+            }
+            AgentEvent::TurnFinished { session, end, .. } => {
+                let outcome = match end {
+                    TurnEnd::Answered => "answered",
+                    TurnEnd::IterationLimit => "iteration_limit",
+                    TurnEnd::Cancelled => "cancelled",
+                    TurnEnd::RepeatedToolCall => "repeated_tool_call",
+                };
+                metrics
+                    .turns
+                    .get_or_create(&vec![
+                        ("platform", platform_of(session)),
+                        ("outcome", outcome.to_owned()),
+                    ])
+                    .inc();
+            }
+            AgentEvent::ToolStarted { .. } => {}
+        }
+        self.inner.on_event(event);
+    }
+}

@@ -1,0 +1,98 @@
+//! The operator's HTTP listener (`[http] listen`): `/healthz` (the process answers),
+//! `/readyz` (the store is open and every adapter connected; 503 with the reason
+//! otherwise) and `/metrics` (Prometheus text format from `parlor_bot::metrics`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use parlor_bot::session::SessionManager;
+use parlor_bot::store::Store;
+use tokio_util::sync::CancellationToken;
+
+/// What the routes read.
+#[derive(Clone)]
+pub struct HttpState {
+    /// Checked by `/readyz`.
+    pub store: Arc<dyn Store>,
+    /// Sessions in memory, read at scrape time.
+    pub sessions: Option<SessionManager>,
+}
+
+/// The routes, for [`serve`] and for tests.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// Binds `addr` (a failure stops the start, not the first scrape).
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on http.listen = {addr}"))
+}
+
+/// Serves until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: HttpState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let local = listener.local_addr().ok();
+    tracing::info!(addr = ?local, "serving /healthz, /readyz and /metrics");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .context("the HTTP listener failed")
+}
+
+async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    // The store answers from memory when it is open; a wedged disk must not wedge the probe.
+    let store = Arc::clone(&state.store);
+    let probe = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::task::spawn_blocking(move || store.get_meta("parlor_readyz_probe")),
+    )
+    .await;
+    let store_down = match probe {
+        Ok(Ok(Ok(_))) => None,
+        Ok(Ok(Err(e))) => Some(format!("store: {e}")),
+        Ok(Err(e)) => Some(format!("store: the probe failed: {e}")),
+        Err(_) => Some("store: did not answer within 2 s".to_owned()),
+    };
+    let adapters = parlor_bot::health::global().check();
+    let reasons: Vec<String> = store_down.into_iter().chain(adapters.err()).collect();
+    if reasons.is_empty() {
+        (StatusCode::OK, "ready\n".to_owned())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready\n{}\n", reasons.join("\n")),
+        )
+    }
+}
+
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    let metrics = parlor_bot::metrics::global();
+    if let Some(sessions) = &state.sessions {
+        metrics
+            .sessions
+            .set(i64::try_from(sessions.live_sessions()).unwrap_or(i64::MAX));
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.encode(),
+    )
+}
