@@ -320,42 +320,29 @@ impl TurnImages {
     }
 
     /// A message of the current turn as it is sent: references replaced by what
-    /// [`TurnImages::load`] resolved them to.
+    /// [`TurnImages::load`] resolved them to (for a model without vision that has them
+    /// described, tools' images too).
     pub(super) fn current(&self, message: &Message) -> Message {
-        if self.describes() {
-            return map_parts(message, |part| match part {
-                ContentPart::ImageRef { image, message_id } => Some(
-                    self.resolved
-                        .get(&image.file_id)
-                        .cloned()
-                        .unwrap_or_else(|| ContentPart::Text {
-                            text: format!("[{} was not loaded]", which(message_id.as_deref())),
-                        }),
-                ),
-                ContentPart::ImageUrl { image_url } => Some(
-                    self.resolved
-                        .get(&image_url.url)
-                        .cloned()
-                        .unwrap_or_else(|| ContentPart::Text {
-                            text: "[an image was not loaded]".to_owned(),
-                        }),
-                ),
-                ContentPart::Text { .. } => None,
-            });
-        }
-        if !self.options.vision {
+        let describes = self.describes();
+        if !self.options.vision && !describes {
             return without_vision(message, false);
         }
+        // Not resolved: the turn was cancelled while it downloaded.
+        let resolved = |key: &str, what: &str| {
+            self.resolved
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| ContentPart::Text {
+                    text: format!("[{what} was not loaded]"),
+                })
+        };
         map_parts(message, |part| match part {
-            ContentPart::ImageRef { image, message_id } => Some(
-                self.resolved
-                    .get(&image.file_id)
-                    .cloned()
-                    // Not loaded: the turn was cancelled while it downloaded.
-                    .unwrap_or_else(|| ContentPart::Text {
-                        text: format!("[{} was not loaded]", which(message_id.as_deref())),
-                    }),
-            ),
+            ContentPart::ImageRef { image, message_id } => {
+                Some(resolved(&image.file_id, &which(message_id.as_deref())))
+            }
+            ContentPart::ImageUrl { image_url } if describes => {
+                Some(resolved(&image_url.url, "an image"))
+            }
             _ => None,
         })
     }
