@@ -555,6 +555,18 @@ mod stray_calls {
         ]
     }
 
+    /// One turn on an empty history, with the test tools and default limits.
+    async fn run_once(llm: &Arc<ScriptedLlm>, text: &str) -> parlor_bot::agent::Turn {
+        agent_with(
+            Arc::clone(llm),
+            Arc::new(TestTools::default()),
+            AgentConfig::default(),
+        )
+        .run_turn(&[], input(text), CancellationToken::new())
+        .await
+        .unwrap()
+    }
+
     fn all_text(messages: &[Message]) -> String {
         messages
             .iter()
@@ -571,15 +583,7 @@ mod stray_calls {
                 calls(&[("c1", "sleep", json!({"ms": 0, "tag": "x"}))]),
                 text("Done waiting."),
             ]);
-            let agent = agent_with(
-                llm.clone(),
-                Arc::new(TestTools::default()),
-                AgentConfig::default(),
-            );
-            let turn = agent
-                .run_turn(&[], input("wait a bit"), CancellationToken::new())
-                .await
-                .unwrap();
+            let turn = run_once(&llm, "wait a bit").await;
             assert_eq!(turn.reply, "Done waiting.", "{stray}");
             assert_eq!(turn.end, TurnEnd::Answered);
             let requests = llm.requests();
@@ -610,15 +614,7 @@ mod stray_calls {
     async fn a_second_stray_answer_becomes_an_apology() {
         for stray in patterns() {
             let llm = ScriptedLlm::new(vec![text(&stray), text(&stray)]);
-            let agent = agent_with(
-                llm.clone(),
-                Arc::new(TestTools::default()),
-                AgentConfig::default(),
-            );
-            let turn = agent
-                .run_turn(&[], input("wait a bit"), CancellationToken::new())
-                .await
-                .unwrap();
+            let turn = run_once(&llm, "wait a bit").await;
             assert_eq!(turn.reply, APOLOGY, "{stray}");
             assert_eq!(llm.requests().len(), 2, "retried once only: {stray}");
             assert_eq!(turn.messages.len(), 2);
@@ -630,15 +626,7 @@ mod stray_calls {
     async fn ordinary_answers_and_requests_without_tools_are_left_alone() {
         let mention = format!("You could send {CALL} to the API, as its docs show.");
         let llm = ScriptedLlm::new(vec![text(&mention)]);
-        let agent = agent_with(
-            llm.clone(),
-            Arc::new(TestTools::default()),
-            AgentConfig::default(),
-        );
-        let turn = agent
-            .run_turn(&[], input("how?"), CancellationToken::new())
-            .await
-            .unwrap();
+        let turn = run_once(&llm, "how?").await;
         assert_eq!(turn.reply, mention);
         assert_eq!(llm.requests().len(), 1);
 
