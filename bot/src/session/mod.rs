@@ -26,6 +26,7 @@
 
 mod actor;
 mod commands;
+mod compact;
 pub mod history;
 mod inbox;
 pub mod life;
