@@ -566,7 +566,11 @@ pub fn runtime(
         turns_per_minute: config.bot.turns_per_minute,
         // With compaction on, the trim is only the safety net behind it.
         history_tokens: config.llm.context_window
-            * if config.bot.compact_ratio > 0.0 { 85 } else { 60 }
+            * if config.bot.compact_ratio > 0.0 {
+                85
+            } else {
+                60
+            }
             / 100,
         context_window: config.llm.context_window,
         compact_ratio: config.bot.compact_ratio,

@@ -71,9 +71,8 @@ impl Agent {
     ) -> Result<String, CompactError> {
         let budget = self.config.summary_input_chars.max(2000);
         let mut last = CompactError::Empty;
-        for (attempt, (chars, per_message)) in [(budget, 2000), (budget / 2, 400)]
-            .into_iter()
-            .enumerate()
+        for (attempt, (chars, per_message)) in
+            [(budget, 2000), (budget / 2, 400)].into_iter().enumerate()
         {
             if cancel.is_cancelled() {
                 return Err(CompactError::Cancelled);
@@ -278,8 +277,16 @@ mod tests {
         assert_eq!(keep_from(&history, 2, usize::MAX), 16);
         assert!(matches!(history[16], Message::User { .. }));
         assert_eq!(keep_from(&history, 6, usize::MAX), 0, "nothing older");
-        assert_eq!(keep_from(&history, 0, usize::MAX), 20, "at least the newest");
-        assert_eq!(keep_from(&history, 4, 1), 20, "over the budget: the newest alone");
+        assert_eq!(
+            keep_from(&history, 0, usize::MAX),
+            20,
+            "at least the newest"
+        );
+        assert_eq!(
+            keep_from(&history, 4, 1),
+            20,
+            "over the budget: the newest alone"
+        );
         assert_eq!(keep_from(&[], 4, 100), 0);
     }
 

@@ -51,7 +51,11 @@ impl SessionManager {
             return None;
         }
         // The ratio is checked at load (0 < ratio ≤ 1) and the window is a token count.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
         Some((config.context_window as f64 * config.compact_ratio) as usize)
     }
 

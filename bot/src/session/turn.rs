@@ -262,8 +262,9 @@ impl SessionManager {
         } else {
             strip_image_data(&mut history[kept..]);
         }
-        let compact_due =
-            reply.is_some() && model_failed.is_none() && self.context_full(context_tokens, &history);
+        let compact_due = reply.is_some()
+            && model_failed.is_none()
+            && self.context_full(context_tokens, &history);
         let before = history.len();
         trim_to_budget(&mut history, self.inner.config.history_tokens);
         let trimmed = before - history.len();

@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 use super::sled_store::{StoreOptions, check_session};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
-    PendingItem, PendingKind, Store, StoreError, StoredMessage, Summary, TurnCommit, merged_summaries, migrated_key,
-    moved_message, moved_outbox, moved_pending,
+    PendingItem, PendingKind, Store, StoreError, StoredMessage, Summary, TurnCommit,
+    merged_summaries, migrated_key, moved_message, moved_outbox, moved_pending,
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;

@@ -51,8 +51,8 @@ use sled::{Batch, Db, IVec, Tree};
 use super::memory::{is_pending_for, migrated_record};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
-    PendingItem, SENT_KEEP_DAYS, Store, StoreError, StoredMessage, Summary, TurnCommit, merged_summaries, migrated_key,
-    moved_message, moved_outbox, moved_pending,
+    PendingItem, SENT_KEEP_DAYS, Store, StoreError, StoredMessage, Summary, TurnCommit,
+    merged_summaries, migrated_key, moved_message, moved_outbox, moved_pending,
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;
