@@ -13,6 +13,7 @@
 //! | `history_heads` | session                              | `{"v":1,"first":N,"next":M}`            |
 //! | `history_messages` | session `\0` seq (u64 big-endian) | `{"v":1,"message":{...Message}}`        |
 //! | `history`       | session                              | `{"v":1,"messages":[...]}` (old format) |
+//! | `summaries`     | session                              | `{"v":1, ...Summary}` (compaction)      |
 //! | `pending`       | id (u64 big-endian)                  | `{"v":1, ...PendingItem}`               |
 //! | `outbox`        | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (unsent)      |
 //! | `outbox_done`   | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (sent/failed) |
