@@ -237,6 +237,66 @@ fn a_summary_lands_with_the_history_it_replaces_and_goes_with_a_reset() {
 }
 
 #[test]
+fn a_conditional_write_on_a_changed_record_refuses_the_whole_transaction() {
+    each_store(|name, store| {
+        store.kv_put("clocks", "1", "old").unwrap();
+        let stale = KvWrite {
+            if_unchanged: Some(Some("read".to_owned())),
+            ..kv("clocks", "1", Some("stale"))
+        };
+        let record = ChatRecord {
+            chat: old_chat(),
+            title: None,
+            present: false,
+            status: "kicked".to_owned(),
+            since: time(0),
+        };
+        let refused =
+            store.set_chat_status(&record, vec![kv("todo", "x", Some("y")), stale], vec![]);
+        assert!(
+            matches!(refused, Err(StoreError::Changed(_))),
+            "{name}: {refused:?}"
+        );
+        assert_eq!(
+            store.kv_get("clocks", "1").unwrap().as_deref(),
+            Some("old"),
+            "{name}"
+        );
+        assert_eq!(
+            store.kv_get("todo", "x").unwrap(),
+            None,
+            "{name}: nothing of it"
+        );
+        assert_eq!(store.chat_status(OLD).unwrap(), None, "{name}");
+        let refused = store.migrate_session(
+            &old_chat(),
+            &new_chat(),
+            vec![KvWrite {
+                if_unchanged: Some(None),
+                ..kv("clocks", "1", Some("new"))
+            }],
+        );
+        assert!(
+            matches!(refused, Err(StoreError::Changed(_))),
+            "{name}: {refused:?}"
+        );
+        assert_eq!(store.migrated_to(OLD).unwrap(), None, "{name}");
+
+        // Read right, it lands.
+        let fresh = KvWrite {
+            if_unchanged: Some(Some("old".to_owned())),
+            ..kv("clocks", "1", Some("new"))
+        };
+        store.set_chat_status(&record, vec![fresh], vec![]).unwrap();
+        assert_eq!(
+            store.kv_get("clocks", "1").unwrap().as_deref(),
+            Some("new"),
+            "{name}"
+        );
+    });
+}
+
+#[test]
 fn a_summary_survives_reopening_the_sled_store() {
     let dir = tempfile::tempdir().unwrap();
     {
@@ -283,6 +343,7 @@ fn kv(space: &str, key: &str, value: Option<&str>) -> KvWrite {
         space: space.to_owned(),
         key: key.to_owned(),
         value: value.map(str::to_owned),
+        if_unchanged: None,
     }
 }
 
@@ -943,11 +1004,13 @@ fn add_pending_with_writes_the_toolset_records_too() {
                         space: "tasks".to_owned(),
                         key: "t1".to_owned(),
                         value: Some("{\"notified\":true}".to_owned()),
+                        if_unchanged: None,
                     },
                     KvWrite {
                         space: "tasks".to_owned(),
                         key: "gone".to_owned(),
                         value: None,
+                        if_unchanged: None,
                     },
                 ],
             )

@@ -166,6 +166,7 @@ pub trait NoticeRow: Clone + Serialize + DeserializeOwned {
             space: Self::SPACE.to_owned(),
             key,
             value: Some(text),
+            if_unchanged: None,
         })
     }
 }

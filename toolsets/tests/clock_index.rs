@@ -370,3 +370,64 @@ async fn a_fresh_handle_on_the_same_store_starts_from_what_the_last_one_left() {
     agrees(&second.handle);
     second.stop().await;
 }
+
+/// A hook that changes clock task `id` the first time a chat moves, after the clock's hook
+/// has read the tasks and before the event's transaction: a tool's update (or a fire)
+/// landing in that gap.
+struct WriteInTheGap {
+    handle: ClockHandle,
+    id: u64,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl ChatHook for WriteInTheGap {
+    fn on_migrate(
+        &self,
+        _store: &dyn Store,
+        _from: &ChatRef,
+        _to: &ChatRef,
+    ) -> Result<Vec<parlor_bot::store::KvWrite>, parlor_bot::store::StoreError> {
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            let patch = ClockPatch {
+                name: Some("renamed in the gap".into()),
+                ..ClockPatch::default()
+            };
+            self.handle.update(self.id, patch).unwrap();
+        }
+        Ok(Vec::new())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_between_a_hooks_read_and_its_transaction_is_not_undone() {
+    let life = life();
+    let rig = life.rig("m", 20).await;
+    let h = &rig.handle;
+    let id = create(h, "tick", "every 1m", group_a());
+    let gap = Arc::new(WriteInTheGap {
+        handle: h.clone(),
+        id,
+        calls: 0.into(),
+    });
+    rig.manager.add_chat_hook(gap.clone());
+    let new = ChatRef::new("test", "-1000100");
+    rig.manager
+        .chat_event(ChatEvent::Migrated {
+            from: group_a(),
+            to: new.clone(),
+        })
+        .await
+        .unwrap();
+    // The clock hook's stale copy was refused and read again: both changes are kept.
+    assert_eq!(gap.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let task = h.task(id).unwrap().unwrap();
+    assert_eq!(task.name, "renamed in the gap");
+    assert_eq!(task.target, new);
+    agrees(h);
+    life.until("08:01:30").await;
+    assert_eq!(
+        posts(&rig),
+        [post("08:01:00", "-1000100", "renamed in the gap")]
+    );
+    rig.stop().await;
+}

@@ -113,20 +113,28 @@ pub fn move_records(
     Ok(writes)
 }
 
+/// Conditional on what was read: a tool writing either record before the event's
+/// transaction lands makes the transaction retry with a fresh read instead of undoing it.
 fn moves(space: &str, from: &str, to: &str, value: String) -> Vec<KvWrite> {
     vec![
         KvWrite {
             space: space.to_owned(),
             key: to.to_owned(),
-            value: Some(value),
+            value: Some(value.clone()),
+            if_unchanged: Some(None),
         },
         KvWrite {
             space: space.to_owned(),
             key: from.to_owned(),
             value: None,
+            if_unchanged: Some(Some(value)),
         },
     ]
 }
+
+/// How often an event's hooks read again when their conditional writes found a record
+/// changed; each retry follows a write that landed meanwhile, so more means a storm.
+const HOOK_ATTEMPTS: usize = 5;
 
 fn store_error(e: StoreError) -> InboxError {
     InboxError::Store(e.to_string())
@@ -207,20 +215,40 @@ impl SessionManager {
         by: &Sender,
         time: DateTime<Utc>,
     ) -> Result<Accepted, InboxError> {
+        // A hook's writes are computed from a read outside the transaction and conditional on
+        // it: a tool or a clock fire changing a record in between refuses the transaction,
+        // and the hooks read again.
+        for attempt in 1..=HOOK_ATTEMPTS {
+            match self.removed_once(chat, status, by, time) {
+                Err(StoreError::Changed(what)) if attempt < HOOK_ATTEMPTS => {
+                    tracing::debug!(chat = %chat, %what, "a record changed during the removal; again");
+                }
+                other => return other.map_err(store_error),
+            }
+        }
+        Err(InboxError::Store(format!(
+            "the records of {chat} kept changing during the removal"
+        )))
+    }
+
+    fn removed_once(
+        &self,
+        chat: &ChatRef,
+        status: &str,
+        by: &Sender,
+        time: DateTime<Utc>,
+    ) -> Result<Accepted, StoreError> {
         let store = &self.inner.store;
         let mut writes = Vec::new();
         let mut notices = Vec::new();
         for hook in self.hooks() {
-            let removal = hook
-                .on_removed(store.as_ref(), chat, status)
-                .map_err(store_error)?;
+            let removal = hook.on_removed(store.as_ref(), chat, status)?;
             writes.extend(removal.writes);
             for (to, text) in removal.notices {
                 let reachable = !same_chat(&to, chat)
                     && self.platform(&to).is_some()
                     && store
-                        .chat_status(&to.session_key())
-                        .map_err(store_error)?
+                        .chat_status(&to.session_key())?
                         .is_none_or(|record| record.present);
                 if reachable {
                     notices.push(OutboxEntry::new(&to.session_key(), &to, text, None));
@@ -232,16 +260,13 @@ impl SessionManager {
         let record = ChatRecord {
             chat: chat.clone(),
             title: store
-                .chat_status(&chat.session_key())
-                .map_err(store_error)?
+                .chat_status(&chat.session_key())?
                 .and_then(|r| r.title),
             present: false,
             status: status.to_owned(),
             since: time,
         };
-        let ids = store
-            .set_chat_status(&record, writes, notices.clone())
-            .map_err(store_error)?;
+        let ids = store.set_chat_status(&record, writes, notices.clone())?;
         tracing::info!(chat = %chat, status, by = %by.id, told = ids.len(), "removed from a chat");
         let mut accepted = Accepted::durable();
         for (mut entry, id) in notices.into_iter().zip(ids) {
@@ -264,17 +289,25 @@ impl SessionManager {
         }
         // Under the owner lock: no input can be queued on the old session meanwhile.
         let mut sessions = self.lock_sessions();
-        let mut writes = Vec::new();
-        for hook in self.hooks() {
-            writes.extend(
-                hook.on_migrate(store.as_ref(), from, to)
-                    .map_err(store_error)?,
-            );
-        }
-        if !store
-            .migrate_session(from, to, writes)
-            .map_err(store_error)?
-        {
+        let mut attempt = 0;
+        let moved = loop {
+            attempt += 1;
+            let mut writes = Vec::new();
+            for hook in self.hooks() {
+                writes.extend(
+                    hook.on_migrate(store.as_ref(), from, to)
+                        .map_err(store_error)?,
+                );
+            }
+            // Conditional writes, as in a removal.
+            match store.migrate_session(from, to, writes) {
+                Err(StoreError::Changed(what)) if attempt < HOOK_ATTEMPTS => {
+                    tracing::debug!(from = %old, to = %new, %what, "a record changed during the move; again");
+                }
+                other => break other.map_err(store_error)?,
+            }
+        };
+        if !moved {
             return Ok(Accepted::durable());
         }
         let waiting = sessions

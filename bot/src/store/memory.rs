@@ -59,6 +59,19 @@ impl Inner {
         self.last_id
     }
 
+    /// Refuses `writes` when a conditional one finds its record changed; called before
+    /// anything of the transaction is written.
+    fn check_kv(&self, writes: &[KvWrite]) -> Result<(), StoreError> {
+        for write in writes {
+            if let Some(expected) = &write.if_unchanged
+                && self.kv.get(&(write.space.clone(), write.key.clone())) != expected.as_ref()
+            {
+                return Err(write.changed());
+            }
+        }
+        Ok(())
+    }
+
     fn apply_kv(&mut self, writes: Vec<KvWrite>) {
         for write in writes {
             let key = (write.space, write.key);
@@ -216,6 +229,7 @@ impl Store for MemoryStore {
         also: Vec<KvWrite>,
     ) -> Result<u64, StoreError> {
         let mut inner = self.lock();
+        inner.check_kv(&also)?;
         let id = inner.next_id();
         item.id = id;
         inner.pending.insert(id, item);
@@ -336,6 +350,7 @@ impl Store for MemoryStore {
         let session = record.chat.session_key();
         check_session(&session)?;
         let mut inner = self.lock();
+        inner.check_kv(&also)?;
         inner.chats.insert(session, record.clone());
         inner.apply_kv(also);
         Ok(notices
@@ -363,6 +378,7 @@ impl Store for MemoryStore {
         if inner.meta.contains_key(&marker) {
             return Ok(false);
         }
+        inner.check_kv(&also)?;
         // The log: the old chat's messages first, then whatever the new chat logged.
         let moved = inner.logs.remove(&old).unwrap_or_default();
         let kept = inner.logs.remove(&new).unwrap_or_default();

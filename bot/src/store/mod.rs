@@ -54,6 +54,10 @@ pub enum StoreError {
     /// The database could not be opened, read or written.
     #[error("storage error: {0}")]
     Io(String),
+    /// A conditional write ([`KvWrite::if_unchanged`]) found its record changed since it
+    /// was read: nothing of the transaction was written; read again and retry.
+    #[error("record {0} changed since it was read")]
+    Changed(String),
     /// A stored value could not be decoded (corruption, or written by a newer version).
     #[error("stored value {key} cannot be read: {reason}")]
     Corrupt {
@@ -239,7 +243,7 @@ pub enum Inbound {
 
 /// A write to a toolset collection that must land together with another write (see
 /// [`Store::add_pending_with`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KvWrite {
     /// The collection.
     pub space: String,
@@ -247,6 +251,18 @@ pub struct KvWrite {
     pub key: String,
     /// The new value; `None` removes the record.
     pub value: Option<String>,
+    /// When set, the write applies only if the record still holds this (`None`: absent);
+    /// otherwise the whole transaction is refused with [`StoreError::Changed`]. For a
+    /// write computed from a read made outside the transaction (a chat hook), which must
+    /// not undo what another writer did in between.
+    pub if_unchanged: Option<Option<String>>,
+}
+
+impl KvWrite {
+    /// The error of a conditional write whose record changed.
+    pub(crate) fn changed(&self) -> StoreError {
+        StoreError::Changed(format!("{}/{}", self.space, self.key))
+    }
 }
 
 /// What the bot knows of its own place in a chat (the `chats` tree): written when it is

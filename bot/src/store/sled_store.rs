@@ -846,6 +846,14 @@ fn apply_kv(
     index: &[usize],
 ) -> Result<(), ConflictableTransactionError<StoreError>> {
     for (write, &at) in also.iter().zip(index) {
+        if let Some(expected) = &write.if_unchanged {
+            let current = t[at].get(write.key.as_bytes())?;
+            if current.as_deref() != expected.as_deref().map(str::as_bytes) {
+                return Err(ConflictableTransactionError::Abort(write.changed()));
+            }
+        }
+    }
+    for (write, &at) in also.iter().zip(index) {
         match &write.value {
             Some(v) => t[at].insert(write.key.as_bytes(), v.as_bytes())?,
             None => t[at].remove(write.key.as_bytes())?,

@@ -300,15 +300,37 @@ impl ClockHandle {
         }
     }
 
-    /// The writes a chat hook answers for `tasks` as changed: they land in the event's
-    /// transaction, which the session layer commits after the hook returned, so each is
-    /// noted here and filed in the index once the store holds it.
-    pub(crate) fn hook_writes(&self, tasks: &[ClockTask]) -> Vec<KvWrite> {
+    /// Every task with its record as read, for a chat hook that rewrites some of them.
+    pub(crate) fn tasks_as_read(&self) -> Result<Vec<(ClockTask, String)>, ClockError> {
+        let mut tasks: Vec<(ClockTask, String)> = self
+            .shared
+            .store
+            .kv_scan(TASKS, "")?
+            .into_iter()
+            .filter_map(|(key, value)| match decode::<ClockTask>(&key, &value) {
+                Ok(task) => Some((task, value)),
+                Err(e) => {
+                    tracing::error!(error = %e, "skipping an unreadable clock record");
+                    None
+                }
+            })
+            .collect();
+        tasks.sort_by_key(|(t, _)| t.id);
+        Ok(tasks)
+    }
+
+    /// The writes a chat hook answers for `tasks` as changed (each with its record as the
+    /// hook read it): they land in the event's transaction, which the session layer
+    /// commits after the hook returned, so each is noted here and filed in the index once
+    /// the store holds it. Each is conditional on the record read: a fire or a tool's
+    /// update landing in between refuses the transaction (the session layer asks the hook
+    /// again) rather than be overwritten by the stale copy.
+    pub(crate) fn hook_writes(&self, tasks: &[(ClockTask, String)]) -> Vec<KvWrite> {
         let now = self.now();
         let mut state = self.lock();
         tasks
             .iter()
-            .map(|task| {
+            .map(|(task, read)| {
                 let value = encode(task);
                 state.answered.insert(
                     task.id,
@@ -321,6 +343,7 @@ impl ClockHandle {
                     space: TASKS.to_owned(),
                     key: task.id.to_string(),
                     value: Some(value),
+                    if_unchanged: Some(Some(read.clone())),
                 }
             })
             .collect()

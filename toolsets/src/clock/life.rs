@@ -10,7 +10,10 @@
 //!   reason) once the bot is back.
 //!
 //! The writes are answered through [`ClockHandle`], which notes them so that its index of
-//! the enabled tasks follows once the event's transaction has landed.
+//! the enabled tasks follows once the event's transaction has landed. Each is conditional
+//! on the record the hook read, so a fire that advanced a task meanwhile is never undone
+//! (which after a move would fire it again): the transaction is refused and the session
+//! layer asks the hook again.
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::session::{ChatHook, Removal};
@@ -32,9 +35,9 @@ impl ClockChatHook {
         ClockChatHook { handle }
     }
 
-    fn tasks(&self) -> Result<Vec<ClockTask>, StoreError> {
+    fn tasks(&self) -> Result<Vec<(ClockTask, String)>, StoreError> {
         self.handle
-            .tasks()
+            .tasks_as_read()
             .map_err(|e| StoreError::Io(format!("cannot read the clock tasks: {e}")))
     }
 }
@@ -52,7 +55,7 @@ impl ChatHook for ClockChatHook {
     ) -> Result<Vec<KvWrite>, StoreError> {
         let old = from.session_key();
         let mut moved = Vec::new();
-        for mut task in self.tasks()? {
+        for (mut task, read) in self.tasks()? {
             let retarget = same_chat(&task.target, from);
             let rehome = task.created_in == old;
             if !retarget && !rehome {
@@ -67,7 +70,7 @@ impl ChatHook for ClockChatHook {
             if rehome {
                 task.created_in = to.session_key();
             }
-            moved.push(task);
+            moved.push((task, read));
         }
         // Through the handle, so its index follows once the event's transaction landed.
         Ok(self.handle.hook_writes(&moved))
@@ -82,7 +85,7 @@ impl ChatHook for ClockChatHook {
         let now = self.handle.now();
         let mut removal = Removal::default();
         let mut paused = Vec::new();
-        for mut task in self.tasks()? {
+        for (mut task, read) in self.tasks()? {
             if !task.enabled || !same_chat(&task.target, chat) {
                 continue;
             }
@@ -111,7 +114,7 @@ impl ChatHook for ClockChatHook {
                 ));
             }
             tracing::info!(clock = task.id, chat = %chat, status, "clock task paused: the bot was removed");
-            paused.push(task);
+            paused.push((task, read));
         }
         removal.writes = self.handle.hook_writes(&paused);
         Ok(removal)
