@@ -398,7 +398,11 @@ async fn the_rate_limit_delays_turns_and_merges_what_waits() {
         rig.platform.wait_sent(i as usize + 1).await;
     }
     let start = tokio::time::Instant::now();
-    for i in 2..6 {
+    rig.say(2, "alice", "@parlor 2").await;
+    // The actor is waiting out the limit now (time is paused: this second passes at once);
+    // what arrives meanwhile still merges with the input it waits with.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 3..6 {
         rig.say(i, "alice", &format!("@parlor {i}")).await;
     }
     tokio::time::sleep(Duration::from_secs(50)).await;

@@ -72,7 +72,7 @@ impl SessionManager {
             if self.inner.draining.is_cancelled() {
                 break;
             }
-            let Some(mut item) = session.queue.pop() else {
+            let Some(kind) = session.queue.front_kind() else {
                 let idle = tokio::time::sleep(self.inner.config.idle_timeout);
                 tokio::select! {
                     () = session.queue.notified() => continue,
@@ -92,10 +92,14 @@ impl SessionManager {
             // is between turns (most of them, most of the time) costs the small wait, not
             // the few KiB of a whole turn's state machine.
             let work = Box::pin(async {
-                if item.kind != crate::store::PendingKind::Reset && !self.rate_limit(session).await
-                {
+                // The item is taken only after the wait, so input arriving meanwhile merges
+                // into it instead of becoming one more turn behind it.
+                if kind != crate::store::PendingKind::Reset && !self.rate_limit(session).await {
                     return false;
                 }
+                let Some(mut item) = session.queue.pop() else {
+                    return true;
+                };
                 self.resolve_roles(&mut item).await;
                 self.run_item(session, item).await;
                 true

@@ -191,6 +191,11 @@ impl SessionQueue {
         item
     }
 
+    /// The kind of the next item, which stays queued (and can still take merges).
+    pub fn front_kind(&self) -> Option<PendingKind> {
+        self.lock().front().map(|item| item.kind)
+    }
+
     /// Waits until an item may be available.
     pub async fn notified(&self) {
         self.notify.notified().await;
