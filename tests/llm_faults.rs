@@ -426,18 +426,38 @@ async fn a_context_length_error_is_retried_once_without_the_older_history() {
     let reply = rig.ask("third question").await;
     assert!(reply.starts_with("fine: "), "{reply}");
     assert!(reply.contains("too long for the model"), "{reply}");
-    assert!(reply.contains("forgot its older part"), "{reply}");
+    assert!(reply.contains("summarized its older part"), "{reply}");
     let requests = rig.llm().requests();
+    // The refused request, the summary of its older half (tools off), the retry.
+    assert_eq!(requests.len(), 5);
+    assert!(
+        requests[3].tool_names().is_empty(),
+        "a summarizer does not act"
+    );
+    assert!(format!("{:?}", requests[3].body).contains("first question"));
     let refused = requests[2].messages().len();
-    let retried = requests[3].messages().len();
+    let retried = requests[4].messages().len();
     assert!(retried < refused, "{retried} < {refused}");
-    assert!(!format!("{:?}", requests[3].body).contains("first question"));
+    assert!(!user_texts(&requests[4]).contains("first question"));
 
-    // What was dropped stays dropped: the next turn does not send it again.
+    // What was dropped stays dropped (its summary stands in for it): the next turn does
+    // not send it again.
     rig.recovers().await;
     let last = rig.llm().last_request().unwrap();
-    assert!(!format!("{:?}", last.body).contains("first question"));
-    assert!(format!("{:?}", last.body).contains("third question"));
+    assert!(!user_texts(&last).contains("first question"));
+    assert!(user_texts(&last).contains("third question"));
+    assert!(format!("{:?}", last.messages()[0]).contains("Earlier in this chat"));
+}
+
+/// The text of a request's user messages, for what the conversation itself still holds.
+fn user_texts(request: &parlor_testkit::RecordedRequest) -> String {
+    request
+        .messages()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,11 +466,13 @@ async fn a_context_length_error_that_persists_tells_the_chat_to_reset() {
     answer_normally(rig.llm());
     assert!(rig.ask("first question").await.starts_with("fine: "));
 
-    rig.llm().push(Reply::context_length_exceeded());
-    rig.llm().push(Reply::context_length_exceeded());
+    // The request, both attempts at summarizing its older half, and the one retry.
+    for _ in 0..4 {
+        rig.llm().push(Reply::context_length_exceeded());
+    }
     let reply = rig.ask("a very long question").await;
     assert_notice(&reply, "too long for the language model");
     assert!(reply.contains("/reset"), "{reply}");
-    assert_eq!(rig.llm().request_count(), 3, "one retry, not more");
+    assert_eq!(rig.llm().request_count(), 5, "one retry, not more");
     rig.recovers().await;
 }
