@@ -158,6 +158,7 @@ fn commit_history(store: &dyn Store, session: &str, change: HistoryChange) {
             history: Some(change),
             answered: Vec::new(),
             reply: None,
+            also: Vec::new(),
         })
         .unwrap();
 }
@@ -274,6 +275,7 @@ fn a_migration_moves_the_whole_session_once() {
                 history: None,
                 answered: vec![],
                 reply: Some(unsent),
+                also: Vec::new(),
             })
             .unwrap();
         let record = ChatRecord {
@@ -389,6 +391,7 @@ fn an_edit_updates_the_log_and_a_pending_input_but_not_an_answered_one() {
                 history: None,
                 answered: vec![id],
                 reply: None,
+                also: Vec::new(),
             })
             .unwrap();
         edited.text = "what is 3+3?".to_owned();
@@ -615,6 +618,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
                 history: Some(append(0, rich_history())),
                 answered: vec![p1, p2],
                 reply: Some(reply(A, "done")),
+                also: Vec::new(),
             })
             .unwrap()
             .expect("a reply was given");
@@ -635,6 +639,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
                 history: Some(append(0, vec![Message::user("alice: other")])),
                 answered: vec![other],
                 reply: None,
+                also: Vec::new(),
             })
             .unwrap();
         assert_eq!(none, None, "{name}");
@@ -655,6 +660,7 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
                     history: Some(HistoryChange::Replace(Vec::new())),
                     answered: Vec::new(),
                     reply: Some(reply(session, text)),
+                    also: Vec::new(),
                 })
                 .unwrap()
                 .expect("queued");
@@ -696,6 +702,7 @@ fn a_refused_reply_leaves_the_outbox_with_its_reason() {
                 history: None,
                 answered: Vec::new(),
                 reply: Some(reply(A, "r")),
+                also: Vec::new(),
             })
             .unwrap()
             .expect("queued");
@@ -718,6 +725,7 @@ fn a_commit_without_history_leaves_the_history_alone() {
                 history: None,
                 answered: vec![id],
                 reply: Some(reply(A, "only admins")),
+                also: Vec::new(),
             })
             .unwrap();
         assert_eq!(store.load_history(A).unwrap(), rich_history(), "{name}");
@@ -969,6 +977,7 @@ fn sled_state_survives_a_restart() {
                 history: Some(append(0, rich_history())),
                 answered: vec![p1],
                 reply: Some(reply(A, "hello")),
+                also: Vec::new(),
             })
             .unwrap()
             .unwrap();

@@ -66,9 +66,14 @@ impl SessionManager {
             .load_history(key)
             .map(|h| h.len())
             .unwrap_or(0);
+        let tokens = match self.tokens_today(key) {
+            (used, Some(limit)) => format!("{used} of {limit}"),
+            (used, None) => used.to_string(),
+        };
         format!(
             "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
-             Turns since start: {turns}\nModel: {}\nTools: {}\nUp for {} min",
+             Turns since start: {turns}\nTokens today (UTC): {tokens}\nModel: {}\nTools: {}\n\
+             Up for {} min",
             if running {
                 "Working on an answer."
             } else {

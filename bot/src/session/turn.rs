@@ -12,34 +12,49 @@ use tokio_util::sync::CancellationToken;
 use super::history::trim_to_budget;
 use super::manager::{ScheduledOutcome, Session, SessionManager};
 use super::queue::QueueItem;
+use super::trace::TurnFacts;
+use super::usage::{BUDGET_NOTICE, Budget};
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
 use crate::llm::{Content, ContentPart, LlmError, Message};
 use crate::store::{HistoryChange, OutboxEntry, PendingKind, TurnCommit};
 use crate::tool::{Role, RoleResolver};
 
 /// What a turn wants committed.
+#[derive(Default)]
 struct Outcome {
     history: Option<HistoryChange>,
     reply: Option<String>,
     /// The reason, when the reply is the "could not reach the model" notice.
     model_failed: Option<String>,
+    /// What the model did, for the day's usage and the trace; `None` when it was not asked.
+    facts: Option<TurnFacts>,
+    /// The reply is today's budget notice (`usage.rs`).
+    budget_told: bool,
 }
 
 impl SessionManager {
     /// Runs one item and commits it; hands the reply to the outbox and tells any waiter.
     pub(super) async fn run_item(&self, session: &Arc<Session>, item: QueueItem) {
         let cancel = self.inner.abort.child_token();
+        let started = chrono::Utc::now();
         {
             let mut state = session.state();
             state.turn_cancel = Some(cancel.clone());
+            state.current = Some((started, item.text()));
             state.turns += 1;
         }
         let outcome = if item.kind == PendingKind::Reset {
             self.reset(session, &item).await
+        } else if let Budget::Spent { told } = self.budget(&session.key) {
+            Some(over_budget(told))
         } else {
             self.turn(session, &item, &cancel).await
         };
-        session.state().turn_cancel = None;
+        {
+            let mut state = session.state();
+            state.turn_cancel = None;
+            state.current = None;
+        }
         let Some(outcome) = outcome else {
             // Abandoned (shutdown, store failure): the input stays pending; the waiter is
             // dropped and its submitter sees the turn cancelled.
@@ -57,18 +72,27 @@ impl SessionManager {
                     .flat_map(|i| i.pending_ids),
             );
         }
-        let reply = outcome
+        let mut reply = outcome
             .reply
             .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
-        let commit = TurnCommit {
+        let also = self.turn_records(
+            &session.key,
+            &item,
+            outcome.facts.as_ref(),
+            outcome.budget_told,
+            started,
+            reply.as_mut(),
+        );
+        let commit = also.map(|also| TurnCommit {
             session: session.key.clone(),
             history: outcome.history,
             answered: answered.clone(),
             reply: reply.clone(),
-        };
+            also,
+        });
         // The wait is shared with every other chat committing or taking input meanwhile, and
         // covers this chat's intake writes before it.
-        let committed = match self.inner.store.commit_turn(commit) {
+        let committed = match commit.and_then(|commit| self.inner.store.commit_turn(commit)) {
             Ok(id) => self.durable().await.map(|()| id),
             Err(e) => Err(e),
         };
@@ -123,16 +147,15 @@ impl SessionManager {
         let caller = item.caller();
         if !item.private && caller.role < Role::ChatAdmin {
             return Some(Outcome {
-                history: None,
                 reply: Some("Only an admin can reset this chat.".to_owned()),
-                model_failed: None,
+                ..Outcome::default()
             });
         }
         session.agent.tools().reset(&session.key);
         Some(Outcome {
             history: Some(HistoryChange::Replace(Vec::new())),
             reply: Some("Done: I forgot this chat's conversation and plans.".to_owned()),
-            model_failed: None,
+            ..Outcome::default()
         })
     }
 
@@ -184,12 +207,14 @@ impl SessionManager {
         let loaded = history.len();
         // How many of the loaded messages the model's context refused.
         let mut refused = 0;
+        let facts;
         let (new_messages, reply, model_failed) = match result {
             Ok(turn) if turn.end == TurnEnd::Cancelled && self.inner.abort.is_cancelled() => {
                 tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
                 return None;
             }
             Ok(turn) => {
+                facts = TurnFacts::of(&turn);
                 let reply = match turn.end {
                     TurnEnd::Cancelled => None,
                     _ if turn.reply.trim().is_empty() => Some(
@@ -219,6 +244,7 @@ impl SessionManager {
             Err(e) => {
                 tracing::error!(session = %session.key, error = %e, "turn failed");
                 let reason = short_reason(&e.to_string());
+                facts = TurnFacts::failed(&reason);
                 (Vec::new(), Some(failure_notice(&e)), Some(reason))
             }
         };
@@ -251,6 +277,8 @@ impl SessionManager {
             history: Some(change),
             reply,
             model_failed,
+            facts: Some(facts),
+            budget_told: false,
         })
     }
 
@@ -272,6 +300,18 @@ impl SessionManager {
                 }),
         );
         Content::Parts(parts)
+    }
+}
+
+/// A turn not run: the chat's daily token budget is used up. The input is answered
+/// (committed) all the same, and the chat told once a day.
+fn over_budget(told: bool) -> Outcome {
+    Outcome {
+        reply: (!told).then(|| BUDGET_NOTICE.to_owned()),
+        // A clock fire's run log says why nothing was posted.
+        model_failed: Some("the chat's daily token budget is used up".to_owned()),
+        budget_told: !told,
+        ..Outcome::default()
     }
 }
 

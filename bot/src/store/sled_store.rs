@@ -356,7 +356,10 @@ impl Store for SledStore {
         let reply = match commit.reply {
             Some(mut entry) => {
                 // Assigned before the transaction: a failed commit only wastes an id.
-                let id = self.db.generate_id().map_err(sled_error)?;
+                let id = match entry.id {
+                    0 => self.db.generate_id().map_err(sled_error)?,
+                    reserved => reserved,
+                };
                 entry.id = id;
                 Some((id, encode(&entry)?))
             }
@@ -364,13 +367,17 @@ impl Store for SledStore {
         };
         let session = commit.session.as_str();
         let answered = &commit.answered;
-        let trees = [
-            &self.history,
-            &self.history_heads,
-            &self.history_messages,
-            &self.pending,
-            &self.outbox,
-        ];
+        let also = &commit.also;
+        let (trees, index) = self.with_kv_trees(
+            vec![
+                self.history.clone(),
+                self.history_heads.clone(),
+                self.history_messages.clone(),
+                self.pending.clone(),
+                self.outbox.clone(),
+            ],
+            also,
+        )?;
         let result = trees[..].transaction(|t| {
             let (pending, outbox) = (&t[3], &t[4]);
             let tx = HistoryTx {
@@ -389,10 +396,14 @@ impl Store for SledStore {
             if let Some((id, value)) = &reply {
                 outbox.insert(&id.to_be_bytes(), value.as_slice())?;
             }
-            Ok(())
+            apply_kv(t, also, &index)
         });
         transaction_result::<()>(result)?;
         Ok(reply.map(|(id, _)| id))
+    }
+
+    fn reserve_id(&self) -> Result<u64, StoreError> {
+        self.db.generate_id().map_err(sled_error)
     }
 
     fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
