@@ -136,6 +136,11 @@ impl SessionManager {
         }
     }
 
+    /// The daily token budget per chat, if there is one.
+    pub fn daily_token_budget(&self) -> Option<u64> {
+        self.inner.config.daily_tokens_per_chat
+    }
+
     /// `session`'s tokens today and the daily limit, for `/status` and the console.
     pub fn tokens_today(&self, session: &str) -> (u64, Option<u64>) {
         let used =
