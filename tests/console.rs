@@ -1,0 +1,341 @@
+//! The operator's console (`[http] token_env`) of the real `parlor run` against the fake
+//! Telegram and the fake LLM, all on loopback: every console route refuses a missing or
+//! wrong token, the login sets a session cookie, the pages render the store's turns, clock
+//! runs and background tasks, and pausing a clock task changes the stored task.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+mod support;
+
+use parlor_bot::store::{SledStore, Store, StoreOptions};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
+use parlor_toolsets::clock::{ClockHandle, ClockOptions};
+use reqwest::StatusCode;
+use reqwest::redirect::Policy;
+use support::{config, daemon_command};
+
+const WAIT: Duration = Duration::from_secs(30);
+const GROUP: i64 = -100_123;
+const CONSOLE_TOKEN: &str = "console-token-for-the-test-0123";
+
+/// The running daemon with its console, after one turn that created a clock task firing
+/// soon (and fired), an hourly one, and a background task still running.
+pub struct World {
+    pub daemon: DaemonProcess,
+    pub telegram: FakeTelegram,
+    pub llm: FakeLlm,
+    pub addr: String,
+    pub dir: tempfile::TempDir,
+}
+
+fn alice() -> TgUser {
+    TgUser::new(1001, "Alice").username("alice")
+}
+
+/// The address the daemon logged it listens on.
+fn listen_addr(log: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains("serving /healthz"))?;
+    let start = line.find("127.0.0.1:")?;
+    Some(
+        line[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+            .collect(),
+    )
+}
+
+pub async fn world() -> World {
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let due = chrono::Utc::now() + chrono::Duration::seconds(2);
+    llm.push(Reply::tool_calls(vec![
+        ToolCallSpec::new(
+            "c1",
+            "clock_create",
+            serde_json::json!({
+                "name": "ping <soon>",
+                "schedule": due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                "content": "Say ping.",
+            }),
+        ),
+        ToolCallSpec::new(
+            "c2",
+            "clock_create",
+            serde_json::json!({"name": "hourly", "schedule": "every 1h", "content": "Say hour."}),
+        ),
+        ToolCallSpec::new(
+            "c3",
+            "shell",
+            serde_json::json!({"command": "echo started; sleep 60", "run_in_background": true}),
+        ),
+    ]));
+    llm.push(Reply::text("Scheduled <b>both</b>."));
+    llm.respond_with(|_| Reply::text("Ping!"));
+    let extra = format!(
+        "admins = [\"telegram:1001\"]\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"PARLOR_HTTP_TOKEN\"\n\
+         [terminal]\nenabled = true\nsandbox = \"none\"\n"
+    );
+    let config = config(dir.path(), &telegram, &extra);
+    let mut command = daemon_command(&config, &llm);
+    command.env("PARLOR_HTTP_TOKEN", CONSOLE_TOKEN);
+    let daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot set things up")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
+    assert_eq!(sent[0].text, "Scheduled <b>both</b>.", "{}", daemon.log());
+    assert_eq!(sent[1].text, "Ping!");
+    let addr = listen_addr(&daemon.log()).unwrap();
+    World {
+        daemon,
+        telegram,
+        llm,
+        addr,
+        dir,
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(Policy::none())
+        .timeout(WAIT)
+        .build()
+        .unwrap()
+}
+
+/// The `csrf` value of the first form of `html`.
+fn csrf(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").unwrap() + "name=\"csrf\" value=\"".len();
+    html[at..].split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
+    let mut world = world().await;
+    let base = format!("http://{}", world.addr);
+    let http = client();
+    let session = format!("telegram:{GROUP}");
+    let encoded = "telegram%3A%2D100123";
+
+    // The probes stay open.
+    for probe in ["/healthz", "/metrics"] {
+        let r = http.get(format!("{base}{probe}")).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{probe}");
+    }
+    // Every page without a token, or with a wrong one, goes to the login form; every
+    // action is refused.
+    let pages = [
+        "/".to_owned(),
+        format!("/chat/{encoded}"),
+        "/clock".to_owned(),
+        "/tasks".to_owned(),
+        "/errors".to_owned(),
+    ];
+    for page in &pages {
+        for bearer in [None, Some("wrong-token-wrong-token")] {
+            let mut request = http.get(format!("{base}{page}"));
+            if let Some(b) = bearer {
+                request = request.bearer_auth(b);
+            }
+            let r = request.send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::SEE_OTHER, "{page}");
+            assert_eq!(r.headers()["location"], "/login", "{page}");
+        }
+    }
+    let actions = [
+        "/stop",
+        "/clock/2/pause",
+        "/clock/2/resume",
+        "/tasks/stop",
+        "/logout",
+    ];
+    for action in actions {
+        for bearer in [None, Some("wrong-token-wrong-token")] {
+            let mut request = http
+                .post(format!("{base}{action}"))
+                .form(&[("session", session.as_str()), ("id", "x"), ("csrf", "x")]);
+            if let Some(b) = bearer {
+                request = request.bearer_auth(b);
+            }
+            let r = request.send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{action}");
+        }
+    }
+    // A made-up cookie is no login.
+    let r = http
+        .get(format!("{base}/"))
+        .header("cookie", "parlor_console=00ff")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+
+    // The login form: a wrong token is refused (and logged), the right one sets a cookie.
+    let r = http
+        .post(format!("{base}/login"))
+        .form(&[("token", "not-the-token-not-the-token")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = http
+        .post(format!("{base}/login"))
+        .form(&[("token", CONSOLE_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let set = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
+    assert!(!set.contains(CONSOLE_TOKEN), "{set}");
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let get = |path: String| {
+        let http = http.clone();
+        let cookie = cookie.clone();
+        let base = base.clone();
+        async move {
+            let r = http
+                .get(format!("{base}{path}"))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK, "{path}");
+            r.text().await.unwrap()
+        }
+    };
+
+    // Chats: the group with its turns and tokens of today.
+    let chats = get("/".to_owned()).await;
+    assert!(chats.contains(&format!("href=\"/chat/{encoded}\"")), "{chats}");
+    assert!(chats.contains("<meta name=\"viewport\""), "{chats}");
+    // Both turns (the mention and the fire) of today, at the fake's default usage each.
+    assert!(chats.contains("<td>2</td>"), "{chats}");
+
+    // The chat's trace: the input, every tool call with its code, the reply escaped, with
+    // the platform's message id.
+    let trace = get(format!("/chat/{encoded}")).await;
+    assert!(trace.contains("set things up"), "{trace}");
+    assert!(trace.contains("clock_create"), "{trace}");
+    assert!(trace.contains("shell"), "{trace}");
+    assert!(trace.contains("<span class=\"ok\">ok</span>"), "{trace}");
+    assert!(trace.contains("Scheduled &lt;b&gt;both&lt;/b&gt;."), "{trace}");
+    assert!(!trace.contains("<b>both</b>"), "{trace}");
+    let sent = world.telegram.sent_messages();
+    assert!(
+        trace.contains(&format!("as message {}", sent[0].message_id)),
+        "{trace}"
+    );
+
+    // Clock: the fired one-shot's run with its delivery proof; the hourly one paused and
+    // resumed through the form.
+    let clock = get("/clock".to_owned()).await;
+    assert!(clock.contains("ping &lt;soon&gt;"), "{clock}");
+    assert!(
+        clock.contains(&format!("<td>ok</td><td>{}</td>", sent[1].message_id)),
+        "{clock}"
+    );
+    assert!(clock.contains("action=\"/clock/2/pause\""), "{clock}");
+    let token = csrf(&clock);
+    // Without the CSRF token a logged-in browser's POST is refused.
+    let r = http
+        .post(format!("{base}/clock/2/pause"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = http
+        .post(format!("{base}/clock/2/pause"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let clock = get("/clock".to_owned()).await;
+    assert!(clock.contains("action=\"/clock/2/resume\""), "{clock}");
+
+    // Tasks: the background shell task, running, stopped from the console.
+    let tasks = get("/tasks".to_owned()).await;
+    assert!(tasks.contains("echo started; sleep 60"), "{tasks}");
+    assert!(tasks.contains("running"), "{tasks}");
+    assert!(tasks.contains("action=\"/tasks/stop\""), "{tasks}");
+    let id_at = tasks.find("name=\"id\" value=\"").unwrap() + "name=\"id\" value=\"".len();
+    let task_id = tasks[id_at..].split('"').next().unwrap().to_owned();
+    let r = http
+        .post(format!("{base}/tasks/stop"))
+        .bearer_auth(CONSOLE_TOKEN)
+        .form(&[("session", session.as_str()), ("id", task_id.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let tasks = get("/tasks".to_owned()).await;
+    assert!(tasks.contains("stopped"), "{tasks}");
+    assert!(!tasks.contains("action=\"/tasks/stop\""), "{tasks}");
+
+    // Errors: the refused login is there.
+    let errors = get("/errors".to_owned()).await;
+    assert!(errors.contains("console login refused"), "{errors}");
+
+    // Bearer access works for pages too.
+    let r = http
+        .get(format!("{base}/clock"))
+        .bearer_auth(CONSOLE_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+
+    let exit = world.daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", world.daemon.log());
+    // The pause went through the clock's handle into the store.
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
+        SledStore::open(&world.dir.path().join("data").join("db"), StoreOptions::default()).unwrap(),
+    );
+    let handle = ClockHandle::new(store, ClockOptions::default());
+    let task = handle.task(2).unwrap().unwrap();
+    assert_eq!(task.name, "hourly");
+    assert!(!task.enabled);
+    drop(world.llm);
+}
+
+#[tokio::test]
+async fn check_config_says_whether_the_console_is_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, "[http]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
+        .arg("--config")
+        .arg(&path)
+        .arg("check-config")
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("the console is off"), "{text}");
+
+    std::fs::write(
+        &path,
+        "[http]\nlisten = \"127.0.0.1:9464\"\ntoken_env = \"PARLOR_HTTP_TOKEN\"\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
+        .arg("--config")
+        .arg(&path)
+        .arg("check-config")
+        .env_clear()
+        .env("PARLOR_HTTP_TOKEN", CONSOLE_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("and the console"), "{text}");
+}
