@@ -228,7 +228,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             wiring::catalog_registry(&config, None)?;
             let problems = skill_problems(&config);
             if let Some(listen) = &config.http.listen {
-                println!("{}", http::console_line(listen, config.http_token().is_some()));
+                println!(
+                    "{}",
+                    http::console_line(listen, config.http_token().is_some())
+                );
             }
             if problems.is_empty() {
                 println!("configuration is valid");

@@ -155,9 +155,11 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
     ];
     for action in actions {
         for bearer in [None, Some("wrong-token-wrong-token")] {
-            let mut request = http
-                .post(format!("{base}{action}"))
-                .form(&[("session", session.as_str()), ("id", "x"), ("csrf", "x")]);
+            let mut request = http.post(format!("{base}{action}")).form(&[
+                ("session", session.as_str()),
+                ("id", "x"),
+                ("csrf", "x"),
+            ]);
             if let Some(b) = bearer {
                 request = request.bearer_auth(b);
             }
@@ -190,7 +192,10 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let set = r.headers()["set-cookie"].to_str().unwrap().to_owned();
-    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
     assert!(!set.contains(CONSOLE_TOKEN), "{set}");
     let cookie = set.split(';').next().unwrap().to_owned();
     let get = |path: String| {
@@ -211,7 +216,10 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
 
     // Chats: the group with its turns and tokens of today.
     let chats = get("/".to_owned()).await;
-    assert!(chats.contains(&format!("href=\"/chat/{encoded}\"")), "{chats}");
+    assert!(
+        chats.contains(&format!("href=\"/chat/{encoded}\"")),
+        "{chats}"
+    );
     assert!(chats.contains("<meta name=\"viewport\""), "{chats}");
     // Both turns (the mention and the fire) of today, at the fake's default usage each.
     assert!(chats.contains("<td>2</td>"), "{chats}");
@@ -223,7 +231,10 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
     assert!(trace.contains("clock_create"), "{trace}");
     assert!(trace.contains("shell"), "{trace}");
     assert!(trace.contains("<span class=\"ok\">ok</span>"), "{trace}");
-    assert!(trace.contains("Scheduled &lt;b&gt;both&lt;/b&gt;."), "{trace}");
+    assert!(
+        trace.contains("Scheduled &lt;b&gt;both&lt;/b&gt;."),
+        "{trace}"
+    );
     assert!(!trace.contains("<b>both</b>"), "{trace}");
     let sent = world.telegram.sent_messages();
     assert!(
@@ -297,7 +308,11 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
     assert!(exit.success(), "{}", world.daemon.log());
     // The pause went through the clock's handle into the store.
     let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
-        SledStore::open(&world.dir.path().join("data").join("db"), StoreOptions::default()).unwrap(),
+        SledStore::open(
+            &world.dir.path().join("data").join("db"),
+            StoreOptions::default(),
+        )
+        .unwrap(),
     );
     let handle = ClockHandle::new(store, ClockOptions::default());
     let task = handle.task(2).unwrap().unwrap();
@@ -338,4 +353,216 @@ async fn check_config_says_whether_the_console_is_on() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("and the console"), "{text}");
+}
+
+/// A WebDriver session on chromedriver, spoken over its W3C JSON protocol: the few
+/// commands the test needs do not call for a client crate.
+struct Browser {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Browser {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: serde_json::Value,
+    ) -> serde_json::Value {
+        let mut request = self.http.request(method, format!("{}{path}", self.url));
+        if !body.is_null() {
+            request = request.json(&body);
+        }
+        let r = request.send().await.unwrap();
+        let status = r.status();
+        let value: serde_json::Value = r.json().await.unwrap();
+        assert!(status.is_success(), "{path}: {value}");
+        value["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        self.call(
+            reqwest::Method::POST,
+            "/url",
+            serde_json::json!({ "url": url }),
+        )
+        .await;
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let found = self
+            .call(
+                reqwest::Method::POST,
+                "/element",
+                serde_json::json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        found
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(|v| v.as_str())
+            .unwrap()
+            .to_owned()
+    }
+
+    async fn source(&self) -> String {
+        self.call(reqwest::Method::GET, "/source", serde_json::Value::Null)
+            .await
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+/// Where a program is on `PATH`.
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headless_chromium_logs_in_reads_a_trace_and_pauses_a_clock_task() {
+    use base64::Engine as _;
+    use tokio::io::AsyncBufReadExt as _;
+
+    let (Some(chromium), Some(driver)) = (which("chromium"), which("chromedriver")) else {
+        // CI (.ci/run) installs both and sets this, so there the test never skips.
+        assert!(
+            std::env::var_os("PARLOR_REQUIRE_CHROMIUM").is_none(),
+            "PARLOR_REQUIRE_CHROMIUM is set but chromium or chromedriver is missing"
+        );
+        eprintln!("SKIPPED: chromium and chromedriver are not installed");
+        return;
+    };
+    let mut world = world().await;
+    let base = format!("http://{}", world.addr);
+
+    // A free loopback port for the driver, which says on stdout when it listens.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut chromedriver = tokio::process::Command::new(driver)
+        .arg(format!("--port={port}"))
+        .arg("--allowed-ips=127.0.0.1")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(chromedriver.stdout.take().unwrap()).lines();
+    tokio::time::timeout(WAIT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("started successfully") {
+                return;
+            }
+        }
+        panic!("chromedriver ended before it listened");
+    })
+    .await
+    .unwrap();
+
+    let http = client();
+    let created: serde_json::Value = http
+        .post(format!("http://127.0.0.1:{port}/session"))
+        .json(&serde_json::json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                // A phone's width: the console must stay usable there.
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=412,1400"],
+            }
+        }}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["value"]["sessionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    let browser = Browser {
+        http: http.clone(),
+        url: format!("http://127.0.0.1:{port}/session/{id}"),
+    };
+
+    // Not logged in: the console sends the browser to the login form.
+    browser.go(&format!("{base}/")).await;
+    let field = browser.find("input[name=token]").await;
+    browser
+        .call(
+            reqwest::Method::POST,
+            &format!("/element/{field}/value"),
+            serde_json::json!({ "text": CONSOLE_TOKEN }),
+        )
+        .await;
+    let submit = browser.find("button[type=submit]").await;
+    browser
+        .call(
+            reqwest::Method::POST,
+            &format!("/element/{submit}/click"),
+            serde_json::json!({}),
+        )
+        .await;
+    let chats = browser.source().await;
+    assert!(chats.contains("telegram:-100123"), "{chats}");
+
+    // The chat's trace, reached through its link.
+    let link = browser.find("a[href^='/chat/']").await;
+    browser
+        .call(
+            reqwest::Method::POST,
+            &format!("/element/{link}/click"),
+            serde_json::json!({}),
+        )
+        .await;
+    let trace = browser.source().await;
+    assert!(trace.contains("clock_create"), "{trace}");
+    assert!(trace.contains("set things up"), "{trace}");
+
+    // Pause the hourly task with its button.
+    browser.go(&format!("{base}/clock")).await;
+    let pause = browser.find("form[action='/clock/2/pause'] button").await;
+    browser
+        .call(
+            reqwest::Method::POST,
+            &format!("/element/{pause}/click"),
+            serde_json::json!({}),
+        )
+        .await;
+    let clock = browser.source().await;
+    assert!(clock.contains("/clock/2/resume"), "{clock}");
+
+    let shot = browser
+        .call(reqwest::Method::GET, "/screenshot", serde_json::Value::Null)
+        .await;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(shot.as_str().unwrap())
+        .unwrap();
+    let artifacts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    std::fs::write(artifacts.join("console.png"), &png).unwrap();
+    browser
+        .call(reqwest::Method::DELETE, "", serde_json::Value::Null)
+        .await;
+    chromedriver.kill().await.unwrap();
+
+    let exit = world.daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", world.daemon.log());
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
+        SledStore::open(
+            &world.dir.path().join("data").join("db"),
+            StoreOptions::default(),
+        )
+        .unwrap(),
+    );
+    let task = ClockHandle::new(store, ClockOptions::default())
+        .task(2)
+        .unwrap()
+        .unwrap();
+    assert!(!task.enabled, "the click paused the task in the store");
 }

@@ -125,7 +125,11 @@ fn form(action: &str, access: &Access, fields: &[(&str, &str)], label: &str) -> 
             esc(value)
         );
     }
-    let _ = write!(out, "<button type=\"submit\">{}</button></form>", esc(label));
+    let _ = write!(
+        out,
+        "<button type=\"submit\">{}</button></form>",
+        esc(label)
+    );
     out
 }
 
@@ -183,12 +187,19 @@ async fn login(State(console): State<Arc<Console>>, Form(form): Form<LoginForm>)
         tracing::warn!("console login refused: wrong token");
         return (
             StatusCode::UNAUTHORIZED,
-            page("Log in", None, "<p class=\"bad\">Wrong token.</p><p><a href=\"/login\">Try again</a></p>"),
+            page(
+                "Log in",
+                None,
+                "<p class=\"bad\">Wrong token.</p><p><a href=\"/login\">Try again</a></p>",
+            ),
         )
             .into_response();
     }
     let Some(id) = console.auth.login() else {
-        return failure(StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session id");
+        return failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no randomness for a session id",
+        );
     };
     (
         StatusCode::SEE_OTHER,
@@ -275,7 +286,11 @@ async fn chats(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
         }
     }
     for (session, row) in &mut rows {
-        row.title = store.chat_status(session).ok().flatten().and_then(|c| c.title);
+        row.title = store
+            .chat_status(session)
+            .ok()
+            .flatten()
+            .and_then(|c| c.title);
         let said = store
             .recent_messages(session, 1)
             .ok()
@@ -295,7 +310,9 @@ async fn chats(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
          <th>Current turn</th></tr></thead><tbody>"
     );
     if rows.is_empty() {
-        body.push_str("<tr><td colspan=\"8\" class=\"muted\">No chat has had a turn yet.</td></tr>");
+        body.push_str(
+            "<tr><td colspan=\"8\" class=\"muted\">No chat has had a turn yet.</td></tr>",
+        );
     }
     for (session, row) in &rows {
         let platform = ChatRef::parse_session_key(session)
@@ -367,7 +384,10 @@ async fn chat(
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(session = %session, error = %e, "console: cannot read traces");
-            return failure(StatusCode::INTERNAL_SERVER_ERROR, "the traces cannot be read");
+            return failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the traces cannot be read",
+            );
         }
     };
     let mut body = format!(
@@ -424,7 +444,9 @@ async fn chat(
             (Some(reply), Some(id)) => {
                 let delivery = match store.sent_reply(id) {
                     Ok(Some(done)) => match done.failed {
-                        Some(reason) => format!("<span class=\"bad\">not delivered: {}</span>", esc(&reason)),
+                        Some(reason) => {
+                            format!("<span class=\"bad\">not delivered: {}</span>", esc(&reason))
+                        }
                         None => format!(
                             "<span class=\"ok\">sent</span> as message {}",
                             esc(&done.sent_ids.join(", "))
@@ -466,7 +488,10 @@ async fn clock(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(error = %e, "console: cannot read the clock tasks");
-            return failure(StatusCode::INTERNAL_SERVER_ERROR, "the clock tasks cannot be read");
+            return failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the clock tasks cannot be read",
+            );
         }
     };
     let mut body = String::new();
@@ -499,7 +524,11 @@ async fn clock(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
             path_part(&task.target.session_key()),
             esc(&task.target.session_key()),
             esc(&task.content),
-            if next.is_empty() { "none".to_owned() } else { next.join(", ") },
+            if next.is_empty() {
+                "none".to_owned()
+            } else {
+                next.join(", ")
+            },
             id = task.id,
         );
         let runs = handle.runs(task.id, RUNS_SHOWN).unwrap_or_default();

@@ -82,11 +82,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let local = listener.local_addr().ok();
-    let console = if state.console.is_some() {
-        "on"
-    } else {
-        "off"
-    };
+    let console = if state.console.is_some() { "on" } else { "off" };
     tracing::info!(addr = ?local, console, "serving /healthz, /readyz and /metrics");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
