@@ -22,12 +22,15 @@ const CONSOLE_TOKEN: &str = "console-token-for-the-test-0123";
 
 /// The running daemon with its console, after one turn that created a clock task firing
 /// soon (and fired), an hourly one, and a background task still running.
-pub struct World {
-    pub daemon: DaemonProcess,
-    pub telegram: FakeTelegram,
-    pub llm: FakeLlm,
-    pub addr: String,
-    pub dir: tempfile::TempDir,
+struct World {
+    daemon: DaemonProcess,
+    telegram: FakeTelegram,
+    /// Kept alive: the daemon still talks to it.
+    llm: FakeLlm,
+    /// The console's address.
+    addr: String,
+    /// The daemon's data directory.
+    dir: tempfile::TempDir,
 }
 
 fn alice() -> TgUser {
@@ -46,7 +49,7 @@ fn listen_addr(log: &str) -> Option<String> {
     )
 }
 
-pub async fn world() -> World {
+async fn world() -> World {
     let llm = FakeLlm::start().await;
     let telegram = FakeTelegram::start(support::TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
@@ -74,11 +77,9 @@ pub async fn world() -> World {
     ]));
     llm.push(Reply::text("Scheduled <b>both</b>."));
     llm.respond_with(|_| Reply::text("Ping!"));
-    let extra = format!(
-        "admins = [\"telegram:1001\"]\n[http]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"PARLOR_HTTP_TOKEN\"\n\
-         [terminal]\nenabled = true\nsandbox = \"none\"\n"
-    );
-    let config = config(dir.path(), &telegram, &extra);
+    let extra = "admins = [\"telegram:1001\"]\n[http]\nlisten = \"127.0.0.1:0\"\n\
+                 token_env = \"PARLOR_HTTP_TOKEN\"\n[terminal]\nenabled = true\nsandbox = \"none\"\n";
+    let config = config(dir.path(), &telegram, extra);
     let mut command = daemon_command(&config, &llm);
     command.env("PARLOR_HTTP_TOKEN", CONSOLE_TOKEN);
     let daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;

@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::session::{SessionManager, trace, usage};
 use parlor_bot::store::Store;
-use parlor_toolsets::clock::{ClockHandle, ClockPatch};
+use parlor_toolsets::clock::{ClockHandle, ClockPatch, ScheduleKind};
 use parlor_toolsets::terminal::{TaskStatus, TerminalService};
 use serde::Deserialize;
 
@@ -133,12 +133,34 @@ fn form(action: &str, access: &Access, fields: &[(&str, &str)], label: &str) -> 
     out
 }
 
+/// Why a request was turned away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// A page without a valid token: to the login form.
+    Login,
+    /// An action without a valid token.
+    Unauthorized,
+    /// An action from a login whose form lacks its CSRF token.
+    Forged,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::Login => Redirect::to("/login").into_response(),
+            Refused::Unauthorized => {
+                (StatusCode::UNAUTHORIZED, "a token is needed\n").into_response()
+            }
+            Refused::Forged => {
+                (StatusCode::FORBIDDEN, "the form's CSRF token is wrong\n").into_response()
+            }
+        }
+    }
+}
+
 /// The access of a page request; without one, the way to the login form.
-fn page_access(console: &Console, headers: &HeaderMap) -> Result<Access, Response> {
-    console
-        .auth
-        .check(headers)
-        .ok_or_else(|| Redirect::to("/login").into_response())
+fn page_access(console: &Console, headers: &HeaderMap) -> Result<Access, Refused> {
+    console.auth.check(headers).ok_or(Refused::Login)
 }
 
 /// The access of an action: a valid login (or bearer) and, for a login, its CSRF token.
@@ -146,12 +168,10 @@ fn action_access(
     console: &Console,
     headers: &HeaderMap,
     csrf: Option<&str>,
-) -> Result<Access, Response> {
-    let Some(access) = console.auth.check(headers) else {
-        return Err((StatusCode::UNAUTHORIZED, "a token is needed\n").into_response());
-    };
+) -> Result<Access, Refused> {
+    let access = console.auth.check(headers).ok_or(Refused::Unauthorized)?;
     if !access.form_ok(csrf) {
-        return Err((StatusCode::FORBIDDEN, "the form's CSRF token is wrong\n").into_response());
+        return Err(Refused::Forged);
     }
     Ok(access)
 }
@@ -222,7 +242,7 @@ async fn logout(
     Form(form): Form<CsrfForm>,
 ) -> Response {
     if let Err(refused) = action_access(&console, &headers, form.csrf.as_deref()) {
-        return refused;
+        return refused.into_response();
     }
     console.auth.logout(&headers);
     (
@@ -256,7 +276,7 @@ fn later(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTime<
 async fn chats(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let access = match page_access(&console, &headers) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let store = console.store.as_ref();
     let mut rows: BTreeMap<String, ChatRow> = BTreeMap::new();
@@ -357,7 +377,7 @@ async fn stop(
     Form(form): Form<StopForm>,
 ) -> Response {
     if let Err(refused) = action_access(&console, &headers, form.csrf.as_deref()) {
-        return refused;
+        return refused.into_response();
     }
     let stopped = console
         .sessions
@@ -377,7 +397,7 @@ async fn chat(
 ) -> Response {
     let access = match page_access(&console, &headers) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let store = console.store.as_ref();
     let traces = match trace::recent(store, &session) {
@@ -474,7 +494,7 @@ async fn chat(
 async fn clock(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let access = match page_access(&console, &headers) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let Some(handle) = &console.clock else {
         return page(
@@ -499,8 +519,15 @@ async fn clock(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
         body.push_str("<p class=\"muted\">No clock task.</p>");
     }
     for task in &tasks {
+        let once = handle
+            .schedule_of(task)
+            .is_ok_and(|s| s.kind() == ScheduleKind::Once);
+        // A one-shot is disabled by its own fire; it is done, not paused.
+        let finished = !task.enabled && once && task.last_fire.is_some();
         let state = if task.enabled {
             "<span class=\"ok\">active</span>".to_owned()
+        } else if finished {
+            "<span class=\"muted\">done</span>".to_owned()
         } else {
             format!(
                 "<span class=\"bad\">paused</span> {}",
@@ -518,7 +545,11 @@ async fn clock(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
             "<section class=\"turn\" id=\"task-{id}\"><h2>#{id} {}</h2><p>{state} {}</p>\
              <p><code>{}</code> ({}) → <a href=\"/chat/{}\">{}</a></p><pre>{}</pre><p>Next: {}</p>",
             esc(&task.name),
-            form(&format!("/clock/{}/{action}", task.id), &access, &[], label),
+            if finished {
+                String::new()
+            } else {
+                form(&format!("/clock/{}/{action}", task.id), &access, &[], label)
+            },
             esc(&task.schedule),
             esc(&task.timezone),
             path_part(&task.target.session_key()),
@@ -564,7 +595,7 @@ async fn clock_action(
     Form(form): Form<CsrfForm>,
 ) -> Response {
     if let Err(refused) = action_access(&console, &headers, form.csrf.as_deref()) {
-        return refused;
+        return refused.into_response();
     }
     let enabled = match action.as_str() {
         "pause" => false,
@@ -595,7 +626,7 @@ async fn clock_action(
 async fn tasks(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let access = match page_access(&console, &headers) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let Some(terminal) = &console.terminal else {
         return page(
@@ -663,7 +694,7 @@ async fn task_stop(
     Form(form): Form<TaskStopForm>,
 ) -> Response {
     if let Err(refused) = action_access(&console, &headers, form.csrf.as_deref()) {
-        return refused;
+        return refused.into_response();
     }
     let Some(terminal) = &console.terminal else {
         return failure(StatusCode::NOT_FOUND, "the terminal is not enabled");
@@ -683,7 +714,7 @@ async fn task_stop(
 async fn errors(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let access = match page_access(&console, &headers) {
         Ok(a) => a,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let events = console.errors.recent();
     let mut body = format!(
