@@ -245,12 +245,21 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
 
     // Clock: the fired one-shot's run with its delivery proof; the hourly one paused and
     // resumed through the form.
-    let clock = get("/clock".to_owned()).await;
+    // The run is marked `ok` once the outbox lane has the platform's ids, just after the
+    // fake took the message: the page is read until it says so.
+    let delivered = format!("<td>ok</td><td>{}</td>", sent[1].message_id);
+    let clock = tokio::time::timeout(WAIT, async {
+        loop {
+            let clock = get("/clock".to_owned()).await;
+            if clock.contains(&delivered) {
+                return clock;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
     assert!(clock.contains("ping &lt;soon&gt;"), "{clock}");
-    assert!(
-        clock.contains(&format!("<td>ok</td><td>{}</td>", sent[1].message_id)),
-        "{clock}"
-    );
     assert!(clock.contains("action=\"/clock/2/pause\""), "{clock}");
     let token = csrf(&clock);
     // Without the CSRF token a logged-in browser's POST is refused.
@@ -406,6 +415,22 @@ impl Browser {
             .to_owned()
     }
 
+    /// The page's source once it contains `text` (a click's navigation ends on the
+    /// browser's own time).
+    async fn source_with(&self, text: &str) -> String {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let source = self.source().await;
+                if source.contains(text) {
+                    return source;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the page never showed {text:?}"))
+    }
+
     async fn source(&self) -> String {
         self.call(reqwest::Method::GET, "/source", serde_json::Value::Null)
             .await
@@ -509,8 +534,7 @@ async fn headless_chromium_logs_in_reads_a_trace_and_pauses_a_clock_task() {
             serde_json::json!({}),
         )
         .await;
-    let chats = browser.source().await;
-    assert!(chats.contains("telegram:-100123"), "{chats}");
+    browser.source_with("Turns today").await;
 
     // The chat's trace, reached through its link.
     let link = browser.find("a[href^='/chat/']").await;
@@ -521,8 +545,7 @@ async fn headless_chromium_logs_in_reads_a_trace_and_pauses_a_clock_task() {
             serde_json::json!({}),
         )
         .await;
-    let trace = browser.source().await;
-    assert!(trace.contains("clock_create"), "{trace}");
+    let trace = browser.source_with("clock_create").await;
     assert!(trace.contains("set things up"), "{trace}");
 
     // Pause the hourly task with its button.
@@ -535,8 +558,7 @@ async fn headless_chromium_logs_in_reads_a_trace_and_pauses_a_clock_task() {
             serde_json::json!({}),
         )
         .await;
-    let clock = browser.source().await;
-    assert!(clock.contains("/clock/2/resume"), "{clock}");
+    browser.source_with("/clock/2/resume").await;
 
     let shot = browser
         .call(reqwest::Method::GET, "/screenshot", serde_json::Value::Null)
