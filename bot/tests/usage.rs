@@ -96,6 +96,7 @@ async fn a_turn_commits_its_tokens_and_its_trace() {
     assert_eq!(first.requests[0].calls[0].arguments, r#"{"x":1}"#);
     assert_eq!(first.requests[0].calls[0].code, "TOOL_NOT_FOUND");
     assert_eq!(first.end, "answered");
+    assert_eq!(first.kind, "user_message");
     assert_eq!(first.reply.as_deref(), Some("fine"));
     // The trace names the reply's outbox record, which holds the platform's ids once sent.
     let outbox = first.outbox_id.unwrap();

@@ -293,7 +293,11 @@ impl SessionManager {
             }
             None => (None, None),
         };
-        let mut head = head(store, session)?;
+        // An unreadable head must not keep the turn from committing: the ring restarts.
+        let mut head = head(store, session).unwrap_or_else(|e| {
+            tracing::warn!(session, error = %e, "unreadable trace head; the chat's traces start over");
+            TraceHead::default()
+        });
         let seq = head.next;
         let now = Utc::now();
         let trace = TurnTrace {
@@ -305,7 +309,10 @@ impl SessionManager {
                 .and_then(user_text)
                 .unwrap_or_else(|| item.text())),
             callers: item.callers.iter().map(|c| c.name.clone()).collect(),
-            kind: format!("{:?}", item.kind).to_lowercase(),
+            kind: serde_json::to_value(item.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
             requests: requests(&facts.messages),
             reply: reply_text,
             outbox_id,

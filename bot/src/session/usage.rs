@@ -86,7 +86,11 @@ pub(super) fn add(
     told: bool,
 ) -> Result<KvWrite, StoreError> {
     let day = today();
-    let mut record = day_usage(store, day, session)?;
+    // An unreadable record must not keep the turn from committing: the day counts afresh.
+    let mut record = day_usage(store, day, session).unwrap_or_else(|e| {
+        tracing::warn!(session, error = %e, "unreadable usage record; today's count starts over");
+        DayUsage::default()
+    });
     record.v = 1;
     if let Some(usage) = usage {
         record.turns += 1;
