@@ -114,6 +114,12 @@ pub struct BotConfig {
     /// When set, a chat that used this many tokens today (UTC) gets no more turns that
     /// day; it is told once.
     pub daily_tokens_per_chat: Option<u64>,
+    /// When a turn's last request (prompt + completion) reaches this share of
+    /// `llm.context_window`, the older turns are summarized; 0 turns compaction off (the
+    /// history is then only trimmed).
+    pub compact_ratio: f64,
+    /// Newest turns a compaction keeps word for word.
+    pub compact_keep_turns: usize,
 }
 
 /// The default base prompt.
@@ -138,6 +144,8 @@ impl Default for BotConfig {
             shutdown_grace_secs: 20,
             max_messages_per_chat: 2000,
             daily_tokens_per_chat: None,
+            compact_ratio: 0.7,
+            compact_keep_turns: 4,
         }
     }
 }
@@ -164,8 +172,10 @@ pub struct LlmConfig {
     pub max_concurrent_tool_calls: usize,
     /// Longest tool result kept, in characters.
     pub tool_result_max_chars: usize,
-    /// The model's context window in tokens; history is trimmed to about 60% of it.
-    pub context_tokens: usize,
+    /// The model's context window in tokens: compaction starts at `bot.compact_ratio` of
+    /// it, and history is trimmed to about 85% of it (60% with compaction off).
+    #[serde(alias = "context_tokens")]
+    pub context_window: usize,
     /// Most model calls in one turn.
     pub max_iterations: usize,
     /// How often one turn may call the same tool with the same arguments before it is
@@ -213,7 +223,7 @@ impl Default for LlmConfig {
             vision: false,
             max_concurrent_tool_calls: 4,
             tool_result_max_chars: 8000,
-            context_tokens: 32_000,
+            context_window: 32_000,
             max_iterations: 10,
             max_identical_tool_calls: 3,
             tool_timeout_secs: 60,
@@ -859,6 +869,7 @@ impl Config {
             ("bot.queue_capacity", self.bot.queue_capacity as u64),
             ("bot.turns_per_minute", self.bot.turns_per_minute as u64),
             ("bot.idle_minutes", self.bot.idle_minutes),
+            ("bot.compact_keep_turns", self.bot.compact_keep_turns as u64),
             (
                 "bot.max_messages_per_chat",
                 self.bot.max_messages_per_chat as u64,
@@ -941,8 +952,14 @@ impl Config {
         if self.llm.tool_result_max_chars < 200 {
             bail!("llm.tool_result_max_chars must be at least 200");
         }
-        if self.llm.context_tokens < 2000 {
-            bail!("llm.context_tokens must be at least 2000");
+        if self.llm.context_window < 2000 {
+            bail!("llm.context_window must be at least 2000");
+        }
+        if !(0.0..=0.95).contains(&self.bot.compact_ratio) {
+            bail!(
+                "bot.compact_ratio must be between 0 (compaction off) and 0.95, got {}",
+                self.bot.compact_ratio
+            );
         }
         if self.telegram.poll_timeout_secs > 50 {
             bail!("telegram.poll_timeout_secs must be at most 50 (Telegram's own limit)");

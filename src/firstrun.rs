@@ -14,12 +14,18 @@ pub const PROBE_ENV: &str = "PARLOR_LOCAL_LLM_PROBE";
 const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 // A loopback server answers at once or not at all; a first run must not hang on it.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+/// How long resolving and connecting to the configured endpoint may take before it counts
+/// as unreachable.
+const ENDPOINT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The explanation when the config cannot work as it stands (no key for OpenAI's endpoint),
-/// or `None` when a model may be reachable.
+/// The explanation when the config cannot work as it stands (no key for OpenAI's endpoint,
+/// or an endpoint that does not resolve or accept a connection), or `None` when a model may
+/// be reachable. Checked once, before the conversation starts, so that a typo in
+/// `base_url` or a missing network is one paragraph, not retries and WARN lines.
 pub async fn preflight(config: &Config) -> Option<String> {
     if config.api_key().is_some() || config.base_url() != DEFAULT_BASE_URL {
-        return None;
+        let reason = endpoint_unreachable(&config.base_url()).await?;
+        return Some(unreachable(config, &reason).await);
     }
     let mut text = String::from(
         "parlor has no model to talk to: no API key is set and the endpoint is OpenAI's \
@@ -56,6 +62,46 @@ fn advice() -> String {
      PARLOR_MODEL). For a local Ollama or llama.cpp server, set base_url to its /v1 address \
      (Ollama: http://127.0.0.1:11434/v1); it needs no key. See config.example.toml."
         .to_owned()
+}
+
+/// Why the endpoint cannot be reached (its host does not resolve, nothing accepts a
+/// connection), or `None` when it can, or when a proxy is set (the connection would go
+/// through it, so a direct one proves nothing).
+async fn endpoint_unreachable(base: &str) -> Option<String> {
+    const PROXY_VARS: [&str; 6] = [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ];
+    if PROXY_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
+        return None;
+    }
+    // A malformed URL is `check-config`'s to report.
+    let url = reqwest::Url::parse(base).ok()?;
+    let host = url
+        .host_str()?
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = url.port_or_known_default()?;
+    let secs = ENDPOINT_TIMEOUT.as_secs();
+    let addrs: Vec<_> =
+        match tokio::time::timeout(ENDPOINT_TIMEOUT, tokio::net::lookup_host((host, port))).await {
+            Err(_) => return Some(format!("looking up {host} took more than {secs} s")),
+            Ok(Err(e)) => return Some(format!("cannot resolve {host}: {e}")),
+            Ok(Ok(addrs)) => addrs.collect(),
+        };
+    let mut why = format!("{host} has no address");
+    for addr in addrs {
+        match tokio::time::timeout(ENDPOINT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(_)) => return None,
+            Ok(Err(e)) => why = format!("{addr}: {e}"),
+            Err(_) => why = format!("{addr}: no answer within {secs} s"),
+        }
+    }
+    Some(why)
 }
 
 /// The config lines to use a local server, when one answers on loopback; empty otherwise.

@@ -396,6 +396,8 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
         temperature: config.llm.temperature,
         parallel_tool_calls: config.llm.parallel_tool_calls,
         max_identical_tool_calls: config.llm.max_identical_tool_calls,
+        // Half the context, at about four characters a token.
+        summary_input_chars: config.llm.context_window * 2,
         images: ImageOptions {
             vision: config.llm.vision,
             ..ImageOptions::default()
@@ -564,7 +566,17 @@ pub fn runtime(
         ignore_bots: config.bot.ignore_bots,
         queue_capacity: config.bot.queue_capacity,
         turns_per_minute: config.bot.turns_per_minute,
-        history_tokens: config.llm.context_tokens * 6 / 10,
+        // With compaction on, the trim is only the safety net behind it.
+        history_tokens: config.llm.context_window
+            * if config.bot.compact_ratio > 0.0 {
+                85
+            } else {
+                60
+            }
+            / 100,
+        context_window: config.llm.context_window,
+        compact_ratio: config.bot.compact_ratio,
+        compact_keep_turns: config.bot.compact_keep_turns,
         idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
         daily_tokens_per_chat: config.bot.daily_tokens_per_chat,
         ..SessionConfig::default()

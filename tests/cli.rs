@@ -721,4 +721,20 @@ async fn an_unreachable_endpoint_is_explained_without_a_warn_stack() {
     assert_contains(&err, &format!("could not reach the model at {endpoint}"));
     assert_contains(&err, "OPENAI_API_KEY");
     assert!(!err.contains("WARN"), "{err}");
+    assert!(!err.contains("Retrying") && !err.contains("retry"), "{err}");
+
+    // `chat` says the same before the conversation starts, instead of failing each turn.
+    let out = run(parlor()
+        .arg("chat")
+        .env("PARLOR_DATA_DIR", data.path())
+        .env("OPENAI_API_KEY", "sk-test")
+        .env("OPENAI_BASE_URL", &endpoint)
+        .env("PARLOR_LOCAL_LLM_PROBE", closed_url().await)
+        .stdin(std::process::Stdio::null()))
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_contains(&err, &format!("could not reach the model at {endpoint}"));
+    assert_contains(&err, "Connection refused");
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
 }

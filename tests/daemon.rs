@@ -1261,3 +1261,89 @@ async fn a_qq_group_and_a_telegram_group_are_served_at_once_and_a_qq_clock_task_
     assert!(store.pending().unwrap().is_empty());
     assert!(store.unsent_outbox().unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_conversation_is_compacted_and_its_beginning_answered_from_the_summary() {
+    const SUMMARY: &str = "- Alice said the picnic is on Saturday at the lake.";
+    let llm = FakeLlm::start().await;
+    llm.respond_with(|body| {
+        let system = body
+            .pointer("/messages/0/content")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        if system.starts_with("You keep the memory of an assistant") {
+            return Reply::text(SUMMARY);
+        }
+        if last.contains("when is the picnic") {
+            // Only the summary can tell: the turn that said it is no longer in the request.
+            return Reply::text(if system.contains(SUMMARY) {
+                "On Saturday, at the lake."
+            } else {
+                "I do not know."
+            });
+        }
+        // The fourth turn reports a context filled past 0.7 of 4,000 tokens.
+        let prompt = if last.contains("fourth") { 3_000 } else { 100 };
+        Reply::text("noted").usage(prompt, 10)
+    });
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(dir.path(), &telegram, "compact_keep_turns = 2\n");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("[llm]\n", "[llm]\ncontext_window = 4000\n");
+    std::fs::write(&path, text).unwrap();
+    let daemon = start(&path, &llm, &telegram).await;
+    let says = [
+        (
+            alice(),
+            "@parlor_bot the picnic is on Saturday at the lake, remember",
+        ),
+        (bob(), "@parlor_bot second: who brings the snacks?"),
+        (alice(), "@parlor_bot third: I bring bread"),
+        (bob(), "@parlor_bot fourth: and I bring juice"),
+    ];
+    for (i, (who, text)) in says.into_iter().enumerate() {
+        telegram
+            .group_message(GROUP, who, text)
+            .mention_bot()
+            .push();
+        telegram.wait_for_sent(i + 1, WAIT).await.unwrap();
+    }
+    // The fourth turn crossed the threshold: the chat is told once, after its reply.
+    let sent = telegram.wait_for_sent(5, WAIT).await.unwrap();
+    assert!(
+        sent[4].text.contains("summarized its older part"),
+        "{sent:?}"
+    );
+
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot when is the picnic?")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(6, WAIT).await.unwrap();
+    assert_eq!(sent[5].text, "On Saturday, at the lake.");
+    let last = llm.requests().pop().unwrap();
+    let users: Vec<String> = last
+        .messages()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].to_string())
+        .collect();
+    assert!(
+        !users.iter().any(|u| u.contains("remember")),
+        "the first turn was compacted away: {users:?}"
+    );
+    assert_eq!(users.len(), 3, "two kept turns and the question: {users:?}");
+    daemon.terminate().await;
+
+    // Stored: the summary and the kept turns survive the restart.
+    let store = open_store(dir.path());
+    let summary = store
+        .load_summary(&format!("telegram:{GROUP}"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.text, SUMMARY);
+}

@@ -181,12 +181,13 @@ impl ScriptedLlm {
         self.log.borrow().iter().map(|(_, at)| *at).collect()
     }
 
-    /// The text of the user message that ends each request; panics when one ends in
-    /// something else.
+    /// The text of the user message that ends each turn's request (summary requests of
+    /// compaction left out); panics when one ends in something else.
     pub fn user_inputs(&self) -> Vec<String> {
         self.log
             .borrow()
             .iter()
+            .filter(|(r, _)| !is_summary_request(r))
             .map(|(r, _)| match r.messages.last() {
                 Some(Message::User { content }) => content.text(),
                 other => panic!("last message is not the user's: {other:?}"),
@@ -232,6 +233,12 @@ impl LlmBackend for ScriptedLlm {
         let count = self.log.borrow().len();
         (self.answer)(request, count)
     }
+}
+
+/// Whether `request` asks for a compaction summary rather than runs a turn.
+pub fn is_summary_request(request: &ChatRequest) -> bool {
+    matches!(request.messages.first(), Some(Message::System { content })
+        if content.starts_with(crate::agent::compact::SUMMARY_PROMPT))
 }
 
 /// The text of a request's last message: a user's text or a tool's result; empty for
@@ -750,6 +757,9 @@ impl Store for CrashStore {
     }
     fn load_history(&self, s: &str) -> Result<Vec<Message>, StoreError> {
         self.inner.load_history(s)
+    }
+    fn load_summary(&self, s: &str) -> Result<Option<crate::store::Summary>, StoreError> {
+        self.inner.load_summary(s)
     }
     fn save_history(&self, s: &str, h: &[Message]) -> Result<(), StoreError> {
         self.write()?;

@@ -13,7 +13,7 @@ use parlor_bot::llm::{Content, ContentPart, ImageUrl, Message, ToolCall};
 use parlor_bot::platform::{ChatRef, ImageRef, Sender};
 use parlor_bot::store::{
     ChatRecord, Edited, HistoryChange, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry,
-    PendingItem, PendingKind, SledStore, Store, StoreError, StoreOptions, StoredMessage,
+    PendingItem, PendingKind, SledStore, Store, StoreError, StoreOptions, StoredMessage, Summary,
     TurnCommit,
 };
 use parlor_bot::tool::{Caller, Role};
@@ -158,9 +158,18 @@ fn commit_history(store: &dyn Store, session: &str, change: HistoryChange) {
             history: Some(change),
             answered: Vec::new(),
             reply: None,
+            summary: None,
             also: Vec::new(),
         })
         .unwrap();
+}
+
+fn summary(text: &str) -> Summary {
+    Summary {
+        text: text.to_owned(),
+        made: time(7),
+        messages: 10,
+    }
 }
 
 fn ids(messages: &[StoredMessage]) -> Vec<&str> {
@@ -184,6 +193,74 @@ fn open(dir: &Path) -> SledStore {
 }
 
 // ---- both backends -----------------------------------------------------------------------
+
+#[test]
+fn a_summary_lands_with_the_history_it_replaces_and_goes_with_a_reset() {
+    each_store(|name, store| {
+        let session = "telegram:-77";
+        store.save_history(session, &rich_history()).unwrap();
+        let compact = |dropped, summary| TurnCommit {
+            session: session.to_owned(),
+            history: Some(HistoryChange::Append {
+                dropped,
+                messages: vec![],
+            }),
+            answered: vec![],
+            reply: None,
+            summary,
+            also: Vec::new(),
+        };
+        store
+            .commit_turn(compact(3, Some(summary("decided: Saturday"))))
+            .unwrap();
+        assert_eq!(
+            store.load_history(session).unwrap(),
+            rich_history()[3..],
+            "{name}"
+        );
+        assert_eq!(
+            store.load_summary(session).unwrap(),
+            Some(summary("decided: Saturday")),
+            "{name}"
+        );
+        // A later turn without a summary keeps the one there is.
+        store.commit_turn(compact(0, None)).unwrap();
+        assert!(store.load_summary(session).unwrap().is_some(), "{name}");
+        assert_eq!(store.load_summary("telegram:-78").unwrap(), None, "{name}");
+        // Replacing the history (`/reset`) drops it.
+        store
+            .commit_turn(TurnCommit {
+                history: Some(HistoryChange::Replace(vec![])),
+                ..compact(0, None)
+            })
+            .unwrap();
+        assert_eq!(store.load_summary(session).unwrap(), None, "{name}");
+    });
+}
+
+#[test]
+fn a_summary_survives_reopening_the_sled_store() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        store
+            .commit_turn(TurnCommit {
+                session: "telegram:-77".to_owned(),
+                history: None,
+                answered: vec![],
+                reply: None,
+                summary: Some(summary("kept")),
+                also: Vec::new(),
+            })
+            .unwrap();
+        store.flush().unwrap();
+    }
+    let store = open(dir.path());
+    assert_eq!(
+        store.load_summary("telegram:-77").unwrap(),
+        Some(summary("kept"))
+    );
+}
 
 const OLD: &str = "telegram:-5001";
 const NEW: &str = "telegram:-1005001";
@@ -275,6 +352,17 @@ fn a_migration_moves_the_whole_session_once() {
                 history: None,
                 answered: vec![],
                 reply: Some(unsent),
+                summary: Some(summary("the old group's plans")),
+                also: Vec::new(),
+            })
+            .unwrap();
+        store
+            .commit_turn(TurnCommit {
+                session: NEW.to_owned(),
+                history: None,
+                answered: vec![],
+                reply: None,
+                summary: Some(summary("the supergroup's plans")),
                 also: Vec::new(),
             })
             .unwrap();
@@ -315,6 +403,13 @@ fn a_migration_moves_the_whole_session_once() {
 
         assert!(store.load_history(OLD).unwrap().is_empty(), "{name}");
         assert_eq!(store.load_history(NEW).unwrap(), rich_history(), "{name}");
+        assert_eq!(store.load_summary(OLD).unwrap(), None, "{name}");
+        let merged = store.load_summary(NEW).unwrap().unwrap();
+        assert_eq!(
+            merged.text, "the old group's plans\n\nthe supergroup's plans",
+            "{name}: the old chat's first, as its history"
+        );
+        assert_eq!(merged.messages, 20, "{name}");
         let pending = store.pending().unwrap();
         assert_eq!(pending.len(), 1, "{name}");
         assert_eq!(
@@ -391,6 +486,7 @@ fn an_edit_updates_the_log_and_a_pending_input_but_not_an_answered_one() {
                 history: None,
                 answered: vec![id],
                 reply: None,
+                summary: None,
                 also: Vec::new(),
             })
             .unwrap();
@@ -618,6 +714,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
                 history: Some(append(0, rich_history())),
                 answered: vec![p1, p2],
                 reply: Some(reply(A, "done")),
+                summary: None,
                 also: Vec::new(),
             })
             .unwrap()
@@ -639,6 +736,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
                 history: Some(append(0, vec![Message::user("alice: other")])),
                 answered: vec![other],
                 reply: None,
+                summary: None,
                 also: Vec::new(),
             })
             .unwrap();
@@ -660,6 +758,7 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
                     history: Some(HistoryChange::Replace(Vec::new())),
                     answered: Vec::new(),
                     reply: Some(reply(session, text)),
+                    summary: None,
                     also: Vec::new(),
                 })
                 .unwrap()
@@ -702,6 +801,7 @@ fn a_refused_reply_leaves_the_outbox_with_its_reason() {
                 history: None,
                 answered: Vec::new(),
                 reply: Some(reply(A, "r")),
+                summary: None,
                 also: Vec::new(),
             })
             .unwrap()
@@ -725,6 +825,7 @@ fn a_commit_without_history_leaves_the_history_alone() {
                 history: None,
                 answered: vec![id],
                 reply: Some(reply(A, "only admins")),
+                summary: None,
                 also: Vec::new(),
             })
             .unwrap();
@@ -977,6 +1078,7 @@ fn sled_state_survives_a_restart() {
                 history: Some(append(0, rich_history())),
                 answered: vec![p1],
                 reply: Some(reply(A, "hello")),
+                summary: None,
                 also: Vec::new(),
             })
             .unwrap()

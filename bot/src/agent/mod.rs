@@ -13,12 +13,16 @@
 //! - a model that repeats the same call (same tool, same arguments) more than
 //!   [`AgentConfig::max_identical_tool_calls`] times in a turn is stopped, and the chat told;
 //! - a request refused as too long for the model's context is retried once without the
-//!   older half of the history ([`Turn::history_dropped`]);
+//!   older half of the history ([`Turn::history_dropped`]), which is summarized first
+//!   ([`compact`]; [`Turn::summary`]) unless the summary fails;
+//! - a session's summary follows the system prompt in the same system message, so the
+//!   prompt and the tools stay a stable prefix;
 //! - an answer that writes a tool call as text ([`stray`]) is never posted: the request is
 //!   retried once with a nudge, and a second such answer becomes [`stray::APOLOGY`];
 //! - no request carries an image reference ([`ContentPart::ImageRef`]): references of the
 //!   current turn become `data:` URLs, older ones a line of text (see [`images`]).
 
+pub mod compact;
 mod events;
 pub mod images;
 pub mod stray;
@@ -34,8 +38,10 @@ use crate::llm::{
     ChatRequest, Content, ContentPart, LlmBackend, LlmError, Message, ToolCall, ToolChoice, Usage,
 };
 use crate::platform::{ChatRef, Platform};
+use crate::store::Summary;
 use crate::tool::{Caller, MessageAppender, ToolContext, ToolRegistry, ToolResult, codes};
 
+pub use compact::{CompactError, SummaryInput};
 pub use events::{AgentEvent, AgentObserver, TracingObserver};
 pub use images::{ImageOptions, VisionModel, strip_image_data};
 
@@ -61,6 +67,8 @@ pub struct AgentConfig {
     /// How often one turn may call the same tool with the same arguments; the next
     /// identical call is not run and ends the turn with a message saying so.
     pub max_identical_tool_calls: usize,
+    /// Longest transcript, in characters, a summary request carries (compaction).
+    pub summary_input_chars: usize,
 }
 
 impl Default for AgentConfig {
@@ -75,6 +83,7 @@ impl Default for AgentConfig {
             parallel_tool_calls: true,
             images: ImageOptions::default(),
             max_identical_tool_calls: 3,
+            summary_input_chars: 48_000,
         }
     }
 }
@@ -154,6 +163,12 @@ pub struct Turn {
     /// drops them from the stored history too. Always the start of a turn (a user message)
     /// or the whole history.
     pub history_dropped: usize,
+    /// The session's new summary, standing in for the dropped messages as well as for what
+    /// the old summary covered; `None` when nothing was dropped or the summary failed.
+    pub summary: Option<Summary>,
+    /// Prompt plus completion tokens of the turn's last request, as the provider reported
+    /// them: how full the model's context is now.
+    pub context_tokens: Option<u64>,
 }
 
 /// The error code of a call refused because it repeats earlier identical calls.
@@ -279,6 +294,17 @@ impl Agent {
         input: TurnInput,
         cancel: CancellationToken,
     ) -> Result<Turn, AgentError> {
+        self.run_turn_in(history, None, input, cancel).await
+    }
+
+    /// [`Agent::run_turn`] for a session whose older turns were compacted into `summary`.
+    pub async fn run_turn_in(
+        &self,
+        history: &[Message],
+        summary: Option<&Summary>,
+        input: TurnInput,
+        cancel: CancellationToken,
+    ) -> Result<Turn, AgentError> {
         let user = Message::User {
             content: with_injections(
                 input.content.clone(),
@@ -292,6 +318,8 @@ impl Agent {
             iterations: 0,
             end: TurnEnd::Answered,
             history_dropped: 0,
+            summary: None,
+            context_tokens: None,
         };
         let full_history = history;
         let mut history = history;
@@ -300,6 +328,7 @@ impl Agent {
         let tools = self.tools.defs();
         // One prompt for the whole turn, even if the skills are re-read meanwhile.
         let system_prompt = self.system_prompt();
+        let mut system_message = compact::with_summary(&system_prompt, summary);
         let vision = self.config.images.vision;
         let mut images = images::TurnImages::new(
             self.config.images.clone(),
@@ -342,7 +371,7 @@ impl Agent {
             turn.iterations += 1;
 
             let mut messages = Vec::with_capacity(1 + history.len() + turn.messages.len());
-            messages.push(Message::system(&*system_prompt));
+            messages.push(Message::system(&system_message));
             messages.extend(history.iter().map(|m| images::earlier(m, vision)));
             messages.extend(turn.messages.iter().map(|m| images.current(m)));
             messages.extend(stray_retry.take().into_iter().flatten());
@@ -372,8 +401,31 @@ impl Agent {
                     tracing::warn!(
                         session = %input.session,
                         dropped = drop,
-                        "the request exceeds the model's context; retrying without the older history"
+                        "the request exceeds the model's context; summarizing its older history"
                     );
+                    let older = SummaryInput {
+                        previous: summary.map(|s| s.text.as_str()),
+                        older: &full_history[..drop],
+                        topic: None,
+                    };
+                    match self.summarize(older, &cancel).await {
+                        Ok(text) => {
+                            let new = Summary {
+                                text,
+                                made: chrono::Utc::now(),
+                                messages: summary.map_or(0, |s| s.messages) + drop,
+                            };
+                            system_message = compact::with_summary(&system_prompt, Some(&new));
+                            turn.summary = Some(new);
+                        }
+                        Err(CompactError::Cancelled) => {
+                            turn.end = TurnEnd::Cancelled;
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(session = %input.session, error = %e, "no summary; the older history is dropped");
+                        }
+                    }
                     turn.history_dropped = drop;
                     history = &full_history[drop..];
                     // The refused request does not count as a step.
@@ -383,6 +435,7 @@ impl Agent {
                 Err(e) => return Err(e.into()),
             };
             if let Some(usage) = &completion.usage {
+                turn.context_tokens = Some(usage.prompt_tokens + usage.completion_tokens);
                 turn.usage.add(usage);
                 self.observer.on_event(&AgentEvent::Usage {
                     session: &input.session,

@@ -1,7 +1,8 @@
 //! The session actor: one task per chat with work to do. It takes queued items one at a
 //! time, waits for the chat's rate limit, resolves the callers' roles, runs the item
-//! ([`super::turn`]) and, when the queue stays empty for `idle_timeout`, evicts its session
-//! under the owner lock (see [`super::manager`]).
+//! ([`super::turn`]) and, when the queue stays empty for `idle_timeout`, compacts its
+//! history if that is worth it ([`super::compact`]) and evicts its session under the owner
+//! lock (see [`super::manager`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -77,6 +78,10 @@ impl SessionManager {
                     () = session.queue.notified() => continue,
                     () = idle => {}
                     () = self.inner.draining.cancelled() => break,
+                }
+                if session.queue.is_empty() {
+                    // Input arriving meanwhile waits for it, and then keeps the session.
+                    self.compact_before_eviction(session).await;
                 }
                 if self.evict_if_idle(session) {
                     return;

@@ -1,7 +1,7 @@
 //! The commands the runtime answers itself: `/help`, `/status`, `/stop` and `/reload` are
 //! answered at intake (their text needs no network; the answer goes through the outbox),
-//! `/reset` is queued for the chat's actor, which checks the sender's role and carries it
-//! out. `/reload` needs an operator, which intake knows from the config alone.
+//! `/reset` and `/compact` are queued for the chat's actor, which checks the sender's role
+//! and carries them out. `/reload` needs an operator, which intake knows from the config alone.
 
 use super::manager::{Session, SessionManager};
 use crate::tool::catalog;
@@ -11,6 +11,7 @@ use crate::tool::catalog;
 pub(super) enum Command {
     Help,
     Reset,
+    Compact,
     Stop,
     Status,
     Reload,
@@ -24,12 +25,20 @@ impl Command {
         match word {
             "/help" | "/start" => Some(Command::Help),
             "/reset" => Some(Command::Reset),
+            "/compact" => Some(Command::Compact),
             "/stop" => Some(Command::Stop),
             "/status" => Some(Command::Status),
             "/reload" => Some(Command::Reload),
             _ => None,
         }
     }
+}
+
+/// What follows a command's word (`/compact the trip` → `the trip`), trimmed.
+pub(super) fn argument(text: &str) -> &str {
+    let text = text.trim_start();
+    text.find(char::is_whitespace)
+        .map_or("", |at| text[at..].trim())
 }
 
 impl SessionManager {
@@ -41,6 +50,8 @@ impl SessionManager {
              Commands:\n/help — this text\n/status — what I am doing\n\
              /stop — stop my current answer\n/reset — forget this chat's conversation \
              and plan, after the current answer; its memory stays (chat admins in groups)\n\
+             /compact [topic] — summarize the older part of the conversation, focused on \
+             the topic if given (chat admins in groups)\n\
              /reload — re-read the skills and other files the tools load (operators)\n\n\
              Tools I can use:\n{}",
             if tools.is_empty() {
@@ -66,14 +77,25 @@ impl SessionManager {
             .load_history(key)
             .map(|h| h.len())
             .unwrap_or(0);
+        let summary = match self.inner.store.load_summary(key) {
+            Ok(Some(s)) => format!(
+                "{} characters (about {} tokens) for {} older messages, written {}",
+                s.text.chars().count(),
+                super::history::estimate_tokens(&crate::llm::Message::system(&s.text)),
+                s.messages,
+                s.made.format("%Y-%m-%d %H:%M UTC")
+            ),
+            Ok(None) => "none".to_owned(),
+            Err(_) => "unreadable".to_owned(),
+        };
         let tokens = match self.tokens_today(key) {
             (used, Some(limit)) => format!("{used} of {limit}"),
             (used, None) => used.to_string(),
         };
         format!(
             "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
-             Turns since start: {turns}\nTokens today (UTC): {tokens}\nModel: {}\nTools: {}\n\
-             Up for {} min",
+             Summary: {summary}\n\
+             Turns since start: {turns}\nTokens today (UTC): {tokens}\nModel: {}\nTools: {}\nUp for {} min",
             if running {
                 "Working on an answer."
             } else {

@@ -166,6 +166,11 @@ impl SessionManager {
             Addressed::Command(Command::Reset) => {
                 self.record_and_queue(&message, &stored, PendingKind::Reset, String::new())
             }
+            Addressed::Command(Command::Compact) => {
+                let topic = super::commands::argument(&message.text);
+                let topic = crate::text::ellipsize(topic, config.max_input_chars).into_owned();
+                self.record_and_queue(&message, &stored, PendingKind::Compact, topic)
+            }
             Addressed::Turn => {
                 let line =
                     policy::attribute(&message.sender, &message.text, config.max_input_chars);

@@ -45,8 +45,16 @@ pub struct SessionConfig {
     pub queue_capacity: usize,
     /// Most turns a chat may start per minute; further input waits (and merges).
     pub turns_per_minute: usize,
-    /// History budget in estimated tokens.
+    /// History budget in estimated tokens: the trim that keeps every request within the
+    /// model's context even when compaction is off or fails.
     pub history_tokens: usize,
+    /// The model's context window in tokens (`llm.context_window`).
+    pub context_window: usize,
+    /// Compaction starts when a turn's last request (prompt + completion) reaches this
+    /// share of `context_window`; 0 turns compaction off.
+    pub compact_ratio: f64,
+    /// Newest turns a compaction keeps word for word.
+    pub compact_keep_turns: usize,
     /// A session actor with nothing to do leaves memory after this long.
     pub idle_timeout: Duration,
     /// How long a chat's administrator list is cached.
@@ -69,6 +77,9 @@ impl Default for SessionConfig {
             queue_capacity: 8,
             turns_per_minute: 12,
             history_tokens: 24_000,
+            context_window: 32_000,
+            compact_ratio: 0.7,
+            compact_keep_turns: 4,
             idle_timeout: Duration::from_secs(600),
             admin_cache_ttl: Duration::from_secs(600),
             max_input_chars: 4000,

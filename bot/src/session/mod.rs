@@ -28,6 +28,7 @@
 
 mod actor;
 mod commands;
+mod compact;
 pub mod history;
 mod inbox;
 pub mod life;

@@ -32,7 +32,9 @@ impl SessionManager {
     /// input every other caller of a group chat is looked up here. A lookup that fails
     /// leaves a member.
     pub(super) async fn resolve_roles(&self, item: &mut QueueItem) {
-        let on_demand = item.kind != PendingKind::Reset && item.callers.len() == 1;
+        // `/reset` and `/compact` are refused to members: their role decides before anything runs.
+        let on_demand = !matches!(item.kind, PendingKind::Reset | PendingKind::Compact)
+            && item.callers.len() == 1;
         for caller in &mut item.callers {
             // A stored role is from when the input arrived; after a restart the config may
             // have changed, so an operator is checked again.

@@ -2,7 +2,9 @@
 //! typing indicator, the agent loop, history trim), or `/reset`. Either ends in one
 //! [`Store::commit_turn`](crate::store::Store::commit_turn) — the turn's messages appended
 //! to the history, the removal of the pending records and the reply in the outbox together
-//! — made durable, after which the reply is handed to the outbox lane of the chat.
+//! — made durable, after which the reply is handed to the outbox lane of the chat. A turn
+//! that filled the model's context past `compact_ratio` is followed by a compaction
+//! ([`super::compact`]), its own step with its own commit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,20 +18,25 @@ use super::trace::TurnFacts;
 use super::usage::{BUDGET_NOTICE, Budget};
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
 use crate::llm::{Content, ContentPart, LlmError, Message};
-use crate::store::{HistoryChange, OutboxEntry, PendingKind, TurnCommit};
+use crate::store::{HistoryChange, OutboxEntry, PendingKind, Summary, TurnCommit};
 use crate::tool::{Role, RoleResolver};
 
 /// What a turn wants committed.
 #[derive(Default)]
-struct Outcome {
-    history: Option<HistoryChange>,
-    reply: Option<String>,
+pub(super) struct Outcome {
+    pub(super) history: Option<HistoryChange>,
+    pub(super) reply: Option<String>,
     /// The reason, when the reply is the "could not reach the model" notice.
-    model_failed: Option<String>,
+    pub(super) model_failed: Option<String>,
+    /// The session's new summary, committed with the history change that drops what it
+    /// stands for.
+    pub(super) summary: Option<Summary>,
+    /// The turn filled the model's context past `compact_ratio`: compact after committing.
+    pub(super) compact_due: bool,
     /// What the model did, for the day's usage and the trace; `None` when it was not asked.
-    facts: Option<TurnFacts>,
+    pub(super) facts: Option<TurnFacts>,
     /// The reply is today's budget notice (`usage.rs`).
-    budget_told: bool,
+    pub(super) budget_told: bool,
 }
 
 impl SessionManager {
@@ -43,12 +50,13 @@ impl SessionManager {
             state.current = Some((started, item.text()));
             state.turns += 1;
         }
-        let outcome = if item.kind == PendingKind::Reset {
-            self.reset(session, &item).await
-        } else if let Budget::Spent { told } = self.budget(&session.key) {
-            Some(over_budget(told))
-        } else {
-            self.turn(session, &item, &cancel).await
+        let outcome = match item.kind {
+            PendingKind::Reset => self.reset(session, &item).await,
+            PendingKind::Compact => self.compact_command(session, &item, &cancel).await,
+            _ => match self.budget(&session.key) {
+                Budget::Spent { told } => Some(over_budget(told)),
+                Budget::Open => self.turn(session, &item, &cancel).await,
+            },
         };
         {
             let mut state = session.state();
@@ -75,6 +83,7 @@ impl SessionManager {
         let mut reply = outcome
             .reply
             .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
+        let compact_due = outcome.compact_due;
         let also = self.turn_records(
             &session.key,
             &item,
@@ -88,6 +97,7 @@ impl SessionManager {
             history: outcome.history,
             answered: answered.clone(),
             reply: reply.clone(),
+            summary: outcome.summary,
             also,
         });
         // The wait is shared with every other chat committing or taking input meanwhile, and
@@ -132,6 +142,9 @@ impl SessionManager {
             entry.id = id;
             self.enqueue_reply(entry);
         }
+        if compact_due {
+            self.compact_after_turn(session, &item.chat).await;
+        }
     }
 
     fn drop_waiters(&self, ids: &[u64]) {
@@ -152,9 +165,12 @@ impl SessionManager {
             });
         }
         session.agent.tools().reset(&session.key);
+        // Replacing the history drops its summary too.
         Some(Outcome {
             history: Some(HistoryChange::Replace(Vec::new())),
-            reply: Some("Done: I forgot this chat's conversation and plans.".to_owned()),
+            reply: Some(
+                "Done: I forgot this chat's conversation (and its summary) and plans.".to_owned(),
+            ),
             ..Outcome::default()
         })
     }
@@ -175,6 +191,12 @@ impl SessionManager {
                 (Vec::new(), false)
             }
         };
+        // A summary that cannot be read is left out of this turn, not overwritten: a
+        // compaction writes a new one only from one it read.
+        let summary = store.load_summary(&session.key).unwrap_or_else(|e| {
+            tracing::error!(session = %session.key, error = %e, "cannot load the summary; this turn goes without it");
+            None
+        });
         let platform = self.platform(&item.chat).cloned();
         let input = TurnInput {
             session: session.key.clone(),
@@ -200,7 +222,7 @@ impl SessionManager {
             }
         };
         let result: Result<Turn, _> = tokio::select! {
-            result = session.agent.run_turn(&history, input, cancel.clone()) => result,
+            result = session.agent.run_turn_in(&history, summary.as_ref(), input, cancel.clone()) => result,
             () = typing => return None,
         };
         let mut history = history;
@@ -208,6 +230,8 @@ impl SessionManager {
         // How many of the loaded messages the model's context refused.
         let mut refused = 0;
         let facts;
+        let mut new_summary = None;
+        let mut context_tokens = None;
         let (new_messages, reply, model_failed) = match result {
             Ok(turn) if turn.end == TurnEnd::Cancelled && self.inner.abort.is_cancelled() => {
                 tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
@@ -226,19 +250,25 @@ impl SessionManager {
                 // The model refused the older history as too long; it goes from the store
                 // too, or every later turn would pay for the same refusal.
                 if turn.history_dropped > 0 {
-                    tracing::warn!(session = %session.key, dropped = turn.history_dropped, "history exceeded the model's context; its older part was dropped");
+                    tracing::warn!(session = %session.key, dropped = turn.history_dropped, summarized = turn.summary.is_some(), "history exceeded the model's context; its older part was dropped");
                     refused = turn.history_dropped.min(history.len());
                     history.drain(..refused);
                 }
-                let reply = reply.map(|text| {
-                    if turn.history_dropped > 0 {
-                        format!(
-                            "{text}\n\n(This conversation had grown too long for the model, so I forgot its older part.)"
-                        )
-                    } else {
-                        text
-                    }
+                let note = match (&turn.summary, turn.history_dropped) {
+                    (_, 0) => None,
+                    (Some(_), _) => Some(
+                        "(This conversation had grown too long for the model, so I summarized its older part.)",
+                    ),
+                    (None, _) => Some(
+                        "(This conversation had grown too long for the model, so I forgot its older part.)",
+                    ),
+                };
+                let reply = reply.map(|text| match note {
+                    Some(note) => format!("{text}\n\n{note}"),
+                    None => text,
                 });
+                new_summary = turn.summary;
+                context_tokens = turn.context_tokens;
                 (turn.messages, reply, None)
             }
             Err(e) => {
@@ -259,6 +289,9 @@ impl SessionManager {
         } else {
             strip_image_data(&mut history[kept..]);
         }
+        let compact_due = reply.is_some()
+            && model_failed.is_none()
+            && self.context_full(context_tokens, &history);
         let before = history.len();
         trim_to_budget(&mut history, self.inner.config.history_tokens);
         let trimmed = before - history.len();
@@ -277,6 +310,9 @@ impl SessionManager {
             history: Some(change),
             reply,
             model_failed,
+            // A rewritten history would drop the summary the turn ran with.
+            summary: new_summary.or(if rewrite { summary } else { None }),
+            compact_due,
             facts: Some(facts),
             budget_told: false,
         })

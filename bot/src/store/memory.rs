@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 use super::sled_store::{StoreOptions, check_session};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
-    PendingItem, PendingKind, Store, StoreError, StoredMessage, TurnCommit, migrated_key,
-    moved_message, moved_outbox, moved_pending,
+    PendingItem, PendingKind, Store, StoreError, StoredMessage, Summary, TurnCommit,
+    merged_summaries, migrated_key, moved_message, moved_outbox, moved_pending,
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;
@@ -32,6 +32,7 @@ struct Inner {
     /// Per session: seq -> message, and message id -> seq (the dedupe index).
     logs: HashMap<String, SessionLog>,
     history: HashMap<String, Vec<Message>>,
+    summaries: HashMap<String, Summary>,
     pending: BTreeMap<u64, PendingItem>,
     outbox: BTreeMap<u64, OutboxEntry>,
     /// Replies sent or given up on, with what became of them.
@@ -198,6 +199,10 @@ impl Store for MemoryStore {
             .unwrap_or_default())
     }
 
+    fn load_summary(&self, session: &str) -> Result<Option<Summary>, StoreError> {
+        Ok(self.lock().summaries.get(session).cloned())
+    }
+
     fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError> {
         self.lock()
             .history
@@ -234,14 +239,18 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         match commit.history {
             Some(HistoryChange::Append { dropped, messages }) => {
-                let history = inner.history.entry(commit.session).or_default();
+                let history = inner.history.entry(commit.session.clone()).or_default();
                 history.drain(..dropped.min(history.len()));
                 history.extend(messages);
             }
             Some(HistoryChange::Replace(messages)) => {
-                inner.history.insert(commit.session, messages);
+                inner.summaries.remove(&commit.session);
+                inner.history.insert(commit.session.clone(), messages);
             }
             None => {}
+        }
+        if let Some(summary) = commit.summary {
+            inner.summaries.insert(commit.session, summary);
         }
         for id in &commit.answered {
             inner.pending.remove(id);
@@ -378,6 +387,11 @@ impl Store for MemoryStore {
         if let Some(mut history) = inner.history.remove(&old) {
             history.extend(inner.history.remove(&new).unwrap_or_default());
             inner.history.insert(new.clone(), history);
+        }
+        let old_summary = inner.summaries.remove(&old);
+        let new_summary = inner.summaries.remove(&new);
+        if let Some(summary) = merged_summaries(old_summary, new_summary) {
+            inner.summaries.insert(new.clone(), summary);
         }
         for item in inner.pending.values_mut() {
             if item.session == old {

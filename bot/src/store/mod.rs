@@ -138,6 +138,9 @@ pub enum PendingKind {
     ClockFire,
     /// `/reset`: checked (chat admins only in groups) and carried out by the chat's actor.
     Reset,
+    /// `/compact [topic]`: checked (chat admins only in groups) and carried out by the
+    /// chat's actor, which summarizes the older turns (the text is the topic).
+    Compact,
 }
 
 /// An input that must get a turn, recorded before the turn runs.
@@ -288,8 +291,22 @@ pub enum HistoryChange {
         /// The turn's messages, oldest first.
         messages: Vec<Message>,
     },
-    /// The history becomes exactly this (`/reset`: empty).
+    /// The history becomes exactly this (`/reset`: empty), and the session's summary goes
+    /// unless the commit sets a new one.
     Replace(Vec<Message>),
+}
+
+/// What a session's older turns were compacted into: it stands in for them in every later
+/// request (after the system prompt) and survives restarts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The summary, as the model wrote it.
+    pub text: String,
+    /// When it was written.
+    pub made: DateTime<Utc>,
+    /// How many messages it stands for, over every compaction that built it.
+    #[serde(default)]
+    pub messages: usize,
 }
 
 /// Everything a finished turn writes, applied atomically by [`Store::commit_turn`].
@@ -308,6 +325,9 @@ pub struct TurnCommit {
     /// Records of other collections that belong to the turn and land with it: the chat's
     /// usage of the day and the turn's trace (`session/usage.rs`, `session/trace.rs`).
     pub also: Vec<KvWrite>,
+    /// The session's new summary (compaction), written with the history change that drops
+    /// the turns it stands for; `None` keeps the old one (unless the history is replaced).
+    pub summary: Option<Summary>,
 }
 
 /// Durable state of the daemon. Methods are synchronous and quick (sled is an embedded
@@ -366,6 +386,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Replaces a session's history (trimming, `/reset`).
     fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError>;
+
+    /// The summary of a session's compacted older turns, if it has one.
+    fn load_summary(&self, session: &str) -> Result<Option<Summary>, StoreError>;
 
     /// Records an inbound message in the chat log and, in the same transaction, makes it
     /// pending or queues its answer (see [`Intake`]). A message already recorded changes
@@ -499,6 +522,19 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// The meta key recording that session `from` moved ([`Store::migrate_session`]).
+/// The summary of a chat moved onto another (a group upgraded to a supergroup): the old
+/// chat's comes first, as its history does.
+pub(crate) fn merged_summaries(old: Option<Summary>, new: Option<Summary>) -> Option<Summary> {
+    match (old, new) {
+        (Some(old), Some(new)) => Some(Summary {
+            text: format!("{}\n\n{}", old.text, new.text),
+            made: old.made.max(new.made),
+            messages: old.messages + new.messages,
+        }),
+        (old, new) => old.or(new),
+    }
+}
+
 pub(crate) fn migrated_key(from: &str) -> String {
     format!("migrated:{from}")
 }

@@ -13,6 +13,7 @@
 //! | `history_heads` | session                              | `{"v":1,"first":N,"next":M}`            |
 //! | `history_messages` | session `\0` seq (u64 big-endian) | `{"v":1,"message":{...Message}}`        |
 //! | `history`       | session                              | `{"v":1,"messages":[...]}` (old format) |
+//! | `summaries`     | session                              | `{"v":1, ...Summary}` (compaction)      |
 //! | `pending`       | id (u64 big-endian)                  | `{"v":1, ...PendingItem}`               |
 //! | `outbox`        | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (unsent)      |
 //! | `outbox_done`   | id (u64 big-endian)                  | `{"v":1, ...OutboxEntry}` (sent/failed) |
@@ -51,8 +52,8 @@ use sled::{Batch, Db, IVec, Tree};
 use super::memory::{is_pending_for, migrated_record};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
-    PendingItem, SENT_KEEP_DAYS, Store, StoreError, StoredMessage, TurnCommit, migrated_key,
-    moved_message, moved_outbox, moved_pending,
+    PendingItem, SENT_KEEP_DAYS, Store, StoreError, StoredMessage, Summary, TurnCommit,
+    merged_summaries, migrated_key, moved_message, moved_outbox, moved_pending,
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;
@@ -110,6 +111,8 @@ pub struct SledStore {
     history: Tree,
     history_heads: Tree,
     history_messages: Tree,
+    /// Session key -> [`Summary`] of its compacted older turns.
+    summaries: Tree,
     pending: Tree,
     outbox: Tree,
     outbox_done: Tree,
@@ -165,6 +168,7 @@ impl SledStore {
             history: tree("history")?,
             history_heads: tree("history_heads")?,
             history_messages: tree("history_messages")?,
+            summaries: tree("summaries")?,
             pending: tree("pending")?,
             outbox: tree("outbox")?,
             outbox_done: tree("outbox_done")?,
@@ -298,6 +302,14 @@ impl Store for SledStore {
         Ok(self.read_history(session)?.1)
     }
 
+    fn load_summary(&self, session: &str) -> Result<Option<Summary>, StoreError> {
+        check_session(session)?;
+        match self.summaries.get(session).map_err(sled_error)? {
+            Some(bytes) => decode(&bytes, || format!("summaries[{session}]")).map(Some),
+            None => Ok(None),
+        }
+    }
+
     fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError> {
         check_session(session)?;
         let values = encode_history(history)?;
@@ -365,6 +377,7 @@ impl Store for SledStore {
             }
             None => None,
         };
+        let summary = commit.summary.as_ref().map(encode).transpose()?;
         let session = commit.session.as_str();
         let answered = &commit.answered;
         let also = &commit.also;
@@ -375,11 +388,12 @@ impl Store for SledStore {
                 self.history_messages.clone(),
                 self.pending.clone(),
                 self.outbox.clone(),
+                self.summaries.clone(),
             ],
             also,
         )?;
         let result = trees[..].transaction(|t| {
-            let (pending, outbox) = (&t[3], &t[4]);
+            let (pending, outbox, summaries) = (&t[3], &t[4], &t[5]);
             let tx = HistoryTx {
                 legacy: &t[0],
                 heads: &t[1],
@@ -387,8 +401,14 @@ impl Store for SledStore {
             };
             match &history {
                 Some((Some(dropped), values)) => tx.append(session, *dropped, values)?,
-                Some((None, values)) => tx.replace(session, values)?,
+                Some((None, values)) => {
+                    tx.replace(session, values)?;
+                    summaries.remove(session)?;
+                }
                 None => {}
+            }
+            if let Some(value) = &summary {
+                summaries.insert(session, value.as_slice())?;
             }
             for id in answered {
                 pending.remove(&id.to_be_bytes())?;
@@ -670,6 +690,7 @@ impl SledStore {
             self.meta.clone(),
             self.history_heads.clone(),
             self.history_messages.clone(),
+            self.summaries.clone(),
         ];
         let (trees, index) = self.with_kv_trees(base, also)?;
         let result = trees[..].transaction(|t| {
@@ -711,6 +732,20 @@ impl SledStore {
             if let Some(values) = &history {
                 history_tx.replace(old, &[])?;
                 history_tx.replace(new, values)?;
+            }
+            let summaries = &t[10];
+            let read_summary = |session: &str| match summaries.get(session)? {
+                Some(bytes) => decode::<Summary>(&bytes, || format!("summaries[{session}]"))
+                    .map(Some)
+                    .map_err(ConflictableTransactionError::Abort),
+                None => Ok(None),
+            };
+            let (old_summary, new_summary) = (read_summary(old)?, read_summary(new)?);
+            if old_summary.is_some() {
+                summaries.remove(old)?;
+                if let Some(summary) = merged_summaries(old_summary, new_summary) {
+                    summaries.insert(new, encode_abort(&summary)?)?;
+                }
             }
             for id in &pending_ids {
                 if let Some(bytes) = pending.get(id.to_be_bytes())? {

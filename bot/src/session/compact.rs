@@ -1,0 +1,325 @@
+//! Compaction in the session layer: when, on whose word, and what is committed. The
+//! summarizing itself is the agent's ([`crate::agent::compact`]).
+//!
+//! Three triggers, all in the chat's actor, between items, so nothing runs beside a turn:
+//! - a turn whose last request (prompt + completion) reached `compact_ratio` of the
+//!   model's context window: compacted right after its reply was committed;
+//! - `/compact [topic]` from a chat admin (anyone in a DM): an item of the queue;
+//! - an idle session about to leave memory whose older turns are worth summarizing.
+//!
+//! The outcome is guaranteed: a summary (one attempt and one shorter retry) replaces the
+//! older turns, keeping the newest `compact_keep_turns` whole; when it fails after a
+//! threshold, the history is trimmed instead, so no turn ever fails for it. Each step is
+//! one commit: the dropped messages, the new summary and the chat's notice land together.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::history::{estimate_tokens, trim_to_budget};
+use super::manager::{Session, SessionManager};
+use super::queue::QueueItem;
+use super::turn::Outcome;
+use crate::agent::compact::keep_from;
+use crate::agent::{CompactError, SummaryInput};
+use crate::llm::Message;
+use crate::platform::ChatRef;
+use crate::store::{HistoryChange, OutboxEntry, StoreError, Summary, TurnCommit};
+use crate::tool::Role;
+
+/// What a compaction found.
+enum Compaction {
+    /// No turn older than the kept ones.
+    Nothing { turns: usize },
+    /// The first `dropped` messages are summarized into `summary`.
+    Summarized {
+        dropped: usize,
+        summary: Summary,
+        kept_turns: usize,
+    },
+    /// The summary failed (the reason); nothing was changed.
+    Failed(String),
+    /// Stopped by `/stop` or shutdown.
+    Cancelled,
+}
+
+impl SessionManager {
+    /// The compaction threshold in tokens; `None` when compaction is off.
+    fn compact_threshold(&self) -> Option<usize> {
+        let config = &self.inner.config;
+        if config.compact_ratio <= 0.0 || config.context_window == 0 {
+            return None;
+        }
+        // The ratio is checked at load (0 < ratio ≤ 1) and the window is a token count.
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        Some((config.context_window as f64 * config.compact_ratio) as usize)
+    }
+
+    /// Whether a turn left the model's context full enough to compact: the provider's count
+    /// of its last request when it sent one, else the estimate of the history.
+    pub(super) fn context_full(&self, reported: Option<u64>, history: &[Message]) -> bool {
+        let Some(threshold) = self.compact_threshold() else {
+            return false;
+        };
+        let used = match reported {
+            Some(tokens) => usize::try_from(tokens).unwrap_or(usize::MAX),
+            None => history.iter().map(estimate_tokens).sum(),
+        };
+        used >= threshold
+    }
+
+    /// Summarizes the older turns of `session`; changes nothing.
+    async fn summarize_older(
+        &self,
+        session: &Session,
+        topic: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> Result<Compaction, StoreError> {
+        let store = &self.inner.store;
+        let history = store.load_history(&session.key)?;
+        let previous = store.load_summary(&session.key)?;
+        // The kept turns may take at most half the threshold, so that a compaction always
+        // leaves room before the next one.
+        let keep_tokens = self.compact_threshold().unwrap_or(usize::MAX) / 2;
+        let from = keep_from(&history, self.inner.config.compact_keep_turns, keep_tokens);
+        let turns_in = |messages: &[Message]| {
+            messages
+                .iter()
+                .filter(|m| matches!(m, Message::User { .. }))
+                .count()
+        };
+        if from == 0 {
+            return Ok(Compaction::Nothing {
+                turns: turns_in(&history),
+            });
+        }
+        let input = SummaryInput {
+            previous: previous.as_ref().map(|s| s.text.as_str()),
+            older: &history[..from],
+            topic,
+        };
+        match session.agent.summarize(input, cancel).await {
+            Ok(text) => Ok(Compaction::Summarized {
+                dropped: from,
+                summary: Summary {
+                    text,
+                    made: chrono::Utc::now(),
+                    messages: previous.map_or(0, |s| s.messages) + from,
+                },
+                kept_turns: turns_in(&history[from..]),
+            }),
+            Err(CompactError::Cancelled) => Ok(Compaction::Cancelled),
+            Err(e) => Ok(Compaction::Failed(e.to_string())),
+        }
+    }
+
+    /// `/compact [topic]`: a chat admin (anyone in a DM) has the older turns summarized now.
+    pub(super) async fn compact_command(
+        &self,
+        session: &Session,
+        item: &QueueItem,
+        cancel: &CancellationToken,
+    ) -> Option<Outcome> {
+        if !item.private && item.caller().role < Role::ChatAdmin {
+            return Some(Outcome {
+                reply: Some("Only an admin can compact this chat.".to_owned()),
+                ..Outcome::default()
+            });
+        }
+        let topic = item.lines.join(" ");
+        let topic = Some(topic.trim()).filter(|t| !t.is_empty());
+        let found = match self.summarize_older(session, topic, cancel).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::error!(session = %session.key, error = %e, "cannot read the history to compact it");
+                return Some(Outcome {
+                    reply: Some(
+                        "I could not read this conversation to summarize it; nothing was changed."
+                            .to_owned(),
+                    ),
+                    ..Outcome::default()
+                });
+            }
+        };
+        let reply = match found {
+            Compaction::Cancelled if self.inner.abort.is_cancelled() => return None,
+            Compaction::Cancelled => "Stopped: nothing was changed.".to_owned(),
+            Compaction::Nothing { turns } => format!(
+                "There is nothing to summarize yet: the conversation is {turns} turn(s) long, \
+                 and I keep the last {} word for word.",
+                self.inner.config.compact_keep_turns
+            ),
+            Compaction::Failed(reason) => {
+                tracing::warn!(session = %session.key, %reason, "/compact: no summary");
+                "I could not summarize the conversation (the model did not answer usefully); \
+                 nothing was changed."
+                    .to_owned()
+            }
+            Compaction::Summarized {
+                dropped,
+                summary,
+                kept_turns,
+            } => {
+                tracing::info!(session = %session.key, dropped, chars = summary.text.len(), "compacted on /compact");
+                let reply = format!(
+                    "Done: I summarized {dropped} older messages into about {} tokens; the last \
+                     {kept_turns} turn(s) stay word for word.",
+                    estimate_tokens(&Message::system(&summary.text))
+                );
+                return Some(Outcome {
+                    history: Some(HistoryChange::Append {
+                        dropped,
+                        messages: Vec::new(),
+                    }),
+                    reply: Some(reply),
+                    summary: Some(summary),
+                    ..Outcome::default()
+                });
+            }
+        };
+        Some(Outcome {
+            reply: Some(reply),
+            ..Outcome::default()
+        })
+    }
+
+    /// After a turn that filled the context past the threshold: summarize, or trim when the
+    /// summary fails; the chat is told once, in the same commit.
+    pub(super) async fn compact_after_turn(&self, session: &Arc<Session>, chat: &ChatRef) {
+        let cancel = self.inner.abort.child_token();
+        // `/stop` and `/status` see the compaction as the chat's current work.
+        session.state().turn_cancel = Some(cancel.clone());
+        let found = self.summarize_older(session, None, &cancel).await;
+        session.state().turn_cancel = None;
+        let (history, summary, notice) = match found {
+            Ok(Compaction::Summarized {
+                dropped, summary, ..
+            }) => {
+                tracing::info!(session = %session.key, dropped, chars = summary.text.len(), "compacted at the threshold");
+                (
+                    dropped,
+                    Some(summary),
+                    "(This conversation is getting long for my memory, so I summarized its older \
+                     part; the last few turns stay word for word.)",
+                )
+            }
+            Ok(Compaction::Failed(reason)) => {
+                tracing::warn!(session = %session.key, %reason, "compaction failed; trimming instead");
+                let Some(dropped) = self.trim_for_room(session) else {
+                    return;
+                };
+                (
+                    dropped,
+                    None,
+                    "(This conversation is getting long for my memory and I could not summarize \
+                     it, so I let its older part go.)",
+                )
+            }
+            // Nothing older than the kept turns: the per-turn trim is what keeps the
+            // requests within the context then.
+            Ok(Compaction::Nothing { .. } | Compaction::Cancelled) => return,
+            Err(e) => {
+                tracing::error!(session = %session.key, error = %e, "cannot read the history to compact it");
+                return;
+            }
+        };
+        let reply = OutboxEntry::new(&session.key, chat, notice.to_owned(), None);
+        self.commit_compaction(session, history, summary, Some(reply))
+            .await;
+    }
+
+    /// Before an idle session leaves memory: its older turns are summarized when they are
+    /// worth it (more than the kept turns, and at least a quarter of the threshold), so the
+    /// next turn starts small. Silent: nobody asked, and a notice would wake an idle group;
+    /// `/status` shows the summary. A failure changes nothing.
+    pub(super) async fn compact_before_eviction(&self, session: &Arc<Session>) {
+        let Some(threshold) = self.compact_threshold() else {
+            return;
+        };
+        let worth = match self.inner.store.load_history(&session.key) {
+            Ok(history) => {
+                let tokens: usize = history.iter().map(estimate_tokens).sum();
+                tokens >= threshold / 4
+                    && keep_from(
+                        &history,
+                        self.inner.config.compact_keep_turns,
+                        threshold / 2,
+                    ) > 0
+            }
+            Err(_) => false,
+        };
+        if !worth {
+            return;
+        }
+        let cancel = self.inner.abort.child_token();
+        session.state().turn_cancel = Some(cancel.clone());
+        let found = self.summarize_older(session, None, &cancel).await;
+        session.state().turn_cancel = None;
+        match found {
+            Ok(Compaction::Summarized {
+                dropped, summary, ..
+            }) => {
+                tracing::info!(session = %session.key, dropped, chars = summary.text.len(), "compacted before leaving memory");
+                self.commit_compaction(session, dropped, Some(summary), None)
+                    .await;
+            }
+            Ok(Compaction::Failed(reason)) => {
+                tracing::warn!(session = %session.key, %reason, "compaction before leaving memory failed; the history stays");
+            }
+            Ok(Compaction::Nothing { .. } | Compaction::Cancelled) => {}
+            Err(e) => {
+                tracing::error!(session = %session.key, error = %e, "cannot read the history to compact it");
+            }
+        }
+    }
+
+    /// How many of the oldest messages to drop so the history is down to half the
+    /// threshold (whole turns; the newest one always stays); `None` when none would go.
+    fn trim_for_room(&self, session: &Session) -> Option<usize> {
+        let budget = self.compact_threshold()? / 2;
+        let mut history = self.inner.store.load_history(&session.key).ok()?;
+        let before = history.len();
+        trim_to_budget(&mut history, budget);
+        Some(before - history.len()).filter(|&n| n > 0)
+    }
+
+    /// Drops the oldest `dropped` messages, stores `summary` and queues `reply`, in one
+    /// transaction, waited durable; then hands the reply to the outbox lane.
+    async fn commit_compaction(
+        &self,
+        session: &Session,
+        dropped: usize,
+        summary: Option<Summary>,
+        reply: Option<OutboxEntry>,
+    ) {
+        let commit = TurnCommit {
+            session: session.key.clone(),
+            history: Some(HistoryChange::Append {
+                dropped,
+                messages: Vec::new(),
+            }),
+            answered: Vec::new(),
+            reply: reply.clone(),
+            summary,
+            also: Vec::new(),
+        };
+        let committed = match self.inner.store.commit_turn(commit) {
+            Ok(id) => self.durable().await.map(|()| id),
+            Err(e) => Err(e),
+        };
+        match (committed, reply) {
+            (Ok(Some(id)), Some(mut entry)) => {
+                entry.id = id;
+                self.enqueue_reply(entry);
+            }
+            (Ok(_), _) => {}
+            (Err(e), _) => {
+                tracing::error!(session = %session.key, error = %e, "cannot commit the compaction; the history stays");
+            }
+        }
+    }
+}
