@@ -169,3 +169,62 @@ pub fn set_cookie(id: &str) -> String {
 pub fn clear_cookie() -> String {
     format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const TOKEN: &str = "a-console-token-of-length";
+
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(name.clone(), value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn a_bearer_must_be_the_token() {
+        let auth = Auth::new(Secret::new(TOKEN));
+        let good = headers(&[(header::AUTHORIZATION, &format!("Bearer {TOKEN}"))]);
+        assert_eq!(auth.check(&good), Some(Access::Bearer));
+        let bad = headers(&[(header::AUTHORIZATION, "Bearer a-console-token-of-lengtX")]);
+        assert_eq!(auth.check(&bad), None);
+        assert_eq!(auth.check(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_login_is_its_cookie_and_its_forms_carry_its_csrf_token() {
+        let auth = Auth::new(Secret::new(TOKEN));
+        let id = auth.login().unwrap();
+        assert_eq!(id.len(), 64);
+        let cookie = format!("theme=dark; {COOKIE}={id}");
+        let with = headers(&[(header::COOKIE, cookie.as_str())]);
+        let access = auth.check(&with).unwrap();
+        let csrf = access.csrf().to_owned();
+        assert_eq!(csrf.len(), 64);
+        assert!(access.form_ok(Some(&csrf)));
+        assert!(!access.form_ok(Some("forged")));
+        assert!(!access.form_ok(None));
+        auth.logout(&with);
+        assert_eq!(auth.check(&with), None);
+        let made_up = headers(&[(header::COOKIE, &format!("{COOKIE}=00ff") as &str)]);
+        assert_eq!(auth.check(&made_up), None);
+        assert!(set_cookie(&id).contains("HttpOnly; SameSite=Strict"));
+    }
+
+    #[test]
+    fn logins_are_bounded() {
+        let auth = Auth::new(Secret::new(TOKEN));
+        let first = auth.login().unwrap();
+        for _ in 0..MAX_SESSIONS {
+            auth.login().unwrap();
+        }
+        assert_eq!(auth.logins().len(), MAX_SESSIONS);
+        let old = headers(&[(header::COOKIE, &format!("{COOKIE}={first}") as &str)]);
+        assert_eq!(auth.check(&old), None, "the oldest login went first");
+    }
+}

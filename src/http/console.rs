@@ -744,3 +744,24 @@ async fn errors(State(console): State<Arc<Console>>, headers: HeaderMap) -> Resp
     body.push_str("</tbody></table></div>");
     page("Errors", Some(&access), &body).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_text_cannot_open_a_tag_or_leave_an_attribute() {
+        assert_eq!(
+            esc(r#"<script>alert("x")</script> & 'y'"#),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
+        );
+    }
+
+    #[test]
+    fn session_keys_are_one_path_segment() {
+        assert_eq!(
+            path_part("telegram:-100/topic:7"),
+            "telegram%3A%2D100%2Ftopic%3A7"
+        );
+    }
+}
