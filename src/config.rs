@@ -43,7 +43,8 @@ pub struct Config {
     pub toolsets: ToolsetsConfig,
     /// `[mcp]`: Model Context Protocol servers whose tools the agent gets.
     pub mcp: McpSection,
-    /// `[http]`: `/healthz`, `/readyz` and `/metrics` (off unless `listen` is set).
+    /// `[http]`: `/healthz`, `/readyz`, `/metrics` and the console (off unless `listen`
+    /// is set).
     pub http: HttpSection,
     /// The file this configuration came from (the sandbox hides it).
     #[serde(skip)]
@@ -65,6 +66,8 @@ struct Secrets {
     onebot_token: Option<Secret>,
     /// Per `[[llm.vision_models]]` entry (in order): its own key, when it names one.
     vision_keys: Vec<Option<Secret>>,
+    /// The console's token (`http.token_env`).
+    http_token: Option<Secret>,
 }
 
 /// Names of the systemd credentials parlor reads (`LoadCredential=<name>:<path>`).
@@ -108,6 +111,9 @@ pub struct BotConfig {
     pub shutdown_grace_secs: u64,
     /// Messages kept per chat in the message log.
     pub max_messages_per_chat: usize,
+    /// When set, a chat that used this many tokens today (UTC) gets no more turns that
+    /// day; it is told once.
+    pub daily_tokens_per_chat: Option<u64>,
     /// When a turn's last request (prompt + completion) reaches this share of
     /// `llm.context_window`, the older turns are summarized; 0 turns compaction off (the
     /// history is then only trimmed).
@@ -137,6 +143,7 @@ impl Default for BotConfig {
             idle_minutes: 10,
             shutdown_grace_secs: 20,
             max_messages_per_chat: 2000,
+            daily_tokens_per_chat: None,
             compact_ratio: 0.7,
             compact_keep_turns: 4,
         }
@@ -279,6 +286,9 @@ pub struct DiscordSection {
 pub struct HttpSection {
     /// Where to serve `/healthz`, `/readyz` and `/metrics`, `127.0.0.1:9464`; unset: off.
     pub listen: Option<String>,
+    /// The environment variable holding the operator's console token (read at start, then
+    /// scrubbed from the environment); unset: no console, only the three probes.
+    pub token_env: Option<String>,
 }
 
 impl HttpSection {
@@ -865,6 +875,10 @@ impl Config {
                 self.bot.max_messages_per_chat as u64,
             ),
             (
+                "bot.daily_tokens_per_chat",
+                self.bot.daily_tokens_per_chat.unwrap_or(1),
+            ),
+            (
                 "telegram.poll_timeout_secs",
                 u64::from(self.telegram.poll_timeout_secs),
             ),
@@ -1179,7 +1193,23 @@ impl Config {
                 None => None,
             });
         }
+        let http_token = match &self.http.token_env {
+            Some(name) => {
+                let token = secrets::from_env(name).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "http.token_env names {name}, which is not set: the console needs its token"
+                    )
+                })?;
+                // Guessable tokens make the login form a door.
+                if token.expose().chars().count() < 16 {
+                    bail!("the console token in {name} is shorter than 16 characters");
+                }
+                Some(token)
+            }
+            None => None,
+        };
         self.secrets = Secrets {
+            http_token,
             api_key,
             telegram_token,
             discord_token,
@@ -1220,6 +1250,11 @@ impl Config {
             if !names.contains(name) {
                 names.push(name.clone());
             }
+        }
+        if let Some(name) = &self.http.token_env
+            && !names.contains(name)
+        {
+            names.push(name.clone());
         }
         names
     }
@@ -1353,6 +1388,11 @@ impl Config {
     /// The OneBot access token, once resolved.
     pub fn onebot_token(&self) -> Option<&Secret> {
         self.secrets.onebot_token.as_ref()
+    }
+
+    /// The operator console's token (`http.token_env`), once resolved.
+    pub fn http_token(&self) -> Option<&Secret> {
+        self.secrets.http_token.as_ref()
     }
 
     /// Where the database lives.

@@ -151,9 +151,20 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     if let Some(listener) = http {
         let shutdown = shutdown.clone();
+        let console = config.http_token().map(|token| {
+            Arc::new(crate::http::console::Console {
+                auth: crate::http::auth::Auth::new(token.clone()),
+                store: Arc::clone(&http_store),
+                sessions: Some(manager.clone()),
+                clock: runtime.clock_tasks.clone(),
+                terminal: runtime.terminal.clone(),
+                errors: crate::http::errors::global(),
+            })
+        });
         let state = crate::http::HttpState {
             store: http_store,
             sessions: Some(manager.clone()),
+            console,
         };
         tasks.spawn(async move { crate::http::serve(listener, state, shutdown).await });
     }

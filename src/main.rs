@@ -172,10 +172,18 @@ fn init_logging(default_level: &str) {
     let filter = EnvFilter::try_from_env("PARLOR_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new(default_level));
-    // Logs go to stderr so that `parlor tools --json` stays machine-readable.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    // Logs go to stderr so that `parlor tools --json` stays machine-readable. The console's
+    // `/errors` keeps every warning and error whatever the log level.
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter),
+        )
+        .with(http::errors::RingLayer.with_filter(tracing_subscriber::filter::LevelFilter::WARN))
         .try_init();
 }
 
@@ -219,6 +227,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // The secrets were resolved (files and credentials read) before this.
             wiring::catalog_registry(&config, None)?;
             let problems = skill_problems(&config);
+            if let Some(listen) = &config.http.listen {
+                println!(
+                    "{}",
+                    http::console_line(listen, config.http_token().is_some())
+                );
+            }
             if problems.is_empty() {
                 println!("configuration is valid");
                 Ok(ExitCode::SUCCESS)

@@ -486,6 +486,8 @@ pub struct Runtime {
     pub mcp: Option<Arc<McpService>>,
     /// The sub-agents, when enabled.
     pub subagents: Option<Arc<SubagentService>>,
+    /// The clock tasks, when the clock is enabled (the console pauses and resumes them).
+    pub clock_tasks: Option<ClockHandle>,
     /// The clock service's task, when the clock is enabled; it stops with `clock_stop`.
     clock: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     clock_stop: CancellationToken,
@@ -576,6 +578,7 @@ pub fn runtime(
         compact_ratio: config.bot.compact_ratio,
         compact_keep_turns: config.bot.compact_keep_turns,
         idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
+        daily_tokens_per_chat: config.bot.daily_tokens_per_chat,
         ..SessionConfig::default()
     };
     // The terminal and the sub-agents post notices into sessions that need their toolsets
@@ -620,6 +623,7 @@ pub fn runtime(
     let clock_stop = CancellationToken::new();
     // Fires start only once the runtime runs, after `resume`: spawned here, it waits for
     // its first due time like any other.
+    let clock_tasks = clock.clone();
     let clock = clock.map(|handle| {
         tokio::spawn(ClockService::with_handle(handle, sessions.clone()).run(clock_stop.clone()))
     });
@@ -628,6 +632,7 @@ pub fn runtime(
         terminal,
         mcp,
         subagents,
+        clock_tasks,
         clock: std::sync::Mutex::new(clock),
         clock_stop,
     })

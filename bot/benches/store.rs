@@ -273,6 +273,7 @@ fn commit(session: &str, loaded: Vec<Message>, new: Vec<Message>) -> TurnCommit 
         }),
         answered: Vec::new(),
         reply: None,
+        also: Vec::new(),
         summary: None,
     }
 }

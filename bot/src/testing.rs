@@ -780,6 +780,9 @@ impl Store for CrashStore {
         self.write()?;
         self.inner.commit_turn(c)
     }
+    fn reserve_id(&self) -> Result<u64, StoreError> {
+        self.inner.reserve_id()
+    }
     fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
         self.inner.unsent_outbox()
     }

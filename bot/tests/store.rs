@@ -159,6 +159,7 @@ fn commit_history(store: &dyn Store, session: &str, change: HistoryChange) {
             answered: Vec::new(),
             reply: None,
             summary: None,
+            also: Vec::new(),
         })
         .unwrap();
 }
@@ -207,6 +208,7 @@ fn a_summary_lands_with_the_history_it_replaces_and_goes_with_a_reset() {
             answered: vec![],
             reply: None,
             summary,
+            also: Vec::new(),
         };
         store
             .commit_turn(compact(3, Some(summary("decided: Saturday"))))
@@ -308,6 +310,7 @@ fn a_summary_survives_reopening_the_sled_store() {
                 answered: vec![],
                 reply: None,
                 summary: Some(summary("kept")),
+                also: Vec::new(),
             })
             .unwrap();
         store.flush().unwrap();
@@ -411,6 +414,7 @@ fn a_migration_moves_the_whole_session_once() {
                 answered: vec![],
                 reply: Some(unsent),
                 summary: Some(summary("the old group's plans")),
+                also: Vec::new(),
             })
             .unwrap();
         store
@@ -420,6 +424,7 @@ fn a_migration_moves_the_whole_session_once() {
                 answered: vec![],
                 reply: None,
                 summary: Some(summary("the supergroup's plans")),
+                also: Vec::new(),
             })
             .unwrap();
         let record = ChatRecord {
@@ -543,6 +548,7 @@ fn an_edit_updates_the_log_and_a_pending_input_but_not_an_answered_one() {
                 answered: vec![id],
                 reply: None,
                 summary: None,
+                also: Vec::new(),
             })
             .unwrap();
         edited.text = "what is 3+3?".to_owned();
@@ -770,6 +776,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
                 answered: vec![p1, p2],
                 reply: Some(reply(A, "done")),
                 summary: None,
+                also: Vec::new(),
             })
             .unwrap()
             .expect("a reply was given");
@@ -791,6 +798,7 @@ fn commit_turn_writes_history_removes_answered_and_queues_the_reply() {
                 answered: vec![other],
                 reply: None,
                 summary: None,
+                also: Vec::new(),
             })
             .unwrap();
         assert_eq!(none, None, "{name}");
@@ -812,6 +820,7 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
                     answered: Vec::new(),
                     reply: Some(reply(session, text)),
                     summary: None,
+                    also: Vec::new(),
                 })
                 .unwrap()
                 .expect("queued");
@@ -854,6 +863,7 @@ fn a_refused_reply_leaves_the_outbox_with_its_reason() {
                 answered: Vec::new(),
                 reply: Some(reply(A, "r")),
                 summary: None,
+                also: Vec::new(),
             })
             .unwrap()
             .expect("queued");
@@ -877,6 +887,7 @@ fn a_commit_without_history_leaves_the_history_alone() {
                 answered: vec![id],
                 reply: Some(reply(A, "only admins")),
                 summary: None,
+                also: Vec::new(),
             })
             .unwrap();
         assert_eq!(store.load_history(A).unwrap(), rich_history(), "{name}");
@@ -1131,6 +1142,7 @@ fn sled_state_survives_a_restart() {
                 answered: vec![p1],
                 reply: Some(reply(A, "hello")),
                 summary: None,
+                also: Vec::new(),
             })
             .unwrap()
             .unwrap();

@@ -88,10 +88,14 @@ impl SessionManager {
             Ok(None) => "none".to_owned(),
             Err(_) => "unreadable".to_owned(),
         };
+        let tokens = match self.tokens_today(key) {
+            (used, Some(limit)) => format!("{used} of {limit}"),
+            (used, None) => used.to_string(),
+        };
         format!(
             "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
              Summary: {summary}\n\
-             Turns since start: {turns}\nModel: {}\nTools: {}\nUp for {} min",
+             Turns since start: {turns}\nTokens today (UTC): {tokens}\nModel: {}\nTools: {}\nUp for {} min",
             if running {
                 "Working on an answer."
             } else {

@@ -305,6 +305,7 @@ impl SessionManager {
             answered: Vec::new(),
             reply: reply.clone(),
             summary,
+            also: Vec::new(),
         };
         let committed = match self.inner.store.commit_turn(commit) {
             Ok(id) => self.durable().await.map(|()| id),

@@ -61,6 +61,9 @@ pub struct SessionConfig {
     pub admin_cache_ttl: Duration,
     /// Largest input line kept, in characters (longer ones are cut).
     pub max_input_chars: usize,
+    /// When set, a chat whose tokens today (UTC) reach this runs no more turns that day,
+    /// and is told so once (`session/usage.rs`).
+    pub daily_tokens_per_chat: Option<u64>,
 }
 
 impl Default for SessionConfig {
@@ -80,6 +83,7 @@ impl Default for SessionConfig {
             idle_timeout: Duration::from_secs(600),
             admin_cache_ttl: Duration::from_secs(600),
             max_input_chars: 4000,
+            daily_tokens_per_chat: None,
         }
     }
 }
@@ -150,6 +154,8 @@ pub(super) struct SessionState {
     pub(super) recent_turns: crate::ratelimit::SlidingWindow,
     /// Turns run since the daemon started.
     pub(super) turns: u64,
+    /// The running item's start and input, for the operator's console.
+    pub(super) current: Option<(chrono::DateTime<chrono::Utc>, String)>,
 }
 
 impl Session {

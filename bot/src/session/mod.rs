@@ -20,6 +20,8 @@
 //! - [`history`]: the token-budget trim by whole turns.
 //! - [`outbox`]: one lane per chat sending committed replies in order, retrying until the
 //!   platform takes them or refuses them for good.
+//! - [`usage`]: tokens per chat per day and the daily budget; [`trace`]: each turn's trace
+//!   (both committed with the turn); [`view`]: what the operator's console reads and stops.
 //!
 //! After a crash, [`SessionManager::resume`] re-queues every pending record (its turn never
 //! committed) and hands every unsent reply to its lane.
@@ -35,9 +37,13 @@ mod outbox;
 pub mod policy;
 pub mod queue;
 mod roles;
+pub mod trace;
 mod turn;
+pub mod usage;
+mod view;
 
 pub use life::{ChatHook, Removal, move_record, move_records};
 pub use manager::{ScheduledOutcome, SessionConfig, SessionManager, SessionStats, SubmitError};
 pub use policy::{ATTRIBUTION_PROMPT, attribute};
 pub use queue::{QueueItem, SessionQueue};
+pub use view::LiveChat;

@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 use super::history::trim_to_budget;
 use super::manager::{ScheduledOutcome, Session, SessionManager};
 use super::queue::QueueItem;
+use super::trace::TurnFacts;
+use super::usage::{BUDGET_NOTICE, Budget};
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
 use crate::llm::{Content, ContentPart, LlmError, Message};
 use crate::store::{HistoryChange, OutboxEntry, PendingKind, Summary, TurnCommit};
@@ -31,23 +33,36 @@ pub(super) struct Outcome {
     pub(super) summary: Option<Summary>,
     /// The turn filled the model's context past `compact_ratio`: compact after committing.
     pub(super) compact_due: bool,
+    /// What the model did, for the day's usage and the trace; `None` when it was not asked.
+    pub(super) facts: Option<TurnFacts>,
+    /// The reply is today's budget notice (`usage.rs`).
+    pub(super) budget_told: bool,
 }
 
 impl SessionManager {
     /// Runs one item and commits it; hands the reply to the outbox and tells any waiter.
     pub(super) async fn run_item(&self, session: &Arc<Session>, item: QueueItem) {
         let cancel = self.inner.abort.child_token();
+        let started = chrono::Utc::now();
         {
             let mut state = session.state();
             state.turn_cancel = Some(cancel.clone());
+            state.current = Some((started, item.text()));
             state.turns += 1;
         }
         let outcome = match item.kind {
             PendingKind::Reset => self.reset(session, &item).await,
             PendingKind::Compact => self.compact_command(session, &item, &cancel).await,
-            _ => self.turn(session, &item, &cancel).await,
+            _ => match self.budget(&session.key) {
+                Budget::Spent { told } => Some(over_budget(told)),
+                Budget::Open => self.turn(session, &item, &cancel).await,
+            },
         };
-        session.state().turn_cancel = None;
+        {
+            let mut state = session.state();
+            state.turn_cancel = None;
+            state.current = None;
+        }
         let Some(outcome) = outcome else {
             // Abandoned (shutdown, store failure): the input stays pending; the waiter is
             // dropped and its submitter sees the turn cancelled.
@@ -65,20 +80,29 @@ impl SessionManager {
                     .flat_map(|i| i.pending_ids),
             );
         }
-        let reply = outcome
+        let mut reply = outcome
             .reply
             .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
         let compact_due = outcome.compact_due;
-        let commit = TurnCommit {
+        let also = self.turn_records(
+            &session.key,
+            &item,
+            outcome.facts.as_ref(),
+            outcome.budget_told,
+            started,
+            reply.as_mut(),
+        );
+        let commit = also.map(|also| TurnCommit {
             session: session.key.clone(),
             history: outcome.history,
             answered: answered.clone(),
             reply: reply.clone(),
             summary: outcome.summary,
-        };
+            also,
+        });
         // The wait is shared with every other chat committing or taking input meanwhile, and
         // covers this chat's intake writes before it.
-        let committed = match self.inner.store.commit_turn(commit) {
+        let committed = match commit.and_then(|commit| self.inner.store.commit_turn(commit)) {
             Ok(id) => self.durable().await.map(|()| id),
             Err(e) => Err(e),
         };
@@ -205,6 +229,7 @@ impl SessionManager {
         let loaded = history.len();
         // How many of the loaded messages the model's context refused.
         let mut refused = 0;
+        let facts;
         let mut new_summary = None;
         let mut context_tokens = None;
         let (new_messages, reply, model_failed) = match result {
@@ -213,6 +238,7 @@ impl SessionManager {
                 return None;
             }
             Ok(turn) => {
+                facts = TurnFacts::of(&turn);
                 let reply = match turn.end {
                     TurnEnd::Cancelled => None,
                     _ if turn.reply.trim().is_empty() => Some(
@@ -248,6 +274,7 @@ impl SessionManager {
             Err(e) => {
                 tracing::error!(session = %session.key, error = %e, "turn failed");
                 let reason = short_reason(&e.to_string());
+                facts = TurnFacts::failed(&reason);
                 (Vec::new(), Some(failure_notice(&e)), Some(reason))
             }
         };
@@ -286,6 +313,8 @@ impl SessionManager {
             // A rewritten history would drop the summary the turn ran with.
             summary: new_summary.or(if rewrite { summary } else { None }),
             compact_due,
+            facts: Some(facts),
+            budget_told: false,
         })
     }
 
@@ -307,6 +336,18 @@ impl SessionManager {
                 }),
         );
         Content::Parts(parts)
+    }
+}
+
+/// A turn not run: the chat's daily token budget is used up. The input is answered
+/// (committed) all the same, and the chat told once a day.
+fn over_budget(told: bool) -> Outcome {
+    Outcome {
+        reply: (!told).then(|| BUDGET_NOTICE.to_owned()),
+        // A clock fire's run log says why nothing was posted.
+        model_failed: Some("the chat's daily token budget is used up".to_owned()),
+        budget_told: !told,
+        ..Outcome::default()
     }
 }
 

@@ -269,12 +269,20 @@ impl Store for MemoryStore {
         for id in &commit.answered {
             inner.pending.remove(id);
         }
+        inner.apply_kv(commit.also);
         Ok(commit.reply.map(|mut entry| {
-            let id = inner.next_id();
+            let id = match entry.id {
+                0 => inner.next_id(),
+                reserved => reserved,
+            };
             entry.id = id;
             inner.outbox.insert(id, entry);
             id
         }))
+    }
+
+    fn reserve_id(&self) -> Result<u64, StoreError> {
+        Ok(self.lock().next_id())
     }
 
     fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {

@@ -326,7 +326,7 @@ pub struct Summary {
 }
 
 /// Everything a finished turn writes, applied atomically by [`Store::commit_turn`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct TurnCommit {
     /// Session key.
     pub session: String,
@@ -335,8 +335,12 @@ pub struct TurnCommit {
     pub history: Option<HistoryChange>,
     /// Pending items this turn answered.
     pub answered: Vec<u64>,
-    /// The reply to send, if any (`id` is ignored and assigned by the store).
+    /// The reply to send, if any (`id` is assigned by the store, unless it is one
+    /// [`Store::reserve_id`] gave).
     pub reply: Option<OutboxEntry>,
+    /// Records of other collections that belong to the turn and land with it: the chat's
+    /// usage of the day and the turn's trace (`session/usage.rs`, `session/trace.rs`).
+    pub also: Vec<KvWrite>,
     /// The session's new summary (compaction), written with the history change that drops
     /// the turns it stands for; `None` keeps the old one (unless the history is replaced).
     pub summary: Option<Summary>,
@@ -428,8 +432,13 @@ pub trait Store: Send + Sync + 'static {
     fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError>;
 
     /// Atomically changes the history (appends the turn's messages, or replaces it), removes
-    /// the answered pending items and queues the reply; returns the reply's outbox id.
+    /// the answered pending items, queues the reply and writes the turn's other records
+    /// (`also`); returns the reply's outbox id.
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError>;
+
+    /// An id no pending item or reply has or will get: a reply's outbox id known before its
+    /// commit, so that a record committed with it (the turn's trace) can name it.
+    fn reserve_id(&self) -> Result<u64, StoreError>;
 
     /// Replies committed but not yet marked sent, oldest first.
     fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError>;

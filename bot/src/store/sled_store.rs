@@ -368,7 +368,10 @@ impl Store for SledStore {
         let reply = match commit.reply {
             Some(mut entry) => {
                 // Assigned before the transaction: a failed commit only wastes an id.
-                let id = self.db.generate_id().map_err(sled_error)?;
+                let id = match entry.id {
+                    0 => self.db.generate_id().map_err(sled_error)?,
+                    reserved => reserved,
+                };
                 entry.id = id;
                 Some((id, encode(&entry)?))
             }
@@ -377,14 +380,18 @@ impl Store for SledStore {
         let summary = commit.summary.as_ref().map(encode).transpose()?;
         let session = commit.session.as_str();
         let answered = &commit.answered;
-        let trees = [
-            &self.history,
-            &self.history_heads,
-            &self.history_messages,
-            &self.pending,
-            &self.outbox,
-            &self.summaries,
-        ];
+        let also = &commit.also;
+        let (trees, index) = self.with_kv_trees(
+            vec![
+                self.history.clone(),
+                self.history_heads.clone(),
+                self.history_messages.clone(),
+                self.pending.clone(),
+                self.outbox.clone(),
+                self.summaries.clone(),
+            ],
+            also,
+        )?;
         let result = trees[..].transaction(|t| {
             let (pending, outbox, summaries) = (&t[3], &t[4], &t[5]);
             let tx = HistoryTx {
@@ -409,10 +416,14 @@ impl Store for SledStore {
             if let Some((id, value)) = &reply {
                 outbox.insert(&id.to_be_bytes(), value.as_slice())?;
             }
-            Ok(())
+            apply_kv(t, also, &index)
         });
         transaction_result::<()>(result)?;
         Ok(reply.map(|(id, _)| id))
+    }
+
+    fn reserve_id(&self) -> Result<u64, StoreError> {
+        self.db.generate_id().map_err(sled_error)
     }
 
     fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {

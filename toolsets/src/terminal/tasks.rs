@@ -511,21 +511,33 @@ impl TerminalService {
 
     /// `task_stop`.
     pub(crate) async fn task_stop(&self, args: TaskStopArgs, cx: &ToolContext) -> ToolResult {
-        let Some(row) = self.task(&cx.session, &args.task_id) else {
-            return not_found(&args.task_id);
-        };
+        match self.stop_task(&cx.session, &args.task_id).await {
+            None => not_found(&args.task_id),
+            Some((row, false)) => ToolResult::ok_with(
+                format!("task {} had already ended: {}", row.id, row.status.as_str()),
+                row_json(&row),
+            ),
+            Some((row, true)) => ToolResult::ok_with(
+                format!("task {} stopped; no result message will be sent", row.id),
+                row_json(&row),
+            ),
+        }
+    }
+
+    /// Stops `session`'s task `id` (no notice is sent), as `task_stop` and the operator's
+    /// console do: its row after, and whether it was still running; `None` when the session
+    /// has no such task.
+    pub async fn stop_task(&self, session: &str, id: &str) -> Option<(TaskRecord, bool)> {
+        let row = self.task(session, id)?;
         let running = {
             let running = self.lock_running();
             running
                 .get(&row.id)
-                .filter(|r| r.session == cx.session)
+                .filter(|r| r.session == session)
                 .map(|r| (r.stop.clone(), r.done.clone(), r.pgid))
         };
         let Some((stop, done, pgid)) = running else {
-            return ToolResult::ok_with(
-                format!("task {} had already ended: {}", row.id, row.status.as_str()),
-                row_json(&row),
-            );
+            return Some((row, false));
         };
         stop.cancel();
         let wait = self.config.kill_grace * 2 + Duration::from_secs(5);
@@ -533,11 +545,14 @@ impl TerminalService {
             sys::signal_group(pgid, sys::SIGKILL);
             tracing::warn!(task = %row.id, "the task's watcher did not finish in time");
         }
-        let row = self.task(&cx.session, &args.task_id).unwrap_or(row);
-        ToolResult::ok_with(
-            format!("task {} stopped; no result message will be sent", row.id),
-            row_json(&row),
-        )
+        Some((self.task(session, id).unwrap_or(row), true))
+    }
+
+    /// The last `max_chars` characters of a task's output, for the operator's console.
+    /// Reading it this way does not count as the chat reading it (its notice still goes).
+    pub fn output_tail(&self, row: &TaskRecord, max_chars: usize) -> std::io::Result<String> {
+        let (text, _) = read_log_tail(&row.log_path, (max_chars as u64).saturating_mul(4))?;
+        Ok(tail_chars(&text, max_chars).0)
     }
 
     /// `task_list`.

@@ -1,6 +1,19 @@
 //! The operator's HTTP listener (`[http] listen`): `/healthz` (the process answers),
 //! `/readyz` (the store is open and every adapter connected; 503 with the reason
-//! otherwise) and `/metrics` (Prometheus text format from `parlor_bot::metrics`).
+//! otherwise) and `/metrics` (Prometheus text format from `parlor_bot::metrics`), which
+//! answer without a token (they say nothing about what chats say; keep the listener on
+//! loopback); and, with `[http] token_env`, the operator's console behind that token.
+//!
+//! # Layout
+//! - `mod.rs`: the probes, the router, binding and serving.
+//! - [`auth`]: the token, login sessions (cookie + CSRF token), the guard every console
+//!   route passes.
+//! - [`console`]: the console's pages and actions, server-rendered HTML.
+//! - [`errors`]: the ring of recent warnings and errors, filled by a `tracing` layer.
+
+pub mod auth;
+pub mod console;
+pub mod errors;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,15 +36,36 @@ pub struct HttpState {
     pub store: Arc<dyn Store>,
     /// Sessions in memory, read at scrape time.
     pub sessions: Option<SessionManager>,
+    /// The console, when `[http] token_env` gives it a token.
+    pub console: Option<Arc<console::Console>>,
 }
 
 /// The routes, for [`serve`] and for tests.
 pub fn router(state: HttpState) -> Router {
-    Router::new()
+    let probes = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(state)
+        .with_state(state.clone());
+    match state.console {
+        Some(console) => probes.merge(console::router(console)),
+        None => probes,
+    }
+}
+
+/// What `check-config` says of the listener.
+pub fn console_line(listen: &str, token: bool) -> String {
+    if token {
+        format!(
+            "http: {listen} serves /healthz, /readyz, /metrics (no token) and the console \
+             (token from http.token_env)"
+        )
+    } else {
+        format!(
+            "http: {listen} serves /healthz, /readyz and /metrics; the console is off (set \
+             http.token_env to turn it on)"
+        )
+    }
 }
 
 /// Binds `addr` (a failure stops the start, not the first scrape).
@@ -48,7 +82,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let local = listener.local_addr().ok();
-    tracing::info!(addr = ?local, "serving /healthz, /readyz and /metrics");
+    let console = if state.console.is_some() { "on" } else { "off" };
+    tracing::info!(addr = ?local, console, "serving /healthz, /readyz and /metrics");
     axum::serve(listener, router(state))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
