@@ -327,12 +327,14 @@ impl SessionManager {
             space: TRACE_SPACE.to_owned(),
             key: format!("{session}|{seq:020}"),
             value: Some(encode(&trace)?),
+            if_unchanged: None,
         });
         if let Some(old) = seq.checked_sub(KEEP_TRACES) {
             writes.push(KvWrite {
                 space: TRACE_SPACE.to_owned(),
                 key: format!("{session}|{old:020}"),
                 value: None,
+                if_unchanged: None,
             });
         }
         head.v = 1;
@@ -342,6 +344,7 @@ impl SessionManager {
             space: HEAD_SPACE.to_owned(),
             key: session.to_owned(),
             value: Some(encode(&head)?),
+            if_unchanged: None,
         });
         Ok(writes)
     }

@@ -106,6 +106,7 @@ pub(super) fn add(
         space: USAGE_SPACE.to_owned(),
         key: usage_key(day, session),
         value: Some(serde_json::to_string(&record).map_err(|e| StoreError::Io(e.to_string()))?),
+        if_unchanged: None,
     })
 }
 
