@@ -808,6 +808,10 @@ impl Store for CrashStore {
     fn chat_status(&self, s: &str) -> Result<Option<ChatRecord>, StoreError> {
         self.inner.chat_status(s)
     }
+    fn queue_outbox_with(&self, entry: OutboxEntry, also: Vec<KvWrite>) -> Result<u64, StoreError> {
+        self.write()?;
+        self.inner.queue_outbox_with(entry, also)
+    }
     fn set_chat_status(
         &self,
         r: &ChatRecord,

@@ -71,10 +71,20 @@ impl SessionManager {
             if self.inner.draining.is_cancelled() {
                 break;
             }
-            let Some(mut item) = session.queue.pop() else {
+            // Queued input first: a mention never waits for an overheard batch.
+            let next = session.queue.pop().or_else(|| self.due_batch(session));
+            let Some(mut item) = next else {
                 let idle = tokio::time::sleep(self.inner.config.idle_timeout);
+                let due = session.state().overheard.due();
+                let batch_due = async move {
+                    match due {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = session.queue.notified() => continue,
+                    () = batch_due => continue,
                     () = idle => {}
                     () = self.inner.draining.cancelled() => break,
                 }
@@ -111,7 +121,7 @@ impl SessionManager {
     fn evict_if_idle(&self, session: &Arc<Session>) -> bool {
         let mut sessions = self.lock_sessions();
         let mut state = session.state();
-        if !session.queue.is_empty() {
+        if !session.queue.is_empty() || !state.overheard.is_empty() {
             return false;
         }
         state.actor_running = false;

@@ -53,6 +53,8 @@ pub struct SessionConfig {
     pub admin_cache_ttl: Duration,
     /// Largest input line kept, in characters (longer ones are cut).
     pub max_input_chars: usize,
+    /// The groups the bot reads along in (auto-chat, [`super::overheard`]); empty: none.
+    pub auto_chat: Vec<super::AutoChat>,
 }
 
 impl Default for SessionConfig {
@@ -69,6 +71,7 @@ impl Default for SessionConfig {
             idle_timeout: Duration::from_secs(600),
             admin_cache_ttl: Duration::from_secs(600),
             max_input_chars: 4000,
+            auto_chat: Vec::new(),
         }
     }
 }
@@ -139,6 +142,8 @@ pub(super) struct SessionState {
     pub(super) recent_turns: crate::ratelimit::SlidingWindow,
     /// Turns run since the daemon started.
     pub(super) turns: u64,
+    /// Overheard messages waiting for their quiet turn (auto-chat).
+    pub(super) overheard: super::overheard::Batch,
 }
 
 impl Session {
@@ -301,8 +306,18 @@ impl SessionManager {
             );
         }
         let mut sessions = self.lock_sessions();
+        let mut unheard = Vec::new();
         for item in pending {
             let session = self.session_in(&mut sessions, &item.session);
+            if item.kind == PendingKind::Overheard {
+                let id = item.id;
+                if self.restore_overheard(&session, item) {
+                    self.ensure_actor(&session);
+                } else {
+                    unheard.push(id);
+                }
+                continue;
+            }
             let item = QueueItem::from_pending(item);
             if item.kind == PendingKind::Reset {
                 session.queue.push_front(item);
@@ -312,6 +327,16 @@ impl SessionManager {
                 tracing::warn!(session = %session.key, ids = ?full.0.pending_ids, "queue full while resuming; kept for later");
             }
             self.ensure_actor(&session);
+        }
+        drop(sessions);
+        if !unheard.is_empty() {
+            // The chat is no longer read along in (the config changed): they stay in the
+            // chat log only.
+            tracing::info!(
+                count = unheard.len(),
+                "dropping overheard messages of chats no longer in bot.auto_chat"
+            );
+            self.inner.store.remove_pending(&unheard)?;
         }
         Ok(())
     }

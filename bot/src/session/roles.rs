@@ -32,6 +32,10 @@ impl SessionManager {
     /// input every other caller of a group chat is looked up here. A lookup that fails
     /// leaves a member.
     pub(super) async fn resolve_roles(&self, item: &mut QueueItem) {
+        if item.kind == PendingKind::Overheard {
+            // A quiet turn runs as a member whoever wrote the messages (`overheard.rs`).
+            return;
+        }
         let on_demand = item.kind != PendingKind::Reset && item.callers.len() == 1;
         for caller in &mut item.callers {
             // A stored role is from when the input arrived; after a restart the config may

@@ -318,6 +318,20 @@ impl Store for MemoryStore {
         Ok(self.lock().chats.get(session).cloned())
     }
 
+    fn queue_outbox_with(
+        &self,
+        mut entry: OutboxEntry,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, StoreError> {
+        check_session(&entry.session)?;
+        let mut inner = self.lock();
+        inner.apply_kv(also);
+        let id = inner.next_id();
+        entry.id = id;
+        inner.outbox.insert(id, entry);
+        Ok(id)
+    }
+
     fn set_chat_status(
         &self,
         record: &ChatRecord,

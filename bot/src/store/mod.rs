@@ -136,6 +136,9 @@ pub enum PendingKind {
     TaskResult,
     /// A clock task fired.
     ClockFire,
+    /// A message overheard in an auto-chat group (not addressed to the bot): part of a
+    /// batch that becomes one quiet turn.
+    Overheard,
     /// `/reset`: checked (chat admins only in groups) and carried out by the chat's actor.
     Reset,
 }
@@ -391,6 +394,11 @@ pub trait Store: Send + Sync + 'static {
     /// Atomically changes the history (appends the turn's messages, or replaces it), removes
     /// the answered pending items and queues the reply; returns the reply's outbox id.
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError>;
+
+    /// Queues a message for the outbox outside a turn's commit (a quiet turn's
+    /// `send_message`) together with toolset-style records (the chat's send counts), in one
+    /// transaction; returns its outbox id.
+    fn queue_outbox_with(&self, entry: OutboxEntry, also: Vec<KvWrite>) -> Result<u64, StoreError>;
 
     /// Replies committed but not yet marked sent, oldest first.
     fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError>;
