@@ -564,6 +564,12 @@ pub fn runtime(
         turns_per_minute: config.bot.turns_per_minute,
         history_tokens: config.llm.context_tokens * 6 / 10,
         idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
+        auto_chat: config
+            .bot
+            .auto_chat
+            .iter()
+            .map(|a| a.to_runtime())
+            .collect(),
         ..SessionConfig::default()
     };
     // The terminal and the sub-agents post notices into sessions that need their toolsets

@@ -47,7 +47,7 @@ pub const SEND_COUNTS_SPACE: &str = "auto_chat";
 /// How a group the bot reads along in is configured (`[[bot.auto_chat]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AutoChat {
-    /// The chat: a session key (`telegram:-100123`, `telegram:-100123/7` for a topic) or
+    /// The chat: a session key (`telegram:-100123`, `telegram:-100123/topic:7` for a topic) or
     /// `platform:chat_id`, matched like `allowed_chats`.
     pub chat: String,
     /// A batch is flushed when it holds this many messages (at most
