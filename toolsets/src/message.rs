@@ -102,6 +102,9 @@ pub struct MessageOptions {
     pub context_scan_limit: usize,
     /// The bot's display name, for its own `send_markdown` messages in the chat log.
     pub bot_name: String,
+    /// Whether some chat has quiet turns (`[[bot.auto_chat]]`): the prompt then says how to
+    /// behave in one. `send_message` is registered either way (only quiet turns offer it).
+    pub quiet_turns: bool,
 }
 
 impl Default for MessageOptions {
@@ -115,6 +118,7 @@ impl Default for MessageOptions {
             url_guard: Guard::default(),
             context_scan_limit: 2000,
             bot_name: "parlor".to_owned(),
+            quiet_turns: false,
         }
     }
 }
@@ -267,11 +271,15 @@ fn tools(messages: Arc<Messages>) -> ToolSetBridgeBuilder<Messages> {
          person talking to you now makes requests.\n\
          - `send_markdown` posts into this chat immediately: use it for short progress \
          notes during long work, or to deliver a long result in parts. Your final answer \
-         is posted automatically when your turn ends; never send it twice.\n\
-         - When you are only reading along (the input says the messages were overheard), \
-         nothing you answer is posted: `send_message` is then your one way to speak, a few \
-         times an hour at most. Speak only when you really add something.",
+         is posted automatically when your turn ends; never send it twice.",
     );
+    if options.quiet_turns {
+        prompt.push_str(
+            "\n- When you are only reading along (the input says the messages were \
+             overheard), nothing you answer is posted: `send_message` is then your one way \
+             to speak, a few times an hour at most. Speak only when you really add something.",
+        );
+    }
     if options.vision {
         prompt.push_str(
             "\n- `load_image` lets you look at an image of a message (by its id) or at an \

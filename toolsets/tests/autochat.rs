@@ -18,9 +18,11 @@ use parlor_bot::platform::{ChatRef, Inbox, Platform};
 use parlor_bot::session::{AutoChat, SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::testing::{
-    ScriptedLlm, TestPlatform, calls, echo, last_text, message, tool_results,
+    ScriptedLlm, TestPlatform, TestSpeech, calls, echo, last_text, message, tool_results,
 };
-use parlor_bot::tool::{Role, ToolRegistry, ToolResult, ToolSet, ToolSetBridge, codes};
+use parlor_bot::tool::{
+    Role, ToolContext, ToolRegistry, ToolResult, ToolSet, ToolSetBridge, codes,
+};
 use parlor_toolsets::message::{MessageOptions, MessageToolset};
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -77,7 +79,11 @@ struct Rig {
 }
 
 fn rig_on(store: Arc<dyn Store>, llm: Arc<ScriptedLlm>, auto: AutoChat) -> Rig {
-    let messages = MessageToolset::new(Arc::clone(&store), MessageOptions::default()).unwrap();
+    let options = MessageOptions {
+        quiet_turns: true,
+        ..MessageOptions::default()
+    };
+    let messages = MessageToolset::new(Arc::clone(&store), options).unwrap();
     let registry = ToolRegistry::new(vec![Arc::new(messages), admin_tool()]).unwrap();
     let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
     let platform = TestPlatform::new();
@@ -412,4 +418,51 @@ async fn an_unfinished_batch_survives_a_restart() {
         "{input}"
     );
     assert_eq!(rig.platform.wait_sent(1).await[0].text, "welcome back");
+}
+
+#[tokio::test]
+async fn send_message_is_offered_only_in_quiet_turns_and_send_markdown_only_outside() {
+    let store = Arc::new(MemoryStore::new()) as Arc<dyn Store>;
+    let messages = MessageToolset::new(store, MessageOptions::default()).unwrap();
+    let registry = ToolRegistry::new(vec![Arc::new(messages)]).unwrap();
+    let (addressed, quiet) = (registry.defs_for(false), registry.defs_for(true));
+    assert!(addressed.wire_json().contains("send_markdown"));
+    assert!(!addressed.wire_json().contains("\"send_message\""));
+    assert!(quiet.wire_json().contains("\"send_message\""));
+    assert!(!quiet.wire_json().contains("send_markdown"));
+    assert!(quiet.wire_json().contains("get_group_context"));
+
+    let call =
+        |name: &str, args: Value| parlor_bot::llm::ToolCall::new("c", name, args.to_string());
+    let speech = TestSpeech::new();
+    let quiet_cx = ToolContext {
+        chat: Some(group()),
+        quiet: Some(speech.clone() as Arc<dyn parlor_bot::tool::QuietSpeech>),
+        ..ToolContext::default()
+    };
+    let addressed_cx = ToolContext {
+        chat: Some(group()),
+        ..ToolContext::default()
+    };
+    let hello = json!({"text": "hello"});
+    let refused = registry
+        .call(&call("send_message", hello.clone()), addressed_cx)
+        .await;
+    assert_eq!(refused.code(), Some(codes::TOOL_NOT_FOUND), "{refused:?}");
+    let refused = registry
+        .call(&call("send_markdown", hello.clone()), quiet_cx.clone())
+        .await;
+    assert_eq!(refused.code(), Some(codes::TOOL_NOT_FOUND), "{refused:?}");
+    let long = json!({"text": "x".repeat(501)});
+    let refused = registry
+        .call(&call("send_message", long), quiet_cx.clone())
+        .await;
+    assert_eq!(
+        refused.code(),
+        Some(codes::INVALID_ARGUMENTS),
+        "{refused:?}"
+    );
+    let said = registry.call(&call("send_message", hello), quiet_cx).await;
+    assert!(said.success, "{said:?}");
+    assert_eq!(speech.said(), ["hello"]);
 }
