@@ -5,7 +5,7 @@
 //! | `get_message {message_id}` | read | one recorded message of this chat, with what it replies to |
 //! | `get_group_context {limit?, before_message_id?, from_user?}` | read | recent messages, newest first, paged |
 //! | `send_markdown {text, reply_to_message_id?}` | write | posts Markdown into this chat now |
-//! | `send_message {text}` | write | quiet turns only (auto-chat): a short plain message, within the chat's limits, through the outbox |
+//! | `send_message {text}` | write | with `[[bot.auto_chat]]`, offered in quiet turns only: a short plain message, within the chat's limits, through the outbox |
 //! | `load_image {message_id?, url?}` | read | an image as the next user message (only with vision or vision models) |
 //!
 //! **Scope.** Every lookup goes through the message log of the calling session
@@ -102,8 +102,8 @@ pub struct MessageOptions {
     pub context_scan_limit: usize,
     /// The bot's display name, for its own `send_markdown` messages in the chat log.
     pub bot_name: String,
-    /// Whether some chat has quiet turns (`[[bot.auto_chat]]`): the prompt then says how to
-    /// behave in one. `send_message` is registered either way (only quiet turns offer it).
+    /// Whether some chat has quiet turns (`[[bot.auto_chat]]`): only then is `send_message`
+    /// registered (quiet turns alone offer it) and the prompt says how to behave in one.
     pub quiet_turns: bool,
 }
 
@@ -345,27 +345,33 @@ fn tools(messages: Arc<Messages>) -> ToolSetBridgeBuilder<Messages> {
              may become several).",
         )
         // In a quiet turn it would speak past `send_message`'s limits.
-        .offer(Offer::Addressed)
-        .add_function_with_context(
-            SEND_MESSAGE,
-            &format!(
-                "Say something to this group while you are reading along (the messages \
+        .offer(Offer::Addressed);
+    // Only with auto-chat configured: without quiet turns it would never be offered.
+    let builder = if !options.quiet_turns {
+        builder
+    } else {
+        builder
+            .add_function_with_context(
+                SEND_MESSAGE,
+                &format!(
+                    "Say something to this group while you are reading along (the messages \
                  were overheard, nobody asked you): a short plain-text message, at most \
                  {SEND_MESSAGE_MAX_CHARS} characters, posted as it is. Your final answer \
                  is not posted in this turn; this is the only way to speak. Limited per \
                  batch and per hour: past a limit the answer is RATE_LIMITED, then stay \
                  quiet."
-            ),
-            |args: SendMessageArgs, cx: ToolContext| async move {
-                finish(send_message(args, &cx).await)
-            },
-        )
-        .risk(Risk::Write)
-        .offer(Offer::Quiet)
-        .result_doc(
-            "`data`: `dry_run` (true: only logged, as the operator set it), \
+                ),
+                |args: SendMessageArgs, cx: ToolContext| async move {
+                    finish(send_message(args, &cx).await)
+                },
+            )
+            .risk(Risk::Write)
+            .offer(Offer::Quiet)
+            .result_doc(
+                "`data`: `dry_run` (true: only logged, as the operator set it), \
              `left_in_batch`, `left_this_hour`.",
-        );
+            )
+    };
     if !options.vision {
         return builder;
     }

@@ -423,7 +423,13 @@ async fn an_unfinished_batch_survives_a_restart() {
 #[tokio::test]
 async fn send_message_is_offered_only_in_quiet_turns_and_send_markdown_only_outside() {
     let store = Arc::new(MemoryStore::new()) as Arc<dyn Store>;
-    let messages = MessageToolset::new(store, MessageOptions::default()).unwrap();
+    let without = MessageToolset::new(Arc::clone(&store), MessageOptions::default()).unwrap();
+    assert!(!without.tools().iter().any(|t| t.name == "send_message"));
+    let options = MessageOptions {
+        quiet_turns: true,
+        ..MessageOptions::default()
+    };
+    let messages = MessageToolset::new(store, options).unwrap();
     let registry = ToolRegistry::new(vec![Arc::new(messages)]).unwrap();
     let (addressed, quiet) = (registry.defs_for(false), registry.defs_for(true));
     assert!(addressed.wire_json().contains("send_markdown"));

@@ -207,10 +207,7 @@ fn tools_and_prompt_depend_on_vision() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let plain = MessageToolset::new(store.clone(), MessageOptions::default()).unwrap();
     let names: Vec<String> = plain.tools().into_iter().map(|t| t.name).collect();
-    assert_eq!(
-        names,
-        ["get_message", "get_group_context", "send_markdown", "send_message"]
-    );
+    assert_eq!(names, ["get_message", "get_group_context", "send_markdown"]);
     assert!(!plain.prompt().unwrap().contains("load_image"));
 
     let vision = MessageOptions {
@@ -228,7 +225,6 @@ fn tools_and_prompt_depend_on_vision() {
             "get_message read [\"MESSAGE_NOT_FOUND\"]",
             "get_group_context read [\"MESSAGE_NOT_FOUND\"]",
             "send_markdown write [\"MESSAGE_NOT_FOUND\"]",
-            "send_message write []",
             "load_image read [\"MESSAGE_NOT_FOUND\", \"NO_IMAGE\", \"IMAGE_TOO_LARGE\", \"NOT_AN_IMAGE\", \"BLOCKED_ADDRESS\"]",
         ]
     "#]]
