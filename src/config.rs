@@ -22,6 +22,7 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 
 use crate::secrets::{self, Secret};
+use parlor_bot::platform::ChatRef;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -120,7 +121,104 @@ pub struct BotConfig {
     pub compact_ratio: f64,
     /// Newest turns a compaction keeps word for word.
     pub compact_keep_turns: usize,
+    /// Groups the bot reads along in (`[[bot.auto_chat]]`): off unless listed.
+    pub auto_chat: Vec<AutoChatConfig>,
 }
+
+/// `[[bot.auto_chat]]`: a group where the bot also reads unaddressed messages, in batches,
+/// each one quiet turn that may speak only through `send_message`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoChatConfig {
+    /// The chat as a session key: `telegram:-100123`, `telegram:-100123/topic:7`,
+    /// `discord:<channel id>`, `qq:group:<id>`.
+    pub chat: String,
+    /// A batch is read when it holds this many messages…
+    #[serde(default = "AutoChatConfig::default_batch_messages")]
+    pub batch_messages: usize,
+    /// …or this many seconds after its first message, whichever comes first.
+    #[serde(default = "AutoChatConfig::default_batch_seconds")]
+    pub batch_seconds: u64,
+    /// Most `send_message` calls per batch.
+    #[serde(default = "AutoChatConfig::default_max_sends_per_batch")]
+    pub max_sends_per_batch: u32,
+    /// Most `send_message` calls per hour in this chat.
+    #[serde(default = "AutoChatConfig::default_max_sends_per_hour")]
+    pub max_sends_per_hour: u32,
+    /// Log (INFO) what the bot would have said instead of posting it.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+impl AutoChatConfig {
+    fn default_batch_messages() -> usize {
+        parlor_bot::session::AutoChat::new("").batch_messages
+    }
+    fn default_batch_seconds() -> u64 {
+        parlor_bot::session::AutoChat::new("").batch_wait.as_secs()
+    }
+    fn default_max_sends_per_batch() -> u32 {
+        parlor_bot::session::AutoChat::new("").max_sends_per_batch
+    }
+    fn default_max_sends_per_hour() -> u32 {
+        parlor_bot::session::AutoChat::new("").max_sends_per_hour
+    }
+
+    /// The session layer's form.
+    pub fn to_runtime(&self) -> parlor_bot::session::AutoChat {
+        parlor_bot::session::AutoChat {
+            chat: self.chat.trim().to_owned(),
+            batch_messages: self.batch_messages,
+            batch_wait: Duration::from_secs(self.batch_seconds),
+            max_sends_per_batch: self.max_sends_per_batch,
+            max_sends_per_hour: self.max_sends_per_hour,
+            dry_run: self.dry_run,
+        }
+    }
+
+    /// What `check` refuses: a chat that is no session key, zero or oversized values.
+    fn check(&self, i: usize) -> anyhow::Result<()> {
+        let Some(chat) = ChatRef::parse_session_key(&self.chat) else {
+            bail!(
+                "bot.auto_chat[{i}]: chat {:?} is not a session key such as \"telegram:-100123\" (platform:chat_id, optionally /topic:<id>)",
+                self.chat
+            );
+        };
+        if !KNOWN_PLATFORMS.contains(&chat.platform.as_str()) {
+            bail!(
+                "bot.auto_chat[{i}]: chat {:?} names an unknown platform {:?} (known: {})",
+                self.chat,
+                chat.platform,
+                KNOWN_PLATFORMS.join(", ")
+            );
+        }
+        for (name, value) in [
+            ("batch_messages", self.batch_messages as u64),
+            ("batch_seconds", self.batch_seconds),
+            ("max_sends_per_batch", u64::from(self.max_sends_per_batch)),
+            ("max_sends_per_hour", u64::from(self.max_sends_per_hour)),
+        ] {
+            if value == 0 {
+                bail!(
+                    "bot.auto_chat[{i}] ({}): {name} must be at least 1",
+                    self.chat
+                );
+            }
+        }
+        let most = parlor_bot::session::queue::MAX_LINES_PER_ITEM;
+        if self.batch_messages > most {
+            bail!(
+                "bot.auto_chat[{i}] ({}): batch_messages must be at most {most}, got {}",
+                self.chat,
+                self.batch_messages
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The platforms whose session keys `bot.auto_chat` may name.
+const KNOWN_PLATFORMS: &[&str] = &["telegram", "discord", "qq", "console"];
 
 /// The default base prompt.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are parlor, an assistant in a group chat. Several \
@@ -146,6 +244,7 @@ impl Default for BotConfig {
             daily_tokens_per_chat: None,
             compact_ratio: 0.7,
             compact_keep_turns: 4,
+            auto_chat: Vec::new(),
         }
     }
 }
@@ -832,6 +931,13 @@ impl Config {
             bail!("discord.api_url must start with http:// or https://, got {api_url:?}");
         }
         self.http.listen_addr()?;
+        let mut auto_chats = std::collections::HashSet::new();
+        for (i, auto) in self.bot.auto_chat.iter().enumerate() {
+            auto.check(i)?;
+            if !auto_chats.insert(auto.chat.trim()) {
+                bail!("bot.auto_chat[{i}]: chat {:?} is listed twice", auto.chat);
+            }
+        }
         if self.onebot.url.is_some() && self.onebot.listen.is_some() {
             bail!(
                 "[onebot] takes url (forward: parlor connects) or listen (reverse: the implementation connects), not both"
@@ -1535,6 +1641,60 @@ access_token = "onebot-secret-999"
             config.onebot_token().map(Secret::expose),
             Some("onebot-secret-999")
         );
+    }
+
+    #[test]
+    fn auto_chat_is_off_by_default_and_checked() {
+        assert!(Config::parse("").unwrap().bot.auto_chat.is_empty());
+        let config = Config::parse(
+            "[[bot.auto_chat]]\nchat = \"telegram:-100123\"\n\
+             [[bot.auto_chat]]\nchat = \"qq:group:5/topic:1\"\nbatch_messages = 3\n\
+             batch_seconds = 5\nmax_sends_per_batch = 2\nmax_sends_per_hour = 4\ndry_run = true\n",
+        )
+        .unwrap();
+        let first = config.bot.auto_chat[0].to_runtime();
+        assert_eq!(
+            first,
+            parlor_bot::session::AutoChat::new("telegram:-100123")
+        );
+        let second = config.bot.auto_chat[1].to_runtime();
+        assert_eq!((second.batch_messages, second.batch_wait.as_secs()), (3, 5));
+        assert_eq!(
+            (
+                second.max_sends_per_batch,
+                second.max_sends_per_hour,
+                second.dry_run
+            ),
+            (2, 4, true)
+        );
+        for (table, wanted) in [
+            ("chat = \"-100123\"", "not a session key"),
+            ("chat = \"telegram: -1\"", "not a session key"),
+            ("chat = \"matrix:!room\"", "unknown platform"),
+            (
+                "chat = \"telegram:-1\"\nbatch_messages = 0",
+                "batch_messages must be at least 1",
+            ),
+            (
+                "chat = \"telegram:-1\"\nbatch_seconds = 0",
+                "batch_seconds must be at least 1",
+            ),
+            (
+                "chat = \"telegram:-1\"\nmax_sends_per_batch = 0",
+                "max_sends_per_batch must be",
+            ),
+            (
+                "chat = \"telegram:-1\"\nmax_sends_per_hour = 0",
+                "max_sends_per_hour must be",
+            ),
+            ("chat = \"telegram:-1\"\nbatch_messages = 51", "at most 50"),
+            ("chat = \"telegram:-1\"\nbatch = 3", "unknown field"),
+        ] {
+            let e = Config::parse(&format!("[[bot.auto_chat]]\n{table}\n")).unwrap_err();
+            assert!(format!("{e:#}").contains(wanted), "{table}: {e:#}");
+        }
+        let twice = "[[bot.auto_chat]]\nchat = \"telegram:-1\"\n[[bot.auto_chat]]\nchat = \"telegram:-1\"\n";
+        assert!(format!("{:#}", Config::parse(twice).unwrap_err()).contains("listed twice"));
     }
 
     #[test]

@@ -85,6 +85,7 @@ pub fn registry(
                         bot_name: config.bot.name.clone(),
                         context_scan_limit: config.bot.max_messages_per_chat,
                         url_guard: config.url_guard()?,
+                        quiet_turns: !config.bot.auto_chat.is_empty(),
                         ..MessageOptions::default()
                     },
                 )
@@ -579,6 +580,12 @@ pub fn runtime(
         compact_keep_turns: config.bot.compact_keep_turns,
         idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
         daily_tokens_per_chat: config.bot.daily_tokens_per_chat,
+        auto_chat: config
+            .bot
+            .auto_chat
+            .iter()
+            .map(|a| a.to_runtime())
+            .collect(),
         ..SessionConfig::default()
     };
     // The terminal and the sub-agents post notices into sessions that need their toolsets

@@ -7,6 +7,8 @@
 //!   fails as told, knows chat admins.
 //! - [`CrashStore`]: a [`Store`] that "dies" after a number of writes, and whose flushes can
 //!   be watched or made to fail.
+//! - [`TestSpeech`]: a quiet turn's speech ([`QuietSpeech`](crate::tool::QuietSpeech)),
+//!   recording what it says.
 //!
 //! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
 //! a request ([`chat_request`]), an incoming group message ([`message`]), an image
@@ -821,6 +823,10 @@ impl Store for CrashStore {
     fn chat_status(&self, s: &str) -> Result<Option<ChatRecord>, StoreError> {
         self.inner.chat_status(s)
     }
+    fn queue_outbox_with(&self, entry: OutboxEntry, also: Vec<KvWrite>) -> Result<u64, StoreError> {
+        self.write()?;
+        self.inner.queue_outbox_with(entry, also)
+    }
     fn set_chat_status(
         &self,
         r: &ChatRecord,
@@ -861,5 +867,39 @@ impl Store for CrashStore {
     }
     fn flushes(&self) -> u64 {
         self.commit.flushes()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A quiet turn's speech
+
+/// A [`QuietSpeech`](crate::tool::QuietSpeech) that records what it was asked to say and
+/// allows everything: for tests of a tool or the registry outside the session layer (which
+/// has the real one, with limits and the outbox).
+#[derive(Debug, Default)]
+pub struct TestSpeech {
+    said: Mutex<Vec<String>>,
+}
+
+impl TestSpeech {
+    pub fn new() -> Arc<Self> {
+        Arc::new(TestSpeech::default())
+    }
+
+    /// Everything said so far.
+    pub fn said(&self) -> Vec<String> {
+        self.said.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl crate::tool::QuietSpeech for TestSpeech {
+    async fn say(&self, text: &str) -> Result<crate::tool::Said, crate::tool::ToolError> {
+        self.said.lock().unwrap().push(text.to_owned());
+        Ok(crate::tool::Said {
+            dry_run: false,
+            left_in_batch: 1,
+            left_this_hour: 1,
+        })
     }
 }

@@ -51,6 +51,7 @@ impl ToolSet for TestTools {
             },
             role_in_chat_arg: None,
             failure_codes: vec![],
+            offer: Default::default(),
         };
         vec![
             spec(
@@ -507,6 +508,7 @@ fn registry_refuses_bad_and_duplicate_names() {
                 role: Role::Member,
                 role_in_chat_arg: None,
                 failure_codes: vec![],
+                offer: Default::default(),
             }]
         }
         async fn invoke(&self, _: ToolInvocation, _: ToolContext) -> ToolResult {

@@ -46,6 +46,7 @@ impl ToolSet for Noop {
             role: parlor_bot::tool::Role::Member,
             role_in_chat_arg: None,
             failure_codes: vec![],
+            offer: Default::default(),
         }]
     }
     async fn invoke(&self, _: ToolInvocation, _: ToolContext) -> ToolResult {
@@ -122,6 +123,7 @@ fn input(content: Content, platform: &Arc<TestPlatform>) -> TurnInput {
         chat: Some(ChatRef::new("test", "-100")),
         platform: Some(Arc::clone(platform) as Arc<dyn Platform>),
         roles: None,
+        quiet: None,
     }
 }
 

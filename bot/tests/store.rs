@@ -1037,6 +1037,38 @@ fn add_pending_with_writes_the_toolset_records_too() {
 }
 
 #[test]
+fn queue_outbox_with_writes_the_row_and_its_records_together() {
+    each_store(|name, store| {
+        let first = store
+            .queue_outbox_with(
+                reply(A, "said in a quiet turn"),
+                vec![kv("auto_chat", A, Some("{\"v\":1}"))],
+            )
+            .unwrap();
+        let second = store.queue_outbox_with(reply(A, "again"), vec![]).unwrap();
+        assert!(second > first, "{name}");
+        let unsent = store.unsent_outbox().unwrap();
+        let texts: Vec<(u64, &str)> = unsent.iter().map(|e| (e.id, e.text.as_str())).collect();
+        assert_eq!(
+            texts,
+            [(first, "said in a quiet turn"), (second, "again")],
+            "{name}"
+        );
+        assert_eq!(
+            store.kv_get("auto_chat", A).unwrap().as_deref(),
+            Some("{\"v\":1}"),
+            "{name}"
+        );
+        assert!(
+            store
+                .queue_outbox_with(reply("bad\0key", "x"), vec![])
+                .is_err(),
+            "{name}"
+        );
+    });
+}
+
+#[test]
 fn collections_get_put_delete_and_scan_by_prefix() {
     each_store(|name, store| {
         assert_eq!(store.kv_get("memory", "a\u{1}x").unwrap(), None, "{name}");

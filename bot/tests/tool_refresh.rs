@@ -62,6 +62,7 @@ fn spec(name: &str, risk: Risk, role: Role) -> ToolSpec {
         role,
         role_in_chat_arg: None,
         failure_codes: Vec::new(),
+        offer: Default::default(),
     }
 }
 

@@ -5,6 +5,7 @@
 //! | `get_message {message_id}` | read | one recorded message of this chat, with what it replies to |
 //! | `get_group_context {limit?, before_message_id?, from_user?}` | read | recent messages, newest first, paged |
 //! | `send_markdown {text, reply_to_message_id?}` | write | posts Markdown into this chat now |
+//! | `send_message {text}` | write | with `[[bot.auto_chat]]`, offered in quiet turns only: a short plain message, within the chat's limits, through the outbox |
 //! | `load_image {message_id?, url?}` | read | an image as the next user message (only with vision or vision models) |
 //!
 //! **Scope.** Every lookup goes through the message log of the calling session
@@ -42,7 +43,7 @@ use parlor_bot::platform::{ImageRef, Platform, PlatformError, Sender};
 use parlor_bot::store::{Store, StoredMessage};
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{
-    Bridged, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge, ToolSetBridgeBuilder,
+    Bridged, Offer, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge, ToolSetBridgeBuilder,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -101,6 +102,9 @@ pub struct MessageOptions {
     pub context_scan_limit: usize,
     /// The bot's display name, for its own `send_markdown` messages in the chat log.
     pub bot_name: String,
+    /// Whether some chat has quiet turns (`[[bot.auto_chat]]`): only then is `send_message`
+    /// registered (quiet turns alone offer it) and the prompt says how to behave in one.
+    pub quiet_turns: bool,
 }
 
 impl Default for MessageOptions {
@@ -114,6 +118,7 @@ impl Default for MessageOptions {
             url_guard: Guard::default(),
             context_scan_limit: 2000,
             bot_name: "parlor".to_owned(),
+            quiet_turns: false,
         }
     }
 }
@@ -154,6 +159,18 @@ pub struct SendMarkdownArgs {
     pub text: String,
     /// Thread the message as a reply to this recorded message of the chat.
     pub reply_to_message_id: Option<String>,
+}
+
+/// Most characters of one `send_message` (the schema's `maxLength`): a remark in a
+/// conversation the bot was not asked into, not an essay.
+pub const SEND_MESSAGE_MAX_CHARS: usize = 500;
+
+/// Arguments of `send_message`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SendMessageArgs {
+    /// The message: plain text, short (at most 500 characters), posted as it is.
+    #[schemars(length(min = 1, max = 500))]
+    pub text: String,
 }
 
 /// Arguments of `load_image`.
@@ -238,6 +255,7 @@ impl Bridged for MessageToolset {
 const GET_MESSAGE: &str = "get_message";
 const GET_GROUP_CONTEXT: &str = "get_group_context";
 const SEND_MARKDOWN: &str = "send_markdown";
+const SEND_MESSAGE: &str = "send_message";
 const LOAD_IMAGE: &str = "load_image";
 
 /// The tools over `messages`, with the prompt.
@@ -255,6 +273,13 @@ fn tools(messages: Arc<Messages>) -> ToolSetBridgeBuilder<Messages> {
          notes during long work, or to deliver a long result in parts. Your final answer \
          is posted automatically when your turn ends; never send it twice.",
     );
+    if options.quiet_turns {
+        prompt.push_str(
+            "\n- When you are only reading along (the input says the messages were \
+             overheard), nothing you answer is posted: `send_message` is then your one way \
+             to speak, a few times an hour at most. Speak only when you really add something.",
+        );
+    }
     if options.vision {
         prompt.push_str(
             "\n- `load_image` lets you look at an image of a message (by its id) or at an \
@@ -318,7 +343,35 @@ fn tools(messages: Arc<Messages>) -> ToolSetBridgeBuilder<Messages> {
         .result_doc(
             "`data.message_ids`: the platform ids of the posted message(s) (a long text \
              may become several).",
-        );
+        )
+        // In a quiet turn it would speak past `send_message`'s limits.
+        .offer(Offer::Addressed);
+    // Only with auto-chat configured: without quiet turns it would never be offered.
+    let builder = if !options.quiet_turns {
+        builder
+    } else {
+        builder
+            .add_function_with_context(
+                SEND_MESSAGE,
+                &format!(
+                    "Say something to this group while you are reading along (the messages \
+                 were overheard, nobody asked you): a short plain-text message, at most \
+                 {SEND_MESSAGE_MAX_CHARS} characters, posted as it is. Your final answer \
+                 is not posted in this turn; this is the only way to speak. Limited per \
+                 batch and per hour: past a limit the answer is RATE_LIMITED, then stay \
+                 quiet."
+                ),
+                |args: SendMessageArgs, cx: ToolContext| async move {
+                    finish(send_message(args, &cx).await)
+                },
+            )
+            .risk(Risk::Write)
+            .offer(Offer::Quiet)
+            .result_doc(
+                "`data`: `dry_run` (true: only logged, as the operator set it), \
+             `left_in_batch`, `left_this_hour`.",
+            )
+    };
     if !options.vision {
         return builder;
     }
@@ -725,6 +778,38 @@ impl Messages {
 }
 
 /// A message id as the model may write it: `#123`, ` 123 `.
+/// `send_message`: the text through the quiet turn's [`QuietSpeech`], which owns the limits,
+/// the dry run and the outbox.
+async fn send_message(args: SendMessageArgs, cx: &ToolContext) -> Outcome {
+    let text = args.text.trim();
+    if text.is_empty() {
+        return Err(ToolError::invalid_arguments(
+            "send_message: `text` is empty; there is nothing to send",
+        ));
+    }
+    // The registry offers it only in quiet turns, which carry the speech; this is for a
+    // caller outside the registry.
+    let Some(speech) = &cx.quiet else {
+        return Err(ToolError::unavailable(
+            "send_message: only for turns where you read along; answer normally instead",
+        ));
+    };
+    let said = speech.say(text).await?;
+    let message = if said.dry_run {
+        "noted (dry run: the operator logs what you would say; nothing was posted)"
+    } else {
+        "queued for the chat; it is posted in a moment"
+    };
+    Ok(ToolResult::ok_with(
+        message,
+        json!({
+            "dry_run": said.dry_run,
+            "left_in_batch": said.left_in_batch,
+            "left_this_hour": said.left_this_hour,
+        }),
+    ))
+}
+
 fn normalize_id(id: &str) -> &str {
     id.trim().trim_start_matches('#')
 }

@@ -441,6 +441,9 @@ impl SubagentService {
             chat: cx.chat.clone(),
             platform: cx.platform.clone(),
             roles: cx.roles.clone(),
+            // A sub-agent of a quiet turn is quiet too: else its tools would post past
+            // `send_message`'s limits.
+            quiet: cx.quiet.clone(),
         };
         let turn = agent.run_turn(&[], input, cancel.clone());
         tokio::pin!(turn);

@@ -103,6 +103,9 @@ pub struct TurnInput {
     pub platform: Option<Arc<dyn Platform>>,
     /// Resolves roles in other chats, handed to tools; `None` outside the daemon.
     pub roles: Option<Arc<dyn crate::tool::RoleResolver>>,
+    /// Set for a quiet turn (auto-chat): how `send_message` speaks, handed to tools; it
+    /// also picks the quiet turn's tools ([`crate::tool::Offer`]).
+    pub quiet: Option<Arc<dyn crate::tool::QuietSpeech>>,
 }
 
 impl std::fmt::Debug for TurnInput {
@@ -126,6 +129,7 @@ impl TurnInput {
             chat: None,
             platform: None,
             roles: None,
+            quiet: None,
         }
     }
 }
@@ -325,7 +329,7 @@ impl Agent {
         let mut history = history;
         // How often each (tool, arguments) has been called in this turn.
         let mut seen_calls: HashMap<(String, String), usize> = HashMap::new();
-        let tools = self.tools.defs();
+        let tools = self.tools.defs_for(input.quiet.is_some());
         // One prompt for the whole turn, even if the skills are re-read meanwhile.
         let system_prompt = self.system_prompt();
         let mut system_message = compact::with_summary(&system_prompt, summary);
@@ -575,6 +579,7 @@ impl Agent {
             chat: input.chat.clone(),
             platform: input.platform.clone(),
             roles: input.roles.clone(),
+            quiet: input.quiet.clone(),
         };
         self.observer.on_event(&AgentEvent::ToolStarted {
             session: &input.session,

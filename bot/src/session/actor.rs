@@ -12,6 +12,14 @@ use tokio::time::Instant;
 
 use super::manager::{Session, SessionManager};
 
+/// What the actor runs next.
+enum Next {
+    /// The queue's front item, of this kind, taken once the rate limit allows.
+    Queued(crate::store::PendingKind),
+    /// The overheard batch that came due, already taken.
+    Batch(super::queue::QueueItem),
+}
+
 impl SessionManager {
     /// Starts the session's actor unless one is running. Called with the sessions' owner
     /// lock held (intake, submissions, resume), so it cannot race with eviction.
@@ -72,14 +80,29 @@ impl SessionManager {
             if self.inner.draining.is_cancelled() {
                 break;
             }
-            let Some(kind) = session.queue.front_kind() else {
+            // Queued input first: a mention never waits for an overheard batch. A queued
+            // item stays queued until the rate limit lets it run, so input arriving
+            // meanwhile merges into it; a due batch is taken (it merges beside the queue).
+            let next = match session.queue.front_kind() {
+                Some(kind) => Some(Next::Queued(kind)),
+                None => self.due_batch(session).map(Next::Batch),
+            };
+            let Some(next) = next else {
                 let idle = tokio::time::sleep(self.inner.config.idle_timeout);
+                let due = session.state().overheard.due();
+                let batch_due = async move {
+                    match due {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = session.queue.notified() => continue,
+                    () = batch_due => continue,
                     () = idle => {}
                     () = self.inner.draining.cancelled() => break,
                 }
-                if session.queue.is_empty() {
+                if session.queue.is_empty() && session.state().overheard.is_empty() {
                     // Input arriving meanwhile waits for it, and then keeps the session.
                     self.compact_before_eviction(session).await;
                 }
@@ -92,13 +115,20 @@ impl SessionManager {
             // is between turns (most of them, most of the time) costs the small wait, not
             // the few KiB of a whole turn's state machine.
             let work = Box::pin(async {
-                // The item is taken only after the wait, so input arriving meanwhile merges
-                // into it instead of becoming one more turn behind it.
+                let kind = match &next {
+                    Next::Queued(kind) => *kind,
+                    Next::Batch(item) => item.kind,
+                };
                 if kind != crate::store::PendingKind::Reset && !self.rate_limit(session).await {
+                    // A batch taken stays pending in the store and runs after the restart.
                     return false;
                 }
-                let Some(mut item) = session.queue.pop() else {
-                    return true;
+                let mut item = match next {
+                    Next::Queued(_) => match session.queue.pop() {
+                        Some(item) => item,
+                        None => return true,
+                    },
+                    Next::Batch(item) => item,
                 };
                 self.resolve_roles(&mut item).await;
                 self.run_item(session, item).await;
@@ -120,7 +150,7 @@ impl SessionManager {
     fn evict_if_idle(&self, session: &Arc<Session>) -> bool {
         let mut sessions = self.lock_sessions();
         let mut state = session.state();
-        if !session.queue.is_empty() {
+        if !session.queue.is_empty() || !state.overheard.is_empty() {
             return false;
         }
         state.actor_running = false;

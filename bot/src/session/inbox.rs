@@ -139,6 +139,9 @@ impl SessionManager {
         let reply_to = Some(message.message_id.clone());
         match policy::addressed(config, &message) {
             Addressed::No => {
+                if let Some(auto) = self.overhears(&message) {
+                    return self.record_overheard(&message, &stored, auto);
+                }
                 // Context only: not waited for (see `Accepted::durable`).
                 self.inner
                     .store

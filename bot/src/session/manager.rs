@@ -64,6 +64,8 @@ pub struct SessionConfig {
     /// When set, a chat whose tokens today (UTC) reach this runs no more turns that day,
     /// and is told so once (`session/usage.rs`).
     pub daily_tokens_per_chat: Option<u64>,
+    /// The groups the bot reads along in (auto-chat, [`super::overheard`]); empty: none.
+    pub auto_chat: Vec<super::AutoChat>,
 }
 
 impl Default for SessionConfig {
@@ -84,6 +86,7 @@ impl Default for SessionConfig {
             admin_cache_ttl: Duration::from_secs(600),
             max_input_chars: 4000,
             daily_tokens_per_chat: None,
+            auto_chat: Vec::new(),
         }
     }
 }
@@ -156,6 +159,8 @@ pub(super) struct SessionState {
     pub(super) turns: u64,
     /// The running item's start and input, for the operator's console.
     pub(super) current: Option<(chrono::DateTime<chrono::Utc>, String)>,
+    /// Overheard messages waiting for their quiet turn (auto-chat).
+    pub(super) overheard: super::overheard::Batch,
 }
 
 impl Session {
@@ -318,8 +323,18 @@ impl SessionManager {
             );
         }
         let mut sessions = self.lock_sessions();
+        let mut unheard = Vec::new();
         for item in pending {
             let session = self.session_in(&mut sessions, &item.session);
+            if item.kind == PendingKind::Overheard {
+                let id = item.id;
+                if self.restore_overheard(&session, item) {
+                    self.ensure_actor(&session);
+                } else {
+                    unheard.push(id);
+                }
+                continue;
+            }
             let item = QueueItem::from_pending(item);
             if item.kind == PendingKind::Reset {
                 session.queue.push_front(item);
@@ -329,6 +344,16 @@ impl SessionManager {
                 tracing::warn!(session = %session.key, ids = ?full.0.pending_ids, "queue full while resuming; kept for later");
             }
             self.ensure_actor(&session);
+        }
+        drop(sessions);
+        if !unheard.is_empty() {
+            // The chat is no longer read along in (the config changed): they stay in the
+            // chat log only.
+            tracing::info!(
+                count = unheard.len(),
+                "dropping overheard messages of chats no longer in bot.auto_chat"
+            );
+            self.inner.store.remove_pending(&unheard)?;
         }
         Ok(())
     }

@@ -18,6 +18,8 @@
 //!   timeout), and the [`RoleResolver`](crate::tool::RoleResolver) tools use.
 //! - [`turn`]: one item — the agent's turn or `/reset` — committed in one transaction.
 //! - [`history`]: the token-budget trim by whole turns.
+//! - [`overheard`]: auto-chat — unaddressed messages of chosen groups in batches, each one
+//!   quiet turn that may speak only through `send_message`, within its limits.
 //! - [`outbox`]: one lane per chat sending committed replies in order, retrying until the
 //!   platform takes them or refuses them for good.
 //! - [`usage`]: tokens per chat per day and the daily budget; [`trace`]: each turn's trace
@@ -34,6 +36,7 @@ mod inbox;
 pub mod life;
 pub mod manager;
 mod outbox;
+pub mod overheard;
 pub mod policy;
 pub mod queue;
 mod roles;
@@ -44,6 +47,7 @@ mod view;
 
 pub use life::{ChatHook, Removal, move_record, move_records};
 pub use manager::{ScheduledOutcome, SessionConfig, SessionManager, SessionStats, SubmitError};
+pub use overheard::AutoChat;
 pub use policy::{ATTRIBUTION_PROMPT, attribute};
 pub use queue::{QueueItem, SessionQueue};
 pub use view::LiveChat;

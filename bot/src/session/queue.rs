@@ -70,6 +70,9 @@ impl QueueItem {
     /// with the least role of all contributors, so a member cannot borrow an admin's
     /// rights by speaking in the same burst.
     pub fn caller(&self) -> Caller {
+        if self.kind == PendingKind::Overheard {
+            return super::overheard::overheard_caller();
+        }
         match self.callers.as_slice() {
             [] => Caller::default(),
             [one] => one.clone(),
@@ -90,6 +93,9 @@ impl QueueItem {
 
     /// The turn's input text: every line, in arrival order.
     pub fn text(&self) -> String {
+        if self.kind == PendingKind::Overheard {
+            return super::overheard::input_text(&self.lines);
+        }
         self.lines.join("\n")
     }
 
@@ -194,6 +200,12 @@ impl SessionQueue {
     /// The kind of the next item, which stays queued (and can still take merges).
     pub fn front_kind(&self) -> Option<PendingKind> {
         self.lock().front().map(|item| item.kind)
+    }
+
+    /// Wakes the actor without an item: an overheard batch changed (see
+    /// [`super::overheard`]).
+    pub fn wake(&self) {
+        self.notify.notify_one();
     }
 
     /// Waits until an item may be available.

@@ -32,6 +32,10 @@ impl SessionManager {
     /// input every other caller of a group chat is looked up here. A lookup that fails
     /// leaves a member.
     pub(super) async fn resolve_roles(&self, item: &mut QueueItem) {
+        if item.kind == PendingKind::Overheard {
+            // A quiet turn runs as a member whoever wrote the messages (`overheard.rs`).
+            return;
+        }
         // `/reset` and `/compact` are refused to members: their role decides before anything runs.
         let on_demand = !matches!(item.kind, PendingKind::Reset | PendingKind::Compact)
             && item.callers.len() == 1;

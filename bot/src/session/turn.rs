@@ -80,8 +80,9 @@ impl SessionManager {
                     .flat_map(|i| i.pending_ids),
             );
         }
-        let mut reply = outcome
-            .reply
+        // A quiet turn's answer is never posted: it speaks only through `send_message`.
+        let mut reply = (outcome.reply)
+            .filter(|_| item.kind != PendingKind::Overheard)
             .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
         let compact_due = outcome.compact_due;
         let also = self.turn_records(
@@ -209,7 +210,10 @@ impl SessionManager {
                 chat: item.chat.clone(),
                 private: item.private,
             }) as Arc<dyn RoleResolver>),
+            quiet: self.quiet_speech(item),
         };
+        // A quiet turn (auto-chat) shows no typing: nobody waits for it.
+        let platform = platform.filter(|_| item.kind != PendingKind::Overheard);
         let chat = item.chat.clone();
         let typing = async move {
             let Some(platform) = platform else {

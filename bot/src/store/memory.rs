@@ -251,6 +251,7 @@ impl Store for MemoryStore {
 
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
         let mut inner = self.lock();
+        inner.check_kv(&commit.also)?;
         match commit.history {
             Some(HistoryChange::Append { dropped, messages }) => {
                 let history = inner.history.entry(commit.session.clone()).or_default();
@@ -347,6 +348,21 @@ impl Store for MemoryStore {
 
     fn chat_status(&self, session: &str) -> Result<Option<ChatRecord>, StoreError> {
         Ok(self.lock().chats.get(session).cloned())
+    }
+
+    fn queue_outbox_with(
+        &self,
+        mut entry: OutboxEntry,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, StoreError> {
+        check_session(&entry.session)?;
+        let mut inner = self.lock();
+        inner.check_kv(&also)?;
+        inner.apply_kv(also);
+        let id = inner.next_id();
+        entry.id = id;
+        inner.outbox.insert(id, entry);
+        Ok(id)
     }
 
     fn set_chat_status(

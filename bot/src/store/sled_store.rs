@@ -507,6 +507,24 @@ impl Store for SledStore {
         }
     }
 
+    fn queue_outbox_with(
+        &self,
+        mut entry: OutboxEntry,
+        also: Vec<KvWrite>,
+    ) -> Result<u64, StoreError> {
+        check_session(&entry.session)?;
+        // Assigned before the transaction: a failed one only wastes an id.
+        entry.id = self.db.generate_id().map_err(sled_error)?;
+        let row = encode(&entry)?;
+        let (trees, index) = self.with_kv_trees(vec![self.outbox.clone()], &also)?;
+        let result = trees[..].transaction(|t| {
+            t[0].insert(&entry.id.to_be_bytes(), row.as_slice())?;
+            apply_kv(t, &also, &index)
+        });
+        transaction_result::<()>(result)?;
+        Ok(entry.id)
+    }
+
     fn set_chat_status(
         &self,
         record: &ChatRecord,

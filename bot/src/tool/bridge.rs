@@ -108,7 +108,7 @@ use tokio_util::sync::CancellationToken;
 use super::result::{ToolResult, codes};
 use super::schema::{check_schema, schema_for};
 use super::validate::{ArgValidator, drop_optional_nulls};
-use super::{MessageAppender, Risk, Role, ToolContext, ToolInvocation, ToolSet, ToolSpec};
+use super::{MessageAppender, Offer, Risk, Role, ToolContext, ToolInvocation, ToolSet, ToolSpec};
 
 /// What a panicking tool answers; the panic itself only goes to the log.
 const PANIC_MESSAGE: &str = "the tool failed unexpectedly; the error was logged";
@@ -791,6 +791,7 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
                 role: Role::Member,
                 role_in_chat_arg: None,
                 failure_codes: Vec::new(),
+                offer: Default::default(),
             },
             handler,
             reader,
@@ -862,6 +863,12 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
         self.with_last("role_in_chat_arg", |spec| {
             spec.role_in_chat_arg = Some(argument.to_owned());
         })
+    }
+
+    /// Which turns offer the tool added last (default [`Offer::Always`]); the registry
+    /// leaves it out of the others.
+    pub fn offer(self, offer: Offer) -> Self {
+        self.with_last("offer", |spec| spec.offer = offer)
     }
 
     /// The toolset-specific error codes the tool added last may return (besides the shared

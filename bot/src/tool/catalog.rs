@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::result::codes;
-use super::{Role, ToolRegistry, ToolSpec};
+use super::{Offer, Role, ToolRegistry, ToolSpec};
 
 /// Every tool as Markdown: name, toolset, risk, role, description, parameters, result,
 /// failure codes. Shared failure codes are listed once at the top.
@@ -33,13 +33,14 @@ pub fn to_markdown(registry: &ToolRegistry) -> String {
         any = true;
         out.push_str(&format!("\n## `{}`\n\n", spec.name));
         out.push_str(&format!(
-            "Toolset `{toolset}` · risk `{}` · role `{}`{}\n\n",
+            "Toolset `{toolset}` · risk `{}` · role `{}`{}{}\n\n",
             spec.risk.as_str(),
             spec.role.as_str(),
             match &spec.role_in_chat_arg {
                 Some(arg) => format!(" (also in the chat `{arg}` names)"),
                 None => String::new(),
-            }
+            },
+            offer_note(spec.offer),
         ));
         out.push_str(spec.description.trim());
         out.push_str("\n\n");
@@ -98,20 +99,41 @@ pub fn to_json(registry: &ToolRegistry) -> String {
 }
 
 fn policy(toolset: &str, spec: &ToolSpec) -> Value {
-    json!({
+    let mut policy = json!({
         "toolset": toolset,
         "risk": spec.risk.as_str(),
         "role": spec.role.as_str(),
         "role_in_chat_arg": spec.role_in_chat_arg,
         "result": spec.result,
         "failure_codes": spec.failure_codes,
-    })
+    });
+    // Only where it narrows: most tools are offered in every turn.
+    let offered = match spec.offer {
+        Offer::Always => None,
+        Offer::Addressed => Some("addressed"),
+        Offer::Quiet => Some("quiet"),
+    };
+    if let (Some(offered), Some(map)) = (offered, policy.as_object_mut()) {
+        map.insert("offered_in".to_owned(), json!(offered));
+    }
+    policy
+}
+
+/// The catalog's note on which turns offer a tool.
+fn offer_note(offer: Offer) -> &'static str {
+    match offer {
+        Offer::Always => "",
+        Offer::Addressed => " · not in quiet (auto-chat) turns",
+        Offer::Quiet => " · only in quiet (auto-chat) turns",
+    }
 }
 
 /// A short list for chat (`/help`): one line per tool, with who may use it.
 pub fn to_help(registry: &ToolRegistry) -> String {
     registry
         .specs()
+        // Nobody asks for these: only the bot's own quiet turns call them.
+        .filter(|(_, spec)| spec.offer != Offer::Quiet)
         .map(|(_, spec)| {
             let first_sentence = spec
                 .description

@@ -82,6 +82,56 @@ pub struct ToolSpec {
     pub role_in_chat_arg: Option<String>,
     /// Error codes this tool may return besides the shared ones.
     pub failure_codes: Vec<String>,
+    /// Which turns offer the tool: the registry leaves it out of the others' `tools` and
+    /// refuses it there like an unknown tool.
+    pub offer: Offer,
+}
+
+/// Which turns offer a tool. A quiet turn (auto-chat: the bot reading along in a group,
+/// answering nobody) may speak only through `send_message`, within its limits; a tool that
+/// posts by itself would be a way around them, and `send_message` has no business in a
+/// turn whose answer is posted anyway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Offer {
+    /// Every turn (most tools).
+    #[default]
+    Always,
+    /// Only turns that answer someone (tools that post: `send_markdown`).
+    Addressed,
+    /// Only quiet turns (`send_message`).
+    Quiet,
+}
+
+impl Offer {
+    /// Whether a turn that is `quiet` (or not) offers the tool.
+    pub fn includes(self, quiet: bool) -> bool {
+        match self {
+            Offer::Always => true,
+            Offer::Addressed => !quiet,
+            Offer::Quiet => quiet,
+        }
+    }
+}
+
+/// How a quiet turn speaks ([`ToolContext::quiet`]): implemented by the session layer,
+/// which owns the limits per batch and per hour, the dry run and the outbox, so the tool
+/// that calls it knows none of them.
+#[async_trait]
+pub trait QuietSpeech: Send + Sync {
+    /// Posts `text` in the turn's chat (through its outbox), or says why not: a limit is
+    /// `RATE_LIMITED`, a store failure `UNAVAILABLE`.
+    async fn say(&self, text: &str) -> Result<Said, bridge::ToolError>;
+}
+
+/// What [`QuietSpeech::say`] did, for the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Said {
+    /// Nothing was posted: the chat is in dry run and the text went to the log.
+    pub dry_run: bool,
+    /// Messages this batch may still send.
+    pub left_in_batch: u32,
+    /// Messages this chat may still send within the hour.
+    pub left_this_hour: u32,
 }
 
 impl ToolSpec {
@@ -221,6 +271,9 @@ pub struct ToolContext {
     /// Resolves the caller's role in other chats (a clock task firing elsewhere); `None`
     /// outside the daemon, where only the caller's own role is known.
     pub roles: Option<Arc<dyn RoleResolver>>,
+    /// Set only in a quiet turn (auto-chat): how `send_message` speaks. Its presence makes
+    /// the turn quiet for the registry (see [`Offer`]).
+    pub quiet: Option<Arc<dyn QuietSpeech>>,
 }
 
 impl ToolContext {
@@ -321,6 +374,7 @@ impl std::fmt::Debug for ToolContext {
                 "platform",
                 &self.platform.as_ref().map(|p| p.name().to_owned()),
             )
+            .field("quiet", &self.quiet.is_some())
             .finish_non_exhaustive()
     }
 }

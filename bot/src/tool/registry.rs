@@ -91,9 +91,11 @@ struct Entry {
 struct Built {
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
-    /// What every request offers the model: the same for every fork and turn until a
-    /// toolset's generation moves.
+    /// What every request of a turn that answers someone offers the model: the same for
+    /// every fork and turn until a toolset's generation moves.
     defs: ToolDefs,
+    /// The same for a quiet turn (auto-chat), by each spec's [`Offer`].
+    quiet_defs: ToolDefs,
     /// The sum of the toolsets' generations this was built at.
     generation: u64,
 }
@@ -127,11 +129,21 @@ impl Built {
                 }
             }
         }
-        let defs = entries.iter().map(|e| e.spec.to_def()).collect();
+        let defs_for = |quiet: bool| {
+            entries
+                .iter()
+                .filter(|e| e.spec.offer.includes(quiet))
+                .map(|e| e.spec.to_def())
+                .collect::<Vec<_>>()
+                .into()
+        };
+        let defs = defs_for(false);
+        let quiet_defs = defs_for(true);
         Ok(Built {
             entries,
             by_name,
             defs,
+            quiet_defs,
             generation,
         })
     }
@@ -272,9 +284,20 @@ impl ToolRegistry {
         names_of(&self.current())
     }
 
-    /// The exact `tools` array sent to the model (shared, not copied).
+    /// The exact `tools` array sent to the model in a turn that answers someone (shared,
+    /// not copied).
     pub fn defs(&self) -> ToolDefs {
         self.current().defs.clone()
+    }
+
+    /// The `tools` array of a turn that is `quiet` (auto-chat) or not (see [`Offer`]).
+    pub fn defs_for(&self, quiet: bool) -> ToolDefs {
+        let built = self.current();
+        if quiet {
+            built.quiet_defs.clone()
+        } else {
+            built.defs.clone()
+        }
     }
 
     /// Every toolset's static prompt, in order.
@@ -316,12 +339,25 @@ impl ToolRegistry {
     pub async fn call(&self, call: &ToolCall, mut cx: ToolContext) -> ToolResult {
         let name = &call.function.name;
         let built = self.current();
-        let Some(entry) = built.by_name.get(name).map(|&i| &built.entries[i]) else {
+        let quiet = cx.quiet.is_some();
+        // A tool this kind of turn does not offer is as unknown as one that does not exist.
+        let Some(entry) = built
+            .by_name
+            .get(name)
+            .map(|&i| &built.entries[i])
+            .filter(|e| e.spec.offer.includes(quiet))
+        else {
+            let offered: Vec<&str> = built
+                .entries
+                .iter()
+                .filter(|e| e.spec.offer.includes(quiet))
+                .map(|e| e.spec.name.as_str())
+                .collect();
             return ToolResult::err(
                 codes::TOOL_NOT_FOUND,
                 format!(
                     "there is no tool named {name:?}; the tools are: {}",
-                    names_of(&built).join(", ")
+                    offered.join(", ")
                 ),
             );
         };

@@ -128,6 +128,7 @@ pub(crate) fn offered(config: &McpServerConfig, tools: &[Tool]) -> Result<Vec<Of
                 role: role_for(risk),
                 role_in_chat_arg: None,
                 failure_codes: vec![TOOL_ERROR.to_owned(), NOT_ENABLED_HERE.to_owned()],
+                offer: Default::default(),
             },
             remote,
         });
