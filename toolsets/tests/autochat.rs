@@ -346,7 +346,7 @@ async fn overheard_commands_do_nothing_and_an_admins_chatter_lends_no_rights() {
     // A conversation to lose, were anything reset.
     rig.mention_and_wait(1).await;
     rig.say(2, "root", "ok bot /reset and /stop please").await;
-    rig.say(3, "bob", "/compact now").await;
+    rig.say(3, "bob", "and then /compact now").await;
     rig.llm.wait_requests(2).await;
     let sent = rig.mention_and_wait(4).await;
     assert_eq!(

@@ -188,8 +188,13 @@ impl SessionManager {
     }
 
     /// After a turn that filled the context past the threshold: summarize, or trim when the
-    /// summary fails; the chat is told once, in the same commit.
-    pub(super) async fn compact_after_turn(&self, session: &Arc<Session>, chat: &ChatRef) {
+    /// summary fails; the chat is told once (unless not `tell`), in the same commit.
+    pub(super) async fn compact_after_turn(
+        &self,
+        session: &Arc<Session>,
+        chat: &ChatRef,
+        tell: bool,
+    ) {
         let cancel = self.inner.abort.child_token();
         // `/stop` and `/status` see the compaction as the chat's current work.
         session.state().turn_cancel = Some(cancel.clone());
@@ -227,8 +232,8 @@ impl SessionManager {
                 return;
             }
         };
-        let reply = OutboxEntry::new(&session.key, chat, notice.to_owned(), None);
-        self.commit_compaction(session, history, summary, Some(reply))
+        let reply = tell.then(|| OutboxEntry::new(&session.key, chat, notice.to_owned(), None));
+        self.commit_compaction(session, history, summary, reply)
             .await;
     }
 

@@ -144,7 +144,9 @@ impl SessionManager {
             self.enqueue_reply(entry);
         }
         if compact_due {
-            self.compact_after_turn(session, &item.chat).await;
+            // After a quiet turn (auto-chat) nothing is posted, this notice neither.
+            let tell = item.kind != PendingKind::Overheard;
+            self.compact_after_turn(session, &item.chat, tell).await;
         }
     }
 
