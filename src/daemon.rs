@@ -165,6 +165,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             store: http_store,
             sessions: Some(manager.clone()),
             console,
+            terminal: runtime.terminal.clone(),
         };
         tasks.spawn(async move { crate::http::serve(listener, state, shutdown).await });
     }

@@ -282,7 +282,23 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
     let clock = get("/clock".to_owned()).await;
     assert!(clock.contains("action=\"/clock/2/resume\""), "{clock}");
 
-    // Tasks: the background shell task, running, stopped from the console.
+    // Tasks: the background shell task, running, stopped from the console; /metrics counts
+    // it by status.
+    let metrics = || async {
+        http.get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let scraped = metrics().await;
+    assert!(
+        scraped.contains("parlor_background_tasks{status=\"running\"} 1"),
+        "{scraped}"
+    );
+    assert!(scraped.contains("parlor_queued_items 0"), "{scraped}");
     let tasks = get("/tasks".to_owned()).await;
     assert!(tasks.contains("echo started; sleep 60"), "{tasks}");
     assert!(tasks.contains("running"), "{tasks}");
@@ -299,6 +315,15 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let tasks = get("/tasks".to_owned()).await;
     assert!(tasks.contains("stopped"), "{tasks}");
+    let scraped = metrics().await;
+    assert!(
+        scraped.contains("parlor_background_tasks{status=\"running\"} 0"),
+        "{scraped}"
+    );
+    assert!(
+        scraped.contains("parlor_background_tasks{status=\"stopped\"} 1"),
+        "{scraped}"
+    );
     assert!(!tasks.contains("action=\"/tasks/stop\""), "{tasks}");
 
     // Errors: the refused login is there.

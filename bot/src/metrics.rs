@@ -31,6 +31,10 @@ pub struct Metrics {
     pub tool_calls: Family<Labels, Counter>,
     /// Sessions held in memory.
     pub sessions: Gauge,
+    /// Items waiting in the sessions' queues (a merged burst counts once).
+    pub queued: Gauge,
+    /// Background tasks by `status` (`running`, `completed`, `failed`, ...).
+    pub background_tasks: Family<Labels, Gauge>,
     /// Platform send errors by `platform`.
     pub send_errors: Family<Labels, Counter>,
     /// Platform send retries by `platform`.
@@ -81,6 +85,18 @@ impl Default for Metrics {
             "Sessions held in memory",
             sessions.clone(),
         );
+        let queued = Gauge::default();
+        registry.register(
+            "queued_items",
+            "Items waiting in the sessions' queues",
+            queued.clone(),
+        );
+        let background_tasks = Family::<Labels, Gauge>::default();
+        registry.register(
+            "background_tasks",
+            "Background tasks by status",
+            background_tasks.clone(),
+        );
         let send_errors = Family::<Labels, Counter>::default();
         registry.register(
             "platform_send_errors",
@@ -107,6 +123,8 @@ impl Default for Metrics {
             tokens,
             tool_calls,
             sessions,
+            queued,
+            background_tasks,
             send_errors,
             send_retries,
             clock_fires,
@@ -144,6 +162,21 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets the background task gauges to `counts` (status, tasks); a status not named
+    /// goes to 0, so a finished kind does not keep its last figure.
+    pub fn set_background_tasks(&self, counts: &[(&str, usize)]) {
+        for status in BACKGROUND_STATUSES {
+            let n = counts
+                .iter()
+                .filter(|(s, _)| s == status)
+                .map(|(_, n)| *n)
+                .sum::<usize>();
+            self.background_tasks
+                .get_or_create(&vec![("status", (*status).to_owned())])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
     /// Counts a clock task fire by how it ended.
     pub fn clock_fire(&self, status: &str) {
         self.clock_fires
@@ -151,6 +184,16 @@ impl Metrics {
             .inc();
     }
 }
+
+/// Every status a background task can have, so each is exported (0 included).
+const BACKGROUND_STATUSES: &[&str] = &[
+    "running",
+    "completed",
+    "failed",
+    "timed_out",
+    "stopped",
+    "interrupted",
+];
 
 /// The process's metrics.
 pub fn global() -> &'static Metrics {

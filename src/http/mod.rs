@@ -38,6 +38,8 @@ pub struct HttpState {
     pub sessions: Option<SessionManager>,
     /// The console, when `[http] token_env` gives it a token.
     pub console: Option<Arc<console::Console>>,
+    /// The terminal's background tasks, counted at scrape time.
+    pub terminal: Option<Arc<parlor_toolsets::terminal::TerminalService>>,
 }
 
 /// The routes, for [`serve`] and for tests.
@@ -122,6 +124,20 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         metrics
             .sessions
             .set(i64::try_from(sessions.live_sessions()).unwrap_or(i64::MAX));
+        metrics
+            .queued
+            .set(i64::try_from(sessions.queued_items()).unwrap_or(i64::MAX));
+    }
+    if let Some(terminal) = &state.terminal {
+        let mut counts: Vec<(&str, usize)> = Vec::new();
+        for task in terminal.tasks(None) {
+            let status = task.status.as_str();
+            match counts.iter_mut().find(|(s, _)| *s == status) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((status, 1)),
+            }
+        }
+        metrics.set_background_tasks(&counts);
     }
     (
         [(

@@ -469,6 +469,11 @@ impl SessionManager {
         self.lock_sessions().len()
     }
 
+    /// Items waiting in the queues of the sessions in memory (a merged burst counts once).
+    pub fn queued_items(&self) -> usize {
+        self.lock_sessions().values().map(|s| s.queue.len()).sum()
+    }
+
     /// The session layer's counters.
     pub fn stats(&self) -> SessionStats {
         let c = &self.inner.counters;
