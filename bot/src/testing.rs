@@ -673,6 +673,26 @@ pub fn message(chat: &ChatRef, id: u32, who: &str, text: &str) -> IncomingMessag
 // ---------------------------------------------------------------------------------------
 // The store
 
+/// A session manager over `store` and `platform` whose agent has no tools and the prompt
+/// `test`: the session layer's tests' usual rig.
+pub fn toolless_manager(
+    store: Arc<dyn Store>,
+    llm: Arc<dyn LlmBackend>,
+    platform: &Arc<TestPlatform>,
+    config: crate::session::SessionConfig,
+    agent: crate::agent::AgentConfig,
+) -> crate::session::SessionManager {
+    let registry = crate::tool::ToolRegistry::new(Vec::new())
+        .unwrap_or_else(|e| panic!("an empty registry is valid: {e}"));
+    let agent = crate::agent::Agent::new(llm, registry, "test", agent);
+    crate::session::SessionManager::new(
+        store,
+        agent,
+        vec![Arc::clone(platform) as Arc<dyn Platform>],
+        config,
+    )
+}
+
 /// A store that "dies" after `limit` writes: every later write fails (as I/O) without a
 /// trace, so `inner` holds exactly what a `kill -9` after that many (atomic, flushed)
 /// writes would have left on disk. Reads always go through.

@@ -9,15 +9,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlor_bot::agent::{Agent, AgentConfig};
+use parlor_bot::agent::AgentConfig;
 use parlor_bot::llm::{Completion, LlmError, Message, ToolCall, Usage};
-use parlor_bot::platform::{ChatRef, Inbox, IncomingMessage, Platform};
+use parlor_bot::platform::{ChatRef, Inbox, IncomingMessage};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::testing::{
-    ScriptedLlm, TestPlatform, echo, is_summary_request, last_text, message, text,
+    ScriptedLlm, TestPlatform, echo, is_summary_request, last_text, message, text, toolless_manager,
 };
-use parlor_bot::tool::ToolRegistry;
 
 const KEY: &str = "test:-100";
 const SUMMARY: &str = "- The group decided the picnic is on Saturday at the lake (alice).";
@@ -83,17 +82,12 @@ struct Rig {
 fn rig_on(store: Arc<dyn Store>, llm: ScriptedLlm, config: SessionConfig) -> Rig {
     let llm = llm.shared();
     let platform = TestPlatform::new();
-    let agent = Agent::new(
-        llm.clone(),
-        ToolRegistry::new(Vec::new()).unwrap(),
-        "test",
-        AgentConfig::default(),
-    );
-    let manager = SessionManager::new(
+    let manager = toolless_manager(
         Arc::clone(&store),
-        agent,
-        vec![platform.clone() as Arc<dyn Platform>],
+        llm.clone(),
+        &platform,
         config,
+        AgentConfig::default(),
     );
     Rig {
         manager,

@@ -16,7 +16,9 @@ use parlor_bot::platform::{
 };
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::testing::{CrashStore, PNG_1X1, ScriptedLlm, TestPlatform, message};
+use parlor_bot::testing::{
+    CrashStore, PNG_1X1, ScriptedLlm, TestPlatform, message, toolless_manager,
+};
 use parlor_bot::tool::ToolRegistry;
 
 /// A model that answers `reply: <last line of the user's text>`; unless `open`, only once the
@@ -69,13 +71,12 @@ fn rig_with_agent(
     config: SessionConfig,
     agent: AgentConfig,
 ) -> Rig {
-    let registry = ToolRegistry::new(Vec::new()).unwrap();
-    let agent = Agent::new(llm.clone(), registry, "test", agent);
-    let manager = SessionManager::new(
+    let manager = toolless_manager(
         store.clone() as Arc<dyn Store>,
-        agent,
-        vec![platform.clone() as Arc<dyn Platform>],
+        llm.clone(),
+        &platform,
         config,
+        agent,
     );
     Rig {
         manager,

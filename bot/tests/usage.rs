@@ -7,14 +7,13 @@
 
 use std::sync::Arc;
 
-use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_bot::platform::{ChatRef, Inbox, Platform};
+use parlor_bot::agent::AgentConfig;
+use parlor_bot::platform::{ChatRef, Inbox};
 use parlor_bot::session::trace::{self, KEEP_TRACES};
 use parlor_bot::session::usage::{self, BUDGET_NOTICE};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::testing::{ScriptedLlm, TestPlatform, calls, message, text};
-use parlor_bot::tool::ToolRegistry;
+use parlor_bot::testing::{ScriptedLlm, TestPlatform, calls, message, text, toolless_manager};
 
 fn group() -> ChatRef {
     ChatRef::new("test", "-100")
@@ -44,17 +43,12 @@ fn rig(config: SessionConfig) -> Rig {
     .shared();
     let store = Arc::new(MemoryStore::new());
     let platform = TestPlatform::new();
-    let agent = Agent::new(
-        llm,
-        ToolRegistry::new(Vec::new()).unwrap(),
-        "test",
-        AgentConfig::default(),
-    );
-    let manager = SessionManager::new(
+    let manager = toolless_manager(
         store.clone() as Arc<dyn Store>,
-        agent,
-        vec![platform.clone() as Arc<dyn Platform>],
+        llm,
+        &platform,
         config,
+        AgentConfig::default(),
     );
     Rig {
         manager,

@@ -221,12 +221,7 @@ pub fn with_summary(system_prompt: &str, summary: Option<&Summary>) -> String {
 /// are over `max_tokens` (estimated), but always the newest one. 0 when there is nothing
 /// older to compact.
 pub fn keep_from(history: &[Message], keep_turns: usize, max_tokens: usize) -> usize {
-    let starts: Vec<usize> = history
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| matches!(m, Message::User { .. }))
-        .map(|(i, _)| i)
-        .collect();
+    let starts = crate::session::history::turn_starts(history);
     let Some(&newest) = starts.last() else {
         return 0;
     };

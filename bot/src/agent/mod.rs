@@ -669,11 +669,9 @@ fn older_half(history: &[Message]) -> Option<usize> {
     if history.is_empty() {
         return None;
     }
-    let starts: Vec<usize> = history
-        .iter()
-        .enumerate()
-        .filter(|(i, m)| *i > 0 && matches!(m, Message::User { .. }))
-        .map(|(i, _)| i)
+    let starts: Vec<usize> = crate::session::history::turn_starts(history)
+        .into_iter()
+        .filter(|&i| i > 0)
         .collect();
     let middle = history.len() / 2;
     Some(

@@ -86,12 +86,7 @@ impl SessionManager {
         // leaves room before the next one.
         let keep_tokens = self.compact_threshold().unwrap_or(usize::MAX) / 2;
         let from = keep_from(&history, self.inner.config.compact_keep_turns, keep_tokens);
-        let turns_in = |messages: &[Message]| {
-            messages
-                .iter()
-                .filter(|m| matches!(m, Message::User { .. }))
-                .count()
-        };
+        let turns_in = |messages: &[Message]| super::history::turn_starts(messages).len();
         if from == 0 {
             return Ok(Compaction::Nothing {
                 turns: turns_in(&history),

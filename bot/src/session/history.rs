@@ -37,18 +37,24 @@ pub fn estimate_tokens(message: &Message) -> usize {
     chars / 4 + 4
 }
 
+/// Where each turn of `history` starts: the index of every user message. Cutting only there
+/// keeps an assistant's tool calls with their results.
+pub fn turn_starts(history: &[Message]) -> Vec<usize> {
+    history
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| matches!(m, Message::User { .. }))
+        .map(|(i, _)| i)
+        .collect()
+}
+
 /// Drops the oldest turns until the history fits `budget` tokens. The newest turn is kept
 /// even when it alone is larger; the result always starts with a user message.
 pub fn trim_to_budget(history: &mut Vec<Message>, budget: usize) {
     let mut total: usize = history.iter().map(estimate_tokens).sum();
     let mut cut = 0;
     // Candidate cut points: every user message after the first.
-    let starts: Vec<usize> = history
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| matches!(m, Message::User { .. }))
-        .map(|(i, _)| i)
-        .collect();
+    let starts = turn_starts(history);
     for &start in starts.iter().skip(1) {
         if total <= budget {
             break;
