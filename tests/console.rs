@@ -339,18 +339,8 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
 
-    let exit = world.daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", world.daemon.log());
     // The pause went through the clock's handle into the store.
-    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
-        SledStore::open(
-            &world.dir.path().join("data").join("db"),
-            StoreOptions::default(),
-        )
-        .unwrap(),
-    );
-    let handle = ClockHandle::new(store, ClockOptions::default());
-    let task = handle.task(2).unwrap().unwrap();
+    let task = stop_and_read_task(&mut world, 2).await;
     assert_eq!(task.name, "hourly");
     assert!(!task.enabled);
     drop(world.llm);
@@ -599,6 +589,12 @@ async fn headless_chromium_logs_in_reads_a_trace_and_pauses_a_clock_task() {
         .await;
     chromedriver.kill().await.unwrap();
 
+    let task = stop_and_read_task(&mut world, 2).await;
+    assert!(!task.enabled, "the click paused the task in the store");
+}
+
+/// Stops the daemon cleanly and reads clock task `id` from what it left in its store.
+async fn stop_and_read_task(world: &mut World, id: u64) -> parlor_toolsets::clock::ClockTask {
     let exit = world.daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", world.daemon.log());
     let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
@@ -608,9 +604,8 @@ async fn headless_chromium_logs_in_reads_a_trace_and_pauses_a_clock_task() {
         )
         .unwrap(),
     );
-    let task = ClockHandle::new(store, ClockOptions::default())
-        .task(2)
+    ClockHandle::new(store, ClockOptions::default())
+        .task(id)
         .unwrap()
-        .unwrap();
-    assert!(!task.enabled, "the click paused the task in the store");
+        .unwrap()
 }
