@@ -7,7 +7,7 @@ use std::time::Duration;
 
 mod support;
 
-use parlor_testkit::{DaemonProcess, Failure, FakeLlm, FakeTelegram, Reply, TgUser};
+use parlor_testkit::{DaemonProcess, Failure, FakeLlm, FakeOneBot, FakeTelegram, Reply, TgUser};
 use support::{TOKEN, config, daemon_command};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -64,6 +64,42 @@ fn sample(metrics: &str, prefix: &str) -> f64 {
         .map_or(0.0, |v| v.parse().unwrap())
 }
 
+/// The address the daemon's `[http]` listener bound, from its log.
+async fn http_addr(daemon: &DaemonProcess) -> String {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(addr) = listen_addr(&daemon.log()) {
+                return addr;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{}", daemon.log()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_onebot_connection() {
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let qq = FakeOneBot::start("qq-token", 42).await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[http]\nlisten = \"127.0.0.1:0\"\n[onebot]\nurl = \"{}\"\n",
+        qq.ws_url()
+    );
+    let mut command = daemon_command(&config(dir.path(), &telegram, &extra), &llm);
+    command.env("ONEBOT_ACCESS_TOKEN", "qq-token");
+    let mut daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
+    let addr = http_addr(&daemon).await;
+    until_status(&addr, "/readyz", 200).await;
+    // The implementation goes away: not ready, naming it, while the adapter redials.
+    drop(qq);
+    let reason = until_status(&addr, "/readyz", 503).await;
+    assert!(reason.contains("onebot"), "{reason}");
+    daemon.terminate(WAIT).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics_follow_the_daemon() {
     let llm = FakeLlm::start().await;
@@ -73,16 +109,7 @@ async fn health_readiness_and_metrics_follow_the_daemon() {
     let config = config(dir.path(), &telegram, "[http]\nlisten = \"127.0.0.1:0\"\n");
     let mut daemon =
         DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
-    let addr = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Some(addr) = listen_addr(&daemon.log()) {
-                return addr;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{}", daemon.log()));
+    let addr = http_addr(&daemon).await;
 
     assert_eq!(get(&addr, "/healthz").await.0, 200);
     until_status(&addr, "/readyz", 200).await;

@@ -59,6 +59,19 @@ impl EventHandler for Forward {
     async fn resume(&self, _ctx: Context, _event: serenity::model::event::ResumedEvent) {
         let _ = self.tx.send(Item::Resumed);
     }
+
+    // `/readyz` follows the gateway: down while the shard reconnects or resumes.
+    async fn shard_stage_update(
+        &self,
+        _ctx: Context,
+        event: serenity::gateway::ShardStageUpdateEvent,
+    ) {
+        let health = parlor_bot::health::global();
+        match event.new {
+            serenity::gateway::ConnectionStage::Connected => health.set_ready("discord"),
+            stage => health.set_down("discord", format!("gateway {stage}")),
+        }
+    }
 }
 
 /// How one run of the serenity client ended.

@@ -27,6 +27,9 @@ const DELIVERY_BACKOFF: Backoff = Backoff {
     max: Duration::from_millis(3200),
 };
 
+/// The adapter's name in `/readyz` (`parlor_bot::health`): ready while connected.
+const HEALTH: &str = "onebot";
+
 /// A connection that lasted this long was healthy: the next failure starts the backoff
 /// afresh.
 const HEALTHY: Duration = Duration::from_secs(60);
@@ -78,6 +81,7 @@ impl OneBotAdapter {
             let why = match self.dial(url).await {
                 Ok(ws) => {
                     tracing::info!(url, "connected to the OneBot implementation");
+                    parlor_bot::health::global().set_ready(HEALTH);
                     if let Some(ready) = ready.take() {
                         ready();
                     }
@@ -96,6 +100,7 @@ impl OneBotAdapter {
                 }
                 Err(Dial::Failed(why)) => why,
             };
+            parlor_bot::health::global().set_down(HEALTH, format!("not connected: {why}"));
             if started.elapsed() > HEALTHY {
                 failures.reset();
             }
@@ -259,10 +264,15 @@ impl OneBotAdapter {
             previous.cancel();
         }
         tracing::info!(%peer, self_id = self_id.as_deref().unwrap_or("?"), "the OneBot implementation connected");
+        parlor_bot::health::global().set_ready(HEALTH);
         let ended = self.serve(ws, &inbox, &stop).await;
         match ended {
             Ended::Shutdown => !stop.is_cancelled(),
             Ended::Lost(why) => {
+                // A connection replacing this one ends it as `Shutdown`, so this is no
+                // stale mark over a newer connection's.
+                parlor_bot::health::global()
+                    .set_down(HEALTH, format!("the implementation disconnected: {why}"));
                 tracing::warn!(%peer, error = %why, "the OneBot connection ended; waiting for it to come back");
                 false
             }
