@@ -48,7 +48,14 @@ fn model(summary: Result<&'static str, u16>) -> ScriptedLlm {
     ScriptedLlm::answering(move |request, _| {
         if is_summary_request(request) {
             return match summary {
-                Ok(s) => Ok(text(s)),
+                Ok(s) => Ok(Completion {
+                    usage: Some(Usage {
+                        prompt_tokens: 1000,
+                        completion_tokens: 100,
+                        total_tokens: 1100,
+                    }),
+                    ..text(s)
+                }),
                 Err(status) => Err(LlmError::Status {
                     status,
                     body: "summarizer down".into(),
@@ -183,6 +190,14 @@ async fn a_turn_past_the_threshold_is_compacted_and_the_summary_serves_later_tur
 
     let summary = rig.store.load_summary(KEY).unwrap().unwrap();
     assert_eq!(summary.text, SUMMARY);
+    // The summary's tokens count against the chat's day, as a turn's do, but not as a turn.
+    let day = parlor_bot::session::usage::day_usage(
+        rig.store.as_ref(),
+        parlor_bot::session::usage::today(),
+        KEY,
+    )
+    .unwrap();
+    assert_eq!((day.turns, day.total_tokens), (1, 30_020 + 1_100));
     let history = rig.store.load_history(KEY).unwrap();
     // The last two turns stay whole: the newest old one (4 messages) and this one (2).
     assert_eq!(history.len(), 6, "{history:?}");

@@ -15,7 +15,7 @@
 use tokio_util::sync::CancellationToken;
 
 use super::Agent;
-use crate::llm::{ChatRequest, Content, ContentPart, LlmError, Message, ToolDefs};
+use crate::llm::{ChatRequest, Content, ContentPart, LlmError, Message, ToolDefs, Usage};
 use crate::store::Summary;
 use crate::text::{clip_with, ellipsize};
 
@@ -63,10 +63,12 @@ pub struct SummaryInput<'a> {
 
 impl Agent {
     /// Asks the model, tools off, for a summary of `input` (one attempt, then one with a
-    /// transcript half as long). Changes nothing; the caller stores the result.
+    /// transcript half as long). Changes nothing; the caller stores the summary, and counts
+    /// `usage` (every attempt's tokens) against the chat.
     pub async fn summarize(
         &self,
         input: SummaryInput<'_>,
+        usage: &mut Usage,
         cancel: &CancellationToken,
     ) -> Result<String, CompactError> {
         let budget = self.config.summary_input_chars.max(2000);
@@ -80,6 +82,9 @@ impl Agent {
             let request = self.summary_request(&input, chars, per_message);
             match self.llm.stream(&request, cancel).await {
                 Ok(completion) => {
+                    if let Some(used) = &completion.usage {
+                        usage.add(used);
+                    }
                     let text = completion.content.trim();
                     if !text.is_empty() {
                         return Ok(ellipsize(text, SUMMARY_MAX_CHARS).into_owned());

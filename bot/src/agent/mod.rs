@@ -412,7 +412,8 @@ impl Agent {
                         older: &full_history[..drop],
                         topic: None,
                     };
-                    match self.summarize(older, &cancel).await {
+                    // Its tokens are the turn's: they count against the chat like the rest.
+                    match self.summarize(older, &mut turn.usage, &cancel).await {
                         Ok(text) => {
                             let new = Summary {
                                 text,

@@ -97,7 +97,10 @@ impl SessionManager {
             older: &history[..from],
             topic,
         };
-        match session.agent.summarize(input, cancel).await {
+        let mut usage = crate::llm::Usage::default();
+        let summarized = session.agent.summarize(input, &mut usage, cancel).await;
+        self.count_summary_tokens(&session.key, &usage);
+        match summarized {
             Ok(text) => Ok(Compaction::Summarized {
                 dropped: from,
                 summary: Summary {
@@ -109,6 +112,23 @@ impl SessionManager {
             }),
             Err(CompactError::Cancelled) => Ok(Compaction::Cancelled),
             Err(e) => Ok(Compaction::Failed(e.to_string())),
+        }
+    }
+
+    /// Counts a summary's tokens (spent, whether or not it came back) in the chat's day. Its
+    /// own write: the tokens are spent even if the compaction is never committed.
+    fn count_summary_tokens(&self, session: &str, usage: &crate::llm::Usage) {
+        if usage.prompt_tokens + usage.completion_tokens + usage.total_tokens == 0 {
+            return;
+        }
+        let store = self.inner.store.as_ref();
+        let written =
+            super::usage::add_tokens(store, session, usage).and_then(|write| match &write.value {
+                Some(value) => store.kv_put(&write.space, &write.key, value),
+                None => Ok(()),
+            });
+        if let Err(e) = written {
+            tracing::warn!(session, error = %e, "cannot count the summary's tokens");
         }
     }
 

@@ -77,6 +77,16 @@ pub fn all_on(store: &dyn Store, day: NaiveDate) -> Result<Vec<(String, DayUsage
     Ok(out)
 }
 
+/// The write that adds tokens spent outside a turn (a compaction's summary) to `session`'s
+/// day; the turn count stays.
+pub(super) fn add_tokens(
+    store: &dyn Store,
+    session: &str,
+    usage: &Usage,
+) -> Result<KvWrite, StoreError> {
+    add_to(store, session, Some(usage), false, false)
+}
+
 /// The write that adds one turn's `usage` (and the budget notice, when `told`) to
 /// `session`'s day.
 pub(super) fn add(
@@ -84,6 +94,16 @@ pub(super) fn add(
     session: &str,
     usage: Option<&Usage>,
     told: bool,
+) -> Result<KvWrite, StoreError> {
+    add_to(store, session, usage, told, true)
+}
+
+fn add_to(
+    store: &dyn Store,
+    session: &str,
+    usage: Option<&Usage>,
+    told: bool,
+    a_turn: bool,
 ) -> Result<KvWrite, StoreError> {
     let day = today();
     // An unreadable record must not keep the turn from committing: the day counts afresh.
@@ -93,7 +113,7 @@ pub(super) fn add(
     });
     record.v = 1;
     if let Some(usage) = usage {
-        record.turns += 1;
+        record.turns += u64::from(a_turn);
         record.prompt_tokens += usage.prompt_tokens;
         record.completion_tokens += usage.completion_tokens;
         // Some providers leave the sum out.
