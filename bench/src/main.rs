@@ -432,21 +432,23 @@ fn rss_breakdown(pid: u32) -> String {
     format!("{}; {threads} threads", parts.join(", "))
 }
 
-/// utime + stime of a process (all threads), in milliseconds.
-fn cpu_ms(pid: u32) -> f64 {
+/// utime and stime of a process (all threads), in milliseconds.
+fn cpu_split_ms(pid: u32) -> (f64, f64) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name, which is in parentheses and may hold spaces.
     let after = text.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = after.split_whitespace().collect();
     // `after` starts at field 3 (state); utime is field 14, stime field 15.
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
-        .sum();
+    let ticks = |i: usize| -> f64 {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0) as f64
+    };
     // SAFETY: sysconf has no preconditions.
     #[allow(unsafe_code)]
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
-    ticks as f64 * 1000.0 / hz as f64
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) * 1000.0 / hz, ticks(12) * 1000.0 / hz)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -745,6 +747,8 @@ struct Burst {
     complete: bool,
     turns: usize,
     cpu_ms: f64,
+    /// The kernel's part of `cpu_ms`.
+    sys_ms: f64,
     latencies: Vec<f64>,
     llm_from: usize,
 }
@@ -757,7 +761,7 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
     let send_from = env.tg_proxy.sends();
     let llm_from = env.llm.request_count();
     let proxy_llm_from = env.llm_proxy.state.log.lock().expect("log").llm.len();
-    let cpu0 = cpu_ms(pid);
+    let (user0, sys0) = cpu_split_ms(pid);
     let t0 = Instant::now();
     let mentions = push_mentions(&env.tg, tags);
     let complete = match expect_sends {
@@ -786,7 +790,8 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
         }
     };
     let wall = t0.elapsed();
-    let cpu = cpu_ms(pid) - cpu0;
+    let (user1, sys1) = cpu_split_ms(pid);
+    let (cpu, sys) = (user1 + sys1 - user0 - sys0, sys1 - sys0);
     let turns = env.llm.request_count() - llm_from;
     let latencies = turn_latencies(env, proxy_llm_from, send_from, &mentions);
     Burst {
@@ -794,6 +799,7 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
         complete,
         turns,
         cpu_ms: cpu,
+        sys_ms: sys,
         latencies,
         llm_from,
     }
@@ -950,7 +956,10 @@ async fn run_daemon_phases(bin: &Path, report: &mut Report) {
     report.target(
         "  daemon CPU per turn",
         per_turn,
-        format!("{per_turn:.2} ms ({:.0} ms / {} turns)", b.cpu_ms, b.turns),
+        format!(
+            "{per_turn:.2} ms ({:.0} ms / {} turns; kernel {:.0} ms of it)",
+            b.cpu_ms, b.turns, b.sys_ms
+        ),
         0.5,
         "<= 0.5 ms",
     );
@@ -1096,6 +1105,16 @@ async fn main() {
     }
     let started = Instant::now();
     let bin = parlor_binary();
+    // `parlor-bench idle`: the idle footprint alone (a few seconds), for trying changes.
+    if std::env::args().nth(1).as_deref() == Some("idle") {
+        let env = start_env(&bin, 1).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (rss, pss) = rss_pss(env.daemon.pid());
+        println!("idle RSS {} (PSS {})", mib(rss), mib(pss));
+        println!("by mapping: {}", rss_breakdown(env.daemon.pid()));
+        env.daemon.stop().await;
+        return;
+    }
     let mut report = Report::default();
     let machine = machine();
     eprintln!("machine: {machine}");

@@ -28,6 +28,7 @@ pub mod health;
 pub mod image;
 pub mod llm;
 pub mod metrics;
+pub mod net;
 pub mod platform;
 pub mod ratelimit;
 pub mod session;

@@ -134,7 +134,7 @@ impl TelegramAdapter {
         })?;
         // teloxide's defaults (5 s connect timeout, TCP_NODELAY) with a request timeout
         // longer than the long poll: its default 17 s would cut every quiet 30 s poll.
-        let client = teloxide_core::net::default_reqwest_settings()
+        let client = parlor_bot::net::pooled(teloxide_core::net::default_reqwest_settings())
             .timeout(config.request_timeout())
             .build()
             .map_err(|error| {

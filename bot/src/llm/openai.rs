@@ -128,7 +128,7 @@ impl OpenAiClient {
             value.set_sensitive(true);
             headers.insert(header::AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
+        let http = crate::net::pooled(reqwest::Client::builder())
             .connect_timeout(config.connect_timeout)
             .default_headers(headers)
             .user_agent(concat!("parlor/", env!("CARGO_PKG_VERSION")))
