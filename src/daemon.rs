@@ -258,8 +258,6 @@ impl Readiness {
             == 1
         {
             systemd::ready();
-            // Start-up ran code all over the binary; what an idle daemon needs comes back.
-            crate::memory::release_code_pages();
         }
     }
 }

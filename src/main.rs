@@ -101,6 +101,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    memory::limit_arenas();
     let cli = Cli::parse();
     // The daemon logs its life (info). `chat` and `ask` share the terminal with a
     // conversation: only errors, so retries and warnings do not interleave with it

@@ -48,11 +48,6 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-// The daemon's allocator (src/memory.rs), so that the figures are the daemon's; its
-// options (two arenas) are the daemon's exported `malloc_conf`, not set here.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
 /// The answer the fake model gives; a little Markdown, so that rendering has work.
 const ANSWER: &str =
     "Sure: here is a **short** answer, with `code` and a [link](https://example.com).";
