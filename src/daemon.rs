@@ -258,6 +258,8 @@ impl Readiness {
             == 1
         {
             systemd::ready();
+            // Start-up ran code all over the binary; what an idle daemon needs comes back.
+            crate::memory::release_code_pages();
         }
     }
 }

@@ -101,7 +101,6 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    memory::limit_arenas();
     let cli = Cli::parse();
     // The daemon logs its life (info). `chat` and `ask` share the terminal with a
     // conversation: only errors, so retries and warnings do not interleave with it
@@ -203,6 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         &config,
         matches!(cli.command, Command::Run | Command::Chat { .. }),
     );
+    memory::start_background_purge();
     resolved?;
     match cli.command {
         Command::Tools { json } => {

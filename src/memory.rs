@@ -1,12 +1,22 @@
-//! Giving memory back: glibc's allocator keeps what a burst freed (the sessions of
-//! thousands of chats that went quiet) mapped in the process, so RSS stays at the peak for
-//! the daemon's whole life. Two glibc knobs fix most of that (docs/perf.md, "Profiles"):
-//! fewer arenas, so freed blocks are reused instead of scattered over one arena per thread,
-//! and `malloc_trim` after sessions left memory, which returns the free pages to the
-//! kernel. Elsewhere than glibc both are no-ops.
+//! The daemon's allocator, and giving memory back.
+//!
+//! jemalloc is the global allocator. After a burst (10,000 chats answered once, then idle)
+//! glibc's allocator kept 50 MiB resident for about 20 MiB in use, even after
+//! `malloc_trim`: what stays alive (sled's cached nodes, the pools' buffers) sits on pages
+//! among the freed sessions. jemalloc keeps each size class on its own pages and gives
+//! freed pages back on its own (`dirty_decay_ms`, from its background thread), and at once
+//! when its arena is purged, which the daemon does after sessions left memory
+//! (docs/perf.md has the figures).
+//!
+//! The executable's own pages are most of an idle daemon's memory: starting touches code
+//! all over a large binary (config, every adapter's set-up, the store's recovery), and the
+//! kernel maps 64 KiB around each page touched. Once the daemon is ready, and again when
+//! every session has left memory, it asks the kernel to reclaim those clean file pages
+//! (`MADV_PAGEOUT`); the few an idle daemon runs come back on use. Elsewhere than Linux
+//! this is a no-op.
 
-// `mallopt` and `malloc_trim` are C calls the standard library does not wrap; each says
-// why it is sound.
+// `mallctl` and `madvise` are C calls the standard library does not wrap, and jemalloc
+// reads its options from an exported symbol; each says why it is sound.
 #![allow(unsafe_code)]
 
 use std::time::Duration;
@@ -14,42 +24,70 @@ use std::time::Duration;
 use parlor_bot::session::SessionManager;
 use tokio_util::sync::CancellationToken;
 
-/// How often the trimmer looks whether sessions left memory. Trimming walks the heap
-/// (a few milliseconds for a large one), so it runs at most this often, and only after
-/// evictions; soon enough that a burst's memory is back within seconds of going idle.
-const TRIM_EVERY: Duration = Duration::from_secs(5);
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Arenas glibc may create. Its default is eight per core, one per thread that allocates
-/// at the same time; the daemon's work is mostly waiting, so two are plenty.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const ARENAS: libc::c_int = 2;
+/// jemalloc's options, read once at its first allocation (the symbol name is its
+/// prefixed `malloc_conf`):
+/// - two arenas: jemalloc's default is four per core, one per thread allocating at once;
+///   the daemon's work is mostly waiting, and every further arena strands freed memory.
+///   One arena was tried: the workers then wait on its lock (more than twice the CPU per
+///   turn in parlor-bench);
+/// - freed pages go back after a second (`dirty_decay_ms`), purged by a background thread
+///   ([`start_background_purge`]) rather than by the threads that free them, in the middle
+///   of a turn (purging inline about doubled the CPU per turn). That thread is not asked
+///   for here: jemalloc would start it at its first allocation, before `main`, and the
+///   environment can only be scrubbed of secrets while the process has one thread;
+/// - no lazy `MADV_FREE` stage (`muzzy_decay_ms:0`): such pages stay counted in RSS until
+///   the kernel wants them.
+// SAFETY: jemalloc reads this as a NUL-terminated `const char *`: a reference to a byte
+// array is exactly that pointer, and the bytes end in NUL and live for the whole process.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static MALLOC_CONF: &[u8; 47] = b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
-/// Blocks at least this large get their own mapping, given back whole when freed. Setting
-/// it also stops glibc from raising it after each such free (up to 32 MiB), which makes
-/// a burst's large buffers come from the heap, where they pin the pages around them.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
-
-/// Sets glibc's allocator up for a long-lived daemon. Call first thing in `main`, before
-/// any thread exists.
-pub fn limit_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only sets allocator parameters; called before other threads
-    // exist, nothing allocates concurrently. Its result (0 on an unknown parameter) only
-    // means the default stays, which is harmless.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+/// Starts jemalloc's background purging thread. Call once the environment is scrubbed
+/// (`main`), and before the runtime starts: the thread is jemalloc's own, lives as long as
+/// the process and touches nothing but the allocator's state.
+pub fn start_background_purge() {
+    let name = b"background_thread\0";
+    let mut enable = true;
+    // SAFETY: `name` is NUL-terminated; the new value is a `bool`, as jemalloc documents
+    // for this option, passed by pointer with its size, and no old value is read. A
+    // non-zero result (a jemalloc built without background threads) leaves purging to the
+    // freeing threads, which only costs CPU.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&raw mut enable).cast(),
+            std::mem::size_of::<bool>(),
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(rc, "jemalloc's background purging thread did not start");
     }
 }
 
-/// Returns freed heap pages to the kernel.
+/// How often the trimmer looks whether sessions left memory; soon enough that a burst's
+/// memory is back within seconds of going idle.
+const TRIM_EVERY: Duration = Duration::from_secs(5);
+
+/// Returns the freed pages of every jemalloc arena to the kernel now, rather than over
+/// the next second.
 fn trim() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` is thread-safe (it takes each arena's lock) and only releases
-    // memory no allocation uses. The result says whether anything was released.
+    // `arena.<MALLCTL_ARENAS_ALL>.purge`, MALLCTL_ARENAS_ALL being 4096.
+    let name = b"arena.4096.purge\0";
+    // SAFETY: `name` is NUL-terminated; a purge reads and writes no value (all pointers
+    // null, length 0) and is thread-safe. A non-zero result only means nothing was purged.
     unsafe {
-        libc::malloc_trim(0);
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
     }
 }
 
@@ -63,12 +101,97 @@ pub async fn trim_after_evictions(sessions: SessionManager, shutdown: Cancellati
             () = shutdown.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        let evictions = sessions.stats().evictions;
-        if evictions != seen {
-            seen = evictions;
+        let stats = sessions.stats();
+        if stats.evictions != seen {
+            seen = stats.evictions;
             // Inline: a few milliseconds at most, every few seconds at most, and a blocking
             // thread started for it would itself stay resident for a while.
             trim();
+            if stats.live_sessions == 0 {
+                // Idle again, as after starting: what the burst ran of the binary can go.
+                release_code_pages();
+            }
         }
+    }
+}
+
+/// Asks the kernel to reclaim the resident pages of the executable's read-only mappings
+/// (code and constants). They are clean pages of the file, so nothing is lost: a page used
+/// again is read back in. Pages written at load time (relocated pointers) are left alone
+/// by the kernel. Best effort: an older kernel without `MADV_PAGEOUT` (before 5.4) keeps
+/// them, which only costs memory.
+pub fn release_code_pages() {
+    #[cfg(target_os = "linux")]
+    {
+        let (Ok(exe), Ok(maps)) = (
+            std::fs::read_link("/proc/self/exe"),
+            std::fs::read_to_string("/proc/self/maps"),
+        ) else {
+            return;
+        };
+        let exe = exe.to_string_lossy();
+        let mut released = 0usize;
+        for (start, len) in maps
+            .lines()
+            .filter_map(|line| read_only_mapping(line, &exe))
+        {
+            // SAFETY: `start..start + len` is one of this process's own mappings of its
+            // executable, as /proc/self/maps lists it (they are never unmapped while the
+            // process runs). `MADV_PAGEOUT` changes no content and no protection: it only
+            // lets the kernel reclaim the pages now rather than under memory pressure.
+            let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_PAGEOUT) };
+            if rc == 0 {
+                released += len;
+            }
+        }
+        tracing::debug!(
+            mapped_bytes = released,
+            "asked the kernel to reclaim the executable's pages"
+        );
+    }
+}
+
+/// `(start, length)` of a line of /proc/self/maps when it maps `exe` without write access.
+fn read_only_mapping(line: &str, exe: &str) -> Option<(usize, usize)> {
+    let mut fields = line.split_whitespace();
+    let range = fields.next()?;
+    let perms = fields.next()?;
+    // The fields before the path (range, perms, offset, device, inode) hold no '/', and
+    // the path may hold spaces.
+    let path = &line[line.find('/')?..];
+    if path != exe || perms.contains('w') {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    Some((start, end.checked_sub(start)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_only_mapping;
+
+    #[test]
+    fn only_read_only_mappings_of_the_executable_are_chosen() {
+        let exe = "/opt/parlor dir/parlor";
+        let line = |perms: &str, path: &str| {
+            format!("55d0c0a00000-55d0c0c00000 {perms} 00000000 fd:01 1234   {path}")
+        };
+        assert_eq!(
+            read_only_mapping(&line("r-xp", exe), exe),
+            Some((0x55d0_c0a0_0000, 0x20_0000))
+        );
+        assert!(read_only_mapping(&line("r--p", exe), exe).is_some());
+        assert_eq!(read_only_mapping(&line("rw-p", exe), exe), None);
+        assert_eq!(
+            read_only_mapping(&line("r-xp", "/usr/lib/libc.so.6"), exe),
+            None
+        );
+        assert_eq!(
+            read_only_mapping("7ffd1000-7ffd2000 rw-p 00000000 00:00 0", exe),
+            None
+        );
+        assert_eq!(read_only_mapping("garbage", exe), None);
     }
 }

@@ -48,6 +48,18 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+// The daemon's allocator and options (src/memory.rs), so that the figures are the
+// daemon's. The daemon starts the background thread after scrubbing its environment;
+// nothing is scrubbed here, so it is asked for at once.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+/// jemalloc's options, read by jemalloc itself at its first allocation.
+// SAFETY: jemalloc reads this as a NUL-terminated `const char *`, alive for the process.
+#[allow(unsafe_code)]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static MALLOC_CONF: &[u8; 70] =
+    b"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
 /// The answer the fake model gives; a little Markdown, so that rendering has work.
 const ANSWER: &str =
     "Sure: here is a **short** answer, with `code` and a [link](https://example.com).";
