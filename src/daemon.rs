@@ -1,8 +1,8 @@
 //! `parlor run`: the daemon. Opens the store (refusing a second daemon on the same data
 //! directory), connects the adapters (Telegram, Discord, OneBot), resumes what a crash left
 //! pending, serves until SIGTERM/SIGINT (SIGHUP re-reads the skills), then drains: intake
-//! stops, running turns get `shutdown_grace_secs`, the
-//! store is flushed.
+//! stops, running turns and sends get `shutdown_grace_secs`, the store is flushed, and
+//! only then do the adapters close their connections.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,10 +192,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     systemd::stopping();
-    shutdown.cancel();
+    // The runtime drains first (intake refuses new input at once), and only then do the
+    // adapters close: the last replies go out over their connections (OneBot's WebSocket).
     runtime
         .shutdown(Duration::from_secs(config.bot.shutdown_grace_secs))
         .await;
+    shutdown.cancel();
     while let Some(ended) = tasks.join_next().await {
         if let Ok(Err(e)) = ended {
             tracing::warn!(error = %format!("{e:#}"), "adapter ended with an error during shutdown");

@@ -1258,8 +1258,9 @@ async fn a_qq_group_and_a_telegram_group_are_served_at_once_and_a_qq_clock_task_
         "the access token leaked: {log}"
     );
     let store = open_store(dir.path());
-    assert!(store.pending().unwrap().is_empty());
-    assert!(store.unsent_outbox().unwrap().is_empty());
+    assert!(store.pending().unwrap().is_empty(), "{log}");
+    let unsent = store.unsent_outbox().unwrap();
+    assert!(unsent.is_empty(), "{unsent:?}\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

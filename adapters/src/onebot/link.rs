@@ -179,15 +179,16 @@ impl Drop for Forget<'_> {
 /// How a connection ended.
 #[derive(Debug)]
 pub(crate) enum Ended {
-    /// Shutdown, or the inbox stopped taking events.
+    /// Shutdown.
     Shutdown,
     /// The connection is gone (closed, broken, or silent past its heartbeats).
     Lost(String),
 }
 
-/// Serves one connection until it ends: see the module's doc. `deliver` takes the events in
-/// order, in batches of what is already queued; it answers false when the runtime stops
-/// taking them.
+/// Serves one connection until it ends or `shutdown`: see the module's doc. `deliver` takes
+/// the events in order, in batches of what is already queued; it answers false when the
+/// runtime stops taking them, and later events are dropped (the connection stays up for
+/// the draining runtime's sends).
 pub(crate) async fn serve<S, D, F>(
     links: &Links,
     ws: WebSocketStream<S>,
@@ -273,28 +274,40 @@ where
     let deliverer = async {
         // Events already read are delivered even when the connection is gone: the
         // implementation will not send them again.
+        let mut taking = true;
+        let mut refused = 0usize;
         loop {
             let first = tokio::select! {
                 biased;
-                () = stop.cancelled() => return false,
+                () = stop.cancelled() => break,
                 first = events_rx.recv() => first,
             };
-            let Some(first) = first else { return true };
+            let Some(first) = first else { break };
             let mut batch = vec![first];
             while batch.len() < EVENT_QUEUE
                 && let Ok(more) = events_rx.try_recv()
             {
                 batch.push(more);
             }
-            if !deliver(batch).await {
-                stop.cancel();
-                return false;
+            if !taking {
+                refused += batch.len();
+                continue;
             }
+            // The runtime stopped taking events: it is draining, and its last replies go
+            // out over this very connection, so the connection stays open (reading their
+            // answers) until `shutdown` ends it.
+            taking = deliver(batch).await;
+        }
+        if refused > 0 {
+            tracing::warn!(
+                refused,
+                "QQ events arrived while the daemon was shutting down and were not taken"
+            );
         }
     };
 
-    let (ended, delivering) = tokio::join!(pump, deliverer);
-    if delivering { ended } else { Ended::Shutdown }
+    let (ended, ()) = tokio::join!(pump, deliverer);
+    ended
 }
 
 /// The next text frame; `Ok(None)` for frames that carry none (pings, pongs); `Err` when

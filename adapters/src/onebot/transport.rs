@@ -46,7 +46,8 @@ impl Receiver for OneBotAdapter {
     /// token (a newer connection replaces the older); `ready` is called once listening.
     /// Returns [`PlatformError::Unavailable`] when the address cannot be bound.
     ///
-    /// Both return `Ok(())` at shutdown or when the inbox answers `ShuttingDown`.
+    /// Both return `Ok(())` at shutdown. While the inbox answers `ShuttingDown` (the
+    /// runtime draining) the connection stays open, since the last replies go out over it.
     async fn run_with_ready<R>(
         &self,
         inbox: Arc<dyn Inbox>,
@@ -175,12 +176,7 @@ impl OneBotAdapter {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                Some(done) = connections.join_next() => {
-                    if matches!(done, Ok(true)) {
-                        // The inbox stopped taking events: the daemon is going down.
-                        break;
-                    }
-                }
+                Some(_) = connections.join_next() => {}
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
                         Ok(accepted) => accepted,
@@ -211,7 +207,6 @@ impl OneBotAdapter {
     }
 
     /// Shakes hands with one reverse connection (refusing a wrong token) and serves it.
-    /// True when the inbox stopped taking events.
     async fn accept(
         &self,
         stream: TcpStream,
@@ -219,7 +214,7 @@ impl OneBotAdapter {
         inbox: Arc<dyn Inbox>,
         current: Arc<Mutex<Option<CancellationToken>>>,
         stop: CancellationToken,
-    ) -> bool {
+    ) {
         let mut self_id: Option<String> = None;
         let token = self.inner.token.clone();
         // The handshake's callback signature is tungstenite's; its error is an HTTP answer.
@@ -249,11 +244,11 @@ impl OneBotAdapter {
             Ok(Ok(ws)) => ws,
             Ok(Err(error)) => {
                 tracing::warn!(%peer, %error, "refused a OneBot connection");
-                return false;
+                return;
             }
             Err(_) => {
                 tracing::warn!(%peer, "a OneBot connection did not finish its handshake");
-                return false;
+                return;
             }
         };
         let previous = current
@@ -265,17 +260,12 @@ impl OneBotAdapter {
         }
         tracing::info!(%peer, self_id = self_id.as_deref().unwrap_or("?"), "the OneBot implementation connected");
         parlor_bot::health::global().set_ready(HEALTH);
-        let ended = self.serve(ws, &inbox, &stop).await;
-        match ended {
-            Ended::Shutdown => !stop.is_cancelled(),
-            Ended::Lost(why) => {
-                // A connection replacing this one ends it as `Shutdown`, so this is no
-                // stale mark over a newer connection's.
-                parlor_bot::health::global()
-                    .set_down(HEALTH, format!("the implementation disconnected: {why}"));
-                tracing::warn!(%peer, error = %why, "the OneBot connection ended; waiting for it to come back");
-                false
-            }
+        if let Ended::Lost(why) = self.serve(ws, &inbox, &stop).await {
+            // A connection replacing this one ends it as `Shutdown`, so this is no
+            // stale mark over a newer connection's.
+            parlor_bot::health::global()
+                .set_down(HEALTH, format!("the implementation disconnected: {why}"));
+            tracing::warn!(%peer, error = %why, "the OneBot connection ended; waiting for it to come back");
         }
     }
 

@@ -516,6 +516,9 @@ impl SessionManager {
             self.inner.abort.cancel();
             self.inner.tracker.wait().await;
         }
+        // Nothing will answer a waiter now (an abandoned reply is sent after the next
+        // start): dropping them tells each (a clock fire) at once that it was abandoned.
+        drop(std::mem::take(&mut *self.lock_waiters()));
         if let Err(e) = self.inner.store.flush() {
             tracing::error!(error = %e, "could not flush the store on shutdown");
         }
