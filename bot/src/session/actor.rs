@@ -68,11 +68,15 @@ impl SessionManager {
     }
 
     fn release_actor(&self, key: &str) {
-        self.inner
+        let mut actors = self
+            .inner
             .active_actors
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
+            .unwrap_or_else(|e| e.into_inner());
+        actors.remove(key);
+        if let Some(to) = super::manager::shrunk_capacity(actors.len(), actors.capacity()) {
+            actors.shrink_to(to);
+        }
     }
 
     async fn actor_loop(&self, session: &Arc<Session>) {
@@ -163,6 +167,9 @@ impl SessionManager {
                 .is_some_and(|live| Arc::ptr_eq(live, session))
         {
             sessions.remove(&session.key);
+            if let Some(to) = super::manager::shrunk_capacity(sessions.len(), sessions.capacity()) {
+                sessions.shrink_to(to);
+            }
             self.inner
                 .counters
                 .evictions

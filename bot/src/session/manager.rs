@@ -211,6 +211,14 @@ pub(super) struct Inner {
     pub(super) hooks: std::sync::RwLock<Vec<Arc<dyn super::life::ChatHook>>>,
 }
 
+/// The capacity to shrink a table of `len` entries to, when it is mostly empty: after a
+/// burst of 10,000 chats has left memory, the tables of live sessions, actors and lanes
+/// would otherwise keep room for all of them (a few MiB) for good. Shrinking only below a
+/// quarter keeps it amortized.
+pub(super) fn shrunk_capacity(len: usize, capacity: usize) -> Option<usize> {
+    (capacity > 256 && len.saturating_mul(4) < capacity).then(|| len.saturating_mul(2))
+}
+
 /// The runtime's session layer; cheap to clone. See the module docs of
 /// [`crate::session`] for the path of a message.
 #[derive(Clone)]

@@ -91,6 +91,10 @@ impl SessionManager {
                 lane.pop_front();
                 if lane.is_empty() {
                     lanes.remove(&key);
+                    if let Some(to) = super::manager::shrunk_capacity(lanes.len(), lanes.capacity())
+                    {
+                        lanes.shrink_to(to);
+                    }
                     return;
                 }
             }

@@ -86,11 +86,20 @@ impl SessionManager {
             Ok(Err(e)) => return Err(unavailable(e.to_string())),
             Err(_) => return Err(unavailable("the lookup timed out".to_owned())),
         };
-        self.inner
+        let mut cache = self
+            .inner
             .admin_cache
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, (Instant::now(), ids.clone()));
+            .unwrap_or_else(|e| e.into_inner());
+        // Where the table would grow (a cost in proportion to its size anyway), the expired
+        // lookups go first: one of every chat ever seen would otherwise stay for good.
+        if cache.len() >= cache.capacity() {
+            cache.retain(|_, (at, _)| at.elapsed() < ttl);
+            if let Some(to) = super::manager::shrunk_capacity(cache.len(), cache.capacity()) {
+                cache.shrink_to(to);
+            }
+        }
+        cache.insert(key, (Instant::now(), ids.clone()));
         Ok(ids)
     }
 }

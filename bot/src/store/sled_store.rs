@@ -65,8 +65,9 @@ const MIGRATE_ATTEMPTS: usize = 8;
 /// The schema version written into every value.
 const VERSION: u64 = 1;
 
-/// Bytes sled may keep in its page cache.
-const CACHE_CAPACITY: u64 = 4 * 1024 * 1024;
+/// Bytes sled may keep in its page cache: the hot chats' nodes fit, and with 10,000 chats
+/// known it is most of what an idle daemon holds (docs/perf.md; 4 MiB cost 5 MiB of RSS).
+const CACHE_CAPACITY: u64 = 2 * 1024 * 1024;
 
 /// Tunables shared by both store backends.
 #[derive(Debug, Clone, PartialEq, Eq)]
