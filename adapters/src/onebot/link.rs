@@ -289,13 +289,13 @@ where
             {
                 batch.push(more);
             }
+            // Once the runtime stops taking events it is draining, and its last replies go
+            // out over this very connection: the connection stays open (reading their
+            // answers) until `shutdown` ends it, and what arrives later is dropped.
             if !taking {
                 refused += batch.len();
                 continue;
             }
-            // The runtime stopped taking events: it is draining, and its last replies go
-            // out over this very connection, so the connection stays open (reading their
-            // answers) until `shutdown` ends it.
             taking = deliver(batch).await;
         }
         if refused > 0 {
