@@ -23,7 +23,7 @@ use parlor_testkit::{FakeOneBot, OneBotFailure};
 
 mod support;
 
-use support::{Running, TestInbox, eventually};
+use support::{Mode, Running, TestInbox, eventually};
 
 const TOKEN: &str = "onebot-TEST-token";
 const SELF_ID: i64 = 42;
@@ -455,6 +455,31 @@ async fn a_dropped_connection_reconnects_and_loses_no_reply() {
     fake.group_message(GROUP, ALICE, "alice", "after the reconnect")
         .push();
     assert_eq!(inbox.wait_for(1).await[0].text, "after the reconnect");
+    assert!(running.stop(STOP).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_runtime_still_sends_its_last_replies_over_the_connection() {
+    // The runtime refuses new input while it drains; its last replies go out over this very
+    // connection, so refusing must not close it (it closes at shutdown).
+    let inbox = TestInbox::new(Mode::ShuttingDown);
+    let (fake, adapter, running) = connected(inbox.clone()).await;
+    fake.group_message(GROUP, ALICE, "alice", "during the drain")
+        .push();
+    eventually("the refused delivery", || {
+        (inbox.attempts() >= 1).then_some(())
+    })
+    .await;
+    let sent = adapter
+        .send_reply(&group(), "the last reply", None, "o9")
+        .await
+        .unwrap();
+    let posted = fake.sent();
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0].text(), "the last reply");
+    assert_eq!(sent.message_ids, vec![posted[0].message_id.to_string()]);
+    assert_eq!(fake.connections(), 1, "over the same connection");
+    assert!(inbox.messages().is_empty());
     assert!(running.stop(STOP).await.is_ok());
 }
 
