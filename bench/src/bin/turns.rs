@@ -144,8 +144,8 @@ fn main() {
         args.turns, args.chats, args.chats, TOOL_ROUND_EVERY
     );
     println!(
-        "{:<8} {:>7} {:>9} {:>9} {:>10} {:>12}",
-        "store", "turns", "requests", "wall s", "cpu s", "cpu/turn ms"
+        "{:<8} {:>7} {:>9} {:>9} {:>10} {:>12} {:>13}",
+        "store", "turns", "requests", "wall s", "cpu s", "cpu/turn ms", "flushes/turn"
     );
     for &kind in &args.stores {
         let figures = runtime.block_on(run(kind, &args, &llm.base_url));
@@ -154,14 +154,20 @@ fn main() {
         } else {
             figures.cpu.as_secs_f64() * 1000.0 / figures.turns as f64
         };
+        let flushes = if figures.turns == 0 {
+            0.0
+        } else {
+            figures.flushes as f64 / figures.turns as f64
+        };
         println!(
-            "{:<8} {:>7} {:>9} {:>9.2} {:>10.3} {:>12.3}",
+            "{:<8} {:>7} {:>9} {:>9.2} {:>10.3} {:>12.3} {:>13.2}",
             kind.name(),
             figures.turns,
             figures.requests,
             figures.wall.as_secs_f64(),
             figures.cpu.as_secs_f64(),
-            per_turn
+            per_turn,
+            flushes
         );
     }
     llm.stop();
@@ -173,6 +179,8 @@ struct Figures {
     requests: u64,
     wall: Duration,
     cpu: Duration,
+    /// The store's flushes ([`Store::flushes`]) over the counted turns.
+    flushes: u64,
 }
 
 async fn run(kind: StoreKind, args: &Args, llm_url: &str) -> Figures {
@@ -201,7 +209,12 @@ async fn run(kind: StoreKind, args: &Args, llm_url: &str) -> Figures {
     let mut started = None;
     for round in 0..=rounds {
         if round == 1 {
-            started = Some((Instant::now(), cpu_time(), requests.load(Ordering::SeqCst)));
+            started = Some((
+                Instant::now(),
+                cpu_time(),
+                requests.load(Ordering::SeqCst),
+                store.flushes(),
+            ));
         }
         let in_round = if round == 0 {
             args.chats
@@ -229,13 +242,14 @@ async fn run(kind: StoreKind, args: &Args, llm_url: &str) -> Figures {
             break;
         }
     }
-    let (wall, cpu, counted_requests) = match started {
-        Some((t0, cpu0, r0)) => (
+    let (wall, cpu, counted_requests, flushes) = match started {
+        Some((t0, cpu0, r0, f0)) => (
             t0.elapsed(),
             cpu_time().saturating_sub(cpu0),
             requests.load(Ordering::SeqCst) - r0,
+            store.flushes() - f0,
         ),
-        None => (Duration::ZERO, Duration::ZERO, 0),
+        None => (Duration::ZERO, Duration::ZERO, 0, 0),
     };
     sessions.shutdown(Duration::from_secs(5)).await;
     drop(clock);
@@ -246,6 +260,7 @@ async fn run(kind: StoreKind, args: &Args, llm_url: &str) -> Figures {
         requests: counted_requests,
         wall,
         cpu,
+        flushes,
     }
 }
 

@@ -16,9 +16,8 @@
 //! An async caller that finds no flush running yields to the runtime once before it starts
 //! one (unless built [`GroupCommit::immediate`]): the tasks ready to run at that moment
 //! (often the very writers the previous flush woke) get to write and queue up first, and
-//! the flush covers them too. This matters with sled 0.34, whose `flush` holds a lock that
-//! every transaction takes exclusively: no transaction can be written while a flush runs,
-//! so writers cannot pile up *during* a flush, only between two.
+//! the flush covers them too. A flush is a blocking call on the thread of the caller that
+//! runs it, so the writers on that thread cannot pile up *during* the flush, only before.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};

@@ -28,6 +28,7 @@
 
 mod group_commit;
 mod memory;
+mod sled_step;
 mod sled_store;
 
 use chrono::{DateTime, Utc};

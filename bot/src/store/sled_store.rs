@@ -27,8 +27,18 @@
 //! and drops the trimmed ones from the front (by seq, without reading them), instead of
 //! writing the whole history again. Releases before this one kept a session's history as
 //! one `history` record; it is read as long as the session has no `history_heads` entry,
-//! and turned into messages by the session's first history write, in that write's
-//! transaction.
+//! and turned into messages by the session's first history write, in that write's step.
+//!
+//! ## Atomic steps
+//! Every write of more than one key (a message recorded and made pending, a turn's commit,
+//! a reply moved to the done records) is one [`Steps`] step, not a sled transaction: sled
+//! 0.34 writes its log buffer out twice for each transaction, which was most of a turn's
+//! CPU (docs/perf.md). A step is recorded whole in the `steps` tree before it is applied,
+//! and a step a kill interrupted is applied again when the store opens. Steps run one at a
+//! time; readers do not wait for them, and may see one half applied, in the order of its
+//! writes: each step writes what a reader looks up first last (a message's dedupe entry
+//! after the message, a head after the records it counts), and the session layer reads a
+//! chat's history only from the chat's own actor, which is also its only writer.
 //! Pending and outbox ids come from sled's `generate_id`, which is monotonic across
 //! restarts, so key order is arrival order.
 //!
@@ -44,12 +54,11 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use sled::transaction::{
-    ConflictableTransactionError, TransactionError, Transactional, TransactionalTree,
-};
-use sled::{Batch, Db, IVec, Tree};
+use sled::transaction::ConflictableTransactionError;
+use sled::{Db, IVec, Tree};
 
 use super::memory::{is_pending_for, migrated_record};
+use super::sled_step::{StepTree, Steps};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
     PendingItem, SENT_KEEP_DAYS, Store, StoreError, StoredMessage, Summary, TurnCommit,
@@ -59,7 +68,7 @@ use crate::llm::Message;
 use crate::platform::ChatRef;
 
 /// How often [`Store::migrate_session`] re-reads and retries when the sessions it moves
-/// changed between its read and its transaction.
+/// changed between its read and its step.
 const MIGRATE_ATTEMPTS: usize = 8;
 
 /// The schema version written into every value.
@@ -122,6 +131,8 @@ pub struct SledStore {
     bound: u64,
     /// Shared by the clones: they are one database, whose flushes cover them all.
     commit: Arc<GroupCommit>,
+    /// Every write of more than one key is a step ([`Steps`]); shared by the clones.
+    steps: Arc<Steps>,
 }
 
 impl fmt::Debug for SledStore {
@@ -161,6 +172,8 @@ impl SledStore {
             }
         };
         let tree = |name: &str| db.open_tree(name).map_err(|e| open_error(dir, e));
+        // First: a step a kill interrupted is finished before anything is read.
+        let steps = Arc::new(Steps::open(&db)?);
         let store = SledStore {
             path: dir.to_path_buf(),
             messages: tree("messages")?,
@@ -178,6 +191,7 @@ impl SledStore {
             db,
             bound: options.bound(),
             commit: Arc::new(GroupCommit::new()),
+            steps,
         };
         tracing::debug!(path = %dir.display(), "store opened");
         Ok(store)
@@ -200,7 +214,7 @@ impl Store for SledStore {
         let value = encode(message)?;
         let id_key = message_id_key(session, &message.message_id);
         let bound = self.bound;
-        // Ids are taken before the transaction (a retried or refused one only wastes one),
+        // Ids are taken before the step (a refused one only wastes one),
         // and the value is encoded once.
         let extra = match intake {
             Intake::Record => None,
@@ -222,7 +236,7 @@ impl Store for SledStore {
             &self.pending,
             &self.outbox,
         ];
-        let result = trees[..].transaction(|t| {
+        self.steps.run(&trees[..], |t| {
             let (log, ids, heads) = (&t[0], &t[1], &t[2]);
             if ids.get(&id_key)?.is_some() {
                 return Ok(Inbound::Duplicate);
@@ -243,13 +257,12 @@ impl Store for SledStore {
             heads.insert(session, encode_abort(&head)?)?;
             match &extra {
                 Some((which, id, value)) => {
-                    t[3 + which].insert(&id.to_be_bytes(), value.as_slice())?;
+                    t[3 + which].insert(id.to_be_bytes(), value.as_slice())?;
                     Ok(Inbound::Recorded(Some(*id)))
                 }
                 None => Ok(Inbound::Recorded(None)),
             }
-        });
-        transaction_result(result)
+        })
     }
 
     fn get_message(
@@ -314,10 +327,13 @@ impl Store for SledStore {
     fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError> {
         check_session(session)?;
         let values = encode_history(history)?;
-        let result = (&self.history, &self.history_heads, &self.history_messages).transaction(
-            |(legacy, heads, log)| HistoryTx { legacy, heads, log }.replace(session, &values),
-        );
-        transaction_result(result)
+        self.steps.run(
+            &[&self.history, &self.history_heads, &self.history_messages],
+            |t| {
+                let (legacy, heads, log) = (&t[0], &t[1], &t[2]);
+                HistoryTx { legacy, heads, log }.replace(session, &values)
+            },
+        )
     }
 
     fn add_pending_with(
@@ -328,18 +344,11 @@ impl Store for SledStore {
         let id = self.db.generate_id().map_err(sled_error)?;
         item.id = id;
         let value = encode(&item)?;
-        if also.is_empty() {
-            self.pending
-                .insert(id.to_be_bytes(), value)
-                .map_err(sled_error)?;
-            return Ok(id);
-        }
         let (trees, index) = self.with_kv_trees(vec![self.pending.clone()], &also)?;
-        let result = trees[..].transaction(|t| {
-            t[0].insert(&id.to_be_bytes(), value.as_slice())?;
+        self.steps.run(&trees[..], |t| {
+            t[0].insert(id.to_be_bytes(), value.as_slice())?;
             apply_kv(t, &also, &index)
-        });
-        transaction_result::<()>(result)?;
+        })?;
         Ok(id)
     }
 
@@ -348,16 +357,17 @@ impl Store for SledStore {
     }
 
     fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError> {
-        let mut batch = Batch::default();
-        for id in ids {
-            batch.remove(&id.to_be_bytes());
-        }
-        self.pending.apply_batch(batch).map_err(sled_error)
+        self.steps.run(&[&self.pending], |t| {
+            for id in ids {
+                t[0].remove(id.to_be_bytes())?;
+            }
+            Ok(())
+        })
     }
 
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
         check_session(&commit.session)?;
-        // Encoded once, outside the transaction (which sled may run more than once).
+        // Encoded outside the step, which holds the store's write lock.
         let history = match &commit.history {
             Some(HistoryChange::Append { dropped, messages }) => Some((
                 Some(u64::try_from(*dropped).unwrap_or(u64::MAX)),
@@ -368,7 +378,7 @@ impl Store for SledStore {
         };
         let reply = match commit.reply {
             Some(mut entry) => {
-                // Assigned before the transaction: a failed commit only wastes an id.
+                // Assigned before the step: a failed commit only wastes an id.
                 let id = match entry.id {
                     0 => self.db.generate_id().map_err(sled_error)?,
                     reserved => reserved,
@@ -393,7 +403,7 @@ impl Store for SledStore {
             ],
             also,
         )?;
-        let result = trees[..].transaction(|t| {
+        self.steps.run(&trees[..], |t| {
             let (pending, outbox, summaries) = (&t[3], &t[4], &t[5]);
             let tx = HistoryTx {
                 legacy: &t[0],
@@ -412,14 +422,13 @@ impl Store for SledStore {
                 summaries.insert(session, value.as_slice())?;
             }
             for id in answered {
-                pending.remove(&id.to_be_bytes())?;
+                pending.remove(id.to_be_bytes())?;
             }
             if let Some((id, value)) = &reply {
-                outbox.insert(&id.to_be_bytes(), value.as_slice())?;
+                outbox.insert(id.to_be_bytes(), value.as_slice())?;
             }
             apply_kv(t, also, &index)
-        });
-        transaction_result::<()>(result)?;
+        })?;
         Ok(reply.map(|(id, _)| id))
     }
 
@@ -462,8 +471,10 @@ impl Store for SledStore {
 
     fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
         let value = encode(&MetaRef { value })?;
-        self.meta.insert(key, value).map_err(sled_error)?;
-        Ok(())
+        self.steps.run(&[&self.meta], |t| {
+            t[0].insert(key, value.as_slice())?;
+            Ok(())
+        })
     }
 
     fn kv_get(&self, space: &str, key: &str) -> Result<Option<String>, StoreError> {
@@ -475,18 +486,17 @@ impl Store for SledStore {
     }
 
     fn kv_put(&self, space: &str, key: &str, value: &str) -> Result<(), StoreError> {
-        self.kv_tree(space)?
-            .insert(key, value.as_bytes())
-            .map_err(sled_error)?;
-        Ok(())
+        let tree = self.kv_tree(space)?;
+        self.steps.run(&[&tree], |t| {
+            t[0].insert(key, value.as_bytes())?;
+            Ok(())
+        })
     }
 
     fn kv_delete(&self, space: &str, key: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .kv_tree(space)?
-            .remove(key)
-            .map_err(sled_error)?
-            .is_some())
+        let tree = self.kv_tree(space)?;
+        self.steps
+            .run(&[&tree], |t| Ok(t[0].remove(key)?.is_some()))
     }
 
     fn kv_scan(&self, space: &str, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
@@ -514,15 +524,14 @@ impl Store for SledStore {
         also: Vec<KvWrite>,
     ) -> Result<u64, StoreError> {
         check_session(&entry.session)?;
-        // Assigned before the transaction: a failed one only wastes an id.
+        // Assigned before the step: a failed one only wastes an id.
         entry.id = self.db.generate_id().map_err(sled_error)?;
         let row = encode(&entry)?;
         let (trees, index) = self.with_kv_trees(vec![self.outbox.clone()], &also)?;
-        let result = trees[..].transaction(|t| {
-            t[0].insert(&entry.id.to_be_bytes(), row.as_slice())?;
+        self.steps.run(&trees[..], |t| {
+            t[0].insert(entry.id.to_be_bytes(), row.as_slice())?;
             apply_kv(t, &also, &index)
-        });
-        transaction_result::<()>(result)?;
+        })?;
         Ok(entry.id)
     }
 
@@ -537,20 +546,19 @@ impl Store for SledStore {
         let value = encode(record)?;
         let mut rows = Vec::with_capacity(notices.len());
         for mut entry in notices {
-            // Assigned before the transaction: a failed one only wastes ids.
+            // Assigned before the step: a failed one only wastes ids.
             entry.id = self.db.generate_id().map_err(sled_error)?;
             rows.push((entry.id, encode(&entry)?));
         }
         let (trees, index) =
             self.with_kv_trees(vec![self.chats.clone(), self.outbox.clone()], &also)?;
-        let result = trees[..].transaction(|t| {
+        self.steps.run(&trees[..], |t| {
             t[0].insert(session.as_bytes(), value.as_slice())?;
             for (id, row) in &rows {
-                t[1].insert(&id.to_be_bytes(), row.as_slice())?;
+                t[1].insert(id.to_be_bytes(), row.as_slice())?;
             }
             apply_kv(t, &also, &index)
-        });
-        transaction_result::<()>(result)?;
+        })?;
         Ok(rows.into_iter().map(|(id, _)| id).collect())
     }
 
@@ -587,8 +595,8 @@ impl Store for SledStore {
         check_session(session)?;
         let value = encode(message)?;
         let id_key = message_id_key(session, &message.message_id);
-        // The pending input of the message, found outside the transaction and checked
-        // again inside it (sled transactions cannot scan).
+        // The pending input of the message, found outside the step and checked again
+        // inside it (a step reads keys, it does not scan).
         let candidate = match pending_text {
             Some(_) => read_all::<PendingItem>(&self.pending, "pending")?
                 .into_iter()
@@ -596,8 +604,9 @@ impl Store for SledStore {
                 .map(|item| item.id),
             None => None,
         };
-        let result = (&self.messages, &self.message_ids, &self.pending).transaction(
-            |(log, ids, pending)| {
+        self.steps
+            .run(&[&self.messages, &self.message_ids, &self.pending], |t| {
+                let (log, ids, pending) = (&t[0], &t[1], &t[2]);
                 let Some(bytes) = ids.get(&id_key)? else {
                     return Ok(Edited::Unknown);
                 };
@@ -617,11 +626,9 @@ impl Store for SledStore {
                     .map_err(ConflictableTransactionError::Abort)?;
                 item.text = text.to_owned();
                 item.images = message.images.clone();
-                pending.insert(&id.to_be_bytes(), encode_abort(&item)?)?;
+                pending.insert(id.to_be_bytes(), encode_abort(&item)?)?;
                 Ok(Edited::Pending(id))
-            },
-        );
-        transaction_result(result)
+            })
     }
 
     fn durable(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -643,7 +650,7 @@ impl Store for SledStore {
 type LogRead = Vec<(IVec, StoredMessage)>;
 
 impl SledStore {
-    /// Reads what a migration moves, then moves it in one transaction, provided neither
+    /// Reads what a migration moves, then moves it in one step, provided neither
     /// session's log changed in between; `None` when one did (read again and retry).
     fn try_migrate(
         &self,
@@ -712,7 +719,7 @@ impl SledStore {
             self.summaries.clone(),
         ];
         let (trees, index) = self.with_kv_trees(base, also)?;
-        let result = trees[..].transaction(|t| {
+        self.steps.run(&trees[..], |t| {
             let (log, ids, head_tree) = (&t[0], &t[1], &t[2]);
             let (pending, outbox, chats, meta) = (&t[4], &t[5], &t[6], &t[7]);
             let history_tx = HistoryTx {
@@ -770,14 +777,14 @@ impl SledStore {
                 if let Some(bytes) = pending.get(id.to_be_bytes())? {
                     let item: PendingItem = decode(&bytes, || format!("pending[{id}]"))
                         .map_err(ConflictableTransactionError::Abort)?;
-                    pending.insert(&id.to_be_bytes(), encode_abort(&moved_pending(to, item))?)?;
+                    pending.insert(id.to_be_bytes(), encode_abort(&moved_pending(to, item))?)?;
                 }
             }
             for id in &outbox_ids {
                 if let Some(bytes) = outbox.get(id.to_be_bytes())? {
                     let entry: OutboxEntry = decode(&bytes, || format!("outbox[{id}]"))
                         .map_err(ConflictableTransactionError::Abort)?;
-                    outbox.insert(&id.to_be_bytes(), encode_abort(&moved_outbox(to, entry))?)?;
+                    outbox.insert(id.to_be_bytes(), encode_abort(&moved_outbox(to, entry))?)?;
                 }
             }
             let record = match chats.remove(old)? {
@@ -791,8 +798,7 @@ impl SledStore {
             apply_kv(t, also, &index)?;
             meta.insert(marker.as_bytes(), marker_value.as_slice())?;
             Ok(Some(true))
-        });
-        transaction_result(result)
+        })
     }
 
     /// The history of `session` and what it was read from (to tell whether it changed since).
@@ -823,10 +829,8 @@ impl SledStore {
     /// `make_stable(max_reserved_lsn)`, and the stable position only advances over a
     /// contiguous prefix), so one flush covers every write that returned before it began,
     /// in every tree and every chat: a turn's commit flush covers the intake write of its
-    /// input, whoever was still waiting for that. A transaction holds sled's concurrency
-    /// control exclusively and `flush` holds it shared, so a flush never covers half of a
-    /// transaction (and no transaction is written while a flush runs; see
-    /// [`GroupCommit`]'s docs for what that means for grouping).
+    /// input, whoever was still waiting for that. A flush may cover half of a step running
+    /// at the same time; the step's record makes that whole again after a kill ([`Steps`]).
     fn flush_log(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(sled_error)?;
         Ok(())
@@ -847,7 +851,7 @@ impl SledStore {
     }
 
     /// `base` and the trees of the collections `also` writes to, each once, with the index
-    /// (into the list) of each write's tree, for one transaction over all of them.
+    /// (into the list) of each write's tree, for one step over all of them.
     fn with_kv_trees(
         &self,
         mut trees: Vec<Tree>,
@@ -869,9 +873,9 @@ impl SledStore {
     }
 }
 
-/// Inside a transaction over [`SledStore::with_kv_trees`]' list: applies `also`.
+/// Inside a step over [`SledStore::with_kv_trees`]' list: applies `also`.
 fn apply_kv(
-    t: &[TransactionalTree],
+    t: &[StepTree<'_>],
     also: &[KvWrite],
     index: &[usize],
 ) -> Result<(), ConflictableTransactionError<StoreError>> {
@@ -893,7 +897,7 @@ fn apply_kv(
 }
 
 impl SledStore {
-    /// Moves an unsent reply to the done records, changed by `finish`, in one transaction;
+    /// Moves an unsent reply to the done records, changed by `finish`, in one step;
     /// then prunes records done more than [`SENT_KEEP_DAYS`] ago (oldest ids first).
     fn finish_outbox(
         &self,
@@ -901,18 +905,20 @@ impl SledStore {
         finish: impl Fn(&mut OutboxEntry),
     ) -> Result<(), StoreError> {
         let key = outbox_id.to_be_bytes();
-        let result = (&self.outbox, &self.outbox_done).transaction(|(outbox, done)| {
-            let Some(bytes) = outbox.remove(&key)? else {
+        self.steps.run(&[&self.outbox, &self.outbox_done], |t| {
+            let (outbox, done) = (&t[0], &t[1]);
+            let Some(bytes) = outbox.get(key)? else {
                 return Ok(());
             };
             let mut entry: OutboxEntry = decode(&bytes, || format!("outbox[{outbox_id}]"))
                 .map_err(ConflictableTransactionError::Abort)?;
             finish(&mut entry);
             entry.done_at = Some(chrono::Utc::now());
-            done.insert(&key, encode_abort(&entry)?)?;
+            // Done before it leaves the outbox: a reader in between sees it in both.
+            done.insert(key, encode_abort(&entry)?)?;
+            outbox.remove(key)?;
             Ok(())
-        });
-        transaction_result::<()>(result)?;
+        })?;
         let cutoff = chrono::Utc::now() - chrono::Duration::days(SENT_KEEP_DAYS);
         // Ids grow with time, so the oldest records come first; a few per call keep it cheap.
         for entry in self.outbox_done.iter().take(8) {
@@ -997,7 +1003,7 @@ struct HistoryEntryRef<'a> {
 }
 
 /// The raw values a history was read from: a migration moves it only if they are unchanged
-/// inside its transaction.
+/// inside its step.
 #[derive(Debug, PartialEq)]
 struct HistoryStamp {
     head: Option<IVec>,
@@ -1020,16 +1026,16 @@ fn encode_history(messages: &[Message]) -> Result<Vec<Vec<u8>>, StoreError> {
 
 type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
 
-/// The trees of a history inside a transaction. Keeps `history_messages` of a session dense
+/// The trees of a history inside a step. Keeps `history_messages` of a session dense
 /// (`first..next` of its head) and the head absent when the history is empty.
 struct HistoryTx<'a> {
-    legacy: &'a TransactionalTree,
-    heads: &'a TransactionalTree,
-    log: &'a TransactionalTree,
+    legacy: &'a StepTree<'a>,
+    heads: &'a StepTree<'a>,
+    log: &'a StepTree<'a>,
 }
 
 impl HistoryTx<'_> {
-    /// What [`SledStore::read_history`] would stamp, read inside the transaction.
+    /// What [`SledStore::read_history`] would stamp, read inside the step.
     fn stamp(&self, session: &str) -> TxResult<HistoryStamp> {
         Ok(HistoryStamp {
             head: self.heads.get(session)?,
@@ -1114,15 +1120,15 @@ struct MetaRef<'a> {
     value: &'a str,
 }
 
-/// Inside the `record_message` transaction: drops message `seq` from the log and, when the
+/// Inside the `record_message` step: drops message `seq` from the log and, when the
 /// dedupe entry of its id points at it, from the index. A log value too damaged to name its
 /// id is dropped all the same (its index entry, if any, stays behind), so that one bad
 /// value cannot stop a chat from being recorded.
 fn drop_oldest(
     session: &str,
     seq: u64,
-    log: &TransactionalTree,
-    ids: &TransactionalTree,
+    log: &StepTree<'_>,
+    ids: &StepTree<'_>,
 ) -> Result<(), ConflictableTransactionError<StoreError>> {
     let Some(old) = log.remove(message_key(session, seq))? else {
         return Ok(());
@@ -1262,14 +1268,7 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], key: impl Fn() -> String) -> Result
     serde_json::from_slice(bytes).map_err(|e| corrupt(format!("unexpected content: {e}")))
 }
 
-fn transaction_result<T>(result: Result<T, TransactionError<StoreError>>) -> Result<T, StoreError> {
-    result.map_err(|e| match e {
-        TransactionError::Abort(e) => e,
-        TransactionError::Storage(e) => sled_error(e),
-    })
-}
-
-fn sled_error(e: sled::Error) -> StoreError {
+pub(super) fn sled_error(e: sled::Error) -> StoreError {
     match e {
         sled::Error::Corruption { at, .. } => StoreError::Corrupt {
             key: "<database>".to_owned(),
