@@ -146,15 +146,7 @@ impl Steps {
     ) -> Result<T, StoreError> {
         let _guard = self.lock();
         let writes = RefCell::new(Writes::default());
-        let views: Vec<StepTree<'_>> = trees
-            .iter()
-            .enumerate()
-            .map(|(slot, tree)| StepTree {
-                tree: tree.borrow(),
-                slot,
-                writes: &writes,
-            })
-            .collect();
+        let views = views(trees, &writes);
         let value = step(&views).map_err(|e| match e {
             ConflictableTransactionError::Abort(e) => e,
             ConflictableTransactionError::Storage(e) => sled_error(e),
@@ -225,15 +217,7 @@ impl Steps {
         step: impl FnOnce(&[StepTree<'_>]) -> Result<(), ConflictableTransactionError<StoreError>>,
     ) {
         let writes = RefCell::new(Writes::default());
-        let views: Vec<StepTree<'_>> = trees
-            .iter()
-            .enumerate()
-            .map(|(slot, tree)| StepTree {
-                tree: tree.borrow(),
-                slot,
-                writes: &writes,
-            })
-            .collect();
+        let views = views(trees, &writes);
         assert!(step(&views).is_ok(), "the interrupted step failed");
         drop(views);
         let ops = writes.into_inner().ops;
@@ -245,6 +229,19 @@ impl Steps {
             apply(trees[op.slot].borrow(), op).expect("apply");
         }
     }
+}
+
+/// Each of `trees` as a running step sees it.
+fn views<'a, B: Borrow<Tree>>(trees: &'a [B], writes: &'a RefCell<Writes>) -> Vec<StepTree<'a>> {
+    trees
+        .iter()
+        .enumerate()
+        .map(|(slot, tree)| StepTree {
+            tree: tree.borrow(),
+            slot,
+            writes,
+        })
+        .collect()
 }
 
 fn apply(tree: &Tree, op: &Op) -> Result<(), sled::Error> {
