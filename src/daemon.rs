@@ -134,6 +134,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     {
         let shutdown = shutdown.clone();
+        let readiness = Arc::clone(&readiness);
+        tasks.spawn(async move {
+            readiness
+                .release_code_pages_when_settled(shutdown.clone())
+                .await;
+            // A task of this set that ends stops the daemon: this one waits for shutdown.
+            shutdown.cancelled().await;
+            Ok(())
+        });
+    }
+    {
+        let shutdown = shutdown.clone();
         let sessions = manager.clone();
         tasks.spawn(async move {
             crate::memory::trim_after_evictions(sessions, shutdown).await;
@@ -244,12 +256,19 @@ fn onebot(config: &Config) -> anyhow::Result<Option<OneBotAdapter>> {
 /// Counts adapters down to systemd's READY=1.
 struct Readiness {
     waiting: std::sync::atomic::AtomicUsize,
+    all_ready: tokio::sync::Notify,
 }
+
+/// How long after the last adapter is ready the start-up's code pages are released: the
+/// adapter calls `ready` just before its first request, and that request runs code the
+/// release would have the kernel read back in (10–20 ms of page faults at start).
+const SETTLE_BEFORE_RELEASE: Duration = Duration::from_millis(300);
 
 impl Readiness {
     fn new(adapters: usize) -> Self {
         Readiness {
             waiting: std::sync::atomic::AtomicUsize::new(adapters),
+            all_ready: tokio::sync::Notify::new(),
         }
     }
 
@@ -260,8 +279,25 @@ impl Readiness {
             == 1
         {
             systemd::ready();
-            // Start-up ran code all over the binary; what an idle daemon needs comes back.
-            crate::memory::release_code_pages();
+            self.all_ready.notify_one();
+        }
+    }
+
+    /// Once every adapter is ready and has had a moment to make its first request, gives
+    /// back the code pages start-up ran all over the binary (what an idle daemon needs
+    /// comes back on its own).
+    async fn release_code_pages_when_settled(&self, shutdown: CancellationToken) {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = self.all_ready.notified() => {}
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(SETTLE_BEFORE_RELEASE) => {}
+        }
+        // A few milliseconds of madvise: not on a worker the first turns may need.
+        if let Err(error) = tokio::task::spawn_blocking(crate::memory::release_code_pages).await {
+            tracing::debug!(%error, "releasing the code pages failed");
         }
     }
 }
