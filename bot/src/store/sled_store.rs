@@ -48,6 +48,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -133,6 +134,9 @@ pub struct SledStore {
     commit: Arc<GroupCommit>,
     /// Every write of more than one key is a step ([`Steps`]); shared by the clones.
     steps: Arc<Steps>,
+    /// Unix seconds before which no done reply can be old enough to prune (the oldest one's
+    /// `done_at` plus [`SENT_KEEP_DAYS`]); 0 until the first look. Shared by the clones.
+    prune_due: Arc<AtomicI64>,
 }
 
 impl fmt::Debug for SledStore {
@@ -192,6 +196,7 @@ impl SledStore {
             bound: options.bound(),
             commit: Arc::new(GroupCommit::new()),
             steps,
+            prune_due: Arc::new(AtomicI64::new(0)),
         };
         tracing::debug!(path = %dir.display(), "store opened");
         Ok(store)
@@ -919,20 +924,45 @@ impl SledStore {
             outbox.remove(key)?;
             Ok(())
         })?;
-        let cutoff = chrono::Utc::now() - chrono::Duration::days(SENT_KEEP_DAYS);
-        // Ids grow with time, so the oldest records come first; a few per call keep it cheap.
-        for entry in self.outbox_done.iter().take(8) {
-            let (key, bytes) = entry.map_err(sled_error)?;
-            let old = serde_json::from_slice::<Value>(&bytes)
-                .ok()
-                .and_then(|v| v.get("done_at")?.as_str().map(str::to_owned))
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
-                .is_none_or(|t| t < cutoff);
-            if !old {
-                break;
-            }
-            self.outbox_done.remove(key).map_err(sled_error)?;
+        self.prune_done()
+    }
+
+    /// Removes done replies older than [`SENT_KEEP_DAYS`], [`PRUNE_AT_ONCE`] at a time, oldest ids first
+    /// (ids grow with time). Between looks it only compares the clock with `prune_due`: a
+    /// turn's `mark_sent` would otherwise read and parse the oldest record every time.
+    fn prune_done(&self) -> Result<(), StoreError> {
+        let now = chrono::Utc::now();
+        if now.timestamp() < self.prune_due.load(Ordering::Relaxed) {
+            return Ok(());
         }
+        let keep = chrono::Duration::days(SENT_KEEP_DAYS);
+        let cutoff = now - keep;
+        // Nothing left to prune: the next candidate is a reply done from now on.
+        let mut due = (now + keep).timestamp();
+        let mut removed = 0;
+        for entry in self.outbox_done.iter() {
+            let (key, bytes) = entry.map_err(sled_error)?;
+            let done_at = serde_json::from_slice::<DoneAt>(&bytes)
+                .ok()
+                .and_then(|record| record.done_at);
+            match done_at {
+                Some(done_at) if done_at >= cutoff => {
+                    due = (done_at + keep).timestamp();
+                    break;
+                }
+                // Old, or a record without a readable time: it goes.
+                _ if removed < PRUNE_AT_ONCE => {
+                    self.outbox_done.remove(key).map_err(sled_error)?;
+                    removed += 1;
+                }
+                // More than one call's share: the next call looks again.
+                _ => {
+                    due = 0;
+                    break;
+                }
+            }
+        }
+        self.prune_due.store(due, Ordering::Relaxed);
         Ok(())
     }
 
@@ -944,6 +974,16 @@ impl SledStore {
         }
         self.db.open_tree(format!("kv/{space}")).map_err(sled_error)
     }
+}
+
+/// How many old done replies one `mark_sent` removes at the most: a few keep it cheap.
+const PRUNE_AT_ONCE: usize = 8;
+
+/// The one field of a done reply that pruning reads.
+#[derive(serde::Deserialize)]
+struct DoneAt {
+    #[serde(default)]
+    done_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 fn kv_text(bytes: &[u8], space: &str, key: &str) -> Result<String, StoreError> {
@@ -1291,4 +1331,98 @@ fn open_error(dir: &Path, e: sled::Error) -> StoreError {
         "cannot open the database in {}: {e}",
         dir.display()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(text: &str) -> OutboxEntry {
+        OutboxEntry {
+            id: 0,
+            session: "telegram:-100".to_owned(),
+            chat: ChatRef::new("telegram", "-100"),
+            text: text.to_owned(),
+            reply_to: None,
+            created: chrono::Utc::now(),
+            sent_ids: Vec::new(),
+            done_at: None,
+            failed: None,
+        }
+    }
+
+    /// A reply done `days` ago, written as `finish_outbox` leaves it; its id.
+    fn seed_done(store: &SledStore, days: i64) -> u64 {
+        let id = store.reserve_id().expect("id");
+        let entry = OutboxEntry {
+            id,
+            done_at: Some(chrono::Utc::now() - chrono::Duration::days(days)),
+            ..reply("old")
+        };
+        store
+            .outbox_done
+            .insert(id.to_be_bytes(), encode(&entry).expect("encode"))
+            .expect("insert");
+        id
+    }
+
+    fn done_ids(store: &SledStore) -> Vec<u64> {
+        store
+            .outbox_done
+            .iter()
+            .keys()
+            .map(|k| u64::from_be_bytes(k.expect("key").as_ref().try_into().expect("id")))
+            .collect()
+    }
+
+    fn send(store: &SledStore, text: &str) -> u64 {
+        let id = store
+            .queue_outbox_with(reply(text), Vec::new())
+            .expect("queue");
+        store.mark_sent(id, &[format!("m-{text}")]).expect("sent");
+        id
+    }
+
+    #[test]
+    fn sent_replies_past_the_keep_days_are_pruned_a_few_at_a_time_and_not_looked_at_between() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SledStore::open(&dir.path().join("db"), StoreOptions::default()).expect("open");
+        let old: Vec<u64> = (0..10)
+            .map(|_| seed_done(&store, SENT_KEEP_DAYS + 1))
+            .collect();
+        let recent = seed_done(&store, SENT_KEEP_DAYS - 1);
+
+        let first = send(&store, "a");
+        // One call's share of the old ones went; the rest wait for the next call.
+        assert_eq!(done_ids(&store), [old[8], old[9], recent, first]);
+        assert_eq!(store.prune_due.load(Ordering::Relaxed), 0);
+
+        let second = send(&store, "b");
+        assert_eq!(done_ids(&store), [recent, first, second]);
+        // The next look is due when the oldest left (done SENT_KEEP_DAYS - 1 days ago) is old.
+        let due = store.prune_due.load(Ordering::Relaxed);
+        let expected = (chrono::Utc::now() + chrono::Duration::days(1)).timestamp();
+        assert!(
+            (due - expected).abs() <= 5,
+            "due {due}, expected about {expected}"
+        );
+
+        // Until then nothing reads the done replies: an old one at the front stays.
+        let stale = OutboxEntry {
+            id: old[0],
+            done_at: Some(chrono::Utc::now() - chrono::Duration::days(SENT_KEEP_DAYS + 1)),
+            ..reply("stale")
+        };
+        store
+            .outbox_done
+            .insert(old[0].to_be_bytes(), encode(&stale).expect("encode"))
+            .expect("insert");
+        let third = send(&store, "c");
+        assert_eq!(done_ids(&store), [old[0], recent, first, second, third]);
+
+        // Once due, the look happens again (and stops at the first recent one).
+        store.prune_due.store(0, Ordering::Relaxed);
+        let fourth = send(&store, "d");
+        assert_eq!(done_ids(&store), [recent, first, second, third, fourth]);
+    }
 }
