@@ -805,6 +805,51 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
     }
 }
 
+/// The mentions of the 1,000-mention burst: 20 each in 50 new groups from `base` down.
+fn burst_tags(base: i64) -> Vec<Tag> {
+    let chats = groups(base, 50);
+    let mut tags = Vec::new();
+    for n in 0..20u32 {
+        for &chat in &chats {
+            tags.push(Tag { chat, n });
+        }
+    }
+    tags
+}
+
+async fn cpu_runs(bin: &Path, runs: usize) {
+    let env = start_env(bin, 60).await;
+    // Connections and code paths warmed up first, not counted.
+    let warm = burst_tags(-1_004_000_000_000);
+    burst(&env, &warm, None, Duration::from_secs(60)).await;
+    let mut per_turn = Vec::new();
+    let mut per_mention = Vec::new();
+    println!("run  turns  wall ms  CPU ms  kernel ms  CPU/turn ms  CPU/mention ms");
+    for run in 0..runs {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let tags = burst_tags(-1_005_000_000_000 - 1_000 * run as i64);
+        let b = burst(&env, &tags, None, Duration::from_secs(60)).await;
+        let turn = b.cpu_ms / b.turns.max(1) as f64;
+        let mention = b.cpu_ms / tags.len() as f64;
+        println!(
+            "{run:>3}  {:>5}  {:>7.0}  {:>6.0}  {:>9.0}  {turn:>11.2}  {mention:>14.3}{}",
+            b.turns,
+            b.wall.as_secs_f64() * 1000.0,
+            b.cpu_ms,
+            b.sys_ms,
+            if b.complete { "" } else { " INCOMPLETE" }
+        );
+        per_turn.push(turn);
+        per_mention.push(mention);
+    }
+    println!(
+        "median CPU per turn {:.2} ms, per mention {:.3} ms ({runs} runs)",
+        median(per_turn),
+        median(per_mention)
+    );
+    env.daemon.stop().await;
+}
+
 async fn run_daemon_phases(bin: &Path, report: &mut Report) {
     let env = start_env(bin, 1).await;
     let pid = env.daemon.pid();
@@ -889,13 +934,7 @@ async fn run_daemon_phases(bin: &Path, report: &mut Report) {
     env.tg.set_latency(Duration::ZERO);
 
     // 1,000 mentions over 50 groups at once.
-    let chats = groups(-1_002_000_000_000, 50);
-    let mut tags = Vec::new();
-    for n in 0..20u32 {
-        for &chat in &chats {
-            tags.push(Tag { chat, n });
-        }
-    }
+    let tags = burst_tags(-1_002_000_000_000);
     let b = burst(&env, &tags, None, Duration::from_secs(60)).await;
     let requests = env.llm.requests();
     let mut own = 0usize;
@@ -1113,6 +1152,16 @@ async fn main() {
         println!("idle RSS {} (PSS {})", mib(rss), mib(pss));
         println!("by mapping: {}", rss_breakdown(env.daemon.pid()));
         env.daemon.stop().await;
+        return;
+    }
+    // `parlor-bench cpu [runs]`: the 1,000-mention burst again and again on one daemon, its
+    // CPU printed per run, for comparing two builds (docs/perf.md).
+    if std::env::args().nth(1).as_deref() == Some("cpu") {
+        let runs = std::env::args()
+            .nth(2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(8);
+        cpu_runs(&bin, runs).await;
         return;
     }
     let mut report = Report::default();
