@@ -4,10 +4,12 @@
 use std::time::Duration;
 
 /// Idle connections each client keeps per host. A burst (hundreds of chats answered at
-/// once) opens a connection per request in flight; kept idle, each holds its buffers and a
-/// socket until the pool drops it, which is most of what a burst leaves behind in memory.
-/// A handful covers a steady load; a new burst opens what it needs again.
-pub const IDLE_CONNECTIONS_PER_HOST: usize = 8;
+/// once) opens a connection per request in flight; whatever the pool cannot keep is closed
+/// when its request ends and opened again by the next one, and that churn (a connect, a
+/// close, a new connection task each time) was about 15 % of the daemon's CPU per turn in a
+/// 50-chat burst with a pool of 8 (docs/perf.md). 64 covers such a burst; what a larger one
+/// leaves idle holds its buffers only until [`IDLE_CONNECTION_TIMEOUT`].
+pub const IDLE_CONNECTIONS_PER_HOST: usize = 64;
 
 /// How long an idle connection is kept: shorter than reqwest's 90 s, so that what a burst
 /// opened is closed soon after it, and longer than the gap between turns in a busy chat.
