@@ -79,18 +79,26 @@ impl StepTree<'_> {
             .map_err(UnabortableTransactionError::Storage)
     }
 
-    /// Sets `key` to `value` when the step commits; the value before, as the step sees it.
-    pub(super) fn insert<K: AsRef<[u8]>, V: Into<IVec>>(
-        &self,
-        key: K,
-        value: V,
-    ) -> StepResult<Option<IVec>> {
-        self.write(key.as_ref(), Some(value.into()))
+    /// Sets `key` to `value` when the step commits. Blind: it does not look up the value
+    /// before (a lookup is a walk down sled's tree, and most writes of a step are to keys
+    /// it just read or that are new).
+    pub(super) fn insert<K: AsRef<[u8]>, V: Into<IVec>>(&self, key: K, value: V) -> StepResult<()> {
+        self.record(key.as_ref(), Some(value.into()));
+        Ok(())
+    }
+
+    /// Removes `key` when the step commits, blind like [`StepTree::insert`].
+    pub(super) fn delete<K: AsRef<[u8]>>(&self, key: K) -> StepResult<()> {
+        self.record(key.as_ref(), None);
+        Ok(())
     }
 
     /// Removes `key` when the step commits; the value before, as the step sees it.
     pub(super) fn remove<K: AsRef<[u8]>>(&self, key: K) -> StepResult<Option<IVec>> {
-        self.write(key.as_ref(), None)
+        let key = key.as_ref();
+        let before = self.get(key)?;
+        self.record(key, None);
+        Ok(before)
     }
 
     fn latest(&self, key: &[u8]) -> Option<Option<IVec>> {
@@ -101,8 +109,7 @@ impl StepTree<'_> {
             .cloned()
     }
 
-    fn write(&self, key: &[u8], value: Option<IVec>) -> StepResult<Option<IVec>> {
-        let before = self.get(key)?;
+    fn record(&self, key: &[u8], value: Option<IVec>) {
         let key = IVec::from(key);
         let mut writes = self.writes.borrow_mut();
         writes
@@ -113,7 +120,6 @@ impl StepTree<'_> {
             key,
             value,
         });
-        Ok(before)
     }
 }
 
@@ -370,14 +376,18 @@ mod tests {
         a.insert("x", "old").expect("insert");
         let seen = steps
             .run(&[&a], |t| {
-                assert_eq!(t[0].insert("x", "new")?.as_deref(), Some(&b"old"[..]));
+                assert_eq!(t[0].get("x")?.as_deref(), Some(&b"old"[..]));
+                t[0].insert("x", "new")?;
                 assert_eq!(t[0].get("x")?.as_deref(), Some(&b"new"[..]));
                 assert_eq!(t[0].remove("x")?.as_deref(), Some(&b"new"[..]));
-                Ok(t[0].get("x")?)
+                t[0].insert("z", "gone")?;
+                t[0].delete("z")?;
+                Ok((t[0].get("x")?, t[0].get("z")?))
             })
             .expect("step");
-        assert_eq!(seen, None);
+        assert_eq!(seen, (None, None));
         assert_eq!(a.get("x").expect("get"), None);
+        assert_eq!(a.get("z").expect("get"), None);
         let aborted = steps.run(&[&a], |t| {
             t[0].insert("y", "never")?;
             Err::<(), _>(ConflictableTransactionError::Abort(StoreError::Io(

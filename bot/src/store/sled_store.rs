@@ -364,7 +364,7 @@ impl Store for SledStore {
     fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError> {
         self.steps.run(&[&self.pending], |t| {
             for id in ids {
-                t[0].remove(id.to_be_bytes())?;
+                t[0].delete(id.to_be_bytes())?;
             }
             Ok(())
         })
@@ -419,7 +419,7 @@ impl Store for SledStore {
                 Some((Some(dropped), values)) => tx.append(session, *dropped, values)?,
                 Some((None, values)) => {
                     tx.replace(session, values)?;
-                    summaries.remove(session)?;
+                    summaries.delete(session)?;
                 }
                 None => {}
             }
@@ -427,7 +427,7 @@ impl Store for SledStore {
                 summaries.insert(session, value.as_slice())?;
             }
             for id in answered {
-                pending.remove(id.to_be_bytes())?;
+                pending.delete(id.to_be_bytes())?;
             }
             if let Some((id, value)) = &reply {
                 outbox.insert(id.to_be_bytes(), value.as_slice())?;
@@ -744,8 +744,8 @@ impl SledStore {
             // The log, rebuilt under the new session from seq 0.
             for (session, read) in [(old, &old_log), (new, &new_log)] {
                 for (key, message) in read.iter() {
-                    log.remove(key)?;
-                    ids.remove(message_id_key(session, &message.message_id))?;
+                    log.delete(key)?;
+                    ids.delete(message_id_key(session, &message.message_id))?;
                 }
             }
             for (seq, (message_id, value)) in (0u64..).zip(&combined) {
@@ -755,7 +755,7 @@ impl SledStore {
                     encode_abort(&SeqRecord { seq })?,
                 )?;
             }
-            head_tree.remove(old)?;
+            head_tree.delete(old)?;
             if !combined.is_empty() {
                 let next = u64::try_from(combined.len()).unwrap_or(u64::MAX);
                 head_tree.insert(new, encode_abort(&Head { first: 0, next })?)?;
@@ -773,7 +773,7 @@ impl SledStore {
             };
             let (old_summary, new_summary) = (read_summary(old)?, read_summary(new)?);
             if old_summary.is_some() {
-                summaries.remove(old)?;
+                summaries.delete(old)?;
                 if let Some(summary) = merged_summaries(old_summary, new_summary) {
                     summaries.insert(new, encode_abort(&summary)?)?;
                 }
@@ -895,7 +895,7 @@ fn apply_kv(
     for (write, &at) in also.iter().zip(index) {
         match &write.value {
             Some(v) => t[at].insert(write.key.as_bytes(), v.as_bytes())?,
-            None => t[at].remove(write.key.as_bytes())?,
+            None => t[at].delete(write.key.as_bytes())?,
         };
     }
     Ok(())
@@ -921,7 +921,7 @@ impl SledStore {
             entry.done_at = Some(chrono::Utc::now());
             // Done before it leaves the outbox: a reader in between sees it in both.
             done.insert(key, encode_abort(&entry)?)?;
-            outbox.remove(key)?;
+            outbox.delete(key)?;
             Ok(())
         })?;
         self.prune_done()
@@ -1110,7 +1110,7 @@ impl HistoryTx<'_> {
         let mut head = self.head(session)?;
         let keep_from = head.first.saturating_add(dropped).min(head.next);
         for seq in head.first..keep_from {
-            self.log.remove(message_key(session, seq))?;
+            self.log.delete(message_key(session, seq))?;
         }
         head.first = keep_from;
         for value in values {
@@ -1123,12 +1123,12 @@ impl HistoryTx<'_> {
 
     /// Replaces the whole history by `values`.
     fn replace(&self, session: &str, values: &[Vec<u8>]) -> TxResult<()> {
-        self.legacy.remove(session)?;
+        self.legacy.delete(session)?;
         if let Some(bytes) = self.heads.get(session)? {
             let old: Head = decode(&bytes, || format!("history_heads[{session}]"))
                 .map_err(ConflictableTransactionError::Abort)?;
             for seq in old.first..old.next {
-                self.log.remove(message_key(session, seq))?;
+                self.log.delete(message_key(session, seq))?;
             }
         }
         let mut head = Head::default();
@@ -1142,7 +1142,7 @@ impl HistoryTx<'_> {
 
     fn set_head(&self, session: &str, head: Head) -> TxResult<()> {
         if head.first == head.next {
-            self.heads.remove(session)?;
+            self.heads.delete(session)?;
         } else {
             self.heads.insert(session, encode_abort(&head)?)?;
         }
@@ -1187,7 +1187,7 @@ fn drop_oldest(
             .and_then(|v| v.get("seq")?.as_u64())
             .is_none_or(|s| s == seq);
         if points_here {
-            ids.remove(key)?;
+            ids.delete(key)?;
         }
     }
     Ok(())
