@@ -854,6 +854,45 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
 }
 
 #[test]
+fn a_reply_marked_sent_with_its_own_message_is_in_the_log_and_done_together() {
+    each_store(|name, store| {
+        let id = store
+            .queue_outbox_with(reply(A, "hello there"), Vec::new())
+            .unwrap();
+        let own = StoredMessage::from_bot("telegram", "parlor", "901", "hello there", Some("7"));
+        store
+            .mark_sent_with_own(id, &["901".to_owned()], A, Some(&own))
+            .unwrap();
+        assert!(store.unsent_outbox().unwrap().is_empty(), "{name}");
+        assert_eq!(store.sent_reply(id).unwrap().unwrap().sent_ids, ["901"]);
+        let logged = store.get_message(A, "901").unwrap().expect("logged");
+        assert_eq!(logged.text, "hello there", "{name}");
+        assert_eq!(
+            ids(&store.recent_messages(A, 10).unwrap()),
+            ["901"],
+            "{name}"
+        );
+        // Marked again (a resend after a restart): the log keeps one copy.
+        let again = store
+            .queue_outbox_with(reply(A, "hello there"), Vec::new())
+            .unwrap();
+        store
+            .mark_sent_with_own(again, &["901".to_owned()], A, Some(&own))
+            .unwrap();
+        assert_eq!(
+            ids(&store.recent_messages(A, 10).unwrap()),
+            ["901"],
+            "{name}"
+        );
+        // Without a platform id nothing is logged, and the reply is still done.
+        let quiet = store.queue_outbox_with(reply(B, "x"), Vec::new()).unwrap();
+        store.mark_sent_with_own(quiet, &[], B, None).unwrap();
+        assert!(store.unsent_outbox().unwrap().is_empty(), "{name}");
+        assert!(store.recent_messages(B, 10).unwrap().is_empty(), "{name}");
+    });
+}
+
+#[test]
 fn a_refused_reply_leaves_the_outbox_with_its_reason() {
     each_store(|name, store| {
         let id = store

@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::manager::{ScheduledOutcome, SessionManager};
 use crate::backoff::Backoff;
 use crate::platform::PlatformError;
-use crate::store::OutboxEntry;
+use crate::store::{OutboxEntry, StoredMessage};
 
 /// The longest a single send may take; the adapters retry inside it.
 const SEND_TIMEOUT: Duration = Duration::from_secs(300);
@@ -153,26 +153,29 @@ impl SessionManager {
         }
     }
 
-    /// The platform took the row: mark it sent (durably), log the bot's own message, tell
-    /// the waiters.
+    /// The platform took the row: mark it sent and log the bot's own message (one durable
+    /// step), tell the waiters.
     async fn sent(&self, entry: &OutboxEntry, ids: &[String]) {
-        let store = &self.inner.store;
-        let marked = match store.mark_sent(entry.id, ids) {
-            Ok(()) => self.durable().await,
-            Err(e) => Err(e),
-        };
+        let own = ids.first().map(|first| {
+            StoredMessage::from_bot(
+                &entry.chat.platform,
+                &self.inner.config.bot_name,
+                first,
+                &entry.text,
+                entry.reply_to.as_deref(),
+            )
+        });
+        let marked =
+            match self
+                .inner
+                .store
+                .mark_sent_with_own(entry.id, ids, &entry.session, own.as_ref())
+            {
+                Ok(()) => self.durable().await,
+                Err(e) => Err(e),
+            };
         if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
-        }
-        if let Err(e) = store.record_own(
-            &entry.session,
-            &entry.chat.platform,
-            &self.inner.config.bot_name,
-            ids,
-            &entry.text,
-            entry.reply_to.as_deref(),
-        ) {
-            tracing::warn!(chat = %entry.chat, error = %e, "could not record the bot's own message");
         }
         self.report(entry.id, ScheduledOutcome::Posted(ids.to_vec()));
     }

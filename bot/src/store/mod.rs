@@ -455,6 +455,24 @@ pub trait Store: Send + Sync + 'static {
     /// its record keeps the ids (for a week; older records are pruned).
     fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError>;
 
+    /// [`Store::mark_sent`], and the bot's message as the platform took it (`own`, built by
+    /// [`StoredMessage::from_bot`]) recorded in the chat log of `session` like
+    /// [`Store::record_own`] does, in one step: a stop between the two cannot leave a sent
+    /// reply missing from the log. An `own` already recorded is left as it is.
+    fn mark_sent_with_own(
+        &self,
+        outbox_id: u64,
+        platform_ids: &[String],
+        session: &str,
+        own: Option<&StoredMessage>,
+    ) -> Result<(), StoreError> {
+        self.mark_sent(outbox_id, platform_ids)?;
+        match own {
+            Some(message) => self.record_message(session, message).map(drop),
+            None => Ok(()),
+        }
+    }
+
     /// Gives a reply up for good (the platform refused it: chat gone, bot removed), with
     /// the reason, kept on its record like a sent one.
     fn mark_failed(&self, outbox_id: u64, reason: &str) -> Result<(), StoreError>;

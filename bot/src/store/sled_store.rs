@@ -242,24 +242,15 @@ impl Store for SledStore {
             &self.outbox,
         ];
         self.steps.run(&trees[..], |t| {
-            let (log, ids, heads) = (&t[0], &t[1], &t[2]);
-            if ids.get(&id_key)?.is_some() {
+            let log = ChatLogTx {
+                log: &t[0],
+                ids: &t[1],
+                heads: &t[2],
+                bound,
+            };
+            if !log.record(session, &id_key, &value)? {
                 return Ok(Inbound::Duplicate);
             }
-            let mut head: Head = match heads.get(session)? {
-                Some(bytes) => decode(&bytes, || format!("message_heads[{session}]"))
-                    .map_err(ConflictableTransactionError::Abort)?,
-                None => Head::default(),
-            };
-            let seq = head.next;
-            log.insert(message_key(session, seq), value.as_slice())?;
-            ids.insert(id_key.as_slice(), encode_abort(&SeqRecord { seq })?)?;
-            head.next = seq.saturating_add(1);
-            while head.next.saturating_sub(head.first) > bound {
-                drop_oldest(session, head.first, log, ids)?;
-                head.first += 1;
-            }
-            heads.insert(session, encode_abort(&head)?)?;
             match &extra {
                 Some((which, id, value)) => {
                     t[3 + which].insert(id.to_be_bytes(), value.as_slice())?;
@@ -446,11 +437,44 @@ impl Store for SledStore {
     }
 
     fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
-        self.finish_outbox(outbox_id, |entry| entry.sent_ids = platform_ids.to_vec())
+        self.finish_outbox(
+            outbox_id,
+            |entry| entry.sent_ids = platform_ids.to_vec(),
+            None,
+        )
+    }
+
+    fn mark_sent_with_own(
+        &self,
+        outbox_id: u64,
+        platform_ids: &[String],
+        session: &str,
+        own: Option<&StoredMessage>,
+    ) -> Result<(), StoreError> {
+        let own = match own {
+            Some(message) => {
+                check_session(session)?;
+                Some(OwnRecord {
+                    session,
+                    id_key: message_id_key(session, &message.message_id),
+                    value: encode(message)?,
+                })
+            }
+            None => None,
+        };
+        self.finish_outbox(
+            outbox_id,
+            |entry| entry.sent_ids = platform_ids.to_vec(),
+            own.as_ref(),
+        )
     }
 
     fn mark_failed(&self, outbox_id: u64, reason: &str) -> Result<(), StoreError> {
-        self.finish_outbox(outbox_id, |entry| entry.failed = Some(reason.to_owned()))
+        self.finish_outbox(
+            outbox_id,
+            |entry| entry.failed = Some(reason.to_owned()),
+            None,
+        )
     }
 
     fn sent_reply(&self, outbox_id: u64) -> Result<Option<OutboxEntry>, StoreError> {
@@ -902,15 +926,24 @@ fn apply_kv(
 }
 
 impl SledStore {
-    /// Moves an unsent reply to the done records, changed by `finish`, in one step;
-    /// then prunes records done more than [`SENT_KEEP_DAYS`] ago (oldest ids first).
+    /// Moves an unsent reply to the done records, changed by `finish`, and records `own` in
+    /// its chat's log, in one step; then prunes records done more than [`SENT_KEEP_DAYS`]
+    /// ago (oldest ids first).
     fn finish_outbox(
         &self,
         outbox_id: u64,
         finish: impl Fn(&mut OutboxEntry),
+        own: Option<&OwnRecord<'_>>,
     ) -> Result<(), StoreError> {
         let key = outbox_id.to_be_bytes();
-        self.steps.run(&[&self.outbox, &self.outbox_done], |t| {
+        let trees = [
+            &self.outbox,
+            &self.outbox_done,
+            &self.messages,
+            &self.message_ids,
+            &self.message_heads,
+        ];
+        self.steps.run(&trees[..], |t| {
             let (outbox, done) = (&t[0], &t[1]);
             let Some(bytes) = outbox.get(key)? else {
                 return Ok(());
@@ -922,6 +955,15 @@ impl SledStore {
             // Done before it leaves the outbox: a reader in between sees it in both.
             done.insert(key, encode_abort(&entry)?)?;
             outbox.delete(key)?;
+            if let Some(own) = own {
+                let log = ChatLogTx {
+                    log: &t[2],
+                    ids: &t[3],
+                    heads: &t[4],
+                    bound: self.bound,
+                };
+                log.record(own.session, &own.id_key, &own.value)?;
+            }
             Ok(())
         })?;
         self.prune_done()
@@ -1065,6 +1107,48 @@ fn encode_history(messages: &[Message]) -> Result<Vec<Vec<u8>>, StoreError> {
 }
 
 type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
+
+/// The bot's own message for [`SledStore::finish_outbox`], encoded before its step.
+struct OwnRecord<'a> {
+    session: &'a str,
+    id_key: Vec<u8>,
+    value: Vec<u8>,
+}
+
+/// The trees of the chat log inside a step: the messages of each session under dense
+/// sequence numbers (`first..next` of its head, at most `bound` of them) and the index of
+/// their platform ids.
+struct ChatLogTx<'a> {
+    log: &'a StepTree<'a>,
+    ids: &'a StepTree<'a>,
+    heads: &'a StepTree<'a>,
+    bound: u64,
+}
+
+impl ChatLogTx<'_> {
+    /// Appends the encoded message `value` (whose id's index key is `id_key`), dropping the
+    /// oldest past the bound; `false`, and nothing written, when the id is already recorded.
+    fn record(&self, session: &str, id_key: &[u8], value: &[u8]) -> TxResult<bool> {
+        if self.ids.get(id_key)?.is_some() {
+            return Ok(false);
+        }
+        let mut head: Head = match self.heads.get(session)? {
+            Some(bytes) => decode(&bytes, || format!("message_heads[{session}]"))
+                .map_err(ConflictableTransactionError::Abort)?,
+            None => Head::default(),
+        };
+        let seq = head.next;
+        self.log.insert(message_key(session, seq), value)?;
+        self.ids.insert(id_key, encode_abort(&SeqRecord { seq })?)?;
+        head.next = seq.saturating_add(1);
+        while head.next.saturating_sub(head.first) > self.bound {
+            drop_oldest(session, head.first, self.log, self.ids)?;
+            head.first += 1;
+        }
+        self.heads.insert(session, encode_abort(&head)?)?;
+        Ok(true)
+    }
+}
 
 /// The trees of a history inside a step. Keeps `history_messages` of a session dense
 /// (`first..next` of its head) and the head absent when the history is empty.
