@@ -49,8 +49,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
 use teloxide_core::net::Download;
-use teloxide_core::payloads::{SendChatActionSetters, SendMessageSetters};
+use teloxide_core::payloads::{SendChatActionSetters, SendMessage, SendMessageSetters};
 use teloxide_core::prelude::Requester;
+use teloxide_core::requests::{JsonRequest, Payload};
 use teloxide_core::types::{
     AllowedUpdate, ChatAction, ChatId, FileId, MessageId, ReplyParameters, ThreadId,
 };
@@ -232,6 +233,25 @@ impl Target {
     }
 }
 
+/// `sendMessage` with only the sent message's id read from the answer: the adapter needs
+/// nothing else of the `Message` Telegram returns, and teloxide's `Message` is parsed through
+/// untagged enums (each variant tried on a buffered copy of the JSON, a failed try
+/// allocating its error), most of what a send cost to parse.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct SendMessageId(SendMessage);
+
+impl Payload for SendMessageId {
+    type Output = SentId;
+    const NAME: &'static str = SendMessage::NAME;
+}
+
+/// What [`SendMessageId`] reads of the sent message.
+#[derive(serde::Deserialize)]
+struct SentId {
+    message_id: i32,
+}
+
 impl TelegramAdapter {
     /// Renders, splits and sends `text`; with a `key`, parts a failed earlier attempt
     /// already sent are skipped (see `Inner::progress`).
@@ -256,26 +276,24 @@ impl TelegramAdapter {
         }
         for (index, part) in parts.iter().enumerate().skip(message_ids.len()) {
             let sent = with_retries("sendMessage", &policy, || {
-                let mut request = self
-                    .inner
-                    .bot
-                    .send_message(target.chat, part.text.as_str())
+                let mut payload = SendMessage::new(target.chat, part.text.as_str())
                     .entities(part.entities.clone());
                 if let Some(thread) = target.thread {
-                    request = request.message_thread_id(thread);
+                    payload = payload.message_thread_id(thread);
                 }
                 if index == 0
                     && let Some(reply_to) = reply_to
                 {
-                    request = request.reply_parameters(
+                    payload = payload.reply_parameters(
                         ReplyParameters::new(reply_to).allow_sending_without_reply(),
                     );
                 }
+                let request = JsonRequest::new(self.inner.bot.clone(), SendMessageId(payload));
                 async move { request.await.map_err(|error| self.fail(&error)) }
             })
             .await;
             match sent {
-                Ok(message) => message_ids.push(message.id.0.to_string()),
+                Ok(sent) => message_ids.push(sent.message_id.to_string()),
                 Err(error) => {
                     if index > 0 {
                         tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off; a retry sends the rest");
