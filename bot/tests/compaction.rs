@@ -213,6 +213,8 @@ async fn a_turn_past_the_threshold_is_compacted_and_the_summary_serves_later_tur
     };
     assert!(content.starts_with("test"), "the prompt is a stable prefix");
     assert!(content.contains(SUMMARY), "{content}");
+    // The history as the compaction left it (not as the turn before it), then the input.
+    assert_eq!(last.messages.len(), 1 + 6 + 1, "{:?}", last.messages);
     assert_eq!(
         last.messages
             .iter()

@@ -951,6 +951,52 @@ async fn a_migration_moves_waiting_inputs_and_their_answers_go_to_the_new_chat()
     );
 }
 
+/// The texts of a request's user and assistant messages, in order.
+fn conversation(request: &parlor_bot::llm::ChatRequest) -> Vec<String> {
+    request
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            parlor_bot::llm::Message::User { content } => Some(content.text()),
+            parlor_bot::llm::Message::Assistant { content, .. } => content.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_chat_moving_into_one_in_memory_shows_its_history_to_the_next_turn() {
+    use parlor_bot::platform::ChatEvent;
+    let rig = rig(true);
+    let old = ChatRef::new("test", "-5002");
+    let new = ChatRef::new("test", "-1005002");
+    // Both chats have a session in memory, each with the history its last turn left.
+    rig.deliver(message(&new, 1, "alice", "@parlor in the new chat"))
+        .await;
+    rig.platform.wait_sent(1).await;
+    rig.deliver(message(&old, 1, "bob", "@parlor in the old chat"))
+        .await;
+    rig.platform.wait_sent(2).await;
+    let event = ChatEvent::Migrated {
+        from: old.clone(),
+        to: new.clone(),
+    };
+    rig.manager.chat_event(event).await.unwrap();
+    rig.deliver(message(&new, 2, "carol", "@parlor after the move"))
+        .await;
+    let requests = rig.llm.wait_requests(3).await;
+    let seen = conversation(&requests[2]).join("\n");
+    let (moved, own, now) = (
+        seen.find("in the old chat"),
+        seen.find("in the new chat"),
+        seen.find("after the move"),
+    );
+    assert!(
+        moved.is_some() && moved < own && own < now,
+        "the old chat's turn first, then the new chat's, then this input: {seen}"
+    );
+}
+
 // ---- batches and durability --------------------------------------------------------------
 
 #[tokio::test]

@@ -331,6 +331,7 @@ impl SessionManager {
             Ok(id) => self.durable().await.map(|()| id),
             Err(e) => Err(e),
         };
+        session.state().history_changed();
         match (committed, reply) {
             (Ok(Some(id)), Some(mut entry)) => {
                 entry.id = id;

@@ -310,6 +310,10 @@ impl SessionManager {
         if !moved {
             return Ok(Accepted::durable());
         }
+        // The old chat's history is now in front of the new one's.
+        if let Some(session) = sessions.get(&new) {
+            session.state().history_changed();
+        }
         let waiting = sessions
             .remove(&old)
             .map(|session| session.queue.clear())

@@ -37,6 +37,9 @@ pub(super) struct Outcome {
     pub(super) facts: Option<TurnFacts>,
     /// The reply is today's budget notice (`usage.rs`).
     pub(super) budget_told: bool,
+    /// The whole history once `history` is committed, kept for the next turn; `None`
+    /// when there is none to keep (the next turn reads the store).
+    pub(super) history_after: Option<Vec<Message>>,
 }
 
 impl SessionManager {
@@ -93,6 +96,9 @@ impl SessionManager {
             started,
             reply.as_mut(),
         );
+        let changes_before = session.state().history_changes;
+        let changes_history = outcome.history.is_some();
+        let history_after = outcome.history_after;
         let commit = also.map(|also| TurnCommit {
             session: session.key.clone(),
             history: outcome.history,
@@ -107,6 +113,14 @@ impl SessionManager {
             Ok(id) => self.durable().await.map(|()| id),
             Err(e) => Err(e),
         };
+        if changes_history {
+            let mut state = session.state();
+            // Only what this commit wrote, and only when nothing else changed it meanwhile.
+            state.history = match &committed {
+                Ok(_) if state.history_changes == changes_before => history_after,
+                _ => None,
+            };
+        }
         let outbox_id = match committed {
             Ok(id) => id,
             Err(e) => {
@@ -186,8 +200,9 @@ impl SessionManager {
         cancel: &CancellationToken,
     ) -> Option<Outcome> {
         let store = &self.inner.store;
+        let kept = session.state().history.take();
         // An unreadable history is replaced by this turn's, not appended to.
-        let (history, readable) = match store.load_history(&session.key) {
+        let (history, readable) = match kept.map_or_else(|| store.load_history(&session.key), Ok) {
             Ok(h) => (h, true),
             Err(e) => {
                 tracing::error!(session = %session.key, error = %e, "cannot load history; starting fresh for this turn");
@@ -301,16 +316,24 @@ impl SessionManager {
         let before = history.len();
         trim_to_budget(&mut history, self.inner.config.history_tokens);
         let trimmed = before - history.len();
-        let change = if rewrite {
-            HistoryChange::Replace(history)
+        let (change, after) = if rewrite {
+            let after = history.clone();
+            (HistoryChange::Replace(history), after)
         } else {
             // The trim cuts the front: the loaded messages first, then (when the newest turn
             // alone is over the budget, or the loaded ones held no turn start) this turn's.
             let from_loaded = trimmed.min(kept);
-            HistoryChange::Append {
-                dropped: refused + from_loaded,
-                messages: history.split_off(kept - from_loaded),
-            }
+            let messages = history.split_off(kept - from_loaded);
+            // What the store holds after the append: the loaded messages it kept, then these.
+            let mut after = history;
+            after.extend(messages.iter().cloned());
+            (
+                HistoryChange::Append {
+                    dropped: refused + from_loaded,
+                    messages,
+                },
+                after,
+            )
         };
         Some(Outcome {
             history: Some(change),
@@ -321,6 +344,7 @@ impl SessionManager {
             compact_due,
             facts: Some(facts),
             budget_told: false,
+            history_after: Some(after),
         })
     }
 
