@@ -965,26 +965,32 @@ fn conversation(request: &parlor_bot::llm::ChatRequest) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn a_chat_moving_into_one_in_memory_shows_its_history_to_the_next_turn() {
+async fn a_chat_moving_in_during_a_turn_shows_its_history_to_the_next_turn() {
     use parlor_bot::platform::ChatEvent;
-    let rig = rig(true);
+    let rig = rig(false);
     let old = ChatRef::new("test", "-5002");
     let new = ChatRef::new("test", "-1005002");
-    // Both chats have a session in memory, each with the history its last turn left.
-    rig.deliver(message(&new, 1, "alice", "@parlor in the new chat"))
-        .await;
-    rig.platform.wait_sent(1).await;
     rig.deliver(message(&old, 1, "bob", "@parlor in the old chat"))
         .await;
-    rig.platform.wait_sent(2).await;
+    rig.llm.wait_requests(1).await;
+    rig.llm.release(1);
+    rig.platform.wait_sent(1).await;
+    // A turn runs in the new chat with another input queued behind it (a busy chat keeps
+    // its history in memory for the next turn) when the old chat moves in.
+    rig.deliver(message(&new, 1, "alice", "@parlor in the new chat"))
+        .await;
+    rig.llm.wait_requests(2).await;
+    rig.deliver(message(&new, 2, "carol", "@parlor after the move"))
+        .await;
     let event = ChatEvent::Migrated {
         from: old.clone(),
         to: new.clone(),
     };
     rig.manager.chat_event(event).await.unwrap();
-    rig.deliver(message(&new, 2, "carol", "@parlor after the move"))
-        .await;
+    rig.llm.release(1);
     let requests = rig.llm.wait_requests(3).await;
+    rig.llm.release(1);
+    rig.platform.wait_sent(3).await;
     let seen = conversation(&requests[2]).join("\n");
     let (moved, own, now) = (
         seen.find("in the old chat"),

@@ -162,7 +162,8 @@ pub(super) struct SessionState {
     /// Overheard messages waiting for their quiet turn (auto-chat).
     pub(super) overheard: super::overheard::Batch,
     /// The history as this session's last commit left it in the store, so that the next
-    /// turn need not read and decode it again; taken by a turn, put back after its commit.
+    /// turn need not read and decode it again; taken by a turn, put back after its commit
+    /// when more input is already queued (a busy chat), so that an idle session holds none.
     pub(super) history: Option<Vec<crate::llm::Message>>,
     /// Bumped by every other change to the stored history (a compaction, a chat moving in),
     /// so that a turn running meanwhile does not put back a history it read before.

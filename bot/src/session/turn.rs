@@ -47,8 +47,12 @@ impl SessionManager {
     pub(super) async fn run_item(&self, session: &Arc<Session>, item: QueueItem) {
         let cancel = self.inner.abort.child_token();
         let started = chrono::Utc::now();
+        // Before the turn reads the history: a change to it from here on is not in what
+        // the turn commits on top of.
+        let changes_before;
         {
             let mut state = session.state();
+            changes_before = state.history_changes;
             state.turn_cancel = Some(cancel.clone());
             state.current = Some((started, item.text()));
             state.turns += 1;
@@ -96,7 +100,6 @@ impl SessionManager {
             started,
             reply.as_mut(),
         );
-        let changes_before = session.state().history_changes;
         let changes_history = outcome.history.is_some();
         let history_after = outcome.history_after;
         let commit = also.map(|also| TurnCommit {
@@ -115,9 +118,12 @@ impl SessionManager {
         };
         if changes_history {
             let mut state = session.state();
-            // Only what this commit wrote, and only when nothing else changed it meanwhile.
+            // Only what this commit wrote, only when nothing else changed it meanwhile, and
+            // only for a chat with more to answer: an idle session holds no copy.
             state.history = match &committed {
-                Ok(_) if state.history_changes == changes_before => history_after,
+                Ok(_) if state.history_changes == changes_before && !session.queue.is_empty() => {
+                    history_after
+                }
                 _ => None,
             };
         }
