@@ -57,8 +57,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 // SAFETY: jemalloc reads this as a NUL-terminated `const char *`, alive for the process.
 #[allow(unsafe_code)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: &[u8; 70] =
-    b"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+pub static MALLOC_CONF: &[u8; 90] =
+    b"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,slab_sizes:1-2048:1\0";
 
 /// The answer the fake model gives; a little Markdown, so that rendering has work.
 const ANSWER: &str =
