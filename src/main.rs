@@ -377,6 +377,7 @@ async fn ask(config: &Config, text: String, name: String, admin: bool) -> anyhow
         user_id: format!("console:{name}"),
         name: name.clone(),
         role: if admin { Role::Operator } else { Role::Member },
+        grants: Vec::new(),
     };
     let line = parlor_bot::session::attribute(
         &parlor_bot::platform::Sender {

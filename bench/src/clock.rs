@@ -96,6 +96,7 @@ pub async fn run(rss: impl Fn() -> u64) -> ClockFigures {
                 user_id: "bench:admin".into(),
                 name: "Admin".into(),
                 role: Role::ChatAdmin,
+                grants: Vec::new(),
             },
             created_in: chat.session_key(),
             missed: MissedPolicy::Skip,

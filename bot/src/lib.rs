@@ -17,6 +17,8 @@
 //! - [`image`] — the image pipeline: format sniffing, bounded decoding, downscaling, limits
 //!   and `data:` URLs, for attached photos and `load_image` alike.
 //! - [`text`] — character-safe cutting, the one place text is bounded.
+//! - [`quote`] — the one rule for text the program did not write: quoted blocks, one-line
+//!   fields, names that cannot pose as an attribution.
 //! - [`ratelimit`] — the sliding-window limit for turns and sends.
 //! - [`backoff`] — exponential backoff with jitter for every retrying client.
 //! - [`agent`] — prompt assembly (static prompt, per-turn injections, schemas) and the
@@ -30,6 +32,7 @@ pub mod llm;
 pub mod metrics;
 pub mod net;
 pub mod platform;
+pub mod quote;
 pub mod ratelimit;
 pub mod session;
 pub mod store;

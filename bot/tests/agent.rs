@@ -126,6 +126,7 @@ fn member() -> Caller {
         user_id: "console:alice".into(),
         name: "alice".into(),
         role: Role::Member,
+        grants: Vec::new(),
     }
 }
 

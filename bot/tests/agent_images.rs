@@ -118,6 +118,7 @@ fn input(content: Content, platform: &Arc<TestPlatform>) -> TurnInput {
             user_id: "test:alice".into(),
             name: "alice".into(),
             role: Role::Member,
+            grants: Vec::new(),
         },
         content,
         chat: Some(ChatRef::new("test", "-100")),

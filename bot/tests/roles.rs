@@ -133,6 +133,7 @@ impl Rig {
                 user_id: format!("test:{who}"),
                 name: who.to_owned(),
                 role,
+                grants: Vec::new(),
             },
             chat: Some(here()),
             roles: Some(self.roles.clone() as Arc<dyn RoleResolver>),

@@ -63,6 +63,7 @@ fn pending_item(session: &str, text: &str) -> PendingItem {
             user_id: "telegram:1001".to_owned(),
             name: "Alice".to_owned(),
             role: Role::Member,
+            grants: Vec::new(),
         },
         text: format!("alice: {text}"),
         reply_to: Some("41".to_owned()),

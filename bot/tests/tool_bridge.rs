@@ -76,6 +76,7 @@ fn cx() -> ToolContext {
             user_id: "console:alice".to_owned(),
             name: "Alice".to_owned(),
             role: Role::Operator,
+            grants: Vec::new(),
         },
         cancel: CancellationToken::new(),
         appender: MessageAppender::default(),

@@ -404,6 +404,7 @@ pub fn starters(callers: &[Caller], system_name: &str) -> Caller {
         user_id: String::new(),
         name: system_name.to_owned(),
         role,
+        grants: Vec::new(),
     }
 }
 

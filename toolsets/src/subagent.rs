@@ -186,6 +186,7 @@ impl SubagentRecord {
             user_id: self.started_by.clone(),
             name: self.started_by_name.clone(),
             role: self.started_by_role,
+            grants: Vec::new(),
         }
     }
 }

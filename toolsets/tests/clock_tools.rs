@@ -100,6 +100,7 @@ fn cx(world: &World, chat: &ChatRef, who: &str, role: Role) -> ToolContext {
             user_id: format!("test:{who}"),
             name: who.to_owned(),
             role,
+            grants: Vec::new(),
         },
         chat: Some(chat.clone()),
         platform: Some(world.rig.platform.clone() as Arc<dyn Platform>),

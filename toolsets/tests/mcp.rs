@@ -31,6 +31,7 @@ fn cx(role: Role) -> ToolContext {
             user_id: format!("test:{}", role.as_str()),
             name: role.as_str().to_owned(),
             role,
+            grants: Vec::new(),
         },
         chat: Some(group()),
         ..ToolContext::default()

@@ -44,6 +44,7 @@ impl Harness {
                 user_id: "telegram:1001".to_owned(),
                 name: "Alice".to_owned(),
                 role: Role::Member,
+                grants: Vec::new(),
             },
             ..ToolContext::default()
         };

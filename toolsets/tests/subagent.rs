@@ -45,6 +45,7 @@ fn cx_as(role: Role) -> ToolContext {
             user_id: "test:alice".into(),
             name: "alice".into(),
             role,
+            grants: Vec::new(),
         },
         chat: Some(group()),
         ..ToolContext::default()

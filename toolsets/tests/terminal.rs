@@ -53,6 +53,7 @@ fn cx_as(role: Role, user: &str) -> ToolContext {
             user_id: user.to_owned(),
             name: user.trim_start_matches("test:").to_owned(),
             role,
+            grants: Vec::new(),
         },
         chat: Some(group()),
         ..ToolContext::default()

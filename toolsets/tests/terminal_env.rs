@@ -48,6 +48,7 @@ fn env_inside_the_shell_and_tasks_shows_no_secret() {
                 user_id: "test:alice".into(),
                 name: "alice".into(),
                 role: Role::Operator,
+                grants: Vec::new(),
             },
             chat: Some(chat.clone()),
             ..ToolContext::default()

@@ -76,6 +76,7 @@ fn cx(chat: &ChatRef) -> ToolContext {
             user_id: "test:alice".to_owned(),
             name: "alice".to_owned(),
             role: Role::Operator,
+            grants: Vec::new(),
         },
         chat: Some(chat.clone()),
         ..ToolContext::default()

@@ -26,6 +26,7 @@ fn input(text: &str) -> TurnInput {
         user_id: "console:alice".into(),
         name: "alice".into(),
         role: Role::Member,
+        grants: Vec::new(),
     };
     TurnInput::text("console:local", member, text)
 }

@@ -329,7 +329,9 @@ impl Agent {
         let mut history = history;
         // How often each (tool, arguments) has been called in this turn.
         let mut seen_calls: HashMap<(String, String), usize> = HashMap::new();
-        let tools = self.tools.defs_for(input.quiet.is_some());
+        let tools = self
+            .tools
+            .defs_for_caller(input.quiet.is_some(), &input.caller);
         // One prompt for the whole turn, even if the skills are re-read meanwhile.
         let system_prompt = self.system_prompt();
         let mut system_message = compact::with_summary(&system_prompt, summary);

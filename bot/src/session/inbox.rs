@@ -237,6 +237,7 @@ impl SessionManager {
                 user_id: message.sender.id.clone(),
                 name: message.sender.name.clone(),
                 role,
+                grants: Vec::new(),
             },
             text: line,
             reply_to: Some(message.message_id.clone()),

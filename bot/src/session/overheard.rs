@@ -156,6 +156,7 @@ pub(super) fn overheard_caller() -> Caller {
         user_id: String::new(),
         name: "overheard chat".to_owned(),
         role: Role::Member,
+        grants: Vec::new(),
     }
 }
 

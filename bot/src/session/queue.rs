@@ -69,9 +69,18 @@ impl QueueItem {
     /// The caller the turn runs as: the single sender, or — for a merged burst — a caller
     /// with the least role of all contributors, so a member cannot borrow an admin's
     /// rights by speaking in the same burst.
+    ///
+    /// A clock fire or a background task's notice runs unattended: nobody is there to see
+    /// what it does, and its input quotes text others wrote (the task's output, the plan,
+    /// the memory). It runs as the system with the least role, whoever started the work,
+    /// plus the grants the work asked for (reading or stopping that one task), never a
+    /// dangerous tool ([`crate::tool::ToolRegistry::defs_for_caller`]).
     pub fn caller(&self) -> Caller {
         if self.kind == PendingKind::Overheard {
             return super::overheard::overheard_caller();
+        }
+        if matches!(self.kind, PendingKind::TaskResult | PendingKind::ClockFire) {
+            return unattended_caller(&self.callers);
         }
         match self.callers.as_slice() {
             [] => Caller::default(),
@@ -86,6 +95,7 @@ impl QueueItem {
                     user_id: String::new(),
                     name: "several members".to_owned(),
                     role: least,
+                    grants: Vec::new(),
                 }
             }
         }
@@ -107,6 +117,28 @@ impl QueueItem {
         }
         self.callers.extend(other.callers);
         self.images.extend(other.images);
+    }
+}
+
+/// The caller of an unattended turn started by `callers`: no user id (so no role is
+/// looked up), the least role, and every grant any of them carried.
+fn unattended_caller(callers: &[Caller]) -> Caller {
+    let mut grants = Vec::new();
+    for grant in callers.iter().flat_map(|c| &c.grants) {
+        if !grants.contains(grant) {
+            grants.push(grant.clone());
+        }
+    }
+    // A person's name would read as if they were there.
+    let name = match callers {
+        [one] if one.is_system() && !one.name.is_empty() => one.name.clone(),
+        _ => "an unattended turn".to_owned(),
+    };
+    Caller {
+        user_id: String::new(),
+        name,
+        role: crate::tool::Role::Member,
+        grants,
     }
 }
 

@@ -227,6 +227,54 @@ pub struct Caller {
     pub name: String,
     /// Their role in this session's chat.
     pub role: Role,
+    /// What this turn may do beyond `role`: an unattended turn (a background task's
+    /// notice) holds the least role plus a grant of exactly the calls it needs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<Grant>,
+}
+
+impl Caller {
+    /// Whether this is the system rather than a person (no user id): a clock fire, a
+    /// background result, overheard chatter. Its role is never looked up on the platform,
+    /// and it is offered only the tools its role and grants allow.
+    pub fn is_system(&self) -> bool {
+        self.user_id.is_empty()
+    }
+
+    /// Whether a grant lets this caller call `tool` with `arguments` (validated JSON).
+    pub fn granted(&self, tool: &str, arguments: &serde_json::Value) -> bool {
+        self.grants.iter().any(|g| g.allows(tool, arguments))
+    }
+}
+
+/// A right beyond a caller's role: calling one tool with one argument set to one value
+/// (`task_output` with `task_id` = `task-3`). The registry honours it for tools that are
+/// not [`Risk::Dangerous`] only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The tool's wire name.
+    pub tool: String,
+    /// The argument that must hold `value`.
+    pub argument: String,
+    /// Its value.
+    pub value: String,
+}
+
+impl Grant {
+    /// A grant of `tool` with `argument` = `value`.
+    pub fn new(tool: &str, argument: &str, value: &str) -> Self {
+        Grant {
+            tool: tool.to_owned(),
+            argument: argument.to_owned(),
+            value: value.to_owned(),
+        }
+    }
+
+    /// Whether this grant covers `tool` called with `arguments`.
+    pub fn allows(&self, tool: &str, arguments: &serde_json::Value) -> bool {
+        self.tool == tool
+            && arguments.get(&self.argument).and_then(|v| v.as_str()) == Some(self.value.as_str())
+    }
 }
 
 /// Messages a tool adds to the conversation after the tool results of its batch (an image
@@ -339,7 +387,7 @@ impl ToolContext {
     /// tool needs more; a lookup that fails leaves the role known so far.
     pub async fn role_here(&self) -> Role {
         let known = self.caller.role;
-        if known >= Role::ChatAdmin || self.caller.user_id.is_empty() {
+        if known >= Role::ChatAdmin || self.caller.is_system() {
             return known;
         }
         let (Some(chat), Some(roles)) = (&self.chat, &self.roles) else {

@@ -19,7 +19,7 @@ use super::bridge::is_valid_tool_name;
 use super::result::codes;
 use super::schema::check_schema;
 use super::validate::{ArgValidator, drop_optional_nulls, parse_arguments};
-use super::{Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
+use super::{Caller, Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
 use crate::llm::{ToolCall, ToolDefs};
 use crate::platform::ChatRef;
 
@@ -300,6 +300,30 @@ impl ToolRegistry {
         }
     }
 
+    /// The `tools` array for a turn of `caller`: a person's turn is offered every tool of
+    /// its kind ([`ToolRegistry::defs_for`]; the gate refuses what their role does not
+    /// allow, and the model can say why), the system's (a clock fire, a background
+    /// notice: nobody watches it) only what its role and grants allow, never a dangerous
+    /// tool.
+    pub fn defs_for_caller(&self, quiet: bool, caller: &Caller) -> ToolDefs {
+        if !caller.is_system() {
+            return self.defs_for(quiet);
+        }
+        let built = self.current();
+        built
+            .entries
+            .iter()
+            .filter(|e| e.spec.offer.includes(quiet))
+            .filter(|e| {
+                e.spec.role <= caller.role
+                    || (e.spec.risk != Risk::Dangerous
+                        && caller.grants.iter().any(|g| g.tool == e.spec.name))
+            })
+            .map(|e| e.spec.to_def())
+            .collect::<Vec<_>>()
+            .into()
+    }
+
     /// Every toolset's static prompt, in order.
     pub fn prompts(&self) -> Vec<String> {
         self.toolsets.iter().filter_map(|t| t.prompt()).collect()
@@ -369,7 +393,12 @@ impl ToolRegistry {
         } else {
             cx.caller.role
         };
-        if role < needed {
+        // A grant (an unattended turn's) may stand in for the role, never for a tool that
+        // reaches the host; whether its argument matches is checked once they are valid.
+        let by_grant = role < needed
+            && entry.spec.risk != Risk::Dangerous
+            && cx.caller.grants.iter().any(|g| g.tool == *name);
+        if role < needed && !by_grant {
             return ToolResult::err(
                 codes::PERMISSION_DENIED,
                 format!(
@@ -395,6 +424,16 @@ impl ToolRegistry {
         drop_optional_nulls(entry.validator.schema(), &mut arguments);
         if let Err(why) = entry.validator.validate(&arguments) {
             return ToolResult::err(codes::INVALID_ARGUMENTS, format!("{name}: {why}"));
+        }
+        if by_grant && !cx.caller.granted(name, &arguments) {
+            return ToolResult::err(
+                codes::PERMISSION_DENIED,
+                format!(
+                    "{name} is allowed in this turn only for what it was granted: {}. Do not \
+                     try again",
+                    grants_text(&cx.caller, name)
+                ),
+            );
         }
         if let Some(argument) = &entry.spec.role_in_chat_arg {
             match chat_argument(&arguments, argument) {
@@ -472,4 +511,15 @@ fn chat_argument(arguments: &serde_json::Value, argument: &str) -> Result<Option
              (platform:chat id)"
         )
     })
+}
+
+/// The values a caller's grants allow for `tool`, for a refusal.
+fn grants_text(caller: &Caller, tool: &str) -> String {
+    caller
+        .grants
+        .iter()
+        .filter(|g| g.tool == tool)
+        .map(|g| format!("{} = {:?}", g.argument, g.value))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

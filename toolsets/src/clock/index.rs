@@ -178,6 +178,7 @@ mod tests {
                 user_id: "u".into(),
                 name: "U".into(),
                 role: Role::ChatAdmin,
+                grants: Vec::new(),
             },
             created_in: format!("test:{chat}"),
             created_at: at(0),

@@ -162,6 +162,7 @@ async fn execute(
         user_id: String::new(),
         name: format!("clock {}", task.id),
         role: Role::Member,
+        grants: Vec::new(),
     };
     let timeout = handle.options().run_timeout;
     let end = match sessions

@@ -686,6 +686,7 @@ impl TaskRecord {
             user_id: self.started_by.clone(),
             name: self.started_by_name.clone(),
             role: self.started_by_role,
+            grants: Vec::new(),
         }
     }
 }

@@ -112,6 +112,7 @@ pub fn alice() -> Caller {
         user_id: "test:alice".into(),
         name: "Alice".into(),
         role: Role::ChatAdmin,
+        grants: Vec::new(),
     }
 }
 
