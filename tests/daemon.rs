@@ -592,16 +592,31 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
     llm.push(Reply::text(
         "Started the build; I will tell you when it is done.",
     ));
-    llm.respond_with(|body| {
+    let dir = tempfile::tempdir().unwrap();
+    // The notice turn runs unattended: whatever its input says (a member could have planted
+    // "when the build finishes, run X" in the plan), it is not the operator who started the
+    // build, and it tries the shell.
+    let planted = dir.path().join("planted");
+    let touch = format!("touch {}", planted.display());
+    llm.respond_with(move |body| {
         let last = parlor_testkit::last_user_text(body).unwrap_or_default();
-        if last.contains("<TERMINAL_TASK_RESULT>") {
+        let after_tool = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        if last.contains("<TERMINAL_TASK_RESULT>") && !after_tool {
+            Reply::tool_calls(vec![ToolCallSpec::new(
+                "c2",
+                "shell",
+                serde_json::json!({ "command": touch }),
+            )])
+        } else if last.contains("<TERMINAL_TASK_RESULT>") {
             Reply::text(format!("The build finished:\n{last}"))
         } else {
             Reply::text("unexpected")
         }
     });
     let telegram = FakeTelegram::start(TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
     let daemon = start(
         &config(dir.path(), &telegram, OPERATOR_SHELL),
         &llm,
@@ -639,6 +654,28 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
         .find(|t| t.contains("<TERMINAL_TASK_RESULT>"))
         .unwrap();
     assert!(notice.contains("build &lt;ok&gt; &amp; done"), "{notice}");
+    // The operator's turn was offered the shell; the unattended notice turn was not, and
+    // its call was refused without running.
+    let requests = llm.requests();
+    assert!(requests[0].tool_names().contains(&"shell".to_owned()));
+    let notice_requests: Vec<_> = requests
+        .iter()
+        .filter(|r| {
+            r.last_user_text()
+                .is_some_and(|t| t.contains("<TERMINAL_TASK_RESULT>"))
+        })
+        .collect();
+    assert_eq!(notice_requests.len(), 2, "the call and the answer after it");
+    for request in &notice_requests {
+        let tools = request.tool_names();
+        assert!(!tools.contains(&"shell".to_owned()), "{tools:?}");
+    }
+    let refused = tool_results_of(&llm, "c2");
+    assert_eq!(refused[0]["error_code"], "TOOL_NOT_FOUND", "{refused:?}");
+    assert!(
+        !planted.exists(),
+        "the unattended turn never reached the host"
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(telegram.sent_messages().len(), 2, "the result arrives once");
     let (status, log) = daemon.terminate().await;

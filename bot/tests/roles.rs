@@ -14,7 +14,7 @@ use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{
-    Caller, RegistryError, Risk, Role, RoleError, RoleResolver, ToolContext, ToolRegistry,
+    Caller, Grant, RegistryError, Risk, Role, RoleError, RoleResolver, ToolContext, ToolRegistry,
     ToolResult, ToolSetBridge, catalog, codes,
 };
 use schemars::JsonSchema;
@@ -186,14 +186,70 @@ async fn the_role_is_checked_before_the_arguments_and_members_keep_member_tools(
     assert!(r.message.contains("chat_admin"), "{}", r.message);
     let r = rig.call(&member, "chat", json!({"n": 1})).await;
     assert!(r.success, "{r:?}");
-    // The system caller (a background turn) is a member like any other.
+    // The system caller (a background turn) is a member who is not even offered more.
     let system = ToolContext {
         caller: Caller::default(),
         ..member
     };
     let r = rig.call(&system, "reboot", json!({"n": 1})).await;
-    assert_eq!(r.code(), Some(codes::PERMISSION_DENIED));
-    assert!(r.message.contains("the sender"), "{}", r.message);
+    assert_eq!(r.code(), Some(codes::TOOL_NOT_FOUND));
+    let r = rig.call(&system, "schedule", json!({"n": 1})).await;
+    assert_eq!(r.code(), Some(codes::TOOL_NOT_FOUND));
+}
+
+#[tokio::test]
+async fn an_unattended_caller_is_offered_and_granted_only_what_its_grants_name() {
+    let rig = rig();
+    // A background notice started by an operator: the system, a member, two grants. One
+    // names a dangerous tool, which no grant can open.
+    let system = ToolContext {
+        caller: Caller {
+            user_id: String::new(),
+            name: "an unattended turn".into(),
+            role: Role::Member,
+            grants: vec![
+                Grant::new("schedule", "target", "test:-100"),
+                Grant::new("reboot", "target", "test:-100"),
+            ],
+        },
+        ..rig.cx("x", Role::Member)
+    };
+    let offered: Vec<String> = rig
+        .registry
+        .defs_for_caller(false, &system.caller)
+        .iter()
+        .map(|d| d.function.name.clone())
+        .collect();
+    assert_eq!(
+        offered,
+        ["schedule", "chat"],
+        "no dangerous tool, nothing ungranted"
+    );
+    // A person's turn is offered everything (the gate explains refusals).
+    let person = rig.cx("bob", Role::Member).caller;
+    assert_eq!(rig.registry.defs_for_caller(false, &person).len(), 4);
+
+    let r = rig
+        .call(&system, "schedule", json!({"n": 1, "target": "test:-100"}))
+        .await;
+    assert!(r.success, "granted: {r:?}");
+    let r = rig
+        .call(&system, "schedule", json!({"n": 1, "target": "test:-200"}))
+        .await;
+    assert_eq!(
+        r.code(),
+        Some(codes::PERMISSION_DENIED),
+        "another value: {r:?}"
+    );
+    assert!(r.message.contains("test:-100"), "{}", r.message);
+    let r = rig
+        .call(&system, "reboot", json!({"n": 1, "target": "test:-100"}))
+        .await;
+    assert_eq!(r.code(), Some(codes::TOOL_NOT_FOUND), "dangerous: {r:?}");
+    let r = rig.call(&system, "rehome", json!({"item": 2})).await;
+    assert_eq!(r.code(), Some(codes::TOOL_NOT_FOUND), "ungranted: {r:?}");
+    assert_eq!(rig.runs(), 1, "only the granted call ran");
+    assert_eq!(rig.lookups(), 0, "the system's role is never looked up");
 }
 
 #[tokio::test]

@@ -313,12 +313,7 @@ impl ToolRegistry {
         built
             .entries
             .iter()
-            .filter(|e| e.spec.offer.includes(quiet))
-            .filter(|e| {
-                e.spec.role <= caller.role
-                    || (e.spec.risk != Risk::Dangerous
-                        && caller.grants.iter().any(|g| g.tool == e.spec.name))
-            })
+            .filter(|e| offered(&e.spec, quiet, caller))
             .map(|e| e.spec.to_def())
             .collect::<Vec<_>>()
             .into()
@@ -364,17 +359,17 @@ impl ToolRegistry {
         let name = &call.function.name;
         let built = self.current();
         let quiet = cx.quiet.is_some();
-        // A tool this kind of turn does not offer is as unknown as one that does not exist.
+        // A tool this turn is not offered is as unknown as one that does not exist.
         let Some(entry) = built
             .by_name
             .get(name)
             .map(|&i| &built.entries[i])
-            .filter(|e| e.spec.offer.includes(quiet))
+            .filter(|e| offered(&e.spec, quiet, &cx.caller))
         else {
             let offered: Vec<&str> = built
                 .entries
                 .iter()
-                .filter(|e| e.spec.offer.includes(quiet))
+                .filter(|e| offered(&e.spec, quiet, &cx.caller))
                 .map(|e| e.spec.name.as_str())
                 .collect();
             return ToolResult::err(
@@ -435,7 +430,8 @@ impl ToolRegistry {
                 ),
             );
         }
-        if let Some(argument) = &entry.spec.role_in_chat_arg {
+        // A grant names the argument's exact value: it stands for the role there too.
+        if let Some(argument) = entry.spec.role_in_chat_arg.as_ref().filter(|_| !by_grant) {
             match chat_argument(&arguments, argument) {
                 Ok(None) => {}
                 Ok(Some(target)) => {
@@ -511,6 +507,19 @@ fn chat_argument(arguments: &serde_json::Value, argument: &str) -> Result<Option
              (platform:chat id)"
         )
     })
+}
+
+/// Whether a turn of `caller` (`quiet` or not) is offered the tool of `spec`: by its
+/// [`Offer`](super::Offer), and for the system (an unattended turn) only within its role or
+/// a grant, never a dangerous tool. A person is offered everything of the turn's kind; the
+/// gate then tells them what their role does not allow.
+fn offered(spec: &ToolSpec, quiet: bool, caller: &Caller) -> bool {
+    if !spec.offer.includes(quiet) {
+        return false;
+    }
+    !caller.is_system()
+        || spec.role <= caller.role
+        || (spec.risk != Risk::Dangerous && caller.grants.iter().any(|g| g.tool == spec.name))
 }
 
 /// The values a caller's grants allow for `tool`, for a refusal.
