@@ -446,7 +446,8 @@ async fn a_context_length_error_is_retried_once_without_the_older_history() {
     let last = rig.llm().last_request().unwrap();
     assert!(!user_texts(&last).contains("first question"));
     assert!(user_texts(&last).contains("third question"));
-    assert!(format!("{:?}", last.messages()[0]).contains("Earlier in this chat"));
+    assert!(!format!("{:?}", last.messages()[0]).contains("conversation_summary"));
+    assert!(user_texts(&last).contains("<conversation_summary"));
 }
 
 /// The text of a request's user messages, for what the conversation itself still holds.

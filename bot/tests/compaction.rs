@@ -204,7 +204,8 @@ async fn a_turn_past_the_threshold_is_compacted_and_the_summary_serves_later_tur
     assert_whole_turns(&history);
     assert_eq!(summary.messages, 24 + 2 - 6);
 
-    // The next turn carries the summary after the system prompt, in the same message.
+    // The next turn carries the summary quoted at the start of its first user message,
+    // never in the system message (members' words must not speak with the program's voice).
     rig.say(2, "dave", "@parlor when is the picnic?").await;
     rig.platform.wait_sent(3).await;
     let last = rig.llm.requests().pop().unwrap();
@@ -212,7 +213,8 @@ async fn a_turn_past_the_threshold_is_compacted_and_the_summary_serves_later_tur
         panic!("no system message: {last:?}");
     };
     assert!(content.starts_with("test"), "the prompt is a stable prefix");
-    assert!(content.contains(SUMMARY), "{content}");
+    assert!(!content.contains(SUMMARY), "{content}");
+    assert_summary_quoted(&last);
     // The history as the compaction left it (not as the turn before it), then the input.
     assert_eq!(last.messages.len(), 1 + 6 + 1, "{:?}", last.messages);
     assert_eq!(
@@ -300,10 +302,19 @@ async fn compact_needs_an_admin_and_focuses_on_its_topic() {
     );
     let summaries = rig.summary_requests();
     assert_eq!(summaries.len(), 1);
+    // The topic is a chat admin's words: quoted in the user message, not an instruction.
     let Message::System { content } = &summaries[0].messages[0] else {
         panic!("no system message");
     };
-    assert!(content.contains("the picnic plans"), "{content}");
+    assert!(!content.contains("picnic"), "{content}");
+    let Message::User { content } = &summaries[0].messages[1] else {
+        panic!("no user message");
+    };
+    assert!(
+        content.text().contains("\n  the picnic plans\n"),
+        "{}",
+        content.text()
+    );
     assert_eq!(rig.store.load_history(KEY).unwrap().len(), 8);
     assert_eq!(rig.store.load_summary(KEY).unwrap().unwrap().text, SUMMARY);
 
@@ -362,10 +373,27 @@ async fn a_context_length_refusal_summarizes_the_older_half_and_retries_once() {
     assert_whole_turns(&history);
     // The retried request carried the summary instead of the older half.
     let last = rig.llm.requests().pop().unwrap();
-    let Message::System { content } = &last.messages[0] else {
-        panic!("no system message");
-    };
-    assert!(content.contains(SUMMARY));
+    assert_summary_quoted(&last);
+}
+
+/// The request's first user message opens with the summary, fenced and indented, and no
+/// system message holds it.
+fn assert_summary_quoted(request: &parlor_bot::llm::ChatRequest) {
+    let first = request
+        .messages
+        .iter()
+        .find_map(|m| match m {
+            Message::User { content } => Some(content.text()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(first.starts_with("<conversation_summary"), "{first}");
+    assert!(first.contains(&format!("\n  {SUMMARY}\n")), "{first}");
+    for m in &request.messages {
+        if let Message::System { content } = m {
+            assert!(!content.contains(SUMMARY), "{content}");
+        }
+    }
 }
 
 #[tokio::test]
@@ -416,10 +444,7 @@ async fn the_summary_survives_a_restart() {
     rig.say(2, "dave", "@parlor when is the picnic?").await;
     rig.platform.wait_sent(1).await;
     let last = rig.llm.requests().pop().unwrap();
-    let Message::System { content } = &last.messages[0] else {
-        panic!("no system message");
-    };
-    assert!(content.contains(SUMMARY), "{content}");
+    assert_summary_quoted(&last);
     // Reset forgets the summary with the conversation.
     rig.platform.set_admins_everywhere(&["test:alice"]);
     rig.say(3, "alice", "/reset").await;

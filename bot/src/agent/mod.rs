@@ -15,7 +15,8 @@
 //! - a request refused as too long for the model's context is retried once without the
 //!   older half of the history ([`Turn::history_dropped`]), which is summarized first
 //!   ([`compact`]; [`Turn::summary`]) unless the summary fails;
-//! - a session's summary follows the system prompt in the same system message, so the
+//! - a session's summary opens the first user message of each request, quoted (it was
+//!   written from members' words, so it never speaks in the system message), so the
 //!   prompt and the tools stay a stable prefix;
 //! - an answer that writes a tool call as text ([`stray`]) is never posted: the request is
 //!   retried once with a nudge, and a second such answer becomes [`stray::APOLOGY`];
@@ -334,7 +335,7 @@ impl Agent {
             .defs_for_caller(input.quiet.is_some(), &input.caller);
         // One prompt for the whole turn, even if the skills are re-read meanwhile.
         let system_prompt = self.system_prompt();
-        let mut system_message = compact::with_summary(&system_prompt, summary);
+        let mut summary_text = summary.map(compact::summary_block);
         let vision = self.config.images.vision;
         let mut images = images::TurnImages::new(
             self.config.images.clone(),
@@ -377,9 +378,19 @@ impl Agent {
             turn.iterations += 1;
 
             let mut messages = Vec::with_capacity(1 + history.len() + turn.messages.len());
-            messages.push(Message::system(&system_message));
+            messages.push(Message::system(&*system_prompt));
             messages.extend(history.iter().map(|m| images::earlier(m, vision)));
             messages.extend(turn.messages.iter().map(|m| images.current(m)));
+            if let Some(block) = &summary_text {
+                // Never stored: the summary is the session's, not any one turn's.
+                if let Some(Message::User { content }) = messages
+                    .iter_mut()
+                    .find(|m| matches!(m, Message::User { .. }))
+                {
+                    let taken = std::mem::replace(content, Content::Text(String::new()));
+                    *content = with_injections(taken, std::slice::from_ref(block));
+                }
+            }
             messages.extend(stray_retry.take().into_iter().flatten());
             let request = ChatRequest {
                 model: self.config.model.clone(),
@@ -422,7 +433,7 @@ impl Agent {
                                 made: chrono::Utc::now(),
                                 messages: summary.map_or(0, |s| s.messages) + drop,
                             };
-                            system_message = compact::with_summary(&system_prompt, Some(&new));
+                            summary_text = Some(compact::summary_block(&new));
                             turn.summary = Some(new);
                         }
                         Err(CompactError::Cancelled) => {
