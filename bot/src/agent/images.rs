@@ -295,8 +295,12 @@ impl TurnImages {
                         .chars()
                         .take(MAX_DESCRIPTION_CHARS)
                         .collect();
+                    // The picture's text (a sign, a screenshot of a chat) is whoever made
+                    // it: quoted, so no line of it passes for an attributed message.
                     return format!(
-                        "[{what}, described by a vision model (you cannot see images yourself): {text}]"
+                        "[{what}, described by a vision model (you cannot see images yourself), \
+                         quoted:\n{}\n]",
+                        crate::quote::block(&text)
                     );
                 }
                 // The turn is ending: asking the next model would be wasted.
