@@ -105,6 +105,11 @@ pub struct BotConfig {
     pub queue_capacity: usize,
     /// Most turns a chat may start per minute; more input waits and merges.
     pub turns_per_minute: usize,
+    /// Most commands (`/help`, `/status`...) one member may have answered per minute in a
+    /// chat; past it, one notice, then they are only recorded. Operators are not limited.
+    pub commands_per_member_per_minute: usize,
+    /// Most commands a whole chat may have answered per minute.
+    pub commands_per_chat_per_minute: usize,
     /// Idle sessions leave memory after this many minutes (the store keeps them).
     pub idle_minutes: u64,
     /// On SIGTERM, running turns get this long to finish before they are cancelled (and
@@ -238,6 +243,8 @@ impl Default for BotConfig {
             ignore_bots: true,
             queue_capacity: 8,
             turns_per_minute: 12,
+            commands_per_member_per_minute: 3,
+            commands_per_chat_per_minute: 10,
             idle_minutes: 10,
             shutdown_grace_secs: 20,
             max_messages_per_chat: 2000,
@@ -974,6 +981,14 @@ impl Config {
             ),
             ("bot.queue_capacity", self.bot.queue_capacity as u64),
             ("bot.turns_per_minute", self.bot.turns_per_minute as u64),
+            (
+                "bot.commands_per_member_per_minute",
+                self.bot.commands_per_member_per_minute as u64,
+            ),
+            (
+                "bot.commands_per_chat_per_minute",
+                self.bot.commands_per_chat_per_minute as u64,
+            ),
             ("bot.idle_minutes", self.bot.idle_minutes),
             ("bot.compact_keep_turns", self.bot.compact_keep_turns as u64),
             (

@@ -567,6 +567,8 @@ pub fn runtime(
         ignore_bots: config.bot.ignore_bots,
         queue_capacity: config.bot.queue_capacity,
         turns_per_minute: config.bot.turns_per_minute,
+        commands_per_member_per_minute: config.bot.commands_per_member_per_minute,
+        commands_per_chat_per_minute: config.bot.commands_per_chat_per_minute,
         // With compaction on, the trim is only the safety net behind it.
         history_tokens: config.llm.context_window
             * if config.bot.compact_ratio > 0.0 {

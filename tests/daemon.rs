@@ -256,6 +256,58 @@ async fn stop_and_reset_work_from_the_group() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_commands_is_told_once_and_does_not_bury_the_operators_reply() {
+    let llm = FakeLlm::start().await;
+    echo(&llm);
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(
+        &config(dir.path(), &telegram, "admins = [\"telegram:1001\"]\n"),
+        &llm,
+        &telegram,
+    )
+    .await;
+    for _ in 0..60 {
+        command(&telegram, bob(), "/help");
+    }
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot is the release out?")
+        .mention_bot()
+        .push();
+    // Everything taken in; then a drain sends whatever was answered.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !telegram.pending_updates().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "updates not taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    telegram.wait_for_sent(5, WAIT).await.unwrap();
+    let (status, log) = daemon.terminate().await;
+    assert!(status.success(), "{log}");
+    let sent = telegram.sent_messages();
+    let helps = sent
+        .iter()
+        .filter(|m| m.text.starts_with("Mention me"))
+        .count();
+    let notices: Vec<_> = sent
+        .iter()
+        .filter(|m| m.text.starts_with("Too many commands"))
+        .collect();
+    assert_eq!(helps, 3, "three answered");
+    assert_eq!(notices.len(), 1, "told once");
+    let reply = sent
+        .iter()
+        .position(|m| m.text.starts_with("echo <"))
+        .expect("the operator was answered");
+    assert!(reply <= 4, "behind at most the 4 command posts: {reply}");
+    assert_eq!(
+        sent.len(),
+        5,
+        "{:?}",
+        sent.iter().map(|m| &m.text).collect::<Vec<_>>()
+    );
+}
+
 /// A daemon in the middle of a turn: its model takes 30 s to answer `who`'s private `text`.
 struct MidTurn {
     /// Kept: the model is still answering.

@@ -19,6 +19,7 @@
 use async_trait::async_trait;
 
 use super::commands::Command;
+use super::flood::Admit;
 use super::manager::SessionManager;
 use super::policy::{self, Addressed};
 use super::queue::QueueItem;
@@ -137,7 +138,39 @@ impl SessionManager {
         let key = message.chat.session_key();
         let stored = StoredMessage::received(&message);
         let reply_to = Some(message.message_id.clone());
-        match policy::addressed(config, &message) {
+        let addressed = policy::addressed(config, &message);
+        if let Addressed::Command(_) = addressed
+            && !policy::is_operator(config, &message.sender.id)
+        {
+            let admit = self
+                .inner
+                .command_limits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .admit(
+                    &key,
+                    &message.sender.id,
+                    tokio::time::Instant::now(),
+                    config.commands_per_member_per_minute,
+                    config.commands_per_chat_per_minute,
+                );
+            match admit {
+                Admit::Yes => {}
+                Admit::Notice(text) => {
+                    tracing::info!(session = %key, sender = %message.sender.id, "too many commands; told once, the rest only recorded");
+                    let notice = OutboxEntry::new(&key, &message.chat, text, reply_to);
+                    return self.record_and_answer(&key, &stored, notice);
+                }
+                Admit::Quiet => {
+                    self.inner
+                        .store
+                        .record_inbound(&key, &stored, Intake::Record)
+                        .map_err(store_error)?;
+                    return Ok(Accepted::nothing());
+                }
+            }
+        }
+        match addressed {
             Addressed::No => {
                 if let Some(auto) = self.overhears(&message) {
                     return self.record_overheard(&message, &stored, auto);

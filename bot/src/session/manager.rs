@@ -66,6 +66,11 @@ pub struct SessionConfig {
     pub daily_tokens_per_chat: Option<u64>,
     /// The groups the bot reads along in (auto-chat, [`super::overheard`]); empty: none.
     pub auto_chat: Vec<super::AutoChat>,
+    /// Most commands (`/help`, `/status`...) one member may have answered per minute in a
+    /// chat; past it, one notice, then they are only recorded. Operators are not limited.
+    pub commands_per_member_per_minute: usize,
+    /// The same for a whole chat.
+    pub commands_per_chat_per_minute: usize,
 }
 
 impl Default for SessionConfig {
@@ -87,6 +92,8 @@ impl Default for SessionConfig {
             max_input_chars: 4000,
             daily_tokens_per_chat: None,
             auto_chat: Vec::new(),
+            commands_per_member_per_minute: 3,
+            commands_per_chat_per_minute: 10,
         }
     }
 }
@@ -224,6 +231,8 @@ pub(super) struct Inner {
     pub(super) counters: Counters,
     /// The toolsets' parts in a chat's life (see [`super::life`]).
     pub(super) hooks: std::sync::RwLock<Vec<Arc<dyn super::life::ChatHook>>>,
+    /// Commands answered per member and per chat ([`super::flood`]).
+    pub(super) command_limits: Mutex<super::flood::CommandLimits>,
 }
 
 /// The capacity to shrink a table of `len` entries to, when it is mostly empty: after a
@@ -277,6 +286,7 @@ impl SessionManager {
                 started: Instant::now(),
                 counters: Counters::default(),
                 hooks: std::sync::RwLock::default(),
+                command_limits: Mutex::default(),
             }),
         }
     }

@@ -10,6 +10,7 @@
 //! - [`policy`]: who is served, what is addressed to the bot, and the attribution of input
 //!   lines, which no member's text can forge.
 //! - [`commands`]: `/help`, `/status`, `/stop` (answered at intake) and `/reset` (queued).
+//! - [`flood`]: how many commands a member and a chat may have answered per minute.
 //! - [`queue`]: the stacking queue in front of each session.
 //! - [`manager`]: [`SessionManager`], the single owner of the live sessions, and the
 //!   public entry points (scheduled inputs, notices, resume, shutdown).
@@ -31,6 +32,7 @@
 mod actor;
 mod commands;
 mod compact;
+mod flood;
 pub mod history;
 mod inbox;
 pub mod life;
