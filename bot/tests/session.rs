@@ -334,6 +334,71 @@ async fn after_a_crash_pending_inputs_resume_once_and_unsent_replies_go_out() {
 }
 
 #[tokio::test]
+async fn an_input_whose_turn_stopped_the_daemon_twice_is_set_aside_with_a_notice() {
+    use parlor_bot::session::quarantine;
+    let store = Arc::new(MemoryStore::new());
+    // Two lives die in the middle of the same turn ("kill -9": only the store survives).
+    let first_llm = model(false);
+    let first = rig_with(
+        store.clone(),
+        first_llm.clone(),
+        platform(),
+        SessionConfig::default(),
+    );
+    first.say(1, "mallory", "@parlor look at this").await;
+    first_llm.wait_requests(1).await;
+    drop(first);
+    let second_llm = model(false);
+    let second = rig_with(
+        store.clone(),
+        second_llm.clone(),
+        platform(),
+        SessionConfig::default(),
+    );
+    second.manager.resume().await.unwrap();
+    second_llm.wait_requests(1).await;
+    drop(second);
+    let id = store.pending().unwrap()[0].id;
+    assert_eq!(
+        store.kv_get(quarantine::STARTS, &id.to_string()).unwrap(),
+        Some("2".to_owned())
+    );
+
+    // The third start does not run it again: it is set aside and the chat told.
+    let third = rig(true);
+    let third = rig_with(
+        store.clone(),
+        third.llm.clone(),
+        third.platform.clone(),
+        SessionConfig::default(),
+    );
+    third.manager.resume().await.unwrap();
+    let sent = third.platform.wait_sent(1).await;
+    assert!(
+        sent[0]
+            .text
+            .starts_with("I set aside a message from mallory"),
+        "{}",
+        sent[0].text
+    );
+    assert_eq!(sent[0].reply_to.as_deref(), Some("1"));
+    assert!(third.llm.requests().is_empty(), "the model was not asked");
+    assert!(store.pending().unwrap().is_empty());
+    let kept = store.kv_scan(quarantine::QUARANTINE, "").unwrap();
+    assert_eq!(kept.len(), 1);
+    assert!(kept[0].1.contains("look at this"), "{kept:?}");
+    assert_eq!(
+        store.kv_get(quarantine::STARTS, &id.to_string()).unwrap(),
+        None
+    );
+
+    // A turn that commits leaves no mark behind.
+    third.say(2, "alice", "@parlor hello").await;
+    third.platform.wait_sent(2).await;
+    assert!(store.kv_scan(quarantine::STARTS, "").unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn a_reply_the_platform_could_not_take_is_sent_after_restart() {
     let store = Arc::new(MemoryStore::new());
     let down = platform();
@@ -1063,7 +1128,7 @@ async fn a_store_failure_mid_batch_reports_only_the_durable_prefix() {
     let inner = Arc::new(MemoryStore::new());
     let crash = CrashStore::new(inner.clone(), usize::MAX);
     crash.fail_flushes();
-    // A model that never answers: no turn writes anything meanwhile.
+    // A model that never answers: no turn commits meanwhile (each only marks its start).
     let registry = ToolRegistry::new(vec![]).unwrap();
     let agent = Agent::new(model(false), registry, "test", AgentConfig::default());
     let manager = SessionManager::new(
@@ -1077,7 +1142,7 @@ async fn a_store_failure_mid_batch_reports_only_the_durable_prefix() {
         .collect();
     let failed = manager.deliver_all(batch).await.unwrap_err();
     assert_eq!(failed.durable, 0, "{failed}");
-    assert_eq!(crash.writes(), 3);
+    assert_eq!(inner.pending().unwrap().len(), 3, "everything was written");
 }
 
 #[tokio::test]

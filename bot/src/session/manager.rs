@@ -348,7 +348,13 @@ impl SessionManager {
             tracing::info!(session = %entry.session, outbox = entry.id, "resending a reply from before the restart");
             self.enqueue_reply(entry);
         }
-        let pending = self.inner.store.pending()?;
+        let (pending, notices) = self.quarantine(self.inner.store.pending()?)?;
+        if !notices.is_empty() {
+            self.durable().await?;
+            for notice in notices {
+                self.enqueue_reply(notice);
+            }
+        }
         if !pending.is_empty() {
             tracing::info!(
                 count = pending.len(),
@@ -368,7 +374,8 @@ impl SessionManager {
                 }
                 continue;
             }
-            let item = QueueItem::from_pending(item);
+            let mut item = QueueItem::from_pending(item);
+            item.resumed = true;
             if item.kind == PendingKind::Reset {
                 session.queue.push_front(item);
             } else if let Err(full) = session.queue.push(item) {

@@ -27,7 +27,8 @@
 //!   (both committed with the turn); [`view`]: what the operator's console reads and stops.
 //!
 //! After a crash, [`SessionManager::resume`] re-queues every pending record (its turn never
-//! committed) and hands every unsent reply to its lane.
+//! committed) and hands every unsent reply to its lane; [`quarantine`] sets aside an input
+//! whose turn stopped the daemon twice instead of replaying it forever.
 
 mod actor;
 mod commands;
@@ -40,6 +41,7 @@ pub mod manager;
 mod outbox;
 pub mod overheard;
 pub mod policy;
+pub mod quarantine;
 pub mod queue;
 mod roles;
 pub mod trace;

@@ -145,6 +145,7 @@ impl Batch {
             callers: vec![overheard_caller()],
             images: Vec::new(),
             private: false,
+            resumed: false,
         })
     }
 }

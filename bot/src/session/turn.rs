@@ -57,6 +57,7 @@ impl SessionManager {
             state.current = Some((started, item.text()));
             state.turns += 1;
         }
+        self.mark_started(&item).await;
         let outcome = match item.kind {
             PendingKind::Reset => self.reset(session, &item).await,
             PendingKind::Compact => self.compact_command(session, &item, &cancel).await,
@@ -72,7 +73,8 @@ impl SessionManager {
         }
         let Some(outcome) = outcome else {
             // Abandoned (shutdown, store failure): the input stays pending; the waiter is
-            // dropped and its submitter sees the turn cancelled.
+            // dropped and its submitter sees the turn cancelled. Not the input's fault.
+            self.unmark_started(&item.pending_ids);
             self.drop_waiters(&item.pending_ids);
             return;
         };
@@ -100,6 +102,10 @@ impl SessionManager {
             started,
             reply.as_mut(),
         );
+        let also = also.map(|mut also| {
+            also.extend(super::quarantine::cleared(&answered));
+            also
+        });
         let changes_history = outcome.history.is_some();
         let history_after = outcome.history_after;
         let commit = also.map(|also| TurnCommit {
