@@ -299,6 +299,11 @@ async fn hidden_paths_inside_etc_are_masked() {
     // A path the test may create under a system directory: only as root.
     let probe = Path::new("/etc/parlor-sandbox-test");
     if std::fs::create_dir_all(probe).is_err() {
+        assert!(
+            std::env::var_os("PARLOR_REQUIRE_BWRAP").is_none(),
+            "PARLOR_REQUIRE_BWRAP is set but {} cannot be created (not root)",
+            probe.display()
+        );
         eprintln!("SKIPPED: cannot create {} (not root)", probe.display());
         return;
     }
