@@ -148,13 +148,19 @@ pub fn transcript(messages: &[Message], chars: usize, per_message: usize) -> Str
     for message in messages {
         // A message's further lines are indented (at every kind of line break), so that
         // each line of the transcript starts with who said it or belongs to the line above.
-        let clip = |text: &str| {
-            let clipped = clip_with(text.trim(), per_message, |rest| {
+        let clipped = |text: &str| {
+            clip_with(text.trim(), per_message, |rest| {
                 format!(" […{} characters cut]", rest.chars().count())
-            });
-            let quoted = quote::block(&clipped);
+            })
+            .into_owned()
+        };
+        // A member's message starts with the program's own attribution line; the rest is
+        // quoted whole on the lines below its tag, whoever wrote it.
+        let clip = |text: &str| {
+            let quoted = quote::block(&clipped(text));
             quoted[quote::INDENT.len()..].to_owned()
         };
+        let below = |text: &str| format!("\n{}", quote::block(&clipped(text)));
         match message {
             Message::System { .. } => {}
             Message::User { content } => {
@@ -176,18 +182,18 @@ pub fn transcript(messages: &[Message], chars: usize, per_message: usize) -> Str
                 tool_calls,
             } => {
                 if let Some(text) = content.as_deref().filter(|t| !t.trim().is_empty()) {
-                    lines.push(format!("[assistant] {}", clip(text)));
+                    lines.push(format!("[assistant]{}", below(text)));
                 }
                 for call in tool_calls {
                     lines.push(format!(
-                        "[assistant used {}] {}",
-                        call.function.name,
-                        clip(&call.function.arguments)
+                        "[assistant used {}]{}",
+                        quote::one_line(&call.function.name, 64),
+                        below(&call.function.arguments)
                     ));
                 }
             }
             Message::Tool { content, .. } => {
-                lines.push(format!("[tool result] {}", clip(content)));
+                lines.push(format!("[tool result]{}", below(content)));
             }
         }
     }
