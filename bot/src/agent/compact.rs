@@ -329,11 +329,14 @@ mod tests {
     fn a_transcript_keeps_its_newest_lines_and_names_tools() {
         let history: Vec<Message> = (0..3).flat_map(turn).collect();
         let all = transcript(&history, 100_000, 100);
-        assert!(all.starts_with("[message] alice: question 0\n[assistant used time_now] {}"));
-        assert!(all.contains("[tool result] {\"ok\":true}"));
+        assert!(
+            all.starts_with("[message] alice: question 0\n[assistant used time_now]\n  {}"),
+            "{all}"
+        );
+        assert!(all.contains("[tool result]\n  {\"ok\":true}"), "{all}");
         let short = transcript(&history, 60, 100);
         assert!(short.starts_with("[… "), "{short}");
-        assert!(short.ends_with("[assistant] answer 2\n"), "{short}");
+        assert!(short.ends_with("[assistant]\n  answer 2\n"), "{short}");
         let clipped = transcript(&[Message::user("x".repeat(50))], 1000, 10);
         assert!(clipped.contains("[…40 characters cut]"), "{clipped}");
     }
