@@ -437,6 +437,7 @@ fn the_catalog_shows_every_tools_role() {
         "Toolset `roles` · risk `write` · role `chat_admin` (also in the chat `target` names)\n",
         "Toolset `roles` · risk `read` · role `member`\n",
         "A chat admin is never an operator.",
+        "An unattended turn (a clock task firing, a background job's result) runs as a `member`",
     ] {
         assert!(md.contains(needle), "missing {needle:?} in:\n{md}");
     }

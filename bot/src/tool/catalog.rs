@@ -21,7 +21,10 @@ pub fn to_markdown(registry: &ToolRegistry) -> String {
          the host.\n\
          Role, the least a caller needs (anyone else gets `PERMISSION_DENIED`): `member` is \
          anyone in the chat; `chat_admin` an administrator of the chat, by the platform; \
-         `operator` one of the config's `bot.admins`. A chat admin is never an operator.\n",
+         `operator` one of the config's `bot.admins`. A chat admin is never an operator. \
+         An unattended turn (a clock task firing, a background job's result) runs as a \
+         `member` whoever started it, offered only member tools and the grants of its job \
+         (reading or stopping that one job), never a `dangerous` tool.\n",
         codes::SHARED
             .iter()
             .map(|c| format!("`{c}`"))
