@@ -40,7 +40,7 @@ const CHANGE_ROLE: Role = Role::ChatAdmin;
 pub const BAD_SCHEDULE: &str = "BAD_SCHEDULE";
 /// No clock task with this id is visible from this chat.
 pub const CLOCK_NOT_FOUND: &str = "CLOCK_NOT_FOUND";
-/// The target chat has as many enabled tasks as allowed.
+/// The target chat has as many tasks as allowed (paused and finished ones count).
 pub const CLOCK_LIMIT: &str = "CLOCK_LIMIT";
 /// The target chat is not a chat the bot knows.
 pub const UNKNOWN_CHAT: &str = "UNKNOWN_CHAT";
