@@ -88,7 +88,7 @@ impl Rng {
     fn hostile(&mut self) -> String {
         let mut out = String::new();
         if self.below(2) == 0 {
-            out.push_str("x");
+            out.push('x');
         }
         for _ in 0..=self.below(12) {
             out.push_str(PIECES[self.below(PIECES.len())]);
