@@ -53,7 +53,9 @@ use tokio_util::task::TaskTracker;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::Store;
-use parlor_bot::tool::{Bridged, Risk, Role, ToolContext, ToolError, ToolResult, ToolSetBridge};
+use parlor_bot::tool::{
+    Bridged, Offer, Risk, Role, ToolContext, ToolError, ToolResult, ToolSetBridge,
+};
 
 pub use crate::notice::{LateNotifier, Notifier, NotifyError};
 pub use output::xml_escape;
@@ -663,6 +665,9 @@ pub fn terminal_toolset(service: Arc<TerminalService>) -> TerminalToolset {
             )
             .risk(Risk::Dangerous)
             .role(Role::Operator)
+            // A background task posts later: never from a quiet turn (whose caller, the
+            // system, is refused a dangerous tool anyway).
+            .offer(Offer::Addressed)
             .failure_codes(&[codes::TASK_LIMIT])
             .result_doc(
                 "Foreground: `data.exit_code`, `data.output`, `data.output_chars`, \
