@@ -51,8 +51,8 @@ pub enum NotifyError {
 #[async_trait]
 pub trait Notifier: Send + Sync {
     /// Queues `text` for `chat` as a stackable task result about work `caller` started (its
-    /// grants say what the unattended turn may do with it), stored together with `also` (the rows saying they were told) in
-    /// one transaction; returns its pending id.
+    /// grants say what the unattended turn may do with it), stored together with `also`
+    /// (the rows saying they were told) in one transaction; returns its pending id.
     async fn notify(
         &self,
         chat: &ChatRef,
