@@ -373,13 +373,16 @@ async fn overheard_commands_do_nothing_and_an_admins_chatter_lends_no_rights() {
             "reply: alice (test:alice): @parlor ping"
         ]
     );
-    // The quiet turn ran as a member, though an operator wrote one of its messages.
+    // The quiet turn ran as the system with a member's role, though an operator wrote one
+    // of its messages: an admin's tool is not even offered, and a call to it is unknown.
     let results = rig.results_after(1);
     assert_eq!(
         results[0]["error_code"],
-        codes::PERMISSION_DENIED,
+        codes::TOOL_NOT_FOUND,
         "{results:?}"
     );
+    let quiet = rig.llm.requests().into_iter().find(overheard).unwrap();
+    assert!(!tool_names(&quiet).contains("admin_only"));
     // Nothing was reset: the last mention's request still carries the first one.
     let last = rig.llm.requests().last().cloned().unwrap();
     let users = last
