@@ -675,7 +675,7 @@ impl Default for TimeConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClockConfig {
-    /// Enabled clock tasks one chat may have.
+    /// Clock tasks one chat may have, paused and finished ones included.
     pub max_tasks_per_chat: usize,
     /// Shortest interval between two fires of a task, in seconds.
     pub min_interval_secs: u64,

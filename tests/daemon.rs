@@ -718,9 +718,21 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
         })
         .collect();
     assert_eq!(notice_requests.len(), 2, "the call and the answer after it");
+    // It holds grants for exactly this task: reading and stopping it, not listing others.
     for request in &notice_requests {
         let tools = request.tool_names();
-        assert!(!tools.contains(&"shell".to_owned()), "{tools:?}");
+        for (tool, offered) in [
+            ("shell", false),
+            ("task_list", false),
+            ("task_output", true),
+            ("task_stop", true),
+        ] {
+            assert_eq!(
+                tools.contains(&tool.to_owned()),
+                offered,
+                "{tool}: {tools:?}"
+            );
+        }
     }
     let refused = tool_results_of(&llm, "c2");
     assert_eq!(refused[0]["error_code"], "TOOL_NOT_FOUND", "{refused:?}");

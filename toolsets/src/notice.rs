@@ -3,7 +3,8 @@
 //! results").
 //!
 //! - [`Notifier`]: where notices go, the [`SessionManager`] in the daemon (a stackable
-//!   `task_result` item whose turn runs as the one who started the work).
+//!   `task_result` item whose turn runs unattended: as the system with the least role plus
+//!   the grants the work carries, reading or stopping that one job, never a dangerous tool).
 //! - [`Told`]: the part of a job's stored row that says where it stands with its chat (its
 //!   notice's pending id, whether that notice was withdrawn, whether the chat was told).
 //! - [`Rows`]: the rows of one kind in the store (read, list, save, tell after a restart).
@@ -28,6 +29,10 @@ use parlor_bot::session::{SessionManager, SubmitError};
 use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::tool::Caller;
 
+/// The indentation of quoted text inside a notice block (a job's output, a model's answer):
+/// deeper than the block's own tag lines, so every line of it reads as quoted.
+pub const QUOTED: &str = "    ";
+
 /// How long a notice may take to be queued before it is given up (logged).
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -45,9 +50,9 @@ pub enum NotifyError {
 /// Where completion notices go: the [`SessionManager`] in the daemon, a recorder in tests.
 #[async_trait]
 pub trait Notifier: Send + Sync {
-    /// Queues `text` for `chat` as a stackable task result whose turn runs as `caller` (who
-    /// started the work), stored together with `also` (the rows saying they were told) in
-    /// one transaction; returns its pending id.
+    /// Queues `text` for `chat` as a stackable task result about work `caller` started (its
+    /// grants say what the unattended turn may do with it), stored together with `also`
+    /// (the rows saying they were told) in one transaction; returns its pending id.
     async fn notify(
         &self,
         chat: &ChatRef,
@@ -388,15 +393,24 @@ pub fn read_before_told<R: NoticeRow>(
 
 /// The caller of one notice about several jobs: their starter when it is one person, else
 /// the system (named `system_name`) with the least of their roles (as the session queue
-/// merges callers), so nobody's notice gains a role its starter did not have.
+/// merges callers), so nobody's notice gains a role its starter did not have; either way
+/// with every job's grants (reading or stopping that one job). The session queue runs the
+/// notice's turn as the system with the least role and these grants, whoever started it.
 pub fn starters(callers: &[Caller], system_name: &str) -> Caller {
     let Some(first) = callers.first() else {
         return Caller::default();
     };
     let role = callers.iter().map(|c| c.role).min().unwrap_or_default();
+    let mut grants = Vec::new();
+    for grant in callers.iter().flat_map(|c| &c.grants) {
+        if !grants.contains(grant) {
+            grants.push(grant.clone());
+        }
+    }
     if callers.iter().all(|c| c.user_id == first.user_id) {
         return Caller {
             role,
+            grants,
             ..first.clone()
         };
     }
@@ -404,7 +418,7 @@ pub fn starters(callers: &[Caller], system_name: &str) -> Caller {
         user_id: String::new(),
         name: system_name.to_owned(),
         role,
-        grants: Vec::new(),
+        grants,
     }
 }
 

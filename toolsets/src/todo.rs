@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use parlor_bot::platform::ChatRef;
+use parlor_bot::quote;
 use parlor_bot::session::{ChatHook, move_record};
 use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::tool::{Bridged, Risk, ToolContext, ToolResult, ToolSetBridge, codes};
@@ -277,6 +278,19 @@ fn check(plan: &[Step]) -> Result<(), String> {
     {
         return Err(format!("step {} is empty", i + 1));
     }
+    // A step is shown to the model on a line of its own: a line break in it could start a
+    // line that reads as someone's message (quote.rs).
+    if let Some((i, _)) = plan
+        .iter()
+        .enumerate()
+        .find(|(_, s)| quote::has_breaks(&s.step))
+    {
+        return Err(format!(
+            "step {} contains a line break or another control character; write each step \
+             as one short line, and split a longer one into several steps",
+            i + 1
+        ));
+    }
     if let Some((i, _)) = plan
         .iter()
         .enumerate()
@@ -299,11 +313,16 @@ fn check(plan: &[Step]) -> Result<(), String> {
     Ok(())
 }
 
-/// Renders the plan as numbered lines: `1. [completed] step`.
+/// Renders the plan as indented numbered lines: `  1. [completed] step`. Whoever wrote a
+/// step, no line of it can pass for an attributed message: every line is indented, and a
+/// step stored before breaks were refused is put on one line.
 fn render(plan: &[Step]) -> String {
     plan.iter()
         .enumerate()
-        .map(|(i, s)| format!("{}. [{}] {}", i + 1, s.status.as_str(), s.step))
+        .map(|(i, s)| {
+            let step = quote::one_line(&s.step, MAX_STEP_CHARS);
+            format!("{}{}. [{}] {step}", quote::INDENT, i + 1, s.status.as_str())
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }

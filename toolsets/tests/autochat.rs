@@ -1,9 +1,9 @@
 //! Auto-chat through the session layer with the real `message` toolset: overheard messages
 //! batched by count and by time into one quiet turn, `send_message` offered only there and
 //! limited per batch and per hour (also across a restart), the dry run, overheard commands
-//! and an admin's chatter lending no rights, the quiet turn's answer never posted, mentions
-//! first, and an unfinished batch surviving a restart. Paused time throughout: every wait is
-//! for an event.
+//! and an admin's chatter lending no rights, no sub-agent (whose result would post later),
+//! the quiet turn's answer never posted, mentions first, and an unfinished batch surviving a
+//! restart. Paused time throughout: every wait is for an event.
 
 // A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]
@@ -24,8 +24,13 @@ use parlor_bot::tool::{
     Role, ToolContext, ToolRegistry, ToolResult, ToolSet, ToolSetBridge, codes,
 };
 use parlor_toolsets::message::{MessageOptions, MessageToolset};
+use parlor_toolsets::subagent::{
+    SUBAGENT_PROMPT, SubagentOptions, SubagentService, subagent_toolset,
+};
 use serde_json::{Value, json};
 use tokio::time::Instant;
+
+mod support;
 
 fn group() -> ChatRef {
     ChatRef::new("test", "-100")
@@ -79,12 +84,24 @@ struct Rig {
 }
 
 fn rig_on(store: Arc<dyn Store>, llm: Arc<ScriptedLlm>, auto: AutoChat) -> Rig {
+    rig_with(store, llm, auto, Vec::new())
+}
+
+/// [`rig_on`] with `more` toolsets besides the message toolset and [`admin_tool`].
+fn rig_with(
+    store: Arc<dyn Store>,
+    llm: Arc<ScriptedLlm>,
+    auto: AutoChat,
+    more: Vec<Arc<dyn ToolSet>>,
+) -> Rig {
     let options = MessageOptions {
         quiet_turns: true,
         ..MessageOptions::default()
     };
     let messages = MessageToolset::new(Arc::clone(&store), options).unwrap();
-    let registry = ToolRegistry::new(vec![Arc::new(messages), admin_tool()]).unwrap();
+    let mut toolsets: Vec<Arc<dyn ToolSet>> = vec![Arc::new(messages), admin_tool()];
+    toolsets.extend(more);
+    let registry = ToolRegistry::new(toolsets).unwrap();
     let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
     let platform = TestPlatform::new();
     let config = SessionConfig {
@@ -356,13 +373,16 @@ async fn overheard_commands_do_nothing_and_an_admins_chatter_lends_no_rights() {
             "reply: alice (test:alice): @parlor ping"
         ]
     );
-    // The quiet turn ran as a member, though an operator wrote one of its messages.
+    // The quiet turn ran as the system with a member's role, though an operator wrote one
+    // of its messages: an admin's tool is not even offered, and a call to it is unknown.
     let results = rig.results_after(1);
     assert_eq!(
         results[0]["error_code"],
-        codes::PERMISSION_DENIED,
+        codes::TOOL_NOT_FOUND,
         "{results:?}"
     );
+    let quiet = rig.llm.requests().into_iter().find(overheard).unwrap();
+    assert!(!tool_names(&quiet).contains("admin_only"));
     // Nothing was reset: the last mention's request still carries the first one.
     let last = rig.llm.requests().last().cloned().unwrap();
     let users = last
@@ -471,4 +491,60 @@ async fn send_message_is_offered_only_in_quiet_turns_and_send_markdown_only_outs
     let said = registry.call(&call("send_message", hello), quiet_cx).await;
     assert!(said.success, "{said:?}");
     assert_eq!(speech.said(), ["hello"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_quiet_turn_is_not_offered_a_sub_agent_and_a_call_to_one_is_unknown() {
+    // A background sub-agent's result posts later, into the group: a quiet turn (here in a
+    // dry run, which must post nothing) cannot start one.
+    let store = Arc::new(MemoryStore::new());
+    let notifier = Arc::new(support::TestNotifier::default());
+    let service = SubagentService::new(store.clone(), notifier.clone(), SubagentOptions::default());
+    service.set_agent(Agent::new(
+        ScriptedLlm::new(vec![]),
+        ToolRegistry::new(Vec::new()).unwrap(),
+        SUBAGENT_PROMPT,
+        AgentConfig::default(),
+    ));
+    let llm = model(vec![calls(&[(
+        "c",
+        "subagent",
+        json!({"task": "post hello in an hour", "run_in_background": true}),
+    )])]);
+    let rig = rig_with(
+        store,
+        llm,
+        AutoChat {
+            dry_run: true,
+            ..auto(1, 60, 1, 6)
+        },
+        vec![Arc::new(subagent_toolset(service.clone())) as Arc<dyn ToolSet>],
+    );
+    rig.say(1, "bob", "hi all").await;
+    rig.llm.wait_requests(2).await;
+    rig.mention_and_wait(2).await;
+
+    let requests = rig.llm.requests();
+    let quiet = tool_names(&requests[0]);
+    assert!(overheard(&requests[0]));
+    assert!(!quiet.contains("\"subagent"), "{quiet}");
+    let results = rig.results_after(0);
+    assert_eq!(
+        results[0]["error_code"],
+        codes::TOOL_NOT_FOUND,
+        "{results:?}"
+    );
+    let addressed = tool_names(requests.last().unwrap());
+    for name in [
+        "subagent",
+        "subagent_output",
+        "subagent_stop",
+        "subagent_list",
+    ] {
+        assert!(addressed.contains(&format!("\"{name}\"")), "{addressed}");
+    }
+    assert!(
+        service.rows(None).is_empty() && notifier.notices().is_empty(),
+        "no sub-agent ran"
+    );
 }

@@ -2,8 +2,8 @@
 //! through it; the service reads due tasks, advances them and records runs through it. One
 //! lock serializes every read-modify-write, so a tool's update never races a fire's advance.
 //!
-//! The same lock guards the [`TaskIndex`] of the enabled tasks (by next fire and by target
-//! chat), loaded from the store when the handle is built: a pass of the service reads from
+//! The same lock guards the [`TaskIndex`] of the tasks (the enabled ones by next fire, every
+//! one by target chat), loaded from the store when the handle is built: a pass of the service reads from
 //! the store only the tasks the index says are due, the earliest due time and the per-chat
 //! cap are lookups. The store stays the truth: a write is filed in the index only after it
 //! landed (flushed), and a due entry whose record is gone or changed is re-read and filed
@@ -26,6 +26,7 @@ use super::task::{ClockRun, ClockTask, MissedPolicy, RECORD_VERSION, RunStatus, 
 use super::{ClockOptions, RUNS_KEPT};
 use crate::time::parse_timezone;
 use parlor_bot::platform::ChatRef;
+use parlor_bot::quote;
 use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::tool::Caller;
 
@@ -62,7 +63,7 @@ pub enum ClockError {
     /// A name or content is empty or too long.
     #[error("{0}")]
     Invalid(String),
-    /// The target chat has as many enabled tasks as allowed.
+    /// The target chat has as many tasks as allowed (paused ones count).
     #[error("{0}")]
     Limit(String),
     /// No task with this id.
@@ -349,7 +350,7 @@ impl ClockHandle {
             .collect()
     }
 
-    /// Where the in-memory index of the enabled tasks differs from the store (each task's
+    /// Where the in-memory index of the tasks differs from the store (each task's
     /// next fire and target chat), one line per difference; empty when they agree. For tests
     /// and diagnostics: it reads every task.
     pub fn index_mismatches(&self) -> Result<Vec<String>, ClockError> {
@@ -417,7 +418,7 @@ impl ClockHandle {
     /// exist and its fires be at least `min_interval` apart) and the target chat's cap.
     /// Whether the creator may do this is the caller's business (the tools check it).
     pub fn create(&self, new: NewClock) -> Result<ClockTask, ClockError> {
-        let name = check_text("name", &new.name, MAX_NAME_CHARS)?;
+        let name = check_name(&new.name)?;
         let content = check_text("content", &new.content, MAX_CONTENT_CHARS)?;
         let tz = self.timezone(new.timezone.as_deref())?;
         let now = self.now();
@@ -458,8 +459,8 @@ impl ClockHandle {
     }
 
     /// Changes a task. A new schedule or time zone restarts it from now; resuming a paused
-    /// task computes its next fire from now; enabling it or moving it to another chat
-    /// checks that chat's cap.
+    /// task computes its next fire from now; moving it to another chat checks that chat's
+    /// cap (resuming does not: a paused task already counts).
     pub fn update(&self, id: u64, patch: ClockPatch) -> Result<ClockTask, ClockError> {
         let now = self.now();
         let task = {
@@ -467,7 +468,7 @@ impl ClockHandle {
             let mut task = self.task(id)?.ok_or(ClockError::NotFound(id))?;
             let was_enabled = task.enabled;
             if let Some(name) = &patch.name {
-                task.name = check_text("name", name, MAX_NAME_CHARS)?;
+                task.name = check_name(name)?;
             }
             if let Some(content) = &patch.content {
                 task.content = check_text("content", content, MAX_CONTENT_CHARS)?;
@@ -502,11 +503,13 @@ impl ClockHandle {
                 if retimed || !was_enabled || task.next_fire.is_none() {
                     task.next_fire = Some(first_fire(&schedule, now)?);
                 }
-                if !was_enabled || moved {
-                    self.check_cap(self.index(&mut state)?, &task.target, Some(id))?;
-                }
             } else {
                 task.next_fire = None;
+            }
+            // Every task counts toward its chat's cap, paused or not: resuming one changes
+            // no count, moving one does.
+            if moved {
+                self.check_cap(self.index(&mut state)?, &task.target, Some(id))?;
             }
             task.updated_at = now;
             self.put_task(&task)?;
@@ -575,8 +578,8 @@ impl ClockHandle {
         Ok(schedule)
     }
 
-    /// Refuses a task for `target` when that chat already has the most enabled tasks
-    /// (`except` is the task being changed).
+    /// Refuses a task for `target` when that chat already has the most tasks, paused and
+    /// finished ones included (`except` is the task being changed).
     fn check_cap(
         &self,
         index: &TaskIndex,
@@ -584,11 +587,11 @@ impl ClockHandle {
         except: Option<u64>,
     ) -> Result<(), ClockError> {
         let max = self.shared.options.max_tasks_per_chat;
-        let count = index.enabled_for(target, except);
+        let count = index.tasks_for(target, except);
         if count >= max {
             return Err(ClockError::Limit(format!(
-                "{target} already has {count} enabled clock tasks, the most allowed; delete or \
-                 pause one first"
+                "{target} already has {count} clock tasks (paused and finished ones count \
+                 too), the most allowed; delete one first (clock_list shows them)"
             )));
         }
         Ok(())
@@ -905,6 +908,19 @@ fn check_text(what: &str, text: &str, max: usize) -> Result<String, ClockError> 
         )));
     }
     Ok(text.to_owned())
+}
+
+/// A task's name is shown on one line of the text it fires with: a line break in it could
+/// start a line that reads as someone's message (`parlor_bot::quote`).
+fn check_name(name: &str) -> Result<String, ClockError> {
+    if quote::has_breaks(name) {
+        return Err(ClockError::Invalid(
+            "the name contains a line break or another control character; give the task a \
+             short one-line name and put the rest in its content"
+                .to_owned(),
+        ));
+    }
+    check_text("name", name, MAX_NAME_CHARS)
 }
 
 fn run_key(task: u64, run: u64) -> String {

@@ -1,6 +1,7 @@
-//! [`TaskIndex`]: the enabled tasks in memory, by next fire time and by target chat, so that
-//! a pass of the service reads from the store only the tasks that are due, the earliest due
-//! time is a lookup and the per-chat cap is a count. The store stays the truth: the
+//! [`TaskIndex`]: the tasks in memory, the enabled ones by next fire time and every one by
+//! target chat, so that a pass of the service reads from the store only the tasks that are
+//! due, the earliest due time is a lookup and the per-chat cap is a count. The cap counts
+//! paused and finished tasks too: pausing must not be a way past it. The store stays the truth: the
 //! [`ClockHandle`](super::ClockHandle) files a task here only after its write landed, and
 //! re-reads a task whose entry it is about to act on.
 
@@ -11,24 +12,25 @@ use chrono::{DateTime, Utc};
 use super::task::ClockTask;
 use parlor_bot::platform::ChatRef;
 
-/// What the index keeps of an enabled task.
+/// What the index keeps of a task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
-    /// `None` for an enabled task without a next fire (a record written by hand): it
-    /// counts toward its chat's cap but never fires, as the store scan had it.
+    /// When it fires next; `None` for a paused or finished task, and for an enabled one
+    /// without a next fire (a record written by hand): it counts toward its chat's cap but
+    /// never fires, as the store scan had it.
     next_fire: Option<DateTime<Utc>>,
     /// The chat whose cap it counts toward.
     target: ChatRef,
 }
 
-/// The enabled tasks, as the store had them after the last write the handle saw land.
+/// The tasks, as the store had them after the last write the handle saw land.
 #[derive(Debug, Default)]
 pub(crate) struct TaskIndex {
-    /// Every enabled task by id: where to find it in the other two maps.
+    /// Every task by id: where to find it in the other two maps.
     entries: HashMap<u64, Entry>,
     /// `(next_fire, id)` of the enabled tasks that have a next fire, earliest first.
     by_time: BTreeSet<(DateTime<Utc>, u64)>,
-    /// Enabled tasks per target chat (topic included, like the cap), never zero.
+    /// Tasks per target chat (topic included, like the cap), enabled or not, never zero.
     per_target: HashMap<ChatRef, usize>,
 }
 
@@ -42,26 +44,25 @@ impl TaskIndex {
         index
     }
 
-    /// Files `task` as it now is in the store: a disabled task leaves the index.
+    /// Files `task` as it now is in the store: a disabled task stays, counted toward its
+    /// chat's cap, but never fires.
     pub(crate) fn put(&mut self, task: &ClockTask) {
         self.remove(task.id);
-        if !task.enabled {
-            return;
-        }
-        if let Some(at) = task.next_fire {
+        let next_fire = task.next_fire.filter(|_| task.enabled);
+        if let Some(at) = next_fire {
             self.by_time.insert((at, task.id));
         }
         *self.per_target.entry(task.target.clone()).or_default() += 1;
         self.entries.insert(
             task.id,
             Entry {
-                next_fire: task.next_fire,
+                next_fire,
                 target: task.target.clone(),
             },
         );
     }
 
-    /// Forgets task `id` (deleted, or disabled).
+    /// Forgets task `id` (deleted, or unreadable).
     pub(crate) fn remove(&mut self, id: u64) {
         let Some(entry) = self.entries.remove(&id) else {
             return;
@@ -93,8 +94,9 @@ impl TaskIndex {
         ids
     }
 
-    /// Enabled tasks firing into `target`, not counting task `except`.
-    pub(crate) fn enabled_for(&self, target: &ChatRef, except: Option<u64>) -> usize {
+    /// Tasks firing into `target`, paused and finished ones included, not counting task
+    /// `except`.
+    pub(crate) fn tasks_for(&self, target: &ChatRef, except: Option<u64>) -> usize {
         let count = self.per_target.get(target).copied().unwrap_or(0);
         let excepted = except
             .and_then(|id| self.entries.get(&id))
@@ -205,26 +207,29 @@ mod tests {
         assert_eq!(index.due(at(4)), Vec::<u64>::new());
         assert_eq!(index.due(at(5)), vec![2, 3]);
         assert_eq!(index.due(at(9)), vec![1, 2, 3]);
-        assert!(index.mismatches(&TaskIndex::of([])).len() == 3);
+        assert!(index.mismatches(&TaskIndex::of([])).len() == 4);
     }
 
     #[test]
-    fn put_moves_a_task_and_a_disabled_one_leaves() {
+    fn put_moves_a_task_and_a_disabled_one_stops_firing_but_still_counts() {
         let mut index = TaskIndex::of([task(1, "-1", Some(5)), task(2, "-1", Some(6))]);
-        assert_eq!(index.enabled_for(&ChatRef::new("test", "-1"), None), 2);
-        assert_eq!(index.enabled_for(&ChatRef::new("test", "-1"), Some(2)), 1);
-        assert_eq!(index.enabled_for(&ChatRef::new("test", "-1"), Some(9)), 2);
+        assert_eq!(index.tasks_for(&ChatRef::new("test", "-1"), None), 2);
+        assert_eq!(index.tasks_for(&ChatRef::new("test", "-1"), Some(2)), 1);
+        assert_eq!(index.tasks_for(&ChatRef::new("test", "-1"), Some(9)), 2);
 
         index.put(&task(1, "-3", Some(9)));
         assert_eq!(index.earliest(), Some(at(6)));
-        assert_eq!(index.enabled_for(&ChatRef::new("test", "-1"), None), 1);
-        assert_eq!(index.enabled_for(&ChatRef::new("test", "-3"), Some(2)), 1);
+        assert_eq!(index.tasks_for(&ChatRef::new("test", "-1"), None), 1);
+        assert_eq!(index.tasks_for(&ChatRef::new("test", "-3"), Some(2)), 1);
 
         index.put(&task(2, "-1", None));
         index.remove(7);
         assert_eq!(index.earliest(), Some(at(9)));
-        assert_eq!(index.enabled_for(&ChatRef::new("test", "-1"), None), 0);
-        let truth = TaskIndex::of([task(1, "-3", Some(9)), task(2, "-1", None)]);
+        assert_eq!(index.due(at(59)), vec![1]);
+        assert_eq!(index.tasks_for(&ChatRef::new("test", "-1"), None), 1);
+        index.remove(2);
+        assert_eq!(index.tasks_for(&ChatRef::new("test", "-1"), None), 0);
+        let truth = TaskIndex::of([task(1, "-3", Some(9))]);
         assert_eq!(index.mismatches(&truth), Vec::<String>::new());
     }
 }

@@ -5,8 +5,8 @@
 //! - [`schedule`]: [`Schedule`] parsing and fire times (DST through `croner` + `chrono-tz`).
 //! - [`task`]: the stored records, [`ClockTask`] and its run log of [`ClockRun`]s.
 //! - [`handle`]: [`ClockHandle`], the tasks in the store (create, update, delete, list, log)
-//!   shared by the service and the tools, with an in-memory index of the enabled tasks by
-//!   next fire and by target chat (`index.rs`), so that a pass reads only the due tasks.
+//!   shared by the service and the tools, with an in-memory index of the tasks (the enabled
+//!   ones by next fire, every one by target chat) (`index.rs`), so that a pass reads only the due tasks.
 //! - [`service`]: [`ClockService`], the loop that sleeps until the earliest due time and
 //!   fires tasks through [`SessionManager::submit_scheduled`](parlor_bot::session::SessionManager).
 //! - [`tools`]: the `clock_*` toolset ([`toolset`]).
@@ -24,7 +24,9 @@
 //!
 //! ## Decisions
 //! - A one-shot task is kept after its fire, disabled (`state: finished`), so `clock_get`
-//!   and `clock_log` still show what happened; only enabled tasks count toward the cap.
+//!   and `clock_log` still show what happened. Every task counts toward the cap, paused and
+//!   finished ones too (pausing is no way past it): a finished one keeps its place until
+//!   deleted.
 //! - A turn stopped by `/stop` (the session reports "no reply") is logged `cancelled`; a
 //!   model failure, a refused post or a full queue is `failed`.
 //! - The fired turn runs as the system (empty user id, role member), not as its creator:
@@ -67,7 +69,7 @@ use chrono_tz::Tz;
 pub use handle::{ClockError, ClockHandle, ClockPatch, NewClock};
 pub use life::ClockChatHook;
 pub use schedule::{Schedule, ScheduleError, ScheduleKind};
-pub use service::ClockService;
+pub use service::{ClockService, fired_text};
 pub use task::{ClockRun, ClockTask, MissedPolicy, RunStatus};
 pub use tools::toolset;
 
@@ -129,7 +131,7 @@ pub struct ClockOptions {
     /// Longest a fire waits for its turn's outcome (queue wait included) before it is
     /// logged `timed_out`.
     pub run_timeout: Duration,
-    /// Most enabled tasks that may fire into one chat.
+    /// Most tasks one chat may have, paused and finished ones included.
     pub max_tasks_per_chat: usize,
     /// Shortest interval between two fires of a task (`every` and cron alike).
     pub min_interval: Duration,

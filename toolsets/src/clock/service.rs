@@ -14,8 +14,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ClockOptions;
-use super::handle::{ClockHandle, Fire, RunEnd};
+use super::handle::{ClockHandle, Fire, MAX_NAME_CHARS, RunEnd};
 use super::task::{ClockTask, RunStatus};
+use parlor_bot::quote;
 use parlor_bot::session::{ScheduledOutcome, SessionManager, SubmitError};
 use parlor_bot::store::Store;
 use parlor_bot::tool::{Caller, Role};
@@ -135,7 +136,10 @@ fn reap(joined: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// The text the target session is given: marked as a scheduled task, attributed.
+/// The text the target session is given: a header line the program writes (the task's
+/// name and its creator's, cleaned of anything that reads as an attribution), then the
+/// content its creator wrote, quoted (every line indented), so that no line of it can pass
+/// for someone's message (`parlor_bot::quote`).
 pub fn fired_text(task: &ClockTask) -> String {
     let creator = if task.creator.name.trim().is_empty() {
         task.creator.user_id.as_str()
@@ -143,8 +147,11 @@ pub fn fired_text(task: &ClockTask) -> String {
         task.creator.name.as_str()
     };
     format!(
-        "[Scheduled task \"{}\" (clock {}), created by {creator}] {}",
-        task.name, task.id, task.content
+        "[Scheduled task \"{}\" (clock {}), created by {}; its content, as they wrote it:]\n{}",
+        quote::name(&task.name, MAX_NAME_CHARS),
+        task.id,
+        quote::name(creator, 64),
+        quote::block(&task.content)
     )
 }
 

@@ -28,7 +28,7 @@ use super::schedule::format_in;
 use super::task::{ClockRun, ClockTask, MissedPolicy};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::tool::bridge::{BridgeError, ToolError};
-use parlor_bot::tool::{Risk, Role, ToolContext, ToolResult, ToolSetBridge};
+use parlor_bot::tool::{Offer, Risk, Role, ToolContext, ToolResult, ToolSetBridge};
 
 use crate::support::finish;
 use crate::time::{UNKNOWN_TIMEZONE, parse_timezone};
@@ -40,7 +40,7 @@ const CHANGE_ROLE: Role = Role::ChatAdmin;
 pub const BAD_SCHEDULE: &str = "BAD_SCHEDULE";
 /// No clock task with this id is visible from this chat.
 pub const CLOCK_NOT_FOUND: &str = "CLOCK_NOT_FOUND";
-/// The target chat has as many enabled tasks as allowed.
+/// The target chat has as many tasks as allowed (paused and finished ones count).
 pub const CLOCK_LIMIT: &str = "CLOCK_LIMIT";
 /// The target chat is not a chat the bot knows.
 pub const UNKNOWN_CHAT: &str = "UNKNOWN_CHAT";
@@ -133,6 +133,8 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
         .risk(Risk::Write)
         .role(CHANGE_ROLE)
         .role_in_chat_arg("target_chat")
+        // It posts later: never from a quiet turn, whose answer is not meant to be posted.
+        .offer(Offer::Addressed)
         .failure_codes(&[BAD_SCHEDULE, UNKNOWN_TIMEZONE, CLOCK_LIMIT, UNKNOWN_CHAT])
         .result_doc(
             "`data`: the task (`id`, `name`, `schedule`, `timezone`, `content`, \
@@ -171,6 +173,8 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
         .risk(Risk::Write)
         .role(CHANGE_ROLE)
         .role_in_chat_arg("target_chat")
+        // It posts later: never from a quiet turn, whose answer is not meant to be posted.
+        .offer(Offer::Addressed)
         .failure_codes(&[
             CLOCK_NOT_FOUND,
             BAD_SCHEDULE,

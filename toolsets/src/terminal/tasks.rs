@@ -19,11 +19,13 @@ use super::output::{Capped, cap_middle, read_log_tail, tail_chars, xml_escape};
 use super::{
     ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes, create_dir, sys,
 };
+use crate::notice::QUOTED;
 use crate::notice::{self, NoticeRow, Rows, Told};
 use crate::support::Outcome;
 use parlor_bot::platform::ChatRef;
+use parlor_bot::quote;
 use parlor_bot::store::StoreError;
-use parlor_bot::tool::{Caller, Role, ToolContext, ToolError, ToolResult};
+use parlor_bot::tool::{Caller, Grant, Role, ToolContext, ToolError, ToolResult};
 
 /// Characters of output a completion notice carries.
 pub const NOTICE_OUTPUT_CHARS: usize = 2000;
@@ -174,18 +176,23 @@ fn read_log_capped(path: &Path, max_chars: usize) -> std::io::Result<Capped> {
 }
 
 /// One `<TERMINAL_TASK_RESULT>` block: the last [`NOTICE_OUTPUT_CHARS`] characters of the
-/// output, every value XML-escaped.
-pub(crate) fn notice_block(row: &TaskRecord, note: Option<&str>) -> String {
+/// output, every value XML-escaped. The description (or the command) and the output are
+/// text the program did not write: each is quoted under its own tag line, every line
+/// indented, so none can read as someone's message (`parlor_bot::quote`).
+pub fn notice_block(row: &TaskRecord, note: Option<&str>) -> String {
     let (text, size) =
         read_log_tail(&row.log_path, (NOTICE_OUTPUT_CHARS as u64) * 4).unwrap_or_default();
     let (output, cut) = tail_chars(&text, NOTICE_OUTPUT_CHARS);
     let mut block = format!(
-        "<TERMINAL_TASK_RESULT>\n  <task_id>{}</task_id><status>{}</status><exit_code>{}</exit_code>\n  <description>{}</description><output>{}</output>\n",
+        "<TERMINAL_TASK_RESULT>\n  <task_id>{}</task_id><status>{}</status><exit_code>{}</exit_code>\n  <description>\n{}\n  </description>\n  <output>\n{}\n  </output>\n",
         xml_escape(&row.id),
         row.status.as_str(),
         row.exit_code.map(|c| c.to_string()).unwrap_or_default(),
-        xml_escape(row.description.as_deref().unwrap_or(&row.command)),
-        xml_escape(&output),
+        quote::block_with(
+            &xml_escape(row.description.as_deref().unwrap_or(&row.command)),
+            QUOTED
+        ),
+        quote::block_with(&xml_escape(output.trim_end_matches('\n')), QUOTED),
     );
     let mut notes = Vec::new();
     if cut > 0 || size > (NOTICE_OUTPUT_CHARS as u64) * 4 {
@@ -203,7 +210,7 @@ pub(crate) fn notice_block(row: &TaskRecord, note: Option<&str>) -> String {
     if !notes.is_empty() {
         block.push_str(&format!(
             "  <note>{}</note>\n",
-            xml_escape(&notes.join("; "))
+            quote::one_line(&xml_escape(&notes.join("; ")), usize::MAX)
         ));
     }
     block.push_str("</TERMINAL_TASK_RESULT>");
@@ -680,13 +687,18 @@ async fn terminate(
 }
 
 impl TaskRecord {
-    /// Who started the task, as the caller its notice turn runs as.
+    /// Who started the task, with the grants its notice turn needs: reading and stopping
+    /// this one task. The turn itself runs as the system with the least role (the session
+    /// queue decides it): nobody watches it, and its input quotes what others wrote.
     pub fn starter(&self) -> Caller {
         Caller {
             user_id: self.started_by.clone(),
             name: self.started_by_name.clone(),
             role: self.started_by_role,
-            grants: Vec::new(),
+            grants: vec![
+                Grant::new("task_output", "task_id", &self.id),
+                Grant::new("task_stop", "task_id", &self.id),
+            ],
         }
     }
 }

@@ -55,11 +55,25 @@ fn addressed(request: &ChatRequest) -> bool {
         && last_text(request).contains("@parlor")
 }
 
-/// A model that answers `reply: <last line of the user's text>` and `done: <result>` to a
-/// tool result; a text containing `slow` waits for `release`; scripted tool calls
-/// ([`script_tool_call`]) are made in answer to user messages that mention `@parlor`.
+/// The echo answer, but to a clock fire `reply: <the fire's text>` (its header line and
+/// quoted content), so a post shows which task fired and what it said.
+fn echo_fires(request: &ChatRequest) -> Completion {
+    let text = last_text(request);
+    match text.find("[Scheduled task") {
+        Some(at) if matches!(request.messages.last(), Some(Message::User { .. })) => Completion {
+            content: format!("reply: {}", &text[at..]),
+            ..Completion::default()
+        },
+        _ => parlor_bot::testing::echo(request),
+    }
+}
+
+/// A model that answers `reply: <last line of the user's text>` (the whole fire's text to
+/// a clock fire) and `done: <result>` to a tool result; a text containing `slow` waits for
+/// `release`; scripted tool calls ([`script_tool_call`]) are made in answer to user
+/// messages that mention `@parlor`.
 pub fn model() -> Arc<ScriptedLlm> {
-    ScriptedLlm::echo()
+    ScriptedLlm::answering(|request, _| Ok(echo_fires(request)))
         .gated_on("slow")
         .script_when(addressed)
         .shared()
@@ -67,7 +81,10 @@ pub fn model() -> Arc<ScriptedLlm> {
 
 /// [`model`] where every request waits for `release`.
 pub fn blocked_model() -> Arc<ScriptedLlm> {
-    ScriptedLlm::echo().gated().script_when(addressed).shared()
+    ScriptedLlm::answering(|request, _| Ok(echo_fires(request)))
+        .gated()
+        .script_when(addressed)
+        .shared()
 }
 
 /// A model every request fails, as unreachable.
