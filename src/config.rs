@@ -388,6 +388,9 @@ pub struct HttpSection {
     /// The environment variable holding the operator's console token (read at start, then
     /// scrubbed from the environment); unset: no console, only the three probes.
     pub token_env: Option<String>,
+    /// Host names answered besides the loopback ones (`localhost`, `127.0.0.1`, `[::1]`):
+    /// the name a reverse proxy passes on. Any other `Host` gets 421 (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl HttpSection {

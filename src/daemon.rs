@@ -178,6 +178,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             sessions: Some(manager.clone()),
             console,
             terminal: runtime.terminal.clone(),
+            allowed_hosts: config.http.allowed_hosts.clone(),
         };
         tasks.spawn(async move { crate::http::serve(listener, state, shutdown).await });
     }
