@@ -395,6 +395,9 @@ pub struct HttpSection {
     /// The environment variable holding the operator's console token (read at start, then
     /// scrubbed from the environment); unset: no console, only the three probes.
     pub token_env: Option<String>,
+    /// Host names answered besides the loopback ones (`localhost`, `127.0.0.1`, `[::1]`):
+    /// the name a reverse proxy passes on. Any other `Host` gets 421 (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl HttpSection {
@@ -418,10 +421,12 @@ impl HttpSection {
 pub struct OneBotSection {
     /// Forward WebSocket: the implementation's server, `ws://127.0.0.1:3001` for NapCat.
     pub url: Option<String>,
-    /// Reverse WebSocket: where parlor listens for the implementation (`127.0.0.1:6700`).
+    /// Reverse WebSocket: where parlor listens for the implementation (`127.0.0.1:6700`);
+    /// needs an access token.
     pub listen: Option<String>,
     /// The access token both sides share; the `onebot_token` credential or
-    /// `ONEBOT_ACCESS_TOKEN` when unset. Prefer those or `access_token_file`.
+    /// `ONEBOT_ACCESS_TOKEN` when unset. Prefer those or `access_token_file`. Required
+    /// with `listen`.
     pub access_token: Option<Secret>,
     /// File holding the access token.
     pub access_token_file: Option<PathBuf>,
@@ -1302,6 +1307,16 @@ impl Config {
             CREDENTIAL_ONEBOT,
             "ONEBOT_ACCESS_TOKEN",
         )?;
+        // Without a token any local process, or a web page the host's browser opens, could
+        // connect and speak as the QQ account, operators' numbers included.
+        if self.onebot.listen.is_some() && onebot_token.is_none() {
+            bail!(
+                "onebot.listen needs an access token, which the OneBot implementation must \
+                 present: set ONEBOT_ACCESS_TOKEN, onebot.access_token_file, \
+                 onebot.access_token or the systemd credential {CREDENTIAL_ONEBOT} (and the \
+                 same token in the implementation's WebSocket client settings)"
+            );
+        }
         let mut vision_keys = Vec::new();
         for vision in &self.llm.vision_models {
             vision_keys.push(match &vision.api_key_env {

@@ -178,6 +178,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             sessions: Some(manager.clone()),
             console,
             terminal: runtime.terminal.clone(),
+            allowed_hosts: config.http.allowed_hosts.clone(),
         };
         tasks.spawn(async move { crate::http::serve(listener, state, shutdown).await });
     }
@@ -227,16 +228,8 @@ fn onebot(config: &Config) -> anyhow::Result<Option<OneBotAdapter>> {
         (Some(url), _) => Transport::Forward {
             url: url.trim().to_owned(),
         },
-        (None, Some(listen)) => {
-            if !listen.ip().is_loopback() && config.onebot_token().is_none() {
-                anyhow::bail!(
-                    "onebot.listen = {listen} is reachable from other hosts: set an access token \
-                     (onebot.access_token_file, the onebot_token credential or \
-                     ONEBOT_ACCESS_TOKEN) so that only your OneBot implementation can connect"
-                );
-            }
-            Transport::Reverse { listen }
-        }
+        // `Config::resolve_secrets` refused a listener without a token.
+        (None, Some(listen)) => Transport::Reverse { listen },
         (None, None) => return Ok(None),
     };
     let mut adapter_config = OneBotConfig {

@@ -449,16 +449,13 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
             config.toolsets.subagent.max_wall_secs + 10,
         ));
     }
-    Ok(Agent::new(
-        llm,
-        registry(config, store, services)?,
-        &prompt,
-        main_config,
-    )
-    .with_vision_models(vision_models)
-    .with_observer(Arc::new(parlor_bot::metrics::MetricsObserver::new(
-        config.model(),
-    ))))
+    let tools = registry(config, store, services)?;
+    // Tool names label metrics only when the registry knows them.
+    let metrics =
+        parlor_bot::metrics::MetricsObserver::new(config.model()).with_tools(tools.clone());
+    Ok(Agent::new(llm, tools, &prompt, main_config)
+        .with_vision_models(vision_models)
+        .with_observer(Arc::new(metrics)))
 }
 
 /// Opens the store under the data directory; fails clearly when another parlor holds it.

@@ -1,7 +1,9 @@
 //! The operator's console (`[http] token_env`) of the real `parlor run` against the fake
 //! Telegram and the fake LLM, all on loopback: every console route refuses a missing or
 //! wrong token, the login sets a session cookie, the pages render the store's turns, clock
-//! runs and background tasks, and pausing a clock task changes the stored task.
+//! runs and background tasks, and pausing a clock task changes the stored task. Every
+//! route refuses a foreign `Host`, every answer carries the security headers, and wrong
+//! tokens are throttled per client address.
 
 #![allow(clippy::unwrap_used)]
 
@@ -108,6 +110,17 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// A client from loopback address 127.0.1.`n`: wrong tokens count against the address
+/// they come from, so each stranger starts with a clean record.
+fn stranger(n: u8) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(Policy::none())
+        .timeout(WAIT)
+        .local_address(std::net::IpAddr::from([127, 0, 1, n]))
+        .build()
+        .unwrap()
+}
+
 /// The `csrf` value of the first form of `html`.
 fn csrf(html: &str) -> String {
     let at = html.find("name=\"csrf\" value=\"").unwrap() + "name=\"csrf\" value=\"".len();
@@ -136,9 +149,10 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
         "/tasks".to_owned(),
         "/errors".to_owned(),
     ];
+    let mut strangers = (1..).map(stranger);
     for page in &pages {
         for bearer in [None, Some("wrong-token-wrong-token")] {
-            let mut request = http.get(format!("{base}{page}"));
+            let mut request = strangers.next().unwrap().get(format!("{base}{page}"));
             if let Some(b) = bearer {
                 request = request.bearer_auth(b);
             }
@@ -156,11 +170,11 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
     ];
     for action in actions {
         for bearer in [None, Some("wrong-token-wrong-token")] {
-            let mut request = http.post(format!("{base}{action}")).form(&[
-                ("session", session.as_str()),
-                ("id", "x"),
-                ("csrf", "x"),
-            ]);
+            let mut request = strangers
+                .next()
+                .unwrap()
+                .post(format!("{base}{action}"))
+                .form(&[("session", session.as_str()), ("id", "x"), ("csrf", "x")]);
             if let Some(b) = bearer {
                 request = request.bearer_auth(b);
             }
@@ -378,6 +392,213 @@ async fn check_config_says_whether_the_console_is_on() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("and the console"), "{text}");
+    assert!(!text.contains("put TLS"), "{text}");
+
+    // Other hosts can reach it: TLS belongs in front.
+    std::fs::write(&path, "[http]\nlisten = \"0.0.0.0:9464\"\n").unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
+        .arg("--config")
+        .arg(&path)
+        .arg("check-config")
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("put TLS (a reverse proxy) in front"),
+        "{text}"
+    );
+}
+
+/// A daemon with the console on and no turn yet: its address, and what keeps it running.
+async fn quiet_console(
+    extra: &str,
+) -> (
+    DaemonProcess,
+    String,
+    FakeTelegram,
+    FakeLlm,
+    tempfile::TempDir,
+) {
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        &format!("[http]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"PARLOR_HTTP_TOKEN\"\n{extra}"),
+    );
+    let mut command = daemon_command(&config, &llm);
+    command.env("PARLOR_HTTP_TOKEN", CONSOLE_TOKEN);
+    let daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
+    // The listener may log a moment after the first poll.
+    let addr = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(addr) = listen_addr(&daemon.log()) {
+                return addr;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap();
+    (daemon, addr, telegram, llm, dir)
+}
+
+/// Sends `request` (without its `Host` line) with `host` as the Host header (or none) over
+/// a fresh connection; returns the status line's code and the header block.
+async fn raw(addr: &str, request_line: &str, host: Option<&str>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let host = host.map(|h| format!("Host: {h}\r\n")).unwrap_or_default();
+    let request = format!(
+        "{request_line}\r\n{host}Content-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(WAIT, stream.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let head = answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    (status, head)
+}
+
+/// The security headers every answer carries.
+fn assert_secure(head: &str, what: &str) {
+    for header in [
+        "x-content-type-options: nosniff",
+        "x-frame-options: deny",
+        "referrer-policy: no-referrer",
+        "content-security-policy: default-src 'none'; style-src 'self'",
+        "cache-control: no-store",
+    ] {
+        assert!(head.contains(header), "{what}: no {header} in\n{head}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_host_is_refused_on_every_route_and_every_answer_has_the_security_headers() {
+    let (mut daemon, addr, _telegram, _llm, _dir) =
+        quiet_console("allowed_hosts = [\"parlor.example.com\"]\n").await;
+    let routes = [
+        "GET /healthz",
+        "GET /readyz",
+        "GET /metrics",
+        "GET /",
+        "GET /login",
+        "GET /chat/telegram%3A1",
+        "GET /clock",
+        "GET /tasks",
+        "GET /errors",
+        "GET /console.css",
+        "GET /no-such-page",
+        "POST /login",
+        "POST /logout",
+        "POST /stop",
+        "POST /clock/1/pause",
+        "POST /tasks/stop",
+    ];
+    let port = addr.rsplit(':').next().unwrap();
+    for route in routes {
+        let line = format!("{route} HTTP/1.1");
+        // A page whose DNS name was rebound to 127.0.0.1 sends its own name.
+        for host in [
+            Some("evil.example".to_owned()),
+            Some(format!("evil.example:{port}")),
+            Some(format!("127.0.0.1.evil.example:{port}")),
+        ] {
+            let (status, head) = raw(&addr, &line, host.as_deref()).await;
+            assert_eq!(status, 421, "{route} with Host {host:?}");
+            assert_secure(&head, route);
+        }
+        // HTTP/1.0 may omit the Host: refused too.
+        let (status, _) = raw(&addr, &format!("{route} HTTP/1.0"), None).await;
+        assert_eq!(status, 421, "{route} without a Host");
+        // Loopback names, and the listed one, are served.
+        for host in [
+            addr.clone(),
+            format!("localhost:{port}"),
+            format!("parlor.example.com:{port}"),
+        ] {
+            let (status, head) = raw(&addr, &line, Some(&host)).await;
+            assert_ne!(status, 421, "{route} with Host {host}");
+            assert_secure(&head, route);
+        }
+    }
+    // The pages load their style sheet, which the policy allows ('self'); none is inline.
+    let login = client()
+        .get(format!("http://{addr}/login"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(login.contains("href=\"/console.css\""), "{login}");
+    assert!(!login.contains("<style"), "{login}");
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_wrong_logins_are_throttled() {
+    let (mut daemon, addr, _telegram, _llm, _dir) = quiet_console("").await;
+    let base = format!("http://{addr}");
+    let guesser = stranger(200);
+    let mut throttled = 0;
+    let mut retry_after = None;
+    for i in 0..300 {
+        let r = guesser
+            .post(format!("{base}/login"))
+            .form(&[("token", format!("guess-{i:04}-of-the-console-token"))])
+            .send()
+            .await
+            .unwrap();
+        match r.status() {
+            StatusCode::UNAUTHORIZED => {}
+            StatusCode::TOO_MANY_REQUESTS => {
+                throttled += 1;
+                retry_after = r.headers().get("retry-after").cloned();
+            }
+            other => panic!("guess {i}: {other}"),
+        }
+    }
+    assert!(throttled >= 290, "only {throttled} of 300 throttled");
+    let secs: u64 = retry_after.unwrap().to_str().unwrap().parse().unwrap();
+    assert!((1..=300).contains(&secs), "{secs}");
+    // While it waits, even the right token gets the guesser nothing, nor does a bearer.
+    let r = guesser
+        .post(format!("{base}/login"))
+        .form(&[("token", CONSOLE_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let r = guesser
+        .get(format!("{base}/"))
+        .bearer_auth("wrong-token-wrong-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Another address is not held back.
+    let r = stranger(201)
+        .post(format!("{base}/login"))
+        .form(&[("token", CONSOLE_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
 }
 
 /// A WebDriver session on chromedriver, spoken over its W3C JSON protocol: the few

@@ -166,6 +166,90 @@ async fn a_wrong_token_is_refused_both_ways() {
     assert!(running.stop(STOP).await.is_ok());
 }
 
+/// Connects `fake` to the reverse listener at `url` once the listener takes it (a refusal
+/// with 409 means the connection before is still being let go).
+async fn connect_when_free(fake: &FakeOneBot, url: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match fake.connect_reverse(url, TOKEN).await {
+            Ok(()) => return,
+            Err(status) if status == "409" && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(status) => panic!("refused with {status}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reverse_listener_needs_the_token_refuses_browsers_and_keeps_its_first_connection() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let tokenless = OneBotAdapter::new(OneBotConfig::new(Transport::Reverse { listen: port }));
+    assert!(
+        matches!(tokenless, Err(PlatformError::Refused(_))),
+        "{tokenless:?}"
+    );
+    let config = OneBotConfig {
+        min_send_interval: Duration::ZERO,
+        ..OneBotConfig::new(Transport::Reverse { listen: port }).with_token(TOKEN)
+    };
+    let adapter = OneBotAdapter::new(config).unwrap();
+    let inbox = Arc::new(TestInbox::default());
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let running = Running::spawn(&adapter, inbox.clone(), move || {
+        let _ = ready_tx.send(());
+    });
+    ready_rx.await.unwrap();
+    let url = format!("ws://{port}/onebot/v11/ws");
+    let first = FakeOneBot::start(TOKEN, SELF_ID).await;
+    let second = FakeOneBot::start(TOKEN, SELF_ID).await;
+
+    // A web page's connection carries an Origin: refused even with the token.
+    assert_eq!(
+        first
+            .connect_reverse_with(&url, TOKEN, &[("Origin", "http://evil.example")])
+            .await,
+        Err("403".to_owned())
+    );
+    first.connect_reverse(&url, TOKEN).await.unwrap();
+    first.wait_for_connections(1, WAIT).await.unwrap();
+    // The newcomer has the token, and still does not displace the first.
+    assert_eq!(
+        second.connect_reverse(&url, TOKEN).await,
+        Err("409".to_owned())
+    );
+    first
+        .group_message(GROUP, ALICE, "alice", " still here")
+        .mention_bot()
+        .push();
+    assert_eq!(inbox.wait_for(1).await[0].text, "@parlor still here");
+    adapter
+        .send_message(&group(), "to the first", None)
+        .await
+        .unwrap();
+    assert_eq!(first.sent()[0].text(), "to the first");
+    assert!(second.sent().is_empty());
+    assert_eq!(second.connections(), 0);
+
+    // Once the first is gone, the next one is taken.
+    assert!(first.disconnect());
+    connect_when_free(&second, &url).await;
+    second
+        .group_message(GROUP, ALICE, "alice", " from the second")
+        .mention_bot()
+        .push();
+    assert_eq!(inbox.wait_for(2).await[1].text, "@parlor from the second");
+    adapter
+        .send_message(&group(), "to the second", None)
+        .await
+        .unwrap();
+    assert_eq!(second.sent()[0].text(), "to the second");
+    assert!(running.stop(STOP).await.is_ok());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_threads_to_the_question_and_ats_the_asker_and_an_answer_to_it_is_addressed() {
     let inbox = Arc::new(TestInbox::default());

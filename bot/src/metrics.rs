@@ -1,6 +1,11 @@
 //! The daemon's counters, in one process-wide Prometheus registry (`prometheus-client`,
 //! the Prometheus project's own Rust client) that `/metrics` encodes. Fed from the
 //! existing hooks: [`MetricsObserver`] for the agent loop, one-line calls elsewhere.
+//!
+//! Label values come from bounded sets only, and are escaped ([`label`]): the encoder
+//! writes them as given, so a `"` or a newline in one would forge series. A tool name the
+//! registry does not know (the model's invention) is `unknown`; a result code that is not
+//! a code is `other`.
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
@@ -13,6 +18,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::agent::{AgentEvent, AgentObserver, TracingObserver, TurnEnd};
+use crate::tool::ToolRegistry;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -151,14 +157,14 @@ impl Metrics {
     /// Counts a platform send that failed for good.
     pub fn send_error(&self, platform: &str) {
         self.send_errors
-            .get_or_create(&vec![("platform", platform.to_owned())])
+            .get_or_create(&vec![("platform", label(platform))])
             .inc();
     }
 
     /// Counts a platform send that is tried again.
     pub fn send_retry(&self, platform: &str) {
         self.send_retries
-            .get_or_create(&vec![("platform", platform.to_owned())])
+            .get_or_create(&vec![("platform", label(platform))])
             .inc();
     }
 
@@ -180,8 +186,37 @@ impl Metrics {
     /// Counts a clock task fire by how it ended.
     pub fn clock_fire(&self, status: &str) {
         self.clock_fires
-            .get_or_create(&vec![("status", status.to_owned())])
+            .get_or_create(&vec![("status", label(status))])
             .inc();
+    }
+}
+
+/// `value` as a label value may hold it: `\\`, `"` and newlines escaped as the text format
+/// asks, so no value can end its label or its line.
+pub fn label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A result code as a label: codes are `UPPER_SNAKE` and short; anything else is `other`.
+fn code_label(code: &str) -> String {
+    let is_code = !code.is_empty()
+        && code.len() <= 48
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+    if is_code {
+        code.to_owned()
+    } else {
+        "other".to_owned()
     }
 }
 
@@ -204,6 +239,8 @@ pub fn global() -> &'static Metrics {
 /// Feeds the agent loop's events into [`global`] and on to the log.
 pub struct MetricsObserver {
     model: String,
+    /// The tools whose names may be labels; without it every tool is `unknown`.
+    tools: Option<ToolRegistry>,
     inner: Arc<dyn AgentObserver>,
     // When the latest LLM request of each session was sent; a handful of entries at most.
     sent: Mutex<Vec<(String, Instant)>>,
@@ -221,20 +258,42 @@ impl MetricsObserver {
     /// Counts for `model`, then logs as [`TracingObserver`] does.
     pub fn new(model: impl Into<String>) -> Self {
         MetricsObserver {
-            model: model.into(),
+            model: label(&model.into()),
+            tools: None,
             inner: Arc::new(TracingObserver),
             sent: Mutex::new(Vec::new()),
         }
     }
 
+    /// Names tool calls by `tools` (a tool it does not know is `unknown`).
+    #[must_use]
+    pub fn with_tools(mut self, tools: ToolRegistry) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
     fn model(&self) -> Labels {
         vec![("model", self.model.clone())]
+    }
+
+    /// `name` if the registry has such a tool, else `unknown`: the model names tools, and
+    /// its inventions must not each become a series.
+    fn tool_label(&self, name: &str) -> String {
+        let known = self
+            .tools
+            .as_ref()
+            .is_some_and(|tools| tools.names().iter().any(|n| n == name));
+        if known {
+            label(name)
+        } else {
+            "unknown".to_owned()
+        }
     }
 }
 
 /// The platform part of a session key (`telegram:-100...` is `telegram`).
 fn platform_of(session: &str) -> String {
-    session.split(':').next().unwrap_or(session).to_owned()
+    label(session.split(':').next().unwrap_or(session))
 }
 
 impl AgentObserver for MetricsObserver {
@@ -271,15 +330,15 @@ impl AgentObserver for MetricsObserver {
             }
             AgentEvent::ToolFinished { call, result, .. } => {
                 let code = if result.success {
-                    "ok"
+                    "ok".to_owned()
                 } else {
-                    result.code().unwrap_or("error")
+                    result.code().map_or_else(|| "error".to_owned(), code_label)
                 };
                 metrics
                     .tool_calls
                     .get_or_create(&vec![
-                        ("tool", call.function.name.clone()),
-                        ("code", code.to_owned()),
+                        ("tool", self.tool_label(&call.function.name)),
+                        ("code", code),
                     ])
                     .inc();
             }
@@ -301,5 +360,29 @@ impl AgentObserver for MetricsObserver {
             AgentEvent::ToolStarted { .. } => {}
         }
         self.inner.on_event(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_label_cannot_end_its_quotes_or_its_line() {
+        assert_eq!(
+            label("x\"} 1\nparlor_evil{a=\"b\\"),
+            "x\\\"} 1\\nparlor_evil{a=\\\"b\\\\"
+        );
+        assert_eq!(code_label("TOOL_NOT_FOUND"), "TOOL_NOT_FOUND");
+        assert_eq!(code_label("x\"}"), "other");
+    }
+
+    #[test]
+    fn a_tool_the_registry_does_not_know_is_unknown() {
+        let observer = MetricsObserver::new("m");
+        assert_eq!(observer.tool_label("shell"), "unknown");
+        let empty = ToolRegistry::new(Vec::new()).unwrap_or_else(|e| panic!("{e}"));
+        let observer = observer.with_tools(empty);
+        assert_eq!(observer.tool_label("x\"} 1\nparlor_evil{a=\"b"), "unknown");
     }
 }

@@ -4,8 +4,12 @@
 //! body, so it is in no URL and no log) and a CSRF token that every form of that session
 //! carries back. Comparisons of secrets are constant-time (`subtle`). Sessions live in
 //! memory, bounded, and end with the daemon.
+//!
+//! Wrong tokens are throttled per client address ([`Throttle`]): a few are free, then each
+//! one makes the client wait (429 with `Retry-After`), the wait doubling up to a cap.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -43,6 +47,91 @@ struct Login {
 pub struct Auth {
     token: Secret,
     logins: Mutex<HashMap<String, Login>>,
+    /// Wrong tokens by client, so guessing the token costs time.
+    throttle: Throttle,
+}
+
+/// Wrong tokens a client may present before it must wait.
+const FREE_FAILURES: u32 = 5;
+/// The wait after the first wrong token past the free ones; it doubles with each further.
+const FIRST_WAIT: Duration = Duration::from_secs(1);
+/// The longest wait.
+const MAX_WAIT: Duration = Duration::from_secs(300);
+/// Clients the throttle remembers; past it, the one seen least recently is forgotten.
+pub const MAX_CLIENTS: usize = 1024;
+
+/// The address a request came from, put into its extensions by the listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client(pub IpAddr);
+
+struct Strikes {
+    failures: u32,
+    until: Option<Instant>,
+    seen: Instant,
+}
+
+/// Wrong tokens per client address: after [`FREE_FAILURES`], each makes the client wait
+/// from 1 s doubling to 5 min; a right token clears its record. Bounded at
+/// [`MAX_CLIENTS`]. IPv6 clients count by their /64, which one host usually holds whole.
+#[derive(Default)]
+pub struct Throttle {
+    clients: Mutex<HashMap<IpAddr, Strikes>>,
+}
+
+impl Throttle {
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Strikes>> {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long `client` must still wait before it may present a token; `None`: now.
+    pub fn wait(&self, client: IpAddr) -> Option<Duration> {
+        let until = self.clients().get(&key(client))?.until?;
+        until.checked_duration_since(Instant::now())
+    }
+
+    /// Records a wrong token from `client`.
+    pub fn failed(&self, client: IpAddr) {
+        let now = Instant::now();
+        let mut clients = self.clients();
+        let key = key(client);
+        if !clients.contains_key(&key)
+            && clients.len() >= MAX_CLIENTS
+            && let Some(oldest) = clients.iter().min_by_key(|(_, s)| s.seen).map(|(k, _)| *k)
+        {
+            clients.remove(&oldest);
+        }
+        let strikes = clients.entry(key).or_insert(Strikes {
+            failures: 0,
+            until: None,
+            seen: now,
+        });
+        strikes.failures = strikes.failures.saturating_add(1);
+        strikes.seen = now;
+        if let Some(past) = strikes.failures.checked_sub(FREE_FAILURES + 1) {
+            let wait = FIRST_WAIT
+                .checked_mul(1u32 << past.min(16))
+                .map_or(MAX_WAIT, |w| w.min(MAX_WAIT));
+            strikes.until = Some(now + wait);
+        }
+    }
+
+    /// Records a right token from `client`: its record goes.
+    pub fn succeeded(&self, client: IpAddr) {
+        self.clients().remove(&key(client));
+    }
+}
+
+/// The throttle's key for `ip`: itself, a v4-mapped address as v4, other IPv6 by /64.
+fn key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(
+                u128::from(v6) & 0xffff_ffff_ffff_ffff_0000_0000_0000_0000,
+            )),
+        },
+    }
 }
 
 /// 32 random bytes, hex.
@@ -62,7 +151,22 @@ impl Auth {
         Auth {
             token,
             logins: Mutex::new(HashMap::new()),
+            throttle: Throttle::default(),
         }
+    }
+
+    /// Wrong tokens by client.
+    pub fn throttle(&self) -> &Throttle {
+        &self.throttle
+    }
+
+    /// The bearer token these headers present, if any (right or wrong).
+    pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
     }
 
     fn logins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Login>> {
@@ -108,12 +212,8 @@ impl Auth {
 
     /// How these headers prove themselves, if they do.
     pub fn check(&self, headers: &HeaderMap) -> Option<Access> {
-        if let Some(bearer) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-        {
-            return self.token_matches(bearer.trim()).then_some(Access::Bearer);
+        if let Some(bearer) = Auth::bearer(headers) {
+            return self.token_matches(bearer).then_some(Access::Bearer);
         }
         let id = cookie(headers)?;
         let logins = self.logins();
@@ -214,6 +314,43 @@ mod tests {
         let made_up = headers(&[(header::COOKIE, &format!("{COOKIE}=00ff") as &str)]);
         assert_eq!(auth.check(&made_up), None);
         assert!(set_cookie(&id).contains("HttpOnly; SameSite=Strict"));
+    }
+
+    #[test]
+    fn wrong_tokens_make_a_client_wait_longer_and_longer_and_a_right_one_clears_it() {
+        let throttle = Throttle::default();
+        let alice: IpAddr = "192.0.2.1".parse().unwrap();
+        for _ in 0..FREE_FAILURES {
+            throttle.failed(alice);
+            assert_eq!(throttle.wait(alice), None);
+        }
+        throttle.failed(alice);
+        let first = throttle.wait(alice).unwrap();
+        assert!(first <= FIRST_WAIT && first > FIRST_WAIT / 2, "{first:?}");
+        throttle.failed(alice);
+        assert!(throttle.wait(alice).unwrap() > FIRST_WAIT, "doubled");
+        for _ in 0..40 {
+            throttle.failed(alice);
+        }
+        assert!(throttle.wait(alice).unwrap() <= MAX_WAIT, "capped");
+        // Another address of the same IPv6 /64 is the same client; another v4 is not.
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        for _ in 0..=FREE_FAILURES {
+            throttle.failed(v6);
+        }
+        assert!(throttle.wait("2001:db8::ffff".parse().unwrap()).is_some());
+        assert_eq!(throttle.wait("192.0.2.2".parse().unwrap()), None);
+        throttle.succeeded(alice);
+        assert_eq!(throttle.wait(alice), None);
+    }
+
+    #[test]
+    fn the_throttle_forgets_the_least_recent_client_past_its_bound() {
+        let throttle = Throttle::default();
+        for i in 0..(MAX_CLIENTS as u32 * 3) {
+            throttle.failed(IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)));
+        }
+        assert_eq!(throttle.clients().len(), MAX_CLIENTS);
     }
 
     #[test]

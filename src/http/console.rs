@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Extension, Form, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -22,7 +22,7 @@ use parlor_toolsets::clock::{ClockHandle, ClockPatch, ScheduleKind};
 use parlor_toolsets::terminal::{TaskStatus, TerminalService};
 use serde::Deserialize;
 
-use super::auth::{self, Access, Auth};
+use super::auth::{self, Access, Auth, Client};
 use super::errors::ErrorRing;
 
 const CSS: &str = include_str!("assets/console.css");
@@ -62,7 +62,51 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/tasks", get(tasks))
         .route("/tasks/stop", post(task_stop))
         .route("/errors", get(errors))
+        .route("/console.css", get(css))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&console),
+            throttle_bearer,
+        ))
         .with_state(console)
+}
+
+/// The style sheet, served rather than inlined so the content security policy needs no
+/// `'unsafe-inline'`.
+async fn css() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS).into_response()
+}
+
+/// Throttles bearer tokens as the login form's are: a client past its wrong tokens waits
+/// (429) whether its token is right or not, so guessing costs time on every route.
+async fn throttle_bearer(
+    State(console): State<Arc<Console>>,
+    Extension(Client(client)): Extension<Client>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(given) = Auth::bearer(request.headers()) {
+        let throttle = console.auth.throttle();
+        if let Some(wait) = throttle.wait(client) {
+            return too_many(wait);
+        }
+        if console.auth.token_matches(given) {
+            throttle.succeeded(client);
+        } else {
+            throttle.failed(client);
+        }
+    }
+    next.run(request).await
+}
+
+/// 429 with the wait in `Retry-After` (whole seconds, rounded up).
+fn too_many(wait: std::time::Duration) -> Response {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, secs.to_string())],
+        format!("too many wrong tokens; try again in {secs} s\n"),
+    )
+        .into_response()
 }
 
 /// HTML-escapes `text` for element content and quoted attribute values.
@@ -102,7 +146,7 @@ fn page(title: &str, access: Option<&Access>, body: &str) -> Html<String> {
     Html(format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{} · parlor</title><style>{CSS}</style></head><body>\
+         <title>{} · parlor</title><link rel=\"stylesheet\" href=\"/console.css\"></head><body>\
          <header><strong>parlor</strong>{nav}</header><main><h1>{}</h1>{body}</main></body></html>",
         esc(title),
         esc(title)
@@ -202,9 +246,19 @@ struct LoginForm {
     token: String,
 }
 
-async fn login(State(console): State<Arc<Console>>, Form(form): Form<LoginForm>) -> Response {
+async fn login(
+    State(console): State<Arc<Console>>,
+    Extension(Client(client)): Extension<Client>,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let throttle = console.auth.throttle();
+    // Checked before the token: a client past its wrong tokens learns nothing more.
+    if let Some(wait) = throttle.wait(client) {
+        return too_many(wait);
+    }
     if !console.auth.token_matches(form.token.trim()) {
-        tracing::warn!("console login refused: wrong token");
+        throttle.failed(client);
+        tracing::warn!(%client, "console login refused: wrong token");
         return (
             StatusCode::UNAUTHORIZED,
             page(
@@ -215,6 +269,7 @@ async fn login(State(console): State<Arc<Console>>, Form(form): Form<LoginForm>)
         )
             .into_response();
     }
+    throttle.succeeded(client);
     let Some(id) = console.auth.login() else {
         return failure(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -4,6 +4,11 @@
 //! answer without a token (they say nothing about what chats say; keep the listener on
 //! loopback); and, with `[http] token_env`, the operator's console behind that token.
 //!
+//! Every route, probes included, answers only a `Host` that names this machine's loopback
+//! (`localhost`, `127.0.0.1`, `[::1]`, any port) or one listed in `[http] allowed_hosts`;
+//! any other (or none) gets 421, so a web page that rebinds its DNS name to 127.0.0.1
+//! reads nothing. Every answer carries the standard security headers ([`secure`]).
+//!
 //! # Layout
 //! - `mod.rs`: the probes, the router, binding and serving.
 //! - [`auth`]: the token, login sessions (cookie + CSRF token), the guard every console
@@ -15,15 +20,16 @@ pub mod auth;
 pub mod console;
 pub mod errors;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use parlor_bot::session::SessionManager;
 use parlor_bot::store::Store;
@@ -40,6 +46,9 @@ pub struct HttpState {
     pub console: Option<Arc<console::Console>>,
     /// The terminal's background tasks, counted at scrape time.
     pub terminal: Option<Arc<parlor_toolsets::terminal::TerminalService>>,
+    /// Host names answered besides the loopback ones (`[http] allowed_hosts`), lowercase,
+    /// without port.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The routes, for [`serve`] and for tests.
@@ -49,14 +58,113 @@ pub fn router(state: HttpState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state.clone());
-    match state.console {
+    let routes = match state.console {
         Some(console) => probes.merge(console::router(console)),
         None => probes,
+    };
+    let hosts: Arc<[String]> = state
+        .allowed_hosts
+        .iter()
+        .map(|h| host_name(h).to_ascii_lowercase())
+        .collect();
+    routes.layer(axum::middleware::from_fn_with_state(hosts, guard))
+}
+
+/// Every request's way in: its client recorded ([`auth::Client`]), a foreign `Host`
+/// refused, and the security headers set on whatever answers.
+async fn guard(State(hosts): State<Arc<[String]>>, mut request: Request, next: Next) -> Response {
+    let client = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+    request.extensions_mut().insert(auth::Client(client));
+    // HTTP/2 carries the host as the URI's authority instead.
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()));
+    let mut response = match host {
+        Some(host) if host_allowed(&host, &hosts) => next.run(request).await,
+        _ => (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this host name is not served here (see http.allowed_hosts)\n",
+        )
+            .into_response(),
+    };
+    secure(response.headers_mut());
+    response
+}
+
+/// The host part of a `Host` value (`[::1]:9464` is `[::1]`, `localhost:80` is `localhost`).
+fn host_name(host: &str) -> &str {
+    let host = host.trim();
+    if host.starts_with('[') {
+        return match host.find(']') {
+            Some(end) => &host[..=end],
+            None => host,
+        };
     }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// Whether `host` (a `Host` header) names loopback or one of `allowed` (any port).
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = host_name(host).to_ascii_lowercase();
+    matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
+        || allowed.contains(&name)
+}
+
+/// The content security policy of every answer: the console's pages load their style
+/// sheet from here and nothing else, run no script, post forms only here, and are framed
+/// nowhere.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Sets the standard security headers: no MIME sniffing, no framing, no referrer, the
+/// [`CONTENT_SECURITY_POLICY`], and no caching (pages show chats and tokens).
+pub fn secure(headers: &mut HeaderMap) {
+    for (name, value) in [
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+}
+
+/// Whether `listen` is an address other hosts may reach (not loopback).
+fn exposed(listen: &str) -> bool {
+    listen
+        .parse::<SocketAddr>()
+        .is_ok_and(|addr| !addr.ip().is_loopback())
+}
+
+/// The warning for a listener other hosts can reach.
+fn exposed_warning(listen: &str) -> String {
+    format!(
+        "warning: http.listen = {listen} is not loopback: put TLS (a reverse proxy) in front, \
+         or the console token and its cookie cross the network in clear"
+    )
 }
 
 /// What `check-config` says of the listener.
 pub fn console_line(listen: &str, token: bool) -> String {
+    let line = console_summary(listen, token);
+    if exposed(listen) {
+        format!("{line}\n{}", exposed_warning(listen))
+    } else {
+        line
+    }
+}
+
+fn console_summary(listen: &str, token: bool) -> String {
     if token {
         format!(
             "http: {listen} serves /healthz, /readyz, /metrics (no token) and the console \
@@ -86,7 +194,13 @@ pub async fn serve(
     let local = listener.local_addr().ok();
     let console = if state.console.is_some() { "on" } else { "off" };
     tracing::info!(addr = ?local, console, "serving /healthz, /readyz and /metrics");
-    axum::serve(listener, router(state))
+    if let Some(addr) = local
+        && !addr.ip().is_loopback()
+    {
+        tracing::warn!("{}", exposed_warning(&addr.to_string()));
+    }
+    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
         .context("the HTTP listener failed")
@@ -146,4 +260,42 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         )],
         metrics.encode(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_names_and_the_listed_ones_are_answered() {
+        let allowed = vec!["parlor.example.com".to_owned()];
+        for host in [
+            "localhost",
+            "localhost:9464",
+            "127.0.0.1:9464",
+            "[::1]:9464",
+            "[::1]",
+            "LocalHost:1",
+            "parlor.example.com",
+            "Parlor.Example.Com:443",
+        ] {
+            assert!(host_allowed(host, &allowed), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:9464",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example:80",
+            "[::2]:80",
+            "",
+        ] {
+            assert!(!host_allowed(host, &allowed), "{host}");
+        }
+    }
+
+    #[test]
+    fn check_config_warns_of_a_listener_other_hosts_reach() {
+        assert!(console_line("0.0.0.0:9464", false).contains("put TLS"));
+        assert!(!console_line("127.0.0.1:9464", true).contains("put TLS"));
+    }
 }

@@ -237,8 +237,23 @@ impl FakeOneBot {
     /// Dials a bot listening for reverse connections at `url`, presenting `token` (empty:
     /// none). `Err` carries the HTTP status (or error) the bot refused with.
     pub async fn connect_reverse(&self, url: &str, token: &str) -> Result<(), String> {
+        self.connect_reverse_with(url, token, &[]).await
+    }
+
+    /// [`connect_reverse`](Self::connect_reverse) with `extra` headers too (an `Origin`, as
+    /// a web page's connection would carry).
+    pub async fn connect_reverse_with(
+        &self,
+        url: &str,
+        token: &str,
+        extra: &[(&'static str, &str)],
+    ) -> Result<(), String> {
         let mut request = url.into_client_request().map_err(|e| e.to_string())?;
         let headers = request.headers_mut();
+        for (name, value) in extra {
+            let value = HeaderValue::from_str(value).map_err(|e| e.to_string())?;
+            headers.insert(*name, value);
+        }
         headers.insert("X-Client-Role", HeaderValue::from_static("Universal"));
         if let Ok(id) = HeaderValue::from_str(&self.shared.self_id.to_string()) {
             headers.insert("X-Self-ID", id);

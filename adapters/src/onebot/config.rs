@@ -23,7 +23,8 @@ pub enum Transport {
         url: String,
     },
     /// Reverse WebSocket: parlor listens and the implementation connects (its
-    /// "WebSocket client" setting pointed at this address), with the access token.
+    /// "WebSocket client" setting pointed at this address), with the access token, which
+    /// this transport requires.
     Reverse {
         /// Where parlor listens.
         listen: SocketAddr,
@@ -38,7 +39,8 @@ pub struct OneBotConfig {
     /// Forward or reverse WebSocket.
     pub transport: Transport,
     /// The access token both sides agree on: sent as `Authorization: Bearer` when parlor
-    /// connects; required from the implementation when it connects. `None`: no token.
+    /// connects; required from the implementation when it connects (a reverse config
+    /// without one is refused). `None`: no token (forward only).
     pub access_token: Option<SecretString>,
     /// The limit on each action (a request and its `echo`ed answer).
     pub request_timeout: Duration,

@@ -33,6 +33,11 @@ pub(crate) const EVENT_QUEUE: usize = 256;
 /// How long a frame may take to be written before the connection counts as dead.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a connection has to answer a [`Links::probe`] ping (with a pong or any frame)
+/// before it counts as gone. A half-open connection (the peer vanished without a FIN)
+/// accepts writes into its socket buffer for minutes; only a missing answer shows it.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The live connection, as the senders see it.
 #[derive(Clone)]
 struct Handle {
@@ -85,6 +90,15 @@ impl Links {
     /// Whether a connection is up.
     pub(crate) fn connected(&self) -> bool {
         self.current.borrow().is_some()
+    }
+
+    /// Pings the live connection: unless some frame comes back within [`PROBE_TIMEOUT`],
+    /// its [`serve`] ends it as lost. Does nothing when none is up or its queue is full (a
+    /// full queue is being written, and a stuck write ends it on its own).
+    pub(crate) fn probe(&self) {
+        if let Some(handle) = self.current.borrow().as_ref() {
+            let _ = handle.tx.try_send(Message::Ping(Vec::new()));
+        }
     }
 
     /// Runs `action` with `params` on the live connection (waiting for one, within
@@ -210,10 +224,18 @@ where
     let pump = async {
         let mut silence: Option<Duration> = None;
         let mut last_frame = Instant::now();
+        // When an unanswered probe ping makes the connection count as gone.
+        let mut probe_due: Option<Instant> = None;
         let ended = loop {
             let watchdog = async {
                 match silence {
                     Some(limit) => tokio::time::sleep_until(last_frame + limit).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let unanswered = async {
+                match probe_due {
+                    Some(due) => tokio::time::sleep_until(due).await,
                     None => std::future::pending().await,
                 }
             };
@@ -223,8 +245,14 @@ where
                 () = watchdog => break Ended::Lost(format!(
                     "no frame for {:?} though heartbeats were due", silence.unwrap_or_default()
                 )),
+                () = unanswered => break Ended::Lost(format!(
+                    "no answer to a ping within {PROBE_TIMEOUT:?}"
+                )),
                 out = rx.recv() => {
                     let Some(out) = out else { break Ended::Lost("replaced".to_owned()) };
+                    if matches!(out, Message::Ping(_)) && probe_due.is_none() {
+                        probe_due = Some(Instant::now() + PROBE_TIMEOUT);
+                    }
                     match tokio::time::timeout(WRITE_TIMEOUT, sink.send(out)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(error)) => break Ended::Lost(format!("write failed: {error}")),
@@ -232,12 +260,14 @@ where
                     }
                 }
                 frame = next_text(&mut source) => {
-                    let text = match frame {
-                        Ok(Some(text)) => text,
-                        Ok(None) => continue,
+                    let frame = match frame {
+                        Ok(frame) => frame,
                         Err(why) => break Ended::Lost(why),
                     };
+                    // Any frame (a pong included) shows the peer is there.
                     last_frame = Instant::now();
+                    probe_due = None;
+                    let Some(text) = frame else { continue };
                     let Ok(value) = serde_json::from_str::<Value>(&text) else {
                         tracing::debug!(frame = %text.chars().take(200).collect::<String>(), "not JSON; ignored");
                         continue;

@@ -5,9 +5,13 @@
 //! One WebSocket carries both events and actions (OneBot's "universal" connection), with the
 //! access token as `Authorization: Bearer`. **Forward**: parlor connects to the
 //! implementation's WebSocket server and reconnects with backoff. **Reverse**: parlor
-//! listens and the implementation connects; a wrong or missing token is refused with 401
-//! (the token is also taken as the `access_token` query parameter). One connection is one
-//! QQ account (`self_id`); a newer reverse connection replaces an older one.
+//! listens and the implementation connects. The listener always needs the token (a
+//! reverse config without one is refused): a wrong or missing token is refused with 401
+//! (the token is also taken as the `access_token` query parameter, compared in constant
+//! time), a request with an `Origin` (a browser's) with 403. One connection is one QQ
+//! account (`self_id`); while one is served a newcomer is refused with 409 and never
+//! displaces it, and the served one is pinged: gone (half-open), it is dropped within
+//! 10 s and the implementation's next attempt is taken.
 //!
 //! ## Receiving
 //! Every event is converted by [`convert_event`] and handed to the runtime's inbox, events
@@ -173,7 +177,8 @@ impl Target {
 impl OneBotAdapter {
     /// Prepares the adapter; nothing is connected until it runs as a
     /// [`Receiver`](crate::Receiver). Errors: [`PlatformError::Refused`] for a forward URL
-    /// that is not `ws://` or `wss://`, or a blank access token.
+    /// that is not `ws://` or `wss://`, a blank access token, or a reverse listener
+    /// without one (anything local, a web page included, could connect as the account).
     pub fn new(config: OneBotConfig) -> Result<OneBotAdapter, PlatformError> {
         if let Transport::Forward { url } = &config.transport
             && !(url.starts_with("ws://") || url.starts_with("wss://"))
@@ -188,6 +193,11 @@ impl OneBotAdapter {
             })?),
             None => None,
         };
+        if matches!(config.transport, Transport::Reverse { .. }) && token.is_none() {
+            return Err(PlatformError::Refused(
+                "a reverse OneBot listener needs an access token".to_owned(),
+            ));
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .build()

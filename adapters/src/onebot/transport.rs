@@ -42,8 +42,9 @@ impl Receiver for OneBotAdapter {
     /// backoff whenever it ends; `ready` is called at the first connection. Returns
     /// [`PlatformError::Unauthorized`] when the implementation refuses the token (401/403).
     ///
-    /// Reverse: listens, and serves each implementation that connects with the right
-    /// token (a newer connection replaces the older); `ready` is called once listening.
+    /// Reverse: listens, and serves the implementation that connects with the right token,
+    /// one at a time (a newcomer is refused while a connection is served; see `accept`);
+    /// `ready` is called once listening.
     /// Returns [`PlatformError::Unavailable`] when the address cannot be bound.
     ///
     /// Both return `Ok(())` at shutdown. While the inbox answers `ShuttingDown` (the
@@ -166,10 +167,11 @@ impl OneBotAdapter {
         let listener = TcpListener::bind(listen).await.map_err(|e| {
             PlatformError::Unavailable(format!("cannot listen for OneBot on {listen}: {e}"))
         })?;
-        tracing::info!(%listen, "waiting for the OneBot implementation to connect");
+        let bound = listener.local_addr().unwrap_or(listen);
+        tracing::info!(listen = %bound, "waiting for the OneBot implementation to connect");
         ready();
-        // The connection being served: a newer one cancels it.
-        let current: Arc<Mutex<Option<CancellationToken>>> = Arc::default();
+        // Whether a connection is being served: while one is, a newcomer is refused.
+        let slot: Arc<Mutex<bool>> = Arc::default();
         // Stops every connection when the listener stops, whatever stopped it.
         let stop_all = shutdown.child_token();
         let mut connections = JoinSet::new();
@@ -187,10 +189,10 @@ impl OneBotAdapter {
                     };
                     let adapter = self.clone();
                     let inbox = Arc::clone(&inbox);
-                    let current = Arc::clone(&current);
+                    let slot = Arc::clone(&slot);
                     let stop = stop_all.child_token();
                     connections.spawn(async move {
-                        adapter.accept(stream, peer, inbox, current, stop).await
+                        adapter.accept(stream, peer, inbox, slot, stop).await
                     });
                 }
             }
@@ -206,16 +208,28 @@ impl OneBotAdapter {
         Ok(())
     }
 
-    /// Shakes hands with one reverse connection (refusing a wrong token) and serves it.
+    /// Shakes hands with one reverse connection and serves it. Refused before the upgrade:
+    /// a request with an `Origin` (403: a browser's, which a web page can make; OneBot
+    /// implementations send none), a wrong or missing token (401), and any newcomer while
+    /// a connection is served (409).
+    ///
+    /// A newcomer never displaces the connection being served: that one may be the real
+    /// implementation, and the newcomer anyone who learnt the token. A refused newcomer
+    /// pings the served connection; one that is gone (half-open after a network blip, its
+    /// peer reconnecting) does not answer and is dropped after [`link::PROBE_TIMEOUT`]
+    /// (sooner when its heartbeats stopped), so the implementation's next attempt, a few
+    /// seconds later, is taken: about 10 s plus its retry interval.
     async fn accept(
         &self,
         stream: TcpStream,
         peer: std::net::SocketAddr,
         inbox: Arc<dyn Inbox>,
-        current: Arc<Mutex<Option<CancellationToken>>>,
+        slot: Arc<Mutex<bool>>,
         stop: CancellationToken,
     ) {
         let mut self_id: Option<String> = None;
+        let mut claim: Option<Claim> = None;
+        let mut busy = false;
         let token = self.inner.token.clone();
         // The handshake's callback signature is tungstenite's; its error is an HTTP answer.
         #[allow(clippy::result_large_err)]
@@ -225,14 +239,33 @@ impl OneBotAdapter {
                 .get("X-Self-ID")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            match &token {
-                Some(token) if !presents(request, token.expose()) => {
-                    let mut refusal =
-                        ErrorResponse::new(Some("wrong or missing access token".to_owned()));
-                    *refusal.status_mut() = StatusCode::UNAUTHORIZED;
-                    Err(refusal)
+            let refuse = |status: StatusCode, why: &str| {
+                let mut refusal = ErrorResponse::new(Some(format!("{why}\n")));
+                *refusal.status_mut() = status;
+                Err(refusal)
+            };
+            if request.headers().contains_key("Origin") {
+                return refuse(StatusCode::FORBIDDEN, "browsers may not connect");
+            }
+            // `new` refuses a reverse config without a token; none here fails closed.
+            if !token
+                .as_ref()
+                .is_some_and(|token| presents(request, token.expose()))
+            {
+                return refuse(StatusCode::UNAUTHORIZED, "wrong or missing access token");
+            }
+            match Claim::take(&slot) {
+                Some(taken) => {
+                    claim = Some(taken);
+                    Ok(response)
                 }
-                _ => Ok(response),
+                None => {
+                    busy = true;
+                    refuse(
+                        StatusCode::CONFLICT,
+                        "another OneBot connection is being served",
+                    )
+                }
             }
         };
         let handshake = tokio::time::timeout(
@@ -242,6 +275,16 @@ impl OneBotAdapter {
         .await;
         let ws = match handshake {
             Ok(Ok(ws)) => ws,
+            Ok(Err(_)) if busy => {
+                tracing::warn!(
+                    %peer,
+                    self_id = self_id.as_deref().unwrap_or("?"),
+                    "refused a second OneBot connection: one is being served; pinging it in \
+                     case it is gone"
+                );
+                self.inner.links.probe();
+                return;
+            }
             Ok(Err(error)) => {
                 tracing::warn!(%peer, %error, "refused a OneBot connection");
                 return;
@@ -251,18 +294,11 @@ impl OneBotAdapter {
                 return;
             }
         };
-        let previous = current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(stop.clone());
-        if let Some(previous) = previous {
-            previous.cancel();
-        }
+        // Held until the connection ends: the next one is taken only then.
+        let _claim = claim;
         tracing::info!(%peer, self_id = self_id.as_deref().unwrap_or("?"), "the OneBot implementation connected");
         parlor_bot::health::global().set_ready(HEALTH);
         if let Ended::Lost(why) = self.serve(ws, &inbox, &stop).await {
-            // A connection replacing this one ends it as `Shutdown`, so this is no
-            // stale mark over a newer connection's.
             parlor_bot::health::global()
                 .set_down(HEALTH, format!("the implementation disconnected: {why}"));
             tracing::warn!(%peer, error = %why, "the OneBot connection ended; waiting for it to come back");
@@ -366,6 +402,27 @@ impl OneBotAdapter {
     }
 }
 
+/// The one reverse connection's hold on the slot; dropping it frees the slot.
+struct Claim(Arc<Mutex<bool>>);
+
+impl Claim {
+    /// The slot, unless a connection holds it.
+    fn take(slot: &Arc<Mutex<bool>>) -> Option<Claim> {
+        let mut taken = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if *taken {
+            return None;
+        }
+        *taken = true;
+        Some(Claim(Arc::clone(slot)))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    }
+}
+
 /// Why a forward connection could not be opened.
 enum Dial {
     /// The implementation answered 401/403: the token is wrong.
@@ -397,8 +454,28 @@ fn presents(request: &Request, token: &str) -> bool {
         .any(|given| same(given.as_bytes(), token.as_bytes()))
 }
 
-/// Compares without stopping at the first difference, so the time taken says nothing
-/// about how much of a guessed token was right.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Compares in constant time: every byte of the token is visited whatever `given` is
+/// (`subtle` keeps the optimiser from stopping early), so neither how much of a guess was
+/// right nor its length changes the time taken.
+fn same(given: &[u8], token: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    let mut equal = given.len().ct_eq(&token.len());
+    for (i, t) in token.iter().enumerate() {
+        equal &= given.get(i).copied().unwrap_or(0).ct_eq(t);
+    }
+    equal.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same;
+
+    #[test]
+    fn the_token_comparison_wants_every_byte_and_the_length() {
+        assert!(same(b"secret-token", b"secret-token"));
+        assert!(!same(b"secret-tokex", b"secret-token"));
+        assert!(!same(b"secret-toke", b"secret-token"));
+        assert!(!same(b"secret-token\0", b"secret-token"));
+        assert!(!same(b"", b"secret-token"));
+    }
 }
