@@ -314,8 +314,13 @@ pub struct VisionModelConfig {
     pub model: String,
     /// Its endpoint; the main model's (`llm.base_url`) when unset.
     pub base_url: Option<String>,
-    /// Environment variable holding its API key; the main model's key when unset.
+    /// Environment variable holding its API key. With neither this nor `api_key_file` it
+    /// gets the main model's key only when it uses the main endpoint (no `base_url`, or the
+    /// same one), and no key otherwise: the main key never goes to another host.
     pub api_key_env: Option<String>,
+    /// File holding its API key (a systemd credential's path, say); read before
+    /// `api_key_env`.
+    pub api_key_file: Option<PathBuf>,
 }
 
 impl Default for LlmConfig {
@@ -717,7 +722,9 @@ pub struct WebConfig {
     pub duckduckgo_url: String,
     /// Networks (CIDRs) fetches may reach although they are not public, e.g. an intranet.
     pub allow_networks: Vec<String>,
-    /// Host names (with their subdomains) fetches never reach.
+    /// What fetches never reach, even in `allow_networks`: host names (with their
+    /// subdomains), IP addresses and CIDRs (compared with every address a name resolves
+    /// to). A bad entry is a config error.
     pub deny_hosts: Vec<String>,
     /// One fetch, redirects and body included.
     pub fetch_timeout_secs: u64,
@@ -1319,14 +1326,17 @@ impl Config {
         }
         let mut vision_keys = Vec::new();
         for vision in &self.llm.vision_models {
-            vision_keys.push(match &vision.api_key_env {
-                Some(name) => Some(secrets::from_env(name).ok_or_else(|| {
+            vision_keys.push(match (&vision.api_key_file, &vision.api_key_env) {
+                (Some(path), _) => {
+                    Some(secrets::read_file(path, "llm.vision_models.api_key_file")?)
+                }
+                (None, Some(name)) => Some(secrets::from_env(name).ok_or_else(|| {
                     anyhow::anyhow!(
                         "llm.vision_models ({}) reads its API key from {name}, which is not set",
                         vision.model
                     )
                 })?),
-                None => None,
+                (None, None) => None,
             });
         }
         let http_token = match &self.http.token_env {
@@ -1420,6 +1430,12 @@ impl Config {
             .flatten()
             .cloned(),
         );
+        paths.extend(
+            self.llm
+                .vision_models
+                .iter()
+                .filter_map(|v| v.api_key_file.clone()),
+        );
         paths
     }
 
@@ -1429,12 +1445,20 @@ impl Config {
         self.secrets.api_key.as_ref()
     }
 
-    /// The API key of `[[llm.vision_models]]` entry `index`, once resolved: its own, or the
-    /// main model's.
+    /// The API key of `[[llm.vision_models]]` entry `index`, once resolved: its own; else
+    /// the main model's when it uses the main endpoint; else none, so that naming another
+    /// `base_url` never sends the main key there.
     pub fn vision_api_key(&self, index: usize) -> Option<&Secret> {
-        match self.secrets.vision_keys.get(index) {
-            Some(Some(key)) => Some(key),
-            _ => self.api_key(),
+        if let Some(Some(key)) = self.secrets.vision_keys.get(index) {
+            return Some(key);
+        }
+        let vision = self.llm.vision_models.get(index)?;
+        let main = self.base_url();
+        let same = |url: &str| url.trim_end_matches('/') == main.trim_end_matches('/');
+        if vision.base_url.as_deref().is_none_or(same) {
+            self.api_key()
+        } else {
+            None
         }
     }
 
@@ -1809,17 +1833,78 @@ access_token = "onebot-secret-999"
     }
 
     #[test]
+    fn a_vision_model_on_another_endpoint_gets_only_its_own_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("eyes_key");
+        std::fs::write(&key_file, "sk-eyes-file\n").unwrap();
+        let mut config = Config::parse(&format!(
+            r#"
+[llm]
+base_url = "https://llm.example/v1"
+api_key = "sk-main"
+[[llm.vision_models]]
+model = "main-endpoint"
+[[llm.vision_models]]
+model = "main-endpoint-spelled-out"
+base_url = "https://llm.example/v1/"
+[[llm.vision_models]]
+model = "elsewhere"
+base_url = "https://eyes.example/v1"
+[[llm.vision_models]]
+model = "elsewhere-with-its-key"
+base_url = "https://eyes.example/v1"
+api_key_file = "{}"
+"#,
+            key_file.display()
+        ))
+        .unwrap();
+        config.resolve_secrets().unwrap();
+        let keys: Vec<Option<&str>> = (0..4)
+            .map(|i| config.vision_api_key(i).map(Secret::expose))
+            .collect();
+        assert_eq!(
+            keys,
+            [Some("sk-main"), Some("sk-main"), None, Some("sk-eyes-file")]
+        );
+        assert!(config.secret_paths().contains(&key_file));
+    }
+
+    #[test]
     fn the_web_section_is_checked() {
         let config = Config::parse(
             "[toolsets.web]\nprovider = \"searxng\"\nsearxng_url = \"http://10.0.0.2:8888\"\nallow_networks = [\"10.1.2.0/24\", \"127.0.0.2\"]\n",
         )
         .unwrap();
         assert_eq!(config.url_guard().unwrap().allow_networks().len(), 2);
+        let config = Config::parse(
+            "[toolsets.web]\ndeny_hosts = [\"127.1\", \"[::1]\", \"10.9.0.0/16\", \"Wiki.Example.\"]\n",
+        )
+        .unwrap();
+        let denied: Vec<String> = config
+            .url_guard()
+            .unwrap()
+            .deny_hosts()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(denied, ["127.0.0.1", "::1", "10.9.0.0/16", "wiki.example"]);
         for (text, key) in [
             ("[toolsets.web]\nprovider = \"searxng\"\n", "searxng_url"),
             (
                 "[toolsets.web]\nallow_networks = [\"10.0.0.0/40\"]\n",
                 "allow_networks",
+            ),
+            (
+                "[toolsets.web]\ndeny_hosts = [\"10.0.0.0/40\"]\n",
+                "deny_hosts",
+            ),
+            (
+                "[toolsets.web]\ndeny_hosts = [\"http://intranet.example\"]\n",
+                "deny_hosts",
+            ),
+            (
+                "[toolsets.web]\ndeny_hosts = [\"*.example\"]\n",
+                "deny_hosts",
             ),
             ("[toolsets.web]\nbrave_url = \"ftp://x\"\n", "brave_url"),
             ("[toolsets.web]\npage_chars = 9000\n", "page_chars"),

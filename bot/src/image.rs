@@ -6,7 +6,9 @@
 //! - **sniffing** ([`sniff`]): the format comes from the magic numbers, never a file name, a
 //!   platform's MIME type or a server's word;
 //! - **limits**: [`DEFAULT_MAX_BYTES`] and [`DEFAULT_MAX_SIDE`] for callers to enforce and
-//!   configure, [`MAX_SIDE`] and [`MAX_DECODE_BYTES`] enforced while decoding;
+//!   configure; [`MAX_SIDE`], [`MAX_PIXELS`] and [`MAX_DECODE_BYTES`] enforced on the
+//!   declared size before decoding ([`inspect`]) and while decoding; [`DECODE_BUDGET_MIB`]
+//!   for all decodes of the process at once;
 //! - **preparing** ([`prepare`], [`prepare_blocking`]): decode within the limits, downscale
 //!   and re-encode when needed;
 //! - **encoding** for the wire ([`Prepared::data_url`]).
@@ -22,10 +24,16 @@
 //! JPEG (quality [`JPEG_QUALITY`]), or as PNG when it has transparent pixels. GIFs are always
 //! re-encoded (first frame) because providers refuse animated GIFs.
 //!
-//! Decoding is bounded ([`MAX_SIDE`] per side, [`MAX_DECODE_BYTES`] of memory), so a small
-//! file that inflates to gigabytes (a "decompression bomb") is refused, not decoded. The
+//! Decoding is bounded, so a small file that inflates to gigabytes (a "decompression bomb":
+//! a 243 KiB flat PNG declares 9000 × 9000 pixels) is refused, not decoded: the header's
+//! dimensions are checked first ([`MAX_SIDE`] per side, [`MAX_PIXELS`] in all, the decoded
+//! size within [`MAX_DECODE_BYTES`]), and the decoder itself gets that memory limit. One
+//! image within the limits still costs up to [`MAX_DECODE_BYTES`], so N chats sending one
+//! each would cost N times that: [`prepare_blocking`] takes the decoded size from a budget
+//! of [`DECODE_BUDGET_MIB`] shared by the whole process and waits while it is spent. The
 //! work is CPU-bound: async callers use [`prepare_blocking`], which runs it on a blocking
-//! thread.
+//! thread. The full-size image is scaled down before it is rotated (EXIF), so a rotation
+//! never copies it.
 
 use std::io::Cursor;
 
@@ -36,8 +44,20 @@ use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 
 /// Largest width or height decoded at all.
 pub const MAX_SIDE: u32 = 16_384;
-/// Most memory a decoder may allocate for one image.
-pub const MAX_DECODE_BYTES: u64 = 256 * 1024 * 1024;
+/// Most pixels decoded at all (40 megapixels: more than any phone camera's photo); a larger
+/// image is refused on its declared size, before decoding.
+pub const MAX_PIXELS: u64 = 40_000_000;
+/// Most memory a decoder may allocate for one image: 40 megapixels of 8-bit RGBA.
+pub const MAX_DECODE_BYTES: u64 = 160 * MIB;
+/// Memory, in MiB, that all decodes of the process may hold at once ([`prepare_blocking`]
+/// waits for its share): one image at the limit, or several smaller ones.
+pub const DECODE_BUDGET_MIB: u32 = 160;
+const MIB: u64 = 1024 * 1024;
+
+/// The decode budget: one permit per MiB of decoded image. Process-wide because the memory
+/// it guards is: every chat, `load_image` and MCP images draw from it.
+static DECODING: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(DECODE_BUDGET_MIB as usize);
 /// Largest image passed on without re-encoding; larger files are re-encoded (smaller
 /// requests, and under every provider's per-image limit).
 pub const PASS_THROUGH_BYTES: usize = 4 * 1024 * 1024;
@@ -143,35 +163,114 @@ pub enum ImageError {
     Internal(String),
 }
 
-/// [`prepare`] on a blocking thread, so that decoding a large photo does not hold up the
-/// async runtime's workers.
-pub async fn prepare_blocking(bytes: Vec<u8>, max_side: u32) -> Result<Prepared, ImageError> {
-    tokio::task::spawn_blocking(move || prepare(bytes, max_side))
-        .await
-        .unwrap_or_else(|error| {
-            tracing::error!(%error, "image preparation task failed");
-            Err(ImageError::Internal(
-                "the image could not be processed; the error was logged".to_owned(),
-            ))
-        })
+/// What an image's header declares, read without decoding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Its format.
+    pub kind: Kind,
+    /// Width, in pixels (before EXIF rotation).
+    pub width: u32,
+    /// Height, in pixels (before EXIF rotation).
+    pub height: u32,
+    /// Bytes the decoded image takes.
+    pub decoded_bytes: u64,
 }
 
-/// Checks, decodes and (when needed) downscales `bytes` so that the longest side is at most
-/// `max_side` pixels (values below [`MIN_TARGET_SIDE`] count as that). See the module docs.
-pub fn prepare(bytes: Vec<u8>, max_side: u32) -> Result<Prepared, ImageError> {
-    let max_side = max_side.max(MIN_TARGET_SIDE);
-    let kind = sniff(&bytes).ok_or_else(|| ImageError::NotAnImage(not_an_image(&bytes)))?;
-    let mut reader = ImageReader::with_format(Cursor::new(bytes.as_slice()), kind.format());
+/// Reads the header of `bytes` and refuses it when decoding it would break a limit
+/// ([`MAX_SIDE`], [`MAX_PIXELS`], [`MAX_DECODE_BYTES`]): the check that comes before any
+/// pixel is decoded.
+pub fn inspect(bytes: &[u8]) -> Result<Header, ImageError> {
+    let kind = sniff(bytes).ok_or_else(|| ImageError::NotAnImage(not_an_image(bytes)))?;
+    let decoder = open(bytes, kind)?;
+    within_limits(kind, &decoder)
+}
+
+/// A decoder of `bytes` with the limits set; only the header has been read.
+fn open(bytes: &[u8], kind: Kind) -> Result<impl ImageDecoder + '_, ImageError> {
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), kind.format());
     let mut limits = Limits::default();
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);
     limits.max_alloc = Some(MAX_DECODE_BYTES);
     reader.limits(limits);
-    let mut decoder = reader.into_decoder().map_err(|e| decode_error(kind, &e))?;
+    reader.into_decoder().map_err(|e| decode_error(kind, &e))
+}
+
+fn within_limits(kind: Kind, decoder: &impl ImageDecoder) -> Result<Header, ImageError> {
+    let (width, height) = decoder.dimensions();
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > MAX_PIXELS {
+        return Err(ImageError::TooLarge(format!(
+            "the image is too large to read: {width} × {height} pixels is {} megapixels, \
+             more than the {} read",
+            pixels.div_ceil(1_000_000),
+            MAX_PIXELS / 1_000_000
+        )));
+    }
+    let decoded_bytes = decoder.total_bytes();
+    if decoded_bytes > MAX_DECODE_BYTES {
+        return Err(too_much_memory());
+    }
+    Ok(Header {
+        kind,
+        width,
+        height,
+        decoded_bytes,
+    })
+}
+
+fn too_much_memory() -> ImageError {
+    ImageError::TooLarge(format!(
+        "the image is too large to read: decoding it would need more than {} MB of memory",
+        MAX_DECODE_BYTES / MIB
+    ))
+}
+
+/// [`prepare`] on a blocking thread, so that decoding a large photo does not hold up the
+/// async runtime's workers, and within the process's decode budget: the header is checked
+/// first, then the decoded size is taken from [`DECODE_BUDGET_MIB`] (waiting while other
+/// decodes hold it) until the decode is done.
+pub async fn prepare_blocking(bytes: Vec<u8>, max_side: u32) -> Result<Prepared, ImageError> {
+    let header = inspect(&bytes)?;
+    let mib = header
+        .decoded_bytes
+        .div_ceil(MIB)
+        .clamp(1, u64::from(DECODE_BUDGET_MIB));
+    let permits = u32::try_from(mib).unwrap_or(DECODE_BUDGET_MIB);
+    let Ok(budget) = DECODING.acquire_many(permits).await else {
+        // The semaphore is never closed; answer as for a dead thread all the same.
+        return Err(failed());
+    };
+    tokio::task::spawn_blocking(move || {
+        let _budget = budget;
+        prepare(bytes, max_side)
+    })
+    .await
+    .unwrap_or_else(|error| {
+        tracing::error!(%error, "image preparation task failed");
+        Err(failed())
+    })
+}
+
+fn failed() -> ImageError {
+    ImageError::Internal("the image could not be processed; the error was logged".to_owned())
+}
+
+/// Checks, decodes and (when needed) downscales `bytes` so that the longest side is at most
+/// `max_side` pixels (values below [`MIN_TARGET_SIDE`] count as that). See the module docs.
+/// It holds no share of the decode budget: async callers use [`prepare_blocking`].
+pub fn prepare(bytes: Vec<u8>, max_side: u32) -> Result<Prepared, ImageError> {
+    let max_side = max_side.max(MIN_TARGET_SIDE);
+    let kind = sniff(&bytes).ok_or_else(|| ImageError::NotAnImage(not_an_image(&bytes)))?;
+    let mut decoder = open(&bytes, kind)?;
+    let header = within_limits(kind, &decoder)?;
     let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
     let mut img = DynamicImage::from_decoder(decoder).map_err(|e| decode_error(kind, &e))?;
-    img.apply_orientation(orientation);
-    let (original_width, original_height) = (img.width(), img.height());
+    let (original_width, original_height) = if swaps_sides(orientation) {
+        (header.height, header.width)
+    } else {
+        (header.width, header.height)
+    };
     let fits = original_width.max(original_height) <= max_side;
     if fits
         && orientation == Orientation::NoTransforms
@@ -190,9 +289,11 @@ pub fn prepare(bytes: Vec<u8>, max_side: u32) -> Result<Prepared, ImageError> {
     }
     if !fits {
         // `thumbnail` averages the source pixels of each target pixel: a good downscale, and
-        // fast (integer arithmetic), which matters for a 12-megapixel photo.
+        // fast (integer arithmetic), which matters for a 40-megapixel photo. The bound is a
+        // square, so scaling before rotating gives the same size as after.
         img = img.thumbnail(max_side, max_side);
     }
+    img.apply_orientation(orientation);
     let (bytes, mime) = encode(&img)?;
     Ok(Prepared {
         bytes,
@@ -226,17 +327,24 @@ fn encode(img: &DynamicImage) -> Result<(Vec<u8>, &'static str), ImageError> {
     }
 }
 
+/// Whether `orientation` turns the image a quarter, so that its sides swap.
+fn swaps_sides(orientation: Orientation) -> bool {
+    matches!(
+        orientation,
+        Orientation::Rotate90
+            | Orientation::Rotate270
+            | Orientation::Rotate90FlipH
+            | Orientation::Rotate270FlipH
+    )
+}
+
 fn decode_error(kind: Kind, error: &image::ImageError) -> ImageError {
     match error {
         image::ImageError::Limits(limit) => match limit.kind() {
             LimitErrorKind::DimensionError => ImageError::TooLarge(format!(
-                "the image has more than {MAX_SIDE} pixels on a side; it is too large to read"
+                "the image is too large to read: it has more than {MAX_SIDE} pixels on a side"
             )),
-            _ => ImageError::TooLarge(format!(
-                "decoding the image would need more than {} MB of memory; it is too large to \
-                 read",
-                MAX_DECODE_BYTES / (1024 * 1024)
-            )),
+            _ => too_much_memory(),
         },
         other => ImageError::NotAnImage(format!(
             "the data starts like a {} image but cannot be decoded ({other})",
@@ -360,18 +468,48 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn a_decompression_bomb_is_refused_before_decoding() {
-        // A valid PNG header claiming 100000 x 100000 pixels: refused on the header alone.
+    /// A PNG that is only a header declaring `width` × `height` pixels of `color_type`
+    /// (0 grey, 2 RGB, 6 RGBA) at `depth` bits: decoding it would fail at once, so a
+    /// `TooLarge` answer proves the refusal came from the header.
+    fn png_header(width: u32, height: u32, color_type: u8, depth: u8) -> Vec<u8> {
         let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
         let mut ihdr = b"IHDR".to_vec();
-        ihdr.extend_from_slice(&100_000u32.to_be_bytes());
-        ihdr.extend_from_slice(&100_000u32.to_be_bytes());
-        ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+        ihdr.extend_from_slice(&width.to_be_bytes());
+        ihdr.extend_from_slice(&height.to_be_bytes());
+        ihdr.extend_from_slice(&[depth, color_type, 0, 0, 0]);
         bytes.extend_from_slice(&13u32.to_be_bytes());
         bytes.extend_from_slice(&ihdr);
         bytes.extend_from_slice(&crc32(&ihdr).to_be_bytes());
+        // The start of the pixel data (a zlib header and nothing after it): the decoder
+        // reads up to here before it knows the image.
+        let idat = b"IDAT\x78\x9c";
+        bytes.extend_from_slice(&2u32.to_be_bytes());
+        bytes.extend_from_slice(idat);
+        bytes.extend_from_slice(&crc32(idat).to_be_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_refused_before_decoding() {
+        // Past the side limit.
+        let bytes = png_header(100_000, 100_000, 2, 8);
         assert!(matches!(prepare(bytes, 1568), Err(ImageError::TooLarge(_))));
+        // Within it, but 100 megapixels: 100 MB of grey, which a memory limit alone let
+        // through to the decoder.
+        let bytes = png_header(10_000, 10_000, 0, 8);
+        let refused = inspect(&bytes).unwrap_err();
+        assert!(
+            matches!(&refused, ImageError::TooLarge(m) if m.contains("100 megapixels")),
+            "{refused:?}"
+        );
+        assert_eq!(prepare(bytes, 1568).unwrap_err(), refused);
+        // 40 megapixels pass the pixel budget, but not at 16 bits of RGBA (320 MB).
+        let header = inspect(&png_header(8000, 5000, 2, 8)).unwrap();
+        assert_eq!(header.decoded_bytes, 120_000_000);
+        assert!(matches!(
+            inspect(&png_header(8000, 5000, 6, 16)),
+            Err(ImageError::TooLarge(m)) if m.contains("memory")
+        ));
     }
 
     fn crc32(data: &[u8]) -> u32 {

@@ -4,7 +4,8 @@
 //! 127.0.0.1 ([`McpHttpServer`], in-process).
 //!
 //! Its tools cover what a client has to handle: `echo` (read-only, with structured
-//! content), `delete_file` (annotated destructive; deletes nothing), `lookup` (its schema
+//! content), `delete_file` (annotated destructive; deletes nothing), `move_file`
+//! (annotated not read-only and not destructive; moves nothing), `lookup` (its schema
 //! uses `$ref`/`$defs` and recurses), `fail` (answers `isError`), `slow` (waits until
 //! cancelled or for `secs`), `picture` (an image result), `whoami` (its pid and
 //! environment, so a test can check what the child was given and kill it) and
@@ -107,6 +108,12 @@ impl TestMcpServer {
                 Some(ToolAnnotations::new().destructive(true)),
             ),
             tool(
+                "move_file",
+                "Moves a file (in this test server: pretends to).",
+                json!({"type":"object","properties":{"from":{"type":"string"},"to":{"type":"string"}},"required":["from","to"]}),
+                Some(ToolAnnotations::new().read_only(false).destructive(false)),
+            ),
+            tool(
                 "lookup",
                 "Looks a term up in a tree of topics.",
                 json!({
@@ -195,6 +202,10 @@ impl TestMcpServer {
             "delete_file" => {
                 let path = args.get("path").and_then(Value::as_str).unwrap_or_default();
                 text(format!("deleted {path}"))
+            }
+            "move_file" => {
+                let arg = |k: &str| args.get(k).and_then(Value::as_str).unwrap_or_default();
+                text(format!("moved {} to {}", arg("from"), arg("to")))
             }
             "lookup" => {
                 let term = args

@@ -230,6 +230,41 @@ async fn risk_decides_the_role_and_destructive_tools_are_for_operators_only() {
 }
 
 #[tokio::test]
+async fn a_tool_the_server_says_writes_is_never_below_write_whatever_the_config_says() {
+    let fake = McpHttpServer::start().await;
+    let mut config = server("kb", http(fake.url()));
+    // The operator calls the whole server read-only, and even lowers move_file and
+    // delete_file by name: the server's own word that they write wins.
+    config.risk = Some(Risk::Read);
+    for tool in ["move_file", "delete_file"] {
+        config.tool_risk.insert(tool.to_owned(), Risk::Read);
+    }
+    let (service, registry) = start(vec![config], options()).await;
+    let moving = spec(&registry, "kb__move_file");
+    assert_eq!((moving.risk, moving.role), (Risk::Write, Role::ChatAdmin));
+    let delete = spec(&registry, "kb__delete_file");
+    assert_eq!(
+        (delete.risk, delete.role),
+        (Risk::Dangerous, Role::Operator)
+    );
+    // A tool that says it only reads may still be lowered.
+    assert_eq!(spec(&registry, "kb__echo").role, Role::Member);
+
+    let calls = fake.handler().calls();
+    let args = json!({"from": "/srv/shared/a", "to": "/srv/shared/b"});
+    let r = call(&registry, cx(Role::Member), "kb__move_file", args.clone()).await;
+    assert_eq!(r.code(), Some("PERMISSION_DENIED"), "{r:?}");
+    assert_eq!(*calls.borrow(), 0);
+    let r = call(&registry, cx(Role::ChatAdmin), "kb__move_file", args).await;
+    assert!(
+        r.message.contains("moved /srv/shared/a to /srv/shared/b"),
+        "{r:?}"
+    );
+    service.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test]
 async fn without_a_risk_setting_every_tool_needs_an_operator() {
     let fake = McpHttpServer::start().await;
     let (service, registry) = start(vec![server("kb", http(fake.url()))], options()).await;

@@ -147,6 +147,15 @@ fn every_refused_range_is_classified() {
         // Teredo: the server (bits 32-63) and the client (the last 32 bits, inverted).
         ("2001:0:7f00:1::", "127.0.0.0/8"),
         ("2001:0:4136:e378:8000:63bf:f5ff:fffe", "10.0.0.0/8"),
+        // SIIT (IPv4-translated, `::ffff:0:0/96`), judged by its IPv4 address too.
+        ("::ffff:0:127.0.0.1", "127.0.0.0/8"),
+        ("::ffff:0:a9fe:a9fe", "169.254.0.0/16"),
+        ("::ffff:0:192.168.1.1", "192.168.0.0/16"),
+        // Outside global unicast, not an embedding form: nothing public lives there.
+        ("::1:0:0:7f00:1", "outside 2000::/3"),
+        ("64:ff9b:0:1::7f00:1", "outside 2000::/3"),
+        ("100:1::1", "outside 2000::/3"),
+        ("4000::1", "outside 2000::/3"),
     ];
     for (address, network) in refused {
         let ip: IpAddr = address.parse().unwrap();
@@ -164,6 +173,7 @@ fn every_refused_range_is_classified() {
         "2606:4700::1111",
         "2a00:1450:4001::200e",
         "::ffff:8.8.8.8",
+        "::ffff:0:8.8.8.8",
         "64:ff9b::808:808",
         "2002:808:808::1",
         "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
@@ -171,6 +181,10 @@ fn every_refused_range_is_classified() {
         let ip: IpAddr = public.parse().unwrap();
         assert_eq!(classify(ip), None, "{public} is public");
     }
+    assert_eq!(
+        embedded_v4("::ffff:0:10.0.0.1".parse().unwrap()),
+        Some([Some(Ipv4Addr::new(10, 0, 0, 1)), None])
+    );
     assert_eq!(
         embedded_v4("2001:0:4136:e378:8000:63bf:f5ff:fffe".parse().unwrap()),
         Some([
@@ -189,6 +203,80 @@ fn an_allowed_network_opens_exactly_itself() {
     assert!(g.vet("a", "127.0.0.2".parse().unwrap()).is_err());
     assert!(g.vet("a", "10.1.3.1".parse().unwrap()).is_err());
     assert!(g.vet("a", "169.254.169.254".parse().unwrap()).is_err());
+}
+
+// ----- the guard: denied hosts -------------------------------------------------------
+
+/// Blocked, and by `deny_hosts` (not merely by the refused ranges).
+fn assert_denied(result: Result<impl std::fmt::Debug, NetError>, what: &str) {
+    match result {
+        Err(NetError::Blocked(why)) => assert!(why.contains("deny_hosts"), "{what}: {why}"),
+        other => panic!("{what} must be denied: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_denied_address_is_refused_in_every_spelling_and_behind_every_name() {
+    // The operator opened loopback and a 10/8 intranet, but denied 127.0.0.1, a /16 of
+    // the intranet and a wiki: denial wins over allowing, however the address is spelled
+    // and whatever name leads to it.
+    let owned = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let g = Guard::new(
+        &owned(&["127.0.0.0/8", "10.0.0.0/8"]),
+        &owned(&["127.0.0.1", "10.9.0.0/16", "Wiki.Example."]),
+    )
+    .unwrap();
+    let lookup = Arc::new(ScriptedLookup::default());
+    lookup
+        .answer("localhost", &["127.0.0.1"])
+        .answer("mapped.test", &["::ffff:127.0.0.1"])
+        .answer("siit.test", &["::ffff:0:127.0.0.1"])
+        .answer("intranet.test", &["10.9.3.4"])
+        .answer("loopback2.test", &["127.0.0.2"])
+        .answer("wiki.test", &["10.8.0.1"]);
+    let c = client(g, lookup.clone());
+    for url in [
+        "http://127.0.0.1/",
+        "http://127.1/",
+        "http://2130706433/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://[::ffff:7f00:1]/",
+        "http://[::ffff:0:127.0.0.1]/",
+        "http://[::127.0.0.1]/",
+        "http://10.9.0.1/",
+        "http://wiki.example/",
+        "http://docs.wiki.example./",
+        "HTTP://WIKI.EXAMPLE/",
+    ] {
+        assert_denied(c.parse(url), url);
+    }
+    for host in ["localhost", "mapped.test", "siit.test", "intranet.test"] {
+        assert_denied(c.resolve(host).await, host);
+    }
+    // What is allowed and not denied still passes.
+    assert!(c.parse("http://127.0.0.2/").is_ok());
+    assert!(c.parse("http://10.8.0.1/").is_ok());
+    assert!(c.parse("http://notwiki.example/").is_ok());
+    assert_eq!(
+        c.resolve("loopback2.test").await.unwrap(),
+        vec!["127.0.0.2".parse::<IpAddr>().unwrap()]
+    );
+    assert!(c.resolve("wiki.test").await.is_ok());
+
+    // A bad entry is a configuration error, not an entry that never matches.
+    for bad in [
+        "10.0.0.0/40",
+        "http://intranet.example",
+        "intranet.example:8080",
+        "intranet.example/wiki",
+        "*.example",
+        "two words",
+        "300.1.2.3",
+        " ",
+        ".",
+    ] {
+        assert!(Guard::new(&[], &owned(&[bad])).is_err(), "{bad:?}");
+    }
 }
 
 // ----- the guard: names, redirects, rebinding -----------------------------------------

@@ -55,8 +55,11 @@ pub fn role_for(risk: Risk) -> Role {
     }
 }
 
-/// The risk of `tool`: its own setting, else the server's, else `dangerous`; never below
-/// `dangerous` when the server itself calls it destructive.
+/// The risk of `tool`: its own setting, else the server's, else `dangerous`; then raised
+/// by what the server says of it, which no setting can lower: `dangerous` when it calls the
+/// tool destructive, at least `write` when it says the tool is not read-only. Only hints
+/// the server sent count (the protocol's defaults would make every unannotated tool
+/// destructive, and those are `dangerous` until the operator says otherwise anyway).
 pub fn risk_of(config: &McpServerConfig, tool: &Tool) -> Risk {
     let set = config
         .tool_risk
@@ -64,11 +67,15 @@ pub fn risk_of(config: &McpServerConfig, tool: &Tool) -> Risk {
         .copied()
         .or(config.risk)
         .unwrap_or(Risk::Dangerous);
-    let destructive = tool
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.destructive_hint == Some(true));
-    if destructive { Risk::Dangerous } else { set }
+    let hints = tool.annotations.as_ref();
+    let floor = if hints.is_some_and(|a| a.destructive_hint == Some(true)) {
+        Risk::Dangerous
+    } else if hints.is_some_and(|a| a.read_only_hint == Some(false)) {
+        Risk::Write
+    } else {
+        Risk::Read
+    };
+    set.max(floor)
 }
 
 /// Whether the config lets `tool` through: in `tools` when that allow-list is given, and

@@ -14,8 +14,9 @@
 //! `<server>__<tool>` (`convert.rs`), with the server's description and its input schema
 //! made provider-safe by the runtime's `schema::normalize` (`$ref` inlined, recursion cut),
 //! which the registry's validator then checks every call against before it leaves. Who may
-//! call a tool is data: its risk (`read` / `write` / `dangerous`, from the config, at least
-//! `dangerous` when the server annotates it `destructiveHint`, `dangerous` when nobody said)
+//! call a tool is data: its risk (`read` / `write` / `dangerous`, from the config,
+//! `dangerous` when nobody said; raised, never lowered, by the server's annotations:
+//! `dangerous` for `destructiveHint: true`, at least `write` for `readOnlyHint: false`)
 //! becomes the spec's role (member / chat admin / operator), which only the registry compares.
 //! When the tool list changes the toolset's [`ToolSet::generation`] moves and the registry
 //! rebuilds its definitions.

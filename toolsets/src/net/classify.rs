@@ -1,8 +1,10 @@
 //! Which addresses the guard refuses, as pure functions of the address: the special-purpose
 //! registries of IANA (RFC 6890 and its updates) reduced to "may a URL from a chat reach
-//! this?". Addresses that carry an IPv4 address inside an IPv6 one (mapped, compatible,
-//! NAT64, 6to4, Teredo) are judged by the IPv4 address they lead to, since that is where the
-//! packets end up.
+//! this?". Addresses that carry an IPv4 address inside an IPv6 one (mapped, SIIT
+//! translated, compatible, NAT64, 6to4, Teredo) are judged by the IPv4 address they lead
+//! to, since that is where the packets end up. Any other IPv6 address outside global
+//! unicast `2000::/3` is refused: nothing public lives there, and an embedding form not
+//! listed here would otherwise pass as public.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -164,12 +166,26 @@ fn classify_v6(ip: Ipv6Addr) -> Option<Refused> {
     {
         return Some(why);
     }
-    let embedded = embedded_v4(ip)?;
-    embedded.into_iter().flatten().find_map(classify_v4)
+    if let Some(embedded) = embedded_v4(ip) {
+        return embedded.into_iter().flatten().find_map(classify_v4);
+    }
+    if GLOBAL_UNICAST.contains(&ip) {
+        None
+    } else {
+        Some(refused(
+            "outside 2000::/3",
+            "not a global unicast address (reserved by the IETF)",
+        ))
+    }
 }
 
+/// Where every public IPv6 address lives; the embedding forms outside it are judged by
+/// their IPv4 address first.
+const GLOBAL_UNICAST: Ipv6Net = v6([0x2000, 0, 0, 0, 0, 0, 0, 0], 3);
+
 /// The IPv4 addresses an IPv6 address leads to, for the forms that carry one:
-/// `::ffff:a.b.c.d` (mapped), `::a.b.c.d` (compatible, deprecated), `64:ff9b::a.b.c.d`
+/// `::ffff:a.b.c.d` (mapped), `::ffff:0:a.b.c.d` (SIIT translated, RFC 7915),
+/// `::a.b.c.d` (compatible, deprecated), `64:ff9b::a.b.c.d`
 /// (NAT64), `2002:AABB:CCDD::/48` (6to4) and `2001:0::/32` (Teredo: the server, and the
 /// client address stored inverted in the last 32 bits). `None` for other addresses.
 pub fn embedded_v4(ip: Ipv6Addr) -> Option<[Option<Ipv4Addr>; 2]> {
@@ -181,6 +197,9 @@ pub fn embedded_v4(ip: Ipv6Addr) -> Option<[Option<Ipv4Addr>; 2]> {
     };
     if let Some(mapped) = ip.to_ipv4_mapped() {
         return Some([Some(mapped), None]);
+    }
+    if s[..4].iter().all(|x| *x == 0) && s[4] == 0xffff && s[5] == 0 {
+        return Some([Some(last(s[6], s[7])), None]);
     }
     if s[..6].iter().all(|x| *x == 0) {
         return Some([Some(last(s[6], s[7])), None]);
