@@ -115,8 +115,7 @@ fn host_name(host: &str) -> &str {
 /// Whether `host` (a `Host` header) names loopback or one of `allowed` (any port).
 fn host_allowed(host: &str, allowed: &[String]) -> bool {
     let name = host_name(host).to_ascii_lowercase();
-    matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
-        || allowed.contains(&name)
+    matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]") || allowed.contains(&name)
 }
 
 /// The content security policy of every answer: the console's pages load their style
