@@ -345,7 +345,14 @@ async fn an_input_whose_turn_stopped_the_daemon_twice_is_set_aside_with_a_notice
         platform(),
         SessionConfig::default(),
     );
-    first.say(1, "mallory", "@parlor look at this").await;
+    // A picture: the input whose turn can stop the daemon (memory), so its start is marked.
+    let mut picture = msg(1, "mallory", "@parlor look at this");
+    picture.images = vec![ImageRef {
+        file_id: "f1".into(),
+        mime_type: Some("image/png".into()),
+        size: Some(PNG_1X1.len() as u64),
+    }];
+    first.deliver(picture).await;
     first_llm.wait_requests(1).await;
     drop(first);
     let second_llm = model(false);
@@ -392,10 +399,51 @@ async fn an_input_whose_turn_stopped_the_daemon_twice_is_set_aside_with_a_notice
         None
     );
 
-    // A turn that commits leaves no mark behind.
-    third.say(2, "alice", "@parlor hello").await;
+    // A turn that commits leaves no mark behind; text is never marked.
+    let mut picture = msg(2, "alice", "@parlor and this?");
+    picture.images = vec![ImageRef {
+        file_id: "f2".into(),
+        mime_type: Some("image/png".into()),
+        size: Some(PNG_1X1.len() as u64),
+    }];
+    third.deliver(picture).await;
     third.platform.wait_sent(2).await;
+    third.say(3, "alice", "@parlor hello").await;
+    third.platform.wait_sent(3).await;
     assert!(store.kv_scan(quarantine::STARTS, "").unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_text_input_is_answered_however_often_the_daemon_died_during_its_turn() {
+    let store = Arc::new(MemoryStore::new());
+    for _ in 0..3 {
+        let llm = model(false);
+        let life = rig_with(
+            store.clone(),
+            llm.clone(),
+            platform(),
+            SessionConfig::default(),
+        );
+        life.manager.resume().await.unwrap();
+        if store.pending().unwrap().is_empty() {
+            life.say(1, "alice", "@parlor are you there?").await;
+        }
+        llm.wait_requests(1).await;
+        drop(life);
+    }
+    let last = rig(true);
+    let last = rig_with(
+        store.clone(),
+        last.llm.clone(),
+        last.platform.clone(),
+        SessionConfig::default(),
+    );
+    last.manager.resume().await.unwrap();
+    let sent = last.platform.wait_sent(1).await;
+    assert_eq!(
+        sent[0].text,
+        "reply: alice (test:alice): @parlor are you there?"
+    );
 }
 
 #[tokio::test]

@@ -374,8 +374,7 @@ impl SessionManager {
                 }
                 continue;
             }
-            let mut item = QueueItem::from_pending(item);
-            item.resumed = true;
+            let item = QueueItem::from_pending(item);
             if item.kind == PendingKind::Reset {
                 session.queue.push_front(item);
             } else if let Err(full) = session.queue.push(item) {

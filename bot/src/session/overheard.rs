@@ -145,7 +145,6 @@ impl Batch {
             callers: vec![overheard_caller()],
             images: Vec::new(),
             private: false,
-            resumed: false,
         })
     }
 }

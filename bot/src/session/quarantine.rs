@@ -1,15 +1,16 @@
-//! An input that stops the daemon while its turn runs (memory exhausted by a picture, a
-//! bug that aborts) would be replayed at every start and stop it again: a crash loop that
-//! silences every chat. Each turn marks its pending inputs as started (the `turn_starts`
-//! collection) and its commit clears the marks in the same transaction; at the next start
-//! an input whose turn was started [`LIMIT`] times without committing is set aside
-//! (`quarantine`, with the input as it was) and its chat told, in one transaction, instead
-//! of being replayed.
+//! An input that stops the daemon while its turn runs would be replayed at every start and
+//! stop it again: a crash loop that silences every chat. The one input from outside that
+//! can do that before any limit applies is a picture (decoding runs native code over
+//! memory the picture's header asks for), so a turn whose input carries images marks its
+//! pending inputs as started (the `turn_starts` collection, made durable before the turn)
+//! and its commit clears the marks in the same transaction. At the next start an input whose
+//! turn was started [`LIMIT`] times without committing is set aside (`quarantine`, with the
+//! input as it was) and its chat told, in one transaction, instead of being replayed.
 //!
-//! A mark costs one read and one write of a small record per turn, made durable before the
-//! turn only when the input was resumed after a restart or carries images (the inputs
-//! that can crash a turn before sled's own flush half a second later); a turn abandoned by
-//! a clean shutdown clears its marks, so only an unclean stop counts.
+//! Text inputs are not marked: they are bounded (`bot.max_input_chars`) and a panic in a
+//! turn is caught, so they cannot stop the daemon, and a daemon killed twice while it
+//! answers a mention (an operator's `kill -9`, a host that reboots) must still answer it.
+//! A turn abandoned by a clean shutdown clears its marks, so only an unclean stop counts.
 
 use crate::store::{KvWrite, OutboxEntry, PendingItem, StoreError, TurnCommit};
 
@@ -44,8 +45,11 @@ fn notice(item: &PendingItem) -> String {
 }
 
 impl SessionManager {
-    /// Marks `item`'s inputs started; durable first when it was resumed or carries images.
+    /// Marks `item`'s inputs started, durably, when it carries images.
     pub(super) async fn mark_started(&self, item: &QueueItem) {
+        if item.images.is_empty() {
+            return;
+        }
         let store = &self.inner.store;
         for id in &item.pending_ids {
             let key = id.to_string();
@@ -61,9 +65,7 @@ impl SessionManager {
                 return;
             }
         }
-        if (item.resumed || !item.images.is_empty())
-            && let Err(e) = self.durable().await
-        {
+        if let Err(e) = self.durable().await {
             tracing::warn!(error = %e, "a start mark is not durable");
         }
     }

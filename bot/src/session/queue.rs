@@ -35,9 +35,6 @@ pub struct QueueItem {
     pub images: Vec<(ImageRef, Option<String>)>,
     /// Whether the chat is a direct message (nobody there is a chat admin).
     pub private: bool,
-    /// Whether it was pending before this start (its turn may have stopped the daemon):
-    /// its start mark is made durable before the turn ([`super::quarantine`]).
-    pub resumed: bool,
 }
 
 impl QueueItem {
@@ -58,7 +55,6 @@ impl QueueItem {
                 .map(|image| (image, item.reply_to.clone()))
                 .collect(),
             private: item.private,
-            resumed: false,
         }
     }
 
@@ -121,7 +117,6 @@ impl QueueItem {
         }
         self.callers.extend(other.callers);
         self.images.extend(other.images);
-        self.resumed |= other.resumed;
     }
 }
 
