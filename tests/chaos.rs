@@ -34,6 +34,8 @@ mod support;
 use support::{TOKEN, config, daemon_command};
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
+// splitmix64: small, seeded, good enough to pick moments and messages.
+use parlor_bot::testing::SplitMix as Rng;
 use parlor_testkit::{
     DaemonProcess, FakeLlm, FakeTelegram, Reply, SentMessage, TgUser, ToolCallSpec,
 };
@@ -46,28 +48,6 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The longest a kill may come after Telegram accepted a send for the resend to count as the
 /// documented window: marking a row sent is one flushed store write after the answer.
 const WINDOW: Duration = Duration::from_secs(1);
-
-/// splitmix64: small, seeded, good enough to pick moments and messages.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// In `lo..hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo).max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())

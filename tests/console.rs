@@ -365,15 +365,7 @@ async fn check_config_says_whether_the_console_is_on() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.toml");
     std::fs::write(&path, "[http]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
-        .arg("--config")
-        .arg(&path)
-        .arg("check-config")
-        .env_clear()
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = check_config(&path).await;
     assert!(text.contains("the console is off"), "{text}");
 
     std::fs::write(
@@ -396,15 +388,7 @@ async fn check_config_says_whether_the_console_is_on() {
 
     // Other hosts can reach it: TLS belongs in front.
     std::fs::write(&path, "[http]\nlisten = \"0.0.0.0:9464\"\n").unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
-        .arg("--config")
-        .arg(&path)
-        .arg("check-config")
-        .env_clear()
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = check_config(&path).await;
     assert!(
         text.contains("put TLS (a reverse proxy) in front"),
         "{text}"
@@ -829,4 +813,17 @@ async fn stop_and_read_task(world: &mut World, id: u64) -> parlor_toolsets::cloc
         .task(id)
         .unwrap()
         .unwrap()
+}
+
+/// What `parlor check-config` prints for the config at `path`, with no environment.
+async fn check_config(path: &std::path::Path) -> String {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"))
+        .arg("--config")
+        .arg(path)
+        .arg("check-config")
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

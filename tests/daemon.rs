@@ -1008,12 +1008,7 @@ async fn without_vision_a_photo_is_described_by_a_vision_model_and_remembered() 
     telegram.add_file("photo-1", PNG_1X1.to_vec());
     let dir = tempfile::tempdir().unwrap();
     let path = config(dir.path(), &telegram, "");
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    text.push_str(&format!(
-        "[[llm.vision_models]]\nmodel = \"eyes-1\"\nbase_url = \"{}\"\n",
-        eyes.base_url()
-    ));
-    std::fs::write(&path, text).unwrap();
+    support::add_vision_model(&path, &eyes.base_url());
     let daemon = start(&path, &llm, &telegram).await;
     eyes.push(Reply::text("A single grey pixel on a white card."));
     llm.push(Reply::text("It is one grey pixel."));
@@ -1445,7 +1440,7 @@ async fn a_long_conversation_is_compacted_and_its_beginning_answered_from_the_su
         .map(|m| m["content"].to_string())
         .collect();
     assert!(
-        !users.iter().any(|u| u.contains("remember")),
+        !users.iter().any(|u| u.contains("lake, remember")),
         "the first turn was compacted away: {users:?}"
     );
     assert_eq!(users.len(), 3, "two kept turns and the question: {users:?}");

@@ -228,12 +228,7 @@ async fn a_vision_model_on_another_endpoint_never_gets_the_main_key() {
     telegram.add_file("photo-1", PNG_1X1.to_vec());
     let dir = tempfile::tempdir().unwrap();
     let path = config(dir.path(), &telegram, "");
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    text.push_str(&format!(
-        "[[llm.vision_models]]\nmodel = \"eyes-1\"\nbase_url = \"{}\"\n",
-        eyes.base_url()
-    ));
-    std::fs::write(&path, text).unwrap();
+    support::add_vision_model(&path, &eyes.base_url());
     let mut daemon =
         DaemonProcess::spawn_polling(daemon_command(&path, &llm), &telegram, WAIT).await;
     eyes.push(Reply::text("A single grey pixel."));

@@ -923,3 +923,34 @@ impl crate::tool::QuietSpeech for TestSpeech {
         })
     }
 }
+
+/// splitmix64: a small seeded generator for tests that pick moments and inputs (the chaos
+/// run, the quoting properties), so that a failure replays from its seed.
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// In `lo..hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo).max(1)
+    }
+
+    /// In `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        self.range(0, n as u64) as usize
+    }
+
+    /// `true` about `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.next_u64() % 100 < percent
+    }
+}

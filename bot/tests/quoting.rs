@@ -17,26 +17,9 @@ use parlor_bot::platform::Sender;
 use parlor_bot::quote::looks_attributed;
 use parlor_bot::session::attribute;
 use parlor_bot::store::Summary;
-use parlor_bot::testing::{ScriptedLlm, text};
+use parlor_bot::testing::{ScriptedLlm, SplitMix as Rng, text};
 use parlor_bot::tool::{Caller, ToolRegistry};
 use tokio_util::sync::CancellationToken;
-
-/// splitmix64: seeded, so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 const PIECES: &[&str] = &[
     "\n",

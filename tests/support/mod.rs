@@ -80,3 +80,12 @@ pub fn schedule_into(llm: &FakeLlm, target: i64, due: chrono::DateTime<chrono::U
         })
     });
 }
+
+/// Appends a `[[llm.vision_models]]` entry (`eyes-1` at `base_url`) to the config at `path`.
+pub fn add_vision_model(path: &Path, base_url: &str) {
+    let mut text = std::fs::read_to_string(path).unwrap();
+    text.push_str(&format!(
+        "[[llm.vision_models]]\nmodel = \"eyes-1\"\nbase_url = \"{base_url}\"\n"
+    ));
+    std::fs::write(path, text).unwrap();
+}

@@ -107,7 +107,7 @@ fn catalog_markdown_snapshot() {
         Every tool answers `{"success": true, "message", "data"}` or `{"success": false, "error_code", "message", "data"}`.
         Any tool may fail with the shared codes: `TOOL_NOT_FOUND`, `INVALID_ARGUMENTS`, `PERMISSION_DENIED`, `TIMEOUT`, `CANCELLED`, `RATE_LIMITED`, `UNAVAILABLE`, `INTERNAL`.
         Risk: `read` only reads; `write` changes state the bot keeps; `dangerous` reaches the host.
-        Role, the least a caller needs (anyone else gets `PERMISSION_DENIED`): `member` is anyone in the chat; `chat_admin` an administrator of the chat, by the platform; `operator` one of the config's `bot.admins`. A chat admin is never an operator.
+        Role, the least a caller needs (anyone else gets `PERMISSION_DENIED`): `member` is anyone in the chat; `chat_admin` an administrator of the chat, by the platform; `operator` one of the config's `bot.admins`. A chat admin is never an operator. An unattended turn (a clock task firing, a background job's result) runs as a `member` whoever started it, offered only member tools and the grants of its job (reading or stopping that one job), never a `dangerous` tool.
 
         ## `todo_list`
 
