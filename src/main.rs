@@ -207,7 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Tools { json } => {
             // MCP tools are known only from their servers: connect for the listing.
-            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            let runtime = runtime()?;
             let mcp = runtime.block_on(wiring::mcp(&config))?;
             let registry = wiring::catalog_registry(&config, mcp.clone());
             if let Some(mcp) = &mcp {
@@ -253,11 +253,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp => {
-            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            let runtime = runtime()?;
             runtime.block_on(mcp_report(&config))
         }
         Command::Ask { text, name, admin } => {
-            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            let runtime = runtime()?;
             if let Some(help) = runtime.block_on(firstrun::preflight(&config)) {
                 eprintln!("{help}");
                 return Ok(ExitCode::from(2));
@@ -265,12 +265,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime.block_on(ask(&config, text, name, admin))
         }
         Command::Run => {
-            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            let runtime = runtime()?;
             runtime.block_on(daemon::run(config))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Chat { dm, name, admin } => {
-            let runtime = tokio::runtime::Runtime::new().context("cannot start the runtime")?;
+            let runtime = runtime()?;
             if let Some(help) = runtime.block_on(firstrun::preflight(&config)) {
                 eprintln!("{help}");
                 return Ok(ExitCode::from(2));
@@ -522,3 +522,18 @@ fn print_skills(config: &Config) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// The runtime of every command: tokio's defaults, but a blocking pool of at most
+/// [`MAX_BLOCKING_THREADS`] (file reads, image decoding, the store's flushes) instead of
+/// 512, so that the unit's `TasksMax=` leaves room for the shell's and MCP servers'
+/// processes.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .build()
+        .context("cannot start the runtime")
+}
+
+/// Most threads of the runtime's blocking pool.
+const MAX_BLOCKING_THREADS: usize = 64;
