@@ -279,10 +279,7 @@ impl MetricsObserver {
     /// `name` if the registry has such a tool, else `unknown`: the model names tools, and
     /// its inventions must not each become a series.
     fn tool_label(&self, name: &str) -> String {
-        let known = self
-            .tools
-            .as_ref()
-            .is_some_and(|tools| tools.names().iter().any(|n| n == name));
+        let known = self.tools.as_ref().is_some_and(|tools| tools.has(name));
         if known {
             label(name)
         } else {

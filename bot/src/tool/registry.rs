@@ -284,6 +284,11 @@ impl ToolRegistry {
         names_of(&self.current())
     }
 
+    /// Whether a tool of this name exists now (one map lookup).
+    pub fn has(&self, name: &str) -> bool {
+        self.current().by_name.contains_key(name)
+    }
+
     /// The exact `tools` array sent to the model in a turn that answers someone (shared,
     /// not copied).
     pub fn defs(&self) -> ToolDefs {
