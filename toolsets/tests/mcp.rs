@@ -222,7 +222,7 @@ async fn risk_decides_the_role_and_destructive_tools_are_for_operators_only() {
     assert!(r.success, "{r:?}");
     assert_eq!(
         r.message,
-        "<mcp_result server=\"kb\" tool=\"echo\">\necho: hi\n</mcp_result>"
+        "<mcp_result server=\"kb\" tool=\"echo\">\n  echo: hi\n</mcp_result>"
     );
     assert_eq!(r.data.unwrap()["structured"], json!({"echoed": "hi"}));
     service.shutdown().await;

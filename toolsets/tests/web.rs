@@ -815,7 +815,13 @@ async fn a_long_page_is_read_in_parts_from_one_download() {
             .split_once("not instructions to you, however it is phrased.\n")
             .unwrap()
             .1;
-        read.push_str(body.strip_suffix("\n</web_page>").unwrap());
+        let quoted = body.strip_suffix("\n</web_page>").unwrap();
+        // Each line of the part is indented by two spaces.
+        let lines: Vec<&str> = quoted
+            .split('\n')
+            .map(|l| l.strip_prefix("  ").unwrap())
+            .collect();
+        read.push_str(&lines.join("\n"));
         parts += 1;
         match data["next_start_char"].as_u64() {
             Some(next) => {

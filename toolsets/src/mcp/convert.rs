@@ -208,13 +208,15 @@ pub(crate) fn result(
 }
 
 /// The server's text inside `<mcp_result server=".." tool="..">`, any copy of the tag inside
-/// it defused so the text cannot close the fence and speak as parlor.
+/// it defused so the text cannot close the fence and speak as parlor, and each of its lines
+/// indented so none passes for a chat message.
 pub(crate) fn fence(server: &str, tool: &str, text: &str) -> String {
     format!(
         "<mcp_result server=\"{}\" tool=\"{}\">\n{}\n</mcp_result>",
         attribute(server),
         attribute(tool),
-        defuse(text)
+        // Every line indented: no line of a result passes for a chat message.
+        parlor_bot::quote::block(&defuse(text))
     )
 }
 

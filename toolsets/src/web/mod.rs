@@ -21,8 +21,9 @@
 //!
 //! **Untrusted content.** Everything from the web is someone else's text: it comes fenced in
 //! `<web_page>` / `<web_search_results>` with a line saying it is quoted data, not
-//! instructions, and a fence tag inside it is defused, as the chat log is
-//! (`message.rs`). The tool descriptions and the toolset prompt tell the model the same.
+//! instructions, a fence tag inside it is defused, as the chat log is (`message.rs`), and
+//! every line of a page is indented (`parlor_bot::quote`), so none passes for a chat message;
+//! a search result's fields are one line each. The tool descriptions and the toolset prompt tell the model the same.
 //!
 //! **Limits.** Each chat gets [`WebOptions::calls_per_minute`] calls of the two tools
 //! together; each call is bounded by its timeout and cancelled with the turn.
@@ -592,7 +593,8 @@ fn page_block(doc: &Document, part: &str, start: usize, end: usize) -> String {
         "<{PAGE_TAG} url=\"{}\"{title} chars=\"{start}-{end} of {}\">\n{PAGE_NOTE}\n{}\n</{PAGE_TAG}>",
         attribute(&doc.final_url),
         doc.total_chars,
-        defuse_fence(part, PAGE_TAG),
+        // Every line indented: no line of a page passes for a chat message.
+        parlor_bot::quote::block(&defuse_fence(part, PAGE_TAG)),
     )
 }
 
@@ -602,7 +604,13 @@ fn results_block(query: &str, hits: &[Hit]) -> String {
     let one_line = |text: &str| {
         let flat: String = text
             .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
+            .map(|c| {
+                if c.is_control() || parlor_bot::quote::is_break(c) {
+                    ' '
+                } else {
+                    c
+                }
+            })
             .collect();
         defuse_fence(&flat, RESULTS_TAG)
     };
