@@ -74,7 +74,9 @@ impl SessionManager {
         let Some(outcome) = outcome else {
             // Abandoned (shutdown, store failure): the input stays pending; the waiter is
             // dropped and its submitter sees the turn cancelled. Not the input's fault.
-            self.unmark_started(&item.pending_ids);
+            if !item.images.is_empty() {
+                self.unmark_started(&item.pending_ids);
+            }
             self.drop_waiters(&item.pending_ids);
             return;
         };
@@ -102,8 +104,12 @@ impl SessionManager {
             started,
             reply.as_mut(),
         );
+        // Only a turn with images marked its inputs (`quarantine.rs`): a text turn's commit
+        // carries no extra write.
         let also = also.map(|mut also| {
-            also.extend(super::quarantine::cleared(&answered));
+            if !item.images.is_empty() {
+                also.extend(super::quarantine::cleared(&item.pending_ids));
+            }
             also
         });
         let changes_history = outcome.history.is_some();
