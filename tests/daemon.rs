@@ -1230,7 +1230,11 @@ async fn a_mention_leads_to_an_mcp_tool_call_and_the_reply_uses_its_result() {
             .and_then(|c| serde_json::from_str::<serde_json::Value>(c).ok())
             .and_then(|r| r["message"].as_str().map(str::to_owned))
             .unwrap_or_default();
-        let said = echoed.lines().nth(1).unwrap_or("nothing").to_owned();
+        let said = echoed
+            .lines()
+            .nth(1)
+            .map_or("nothing", str::trim)
+            .to_owned();
         Reply::text(format!("The knowledge base says: {said}"))
     });
     telegram
