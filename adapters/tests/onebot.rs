@@ -135,18 +135,7 @@ async fn a_wrong_token_is_refused_both_ways() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let config = OneBotConfig {
-        min_send_interval: Duration::ZERO,
-        ..OneBotConfig::new(Transport::Reverse { listen: port }).with_token(TOKEN)
-    };
-    let adapter = OneBotAdapter::new(config).unwrap();
-    let inbox = Arc::new(TestInbox::default());
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let running = Running::spawn(&adapter, inbox.clone(), move || {
-        let _ = ready_tx.send(());
-    });
-    ready_rx.await.unwrap();
-    let url = format!("ws://{port}/onebot/v11/ws");
+    let (adapter, inbox, running, url) = listening(port).await;
     assert_eq!(
         fake.connect_reverse(&url, "wrong").await,
         Err("401".to_owned())
@@ -164,6 +153,28 @@ async fn a_wrong_token_is_refused_both_ways() {
         .unwrap();
     assert_eq!(fake.sent()[0].message_id.to_string(), sent.message_ids[0]);
     assert!(running.stop(STOP).await.is_ok());
+}
+
+/// A reverse-WebSocket adapter with the token listening on `port`, running into a fresh
+/// test inbox; its URL for the fake to dial.
+async fn listening(port: std::net::SocketAddr) -> (OneBotAdapter, Arc<TestInbox>, Running, String) {
+    let config = OneBotConfig {
+        min_send_interval: Duration::ZERO,
+        ..OneBotConfig::new(Transport::Reverse { listen: port }).with_token(TOKEN)
+    };
+    let adapter = OneBotAdapter::new(config).unwrap();
+    let inbox = Arc::new(TestInbox::default());
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let running = Running::spawn(&adapter, inbox.clone(), move || {
+        let _ = ready_tx.send(());
+    });
+    ready_rx.await.unwrap();
+    (
+        adapter,
+        inbox,
+        running,
+        format!("ws://{port}/onebot/v11/ws"),
+    )
 }
 
 /// Connects `fake` to the reverse listener at `url` once the listener takes it (a refusal
@@ -192,18 +203,7 @@ async fn a_reverse_listener_needs_the_token_refuses_browsers_and_keeps_its_first
         matches!(tokenless, Err(PlatformError::Refused(_))),
         "{tokenless:?}"
     );
-    let config = OneBotConfig {
-        min_send_interval: Duration::ZERO,
-        ..OneBotConfig::new(Transport::Reverse { listen: port }).with_token(TOKEN)
-    };
-    let adapter = OneBotAdapter::new(config).unwrap();
-    let inbox = Arc::new(TestInbox::default());
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let running = Running::spawn(&adapter, inbox.clone(), move || {
-        let _ = ready_tx.send(());
-    });
-    ready_rx.await.unwrap();
-    let url = format!("ws://{port}/onebot/v11/ws");
+    let (adapter, inbox, running, url) = listening(port).await;
     let first = FakeOneBot::start(TOKEN, SELF_ID).await;
     let second = FakeOneBot::start(TOKEN, SELF_ID).await;
 
