@@ -39,18 +39,6 @@ fn alice() -> TgUser {
     TgUser::new(1001, "Alice").username("alice")
 }
 
-/// The address the daemon logged it listens on.
-fn listen_addr(log: &str) -> Option<String> {
-    let line = log.lines().find(|l| l.contains("serving /healthz"))?;
-    let start = line.find("127.0.0.1:")?;
-    Some(
-        line[start..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-            .collect(),
-    )
-}
-
 async fn world() -> World {
     let llm = FakeLlm::start().await;
     let telegram = FakeTelegram::start(support::TOKEN).await;
@@ -92,7 +80,7 @@ async fn world() -> World {
     let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
     assert_eq!(sent[0].text, "Scheduled <b>both</b>.", "{}", daemon.log());
     assert_eq!(sent[1].text, "Ping!");
-    let addr = listen_addr(&daemon.log()).unwrap();
+    let addr = support::http_addr(&daemon).await;
     World {
         daemon,
         telegram,
@@ -417,16 +405,7 @@ async fn quiet_console(
     command.env("PARLOR_HTTP_TOKEN", CONSOLE_TOKEN);
     let daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
     // The listener may log a moment after the first poll.
-    let addr = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Some(addr) = listen_addr(&daemon.log()) {
-                return addr;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap();
+    let addr = support::http_addr(&daemon).await;
     (daemon, addr, telegram, llm, dir)
 }
 

@@ -29,17 +29,6 @@ async fn get(addr: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
-/// The address the daemon logged it listens on (`listen = "127.0.0.1:0"` picks a port).
-fn listen_addr(log: &str) -> Option<String> {
-    let line = log.lines().find(|l| l.contains("serving /healthz"))?;
-    let start = line.find("127.0.0.1:")?;
-    let addr: String = line[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    Some(addr)
-}
-
 /// Polls `path` until its status is `want`: the daemon's state changes on its own clock.
 async fn until_status(addr: &str, path: &str, want: u16) -> String {
     tokio::time::timeout(WAIT, async {
@@ -64,20 +53,6 @@ fn sample(metrics: &str, prefix: &str) -> f64 {
         .map_or(0.0, |v| v.parse().unwrap())
 }
 
-/// The address the daemon's `[http]` listener bound, from its log.
-async fn http_addr(daemon: &DaemonProcess) -> String {
-    tokio::time::timeout(WAIT, async {
-        loop {
-            if let Some(addr) = listen_addr(&daemon.log()) {
-                return addr;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{}", daemon.log()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_onebot_connection() {
     let llm = FakeLlm::start().await;
@@ -91,7 +66,7 @@ async fn readiness_follows_the_onebot_connection() {
     let mut command = daemon_command(&config(dir.path(), &telegram, &extra), &llm);
     command.env("ONEBOT_ACCESS_TOKEN", "qq-token");
     let mut daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
-    let addr = http_addr(&daemon).await;
+    let addr = support::http_addr(&daemon).await;
     until_status(&addr, "/readyz", 200).await;
     // The implementation goes away: not ready, naming it, while the adapter redials.
     drop(qq);
@@ -109,7 +84,7 @@ async fn health_readiness_and_metrics_follow_the_daemon() {
     let config = config(dir.path(), &telegram, "[http]\nlisten = \"127.0.0.1:0\"\n");
     let mut daemon =
         DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
-    let addr = http_addr(&daemon).await;
+    let addr = support::http_addr(&daemon).await;
 
     assert_eq!(get(&addr, "/healthz").await.0, 200);
     until_status(&addr, "/readyz", 200).await;

@@ -16,18 +16,6 @@ const WAIT: Duration = Duration::from_secs(30);
 const GROUP: i64 = -100_123;
 const EVIL: &str = "x\"} 1\nparlor_evil{a=\"b";
 
-/// The address the daemon logged its `[http]` listener on.
-fn listen_addr(log: &str) -> Option<String> {
-    let line = log.lines().find(|l| l.contains("serving /healthz"))?;
-    let start = line.find("127.0.0.1:")?;
-    Some(
-        line[start..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-            .collect(),
-    )
-}
-
 /// One sample of the exposition: its name and labels.
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct Sample {
@@ -152,16 +140,7 @@ async fn metrics_stay_well_formed_and_bounded_whatever_tool_names_the_model_inve
     let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
     assert_eq!(sent[0].text, "Tried.", "{}", daemon.log());
 
-    let addr = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Some(addr) = listen_addr(&daemon.log()) {
-                return addr;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap();
+    let addr = support::http_addr(&daemon).await;
     let text = reqwest::get(format!("http://{addr}/metrics"))
         .await
         .unwrap()

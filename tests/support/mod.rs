@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use parlor_testkit::{FakeLlm, FakeTelegram, Reply, ToolCallSpec};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, ToolCallSpec};
 
 /// The bot token the fake Telegram accepts.
 pub const TOKEN: &str = "123456:TEST-token";
@@ -88,4 +88,30 @@ pub fn add_vision_model(path: &Path, base_url: &str) {
         "[[llm.vision_models]]\nmodel = \"eyes-1\"\nbase_url = \"{base_url}\"\n"
     ));
     std::fs::write(path, text).unwrap();
+}
+
+/// The address the daemon's `[http]` listener bound (`listen = "127.0.0.1:0"` picks a port),
+/// from its log, waiting up to 30 s for the line.
+pub async fn http_addr(daemon: &DaemonProcess) -> String {
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            if let Some(addr) = listen_addr(&daemon.log()) {
+                return addr;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no [http] listener in the log:\n{}", daemon.log()))
+}
+
+fn listen_addr(log: &str) -> Option<String> {
+    let line = log.lines().find(|l| l.contains("serving /healthz"))?;
+    let start = line.find("127.0.0.1:")?;
+    Some(
+        line[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+            .collect(),
+    )
 }
