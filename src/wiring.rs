@@ -10,7 +10,7 @@ use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, VisionModel};
 use parlor_bot::llm::{LlmBackend, OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
-use parlor_bot::session::{SessionConfig, SessionManager};
+use parlor_bot::session::{SessionConfig, SessionManager, SystemReceiver, system_inputs};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::tool::{ToolRegistry, ToolSet};
 use parlor_toolsets::clock::{ClockChatHook, ClockHandle, ClockOptions, ClockService};
@@ -18,7 +18,7 @@ use parlor_toolsets::mcp::{McpOptions, McpService};
 use parlor_toolsets::skill::{SkillLibrary, SkillOptions, skill_toolset};
 use parlor_toolsets::subagent::{SubagentOptions, SubagentService, subagent_toolset};
 use parlor_toolsets::terminal::{
-    LateNotifier, Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
+    Notifier, Policy, Sandbox, TerminalConfig, TerminalService, terminal_toolset,
 };
 use parlor_toolsets::web::search::Provider;
 use parlor_toolsets::{MemoryChatHook, PromptToolset, TodoChatHook, TodoList, time};
@@ -210,7 +210,9 @@ pub fn catalog_registry(
 ) -> anyhow::Result<ToolRegistry> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let scratch = std::env::temp_dir().join(format!("parlor-catalog-{}", std::process::id()));
-    let mut services = Services::new(config, &store, Arc::new(LateNotifier::new()), scratch)?;
+    // Nobody serves this channel: a notice from the catalog's services is refused at once.
+    let (inputs, _) = parlor_bot::session::system_inputs();
+    let mut services = Services::new(config, &store, Arc::new(inputs), scratch)?;
     services.mcp = mcp;
     registry(config, store, &services)
 }
@@ -486,19 +488,30 @@ pub struct Runtime {
     pub subagents: Option<Arc<SubagentService>>,
     /// The clock tasks, when the clock is enabled (the console pauses and resumes them).
     pub clock_tasks: Option<ClockHandle>,
-    /// The clock service's task, when the clock is enabled; it stops with `clock_stop`.
+    /// The clock service, until [`Runtime::resume`] starts it.
+    clock_service: std::sync::Mutex<Option<ClockService>>,
+    /// The clock service's task, once started; it stops with `clock_stop`.
     clock: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     clock_stop: CancellationToken,
+    /// The system inputs' receiving side, until [`Runtime::resume`] serves it.
+    system: std::sync::Mutex<Option<SystemReceiver>>,
 }
 
 impl Runtime {
-    /// After a restart: re-queues pending input, resends unsent replies, and tells chats
-    /// about terminal tasks and sub-agents a crash interrupted.
+    /// Starts the runtime, in the one order that queues each input once: first what the
+    /// store holds (pending input re-queued, unsent replies resent), then the system inputs
+    /// (notices and clock fires, stored and queued as they come), then the services that
+    /// send them (terminal tasks and sub-agents a crash interrupted are told; the clock
+    /// fires what is due). Call once, before the adapters start.
     pub async fn resume(&self) -> anyhow::Result<()> {
         self.sessions
             .resume()
             .await
             .context("cannot resume from the store")?;
+        let receiver = self.system.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(receiver) = receiver {
+            self.sessions.serve_system(receiver);
+        }
         if let Some(subagents) = &self.subagents {
             subagents
                 .recover()
@@ -518,6 +531,15 @@ impl Runtime {
                      commands will fail until it does"
                 );
             }
+        }
+        let service = self
+            .clock_service
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(service) = service {
+            let task = tokio::spawn(service.run(self.clock_stop.clone()));
+            *self.clock.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         }
         Ok(())
     }
@@ -587,13 +609,13 @@ pub fn runtime(
             .collect(),
         ..SessionConfig::default()
     };
-    // The terminal and the sub-agents post notices into sessions that need their toolsets
-    // first: a late-bound notifier breaks the cycle.
-    let late = Arc::new(LateNotifier::new());
+    // Made first: the terminal, the sub-agents and the clock send on it, and the sessions
+    // (which need their toolsets) serve it once they exist and have resumed.
+    let (inputs, system) = system_inputs();
     let mut services = Services::new(
         config,
         &store,
-        Arc::clone(&late) as Arc<dyn Notifier>,
+        Arc::new(inputs.clone()) as Arc<dyn Notifier>,
         config.data_dir(),
     )?;
     services.mcp = mcp;
@@ -619,27 +641,25 @@ pub fn runtime(
         mcp,
         ..
     } = services;
-    late.set(Arc::new(sessions.clone()));
     // What the toolsets keep about a chat follows it when it moves or the bot leaves.
     sessions.add_chat_hook(Arc::new(MemoryChatHook));
     sessions.add_chat_hook(Arc::new(TodoChatHook));
     if let Some(handle) = &clock {
         sessions.add_chat_hook(Arc::new(ClockChatHook::new(handle.clone())));
     }
-    let clock_stop = CancellationToken::new();
-    // Fires start only once the runtime runs, after `resume`: spawned here, it waits for
-    // its first due time like any other.
+    // Started by `resume`, after what the store held is queued: a due time that fires
+    // at the start is then a new input, never one the resume queues again.
     let clock_tasks = clock.clone();
-    let clock = clock.map(|handle| {
-        tokio::spawn(ClockService::with_handle(handle, sessions.clone()).run(clock_stop.clone()))
-    });
+    let clock_service = clock.map(|handle| ClockService::with_handle(handle, inputs));
     Ok(Runtime {
         sessions,
         terminal,
         mcp,
         subagents,
         clock_tasks,
-        clock: std::sync::Mutex::new(clock),
-        clock_stop,
+        clock_service: std::sync::Mutex::new(clock_service),
+        clock: std::sync::Mutex::new(None),
+        clock_stop: CancellationToken::new(),
+        system: std::sync::Mutex::new(Some(system)),
     })
 }

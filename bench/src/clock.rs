@@ -118,9 +118,10 @@ pub async fn run(rss: impl Fn() -> u64) -> ClockFigures {
     let rss_delta = rss() as i64 - rss0 as i64;
 
     let shutdown = CancellationToken::new();
-    let service = tokio::spawn(
-        ClockService::with_handle(handle.clone(), sessions.clone()).run(shutdown.clone()),
-    );
+    let (inputs, receiver) = parlor_bot::session::system_inputs();
+    sessions.serve_system(receiver);
+    let service =
+        tokio::spawn(ClockService::with_handle(handle.clone(), inputs).run(shutdown.clone()));
     // Wait for the window to pass, then up to 20 s more for stragglers.
     let end = first_due + TimeDelta::from_std(WINDOW).unwrap_or_default();
     let until_end = (end - Utc::now()).to_std().unwrap_or_default();

@@ -647,6 +647,46 @@ async fn a_scheduled_input_runs_as_its_own_turn_and_reports_the_posted_ids() {
     assert!(rig.store.pending().unwrap().is_empty());
 }
 
+/// A clock fire that arrives as the daemon starts is stored and queued; the resume then
+/// reads the store's pending inputs, that one included. Offered twice, it runs once.
+#[tokio::test]
+async fn a_pending_input_is_queued_once_whoever_offers_it() {
+    let rig = rig(false);
+    let first = rig
+        .manager
+        .submit_scheduled(&group(), "[scheduled task] one".into(), Default::default())
+        .await
+        .unwrap();
+    // Its turn is running; a second fire waits behind it.
+    rig.llm.wait_requests(1).await;
+    let second = rig
+        .manager
+        .submit_scheduled(&group(), "[scheduled task] two".into(), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(rig.store.pending().unwrap().len(), 2);
+    assert_eq!(rig.manager.queued_items(), 1);
+    rig.manager.resume().await.unwrap();
+    assert_eq!(
+        rig.manager.queued_items(),
+        1,
+        "neither the running input nor the waiting one is queued again"
+    );
+    rig.llm.release(100);
+    for outcome in [first, second] {
+        tokio::time::timeout(Duration::from_secs(5), outcome)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(
+        rig.llm.user_inputs(),
+        ["[scheduled task] one", "[scheduled task] two"]
+    );
+    assert_eq!(rig.manager.queued_items(), 0);
+    assert!(rig.store.pending().unwrap().is_empty());
+}
+
 #[tokio::test(start_paused = true)]
 async fn idle_sessions_leave_memory_and_come_back_from_the_store() {
     let config = SessionConfig {

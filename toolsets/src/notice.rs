@@ -2,7 +2,7 @@
 //! sub-agent) tells its chat that it ended, exactly once (docs/contract.md, "Asynchronous
 //! results").
 //!
-//! - [`Notifier`]: where notices go, the [`SessionManager`] in the daemon (a stackable
+//! - [`Notifier`]: where notices go, the session layer's [`SystemInputs`] in the daemon (a stackable
 //!   `task_result` item whose turn runs unattended: as the system with the least role plus
 //!   the grants the work carries, reading or stopping that one job, never a dangerous tool).
 //! - [`Told`]: the part of a job's stored row that says where it stands with its chat (its
@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use parlor_bot::platform::ChatRef;
-use parlor_bot::session::{SessionManager, SubmitError};
+use parlor_bot::session::{SubmitError, SystemInputs};
 use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::tool::Caller;
 
@@ -47,7 +47,8 @@ pub enum NotifyError {
     Failed(String),
 }
 
-/// Where completion notices go: the [`SessionManager`] in the daemon, a recorder in tests.
+/// Where completion notices go: the session layer's [`SystemInputs`] in the daemon, a
+/// recorder in tests.
 #[async_trait]
 pub trait Notifier: Send + Sync {
     /// Queues `text` for `chat` as a stackable task result about work `caller` started (its
@@ -61,7 +62,7 @@ pub trait Notifier: Send + Sync {
         also: Vec<KvWrite>,
     ) -> Result<u64, NotifyError>;
     /// Withdraws a queued notice that has not started its turn; `true` when withdrawn.
-    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError>;
+    async fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError>;
 }
 
 fn submit_error(e: SubmitError) -> NotifyError {
@@ -73,7 +74,7 @@ fn submit_error(e: SubmitError) -> NotifyError {
 }
 
 #[async_trait]
-impl Notifier for SessionManager {
+impl Notifier for SystemInputs {
     async fn notify(
         &self,
         chat: &ChatRef,
@@ -81,51 +82,14 @@ impl Notifier for SessionManager {
         caller: Caller,
         also: Vec<KvWrite>,
     ) -> Result<u64, NotifyError> {
-        self.submit_notice(chat, text, caller, also)
+        self.notice(chat, text, caller, also)
             .await
             .map_err(submit_error)
     }
-    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
-        SessionManager::withdraw(self, chat, pending_id).map_err(submit_error)
-    }
-}
-
-/// A notifier set after construction, for the wiring: the [`SessionManager`] needs the
-/// agent (and so the toolsets that post notices) before it exists. Until
-/// [`LateNotifier::set`], notices fail (logged; the work is unharmed).
-#[derive(Default)]
-pub struct LateNotifier(OnceLock<Arc<dyn Notifier>>);
-
-impl LateNotifier {
-    /// An unset notifier.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Sets the real notifier; a second call is ignored.
-    pub fn set(&self, notifier: Arc<dyn Notifier>) {
-        let _ = self.0.set(notifier);
-    }
-}
-
-#[async_trait]
-impl Notifier for LateNotifier {
-    async fn notify(
-        &self,
-        chat: &ChatRef,
-        text: String,
-        caller: Caller,
-        also: Vec<KvWrite>,
-    ) -> Result<u64, NotifyError> {
-        match self.0.get() {
-            Some(n) => n.notify(chat, text, caller, also).await,
-            None => Err(NotifyError::Failed("no notifier wired yet".to_owned())),
-        }
-    }
-    fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
-        match self.0.get() {
-            Some(n) => n.withdraw(chat, pending_id),
-            None => Ok(false),
-        }
+    async fn withdraw(&self, chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
+        SystemInputs::withdraw(self, chat, pending_id)
+            .await
+            .map_err(submit_error)
     }
 }
 
@@ -366,7 +330,7 @@ pub async fn tell_once<R: NoticeRow>(
 
 /// The model reads an ended job's result itself: its notice, when queued and not started,
 /// is withdrawn, and the row counts as told. `true` when the row changed (save it).
-pub fn read_before_told<R: NoticeRow>(
+pub async fn read_before_told<R: NoticeRow>(
     notifier: &dyn Notifier,
     chat: &ChatRef,
     row: &mut R,
@@ -374,10 +338,11 @@ pub fn read_before_told<R: NoticeRow>(
     let mut withdrawn = false;
     let told = row.told().clone();
     if let (Some(pending), false) = (told.notice_pending_id, told.notice_withdrawn) {
-        match notifier.withdraw(chat, pending) {
-            Ok(true) => withdrawn = true,
-            Ok(false) => {}
-            Err(e) => tracing::warn!(job = row.id(), error = %e, "cannot withdraw the notice"),
+        match tokio::time::timeout(NOTIFY_TIMEOUT, notifier.withdraw(chat, pending)).await {
+            Ok(Ok(true)) => withdrawn = true,
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(job = row.id(), error = %e, "cannot withdraw the notice"),
+            Err(_) => tracing::warn!(job = row.id(), "withdrawing the notice timed out"),
         }
     }
     let t = row.told_mut();

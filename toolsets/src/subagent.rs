@@ -652,7 +652,9 @@ impl SubagentService {
         };
         if row.status != SubagentStatus::Running {
             let changed = match row.chat.clone() {
-                Some(chat) => notice::read_before_told(self.notifier.as_ref(), &chat, &mut row),
+                Some(chat) => {
+                    notice::read_before_told(self.notifier.as_ref(), &chat, &mut row).await
+                }
                 None => !std::mem::replace(&mut row.told.notified, true),
             };
             if changed {

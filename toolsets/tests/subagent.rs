@@ -565,9 +565,9 @@ async fn with_a_session_manager_a_background_result_starts_a_reply_in_its_group(
     .shared();
     let sub = ScriptedLlm::new(vec![text("the answer is 42")]);
     // The session manager needs the agent, the agent the toolset, the toolset the
-    // notifier: a late notifier, as the daemon's wiring does.
-    let late = Arc::new(parlor_toolsets::notice::LateNotifier::new());
-    let service = SubagentService::new(store.clone(), late.clone(), SubagentOptions::default());
+    // notifier: the system-input channel comes first, as in the daemon's wiring.
+    let (inputs, receiver) = parlor_bot::session::system_inputs();
+    let service = SubagentService::new(store.clone(), Arc::new(inputs), SubagentOptions::default());
     service.set_agent(Agent::new(
         sub,
         sub_tools(),
@@ -582,7 +582,7 @@ async fn with_a_session_manager_a_background_result_starts_a_reply_in_its_group(
         vec![platform.clone() as Arc<dyn Platform>],
         SessionConfig::default(),
     );
-    late.set(Arc::new(manager.clone()));
+    manager.serve_system(receiver);
     manager
         .deliver(message(&group(), 1, "alice", "@parlor find the answer"))
         .await

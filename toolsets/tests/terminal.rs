@@ -1064,8 +1064,9 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
         vec![platform.clone() as Arc<dyn Platform>],
         SessionConfig::default(),
     );
-    let service =
-        TerminalService::new(store.clone(), Arc::new(manager.clone()), config(dir.path()));
+    let (inputs, receiver) = parlor_bot::session::system_inputs();
+    manager.serve_system(receiver);
+    let service = TerminalService::new(store.clone(), Arc::new(inputs), config(dir.path()));
     let tools = terminal_toolset(service.clone()).fork();
 
     // A turn is running (the model waits at the gate) while two tasks end.
@@ -1185,9 +1186,9 @@ async fn an_operators_job_reports_back_and_its_notice_turn_may_read_only_that_ta
     let store = Arc::new(MemoryStore::new());
     let platform = TestPlatform::new();
     let llm = operator_model();
-    // The wiring: the service exists before the manager, so its notifier is set late.
-    let late = Arc::new(parlor_toolsets::terminal::LateNotifier::new());
-    let service = TerminalService::new(store.clone(), late.clone(), config(dir.path()));
+    // The wiring: the system-input channel exists before the service and the manager.
+    let (inputs, receiver) = parlor_bot::session::system_inputs();
+    let service = TerminalService::new(store.clone(), Arc::new(inputs), config(dir.path()));
     let registry = ToolRegistry::new(vec![Arc::new(terminal_toolset(service.clone()))]).unwrap();
     let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
     let manager = SessionManager::new(
@@ -1199,7 +1200,7 @@ async fn an_operators_job_reports_back_and_its_notice_turn_may_read_only_that_ta
             ..SessionConfig::default()
         },
     );
-    late.set(Arc::new(manager.clone()));
+    manager.serve_system(receiver);
     assert_eq!(service.recover().await.unwrap(), 0);
 
     manager.deliver(mention(1)).await.unwrap();

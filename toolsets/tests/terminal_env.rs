@@ -11,9 +11,7 @@ use std::time::Duration;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::MemoryStore;
 use parlor_bot::tool::{Caller, Role, ToolContext, ToolInvocation, ToolSet};
-use parlor_toolsets::terminal::{
-    LateNotifier, TaskStatus, TerminalConfig, TerminalService, terminal_toolset,
-};
+use parlor_toolsets::terminal::{TaskStatus, TerminalConfig, TerminalService, terminal_toolset};
 use serde_json::json;
 
 #[test]
@@ -33,7 +31,7 @@ fn env_inside_the_shell_and_tasks_shows_no_secret() {
         let dir = tempfile::tempdir().unwrap();
         let service = TerminalService::new(
             Arc::new(MemoryStore::new()),
-            Arc::new(LateNotifier::new()),
+            Arc::new(parlor_bot::session::system_inputs().0),
             TerminalConfig {
                 enabled: true,
                 data_dir: dir.path().to_owned(),

@@ -431,13 +431,11 @@ impl SessionManager {
             private: false,
         };
         let mut item = QueueItem::from_pending(pending.clone());
-        if kind == PendingKind::ClockFire && !session.queue.can_take(&item) {
-            return Err(SubmitError::QueueFull);
-        }
         let id = self.inner.store.add_pending_with(pending, also)?;
         item.pending_ids = vec![id];
-        if kind == PendingKind::TaskResult {
-            // A finished task is told now, not at the next start, even into a busy chat.
+        if matches!(kind, PendingKind::TaskResult | PendingKind::ClockFire) {
+            // A finished task or a due clock task is run now, even into a busy chat: their
+            // number is bounded by the tasks a chat may hold, not by what members send.
             session.queue.push_over_capacity(item);
         } else if session.queue.push(item).is_err() {
             // Checked above under the same lock; kept for the next start if it happens.

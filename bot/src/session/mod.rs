@@ -44,6 +44,7 @@ pub mod policy;
 pub mod quarantine;
 pub mod queue;
 mod roles;
+pub mod system;
 pub mod trace;
 mod turn;
 pub mod usage;
@@ -54,4 +55,5 @@ pub use manager::{ScheduledOutcome, SessionConfig, SessionManager, SessionStats,
 pub use overheard::AutoChat;
 pub use policy::{ATTRIBUTION_PROMPT, attribute};
 pub use queue::{QueueItem, SessionQueue};
+pub use system::{SystemInputs, SystemReceiver, system_inputs};
 pub use view::LiveChat;

@@ -145,9 +145,26 @@ fn unattended_caller(callers: &[Caller]) -> Caller {
 /// The queue of one session.
 #[derive(Debug)]
 pub struct SessionQueue {
-    items: Mutex<VecDeque<QueueItem>>,
+    items: Mutex<Items>,
     capacity: usize,
     notify: Notify,
+}
+
+/// The waiting items, and the pending ids of the item taken last (running, or just run).
+#[derive(Debug, Default)]
+struct Items {
+    waiting: VecDeque<QueueItem>,
+    taken: Vec<u64>,
+}
+
+impl Items {
+    /// Whether an input with one of `ids` is waiting or was taken last: a pending input
+    /// is queued at most once, whoever offers it (intake, a submission, the resume).
+    fn holds_any(&self, ids: &[u64]) -> bool {
+        ids.iter().any(|id| {
+            self.taken.contains(id) || self.waiting.iter().any(|i| i.pending_ids.contains(id))
+        })
+    }
 }
 
 /// The queue is full; the item comes back so the caller can say so in the chat.
@@ -158,26 +175,31 @@ impl SessionQueue {
     /// A queue holding at most `capacity` items (merged items count once).
     pub fn new(capacity: usize) -> Self {
         SessionQueue {
-            items: Mutex::new(VecDeque::new()),
+            items: Mutex::new(Items::default()),
             capacity: capacity.max(1),
             notify: Notify::new(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<QueueItem>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Items> {
         // Every operation leaves the deque consistent, so a poisoned lock is still usable.
         self.items.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds an item, merging it into the tail when both are stackable and of one kind.
+    /// Adds an item, merging it into the tail when both are stackable and of one kind. An
+    /// item whose input is already queued or running is dropped (it is there once).
     pub fn push(&self, item: QueueItem) -> Result<(), QueueFull> {
         {
             let mut items = self.lock();
-            let full = items.len() >= self.capacity;
-            match items.back_mut() {
+            if items.holds_any(&item.pending_ids) {
+                tracing::debug!(ids = ?item.pending_ids, "input already queued");
+                return Ok(());
+            }
+            let full = items.waiting.len() >= self.capacity;
+            match items.waiting.back_mut() {
                 Some(tail) if Self::merges(tail, &item) => tail.merge(item),
                 _ if full => return Err(QueueFull(Box::new(item))),
-                _ => items.push_back(item),
+                _ => items.waiting.push_back(item),
             }
         }
         self.notify.notify_one();
@@ -187,7 +209,11 @@ impl SessionQueue {
     /// Whether [`SessionQueue::push`] would take `item` now.
     pub fn can_take(&self, item: &QueueItem) -> bool {
         let items = self.lock();
-        items.len() < self.capacity || items.back().is_some_and(|tail| Self::merges(tail, item))
+        items.waiting.len() < self.capacity
+            || items
+                .waiting
+                .back()
+                .is_some_and(|tail| Self::merges(tail, item))
     }
 
     /// Adds a system item (a task's notice) even to a full queue: it merges when it can,
@@ -195,9 +221,12 @@ impl SessionQueue {
     pub fn push_over_capacity(&self, item: QueueItem) {
         {
             let mut items = self.lock();
-            match items.back_mut() {
+            if items.holds_any(&item.pending_ids) {
+                return;
+            }
+            match items.waiting.back_mut() {
                 Some(tail) if Self::merges(tail, &item) => tail.merge(item),
-                _ => items.push_back(item),
+                _ => items.waiting.push_back(item),
             }
         }
         self.notify.notify_one();
@@ -206,7 +235,13 @@ impl SessionQueue {
     /// Puts a control item (a command) before every waiting turn. Callers check
     /// [`SessionQueue::can_take`] first; resume may put one over the capacity.
     pub fn push_front(&self, item: QueueItem) {
-        self.lock().push_front(item);
+        {
+            let mut items = self.lock();
+            if items.holds_any(&item.pending_ids) {
+                return;
+            }
+            items.waiting.push_front(item);
+        }
         self.notify.notify_one();
     }
 
@@ -222,16 +257,23 @@ impl SessionQueue {
     /// buffer of their last burst add up.
     pub fn pop(&self) -> Option<QueueItem> {
         let mut items = self.lock();
-        let item = items.pop_front();
-        if items.is_empty() && items.capacity() > 0 {
-            *items = VecDeque::new();
+        let item = items.waiting.pop_front();
+        if items.waiting.is_empty() && items.waiting.capacity() > 0 {
+            items.waiting = VecDeque::new();
+        }
+        items.taken.clear();
+        if let Some(item) = &item {
+            items.taken.extend_from_slice(&item.pending_ids);
+        }
+        if items.taken.is_empty() && items.taken.capacity() > 0 {
+            items.taken = Vec::new();
         }
         item
     }
 
     /// The kind of the next item, which stays queued (and can still take merges).
     pub fn front_kind(&self) -> Option<PendingKind> {
-        self.lock().front().map(|item| item.kind)
+        self.lock().waiting.front().map(|item| item.kind)
     }
 
     /// Wakes the actor without an item: an overheard batch changed (see
@@ -247,18 +289,19 @@ impl SessionQueue {
 
     /// Items waiting.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().waiting.len()
     }
 
     /// Whether no item waits.
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().waiting.is_empty()
     }
 
     /// Removes the input with pending id `pending_id` from a waiting item (its line goes
     /// with it; an item left empty goes too). `false` when no waiting item holds it.
     pub fn withdraw(&self, pending_id: u64) -> bool {
-        let mut items = self.lock();
+        let mut guard = self.lock();
+        let items = &mut guard.waiting;
         for index in 0..items.len() {
             let item = &mut items[index];
             let Some(at) = item.pending_ids.iter().position(|&id| id == pending_id) else {
@@ -285,7 +328,7 @@ impl SessionQueue {
     /// turn yet. `false` when no waiting item holds it (it is being answered, or was).
     pub fn edit(&self, pending_id: u64, message_id: &str, line: &str, images: &[ImageRef]) -> bool {
         let mut items = self.lock();
-        for item in items.iter_mut() {
+        for item in items.waiting.iter_mut() {
             let Some(at) = item.pending_ids.iter().position(|&id| id == pending_id) else {
                 continue;
             };
@@ -307,6 +350,6 @@ impl SessionQueue {
 
     /// Removes every waiting item and returns them (`/reset`).
     pub fn clear(&self) -> Vec<QueueItem> {
-        self.lock().drain(..).collect()
+        self.lock().waiting.drain(..).collect()
     }
 }

@@ -8,7 +8,7 @@
 //!   shared by the service and the tools, with an in-memory index of the tasks (the enabled
 //!   ones by next fire, every one by target chat) (`index.rs`), so that a pass reads only the due tasks.
 //! - [`service`]: [`ClockService`], the loop that sleeps until the earliest due time and
-//!   fires tasks through [`SessionManager::submit_scheduled`](parlor_bot::session::SessionManager).
+//!   fires tasks through the session layer's [`SystemInputs`](parlor_bot::session::SystemInputs).
 //! - [`tools`]: the `clock_*` toolset ([`toolset`]).
 //!
 //! ## Guarantees
@@ -39,14 +39,16 @@
 //! under paused time in tests.
 //!
 //! ## Wiring
-//! The toolset goes into the agent, the agent into the [`SessionManager`](parlor_bot::session::SessionManager),
-//! the manager into the service — so the [`ClockHandle`] comes first:
+//! The system-input channel and the [`ClockHandle`] come first; the service sends on the
+//! channel and never sees the sessions:
 //! ```text
+//! let (inputs, receiver) = parlor_bot::session::system_inputs();
 //! let clocks = ClockHandle::new(store.clone(), options);
 //! let tools = clock::toolset(clocks.clone())?;            // into the ToolRegistry
 //! let sessions = SessionManager::new(store, agent, platforms, config);
-//! let service = ClockService::with_handle(clocks, sessions.clone());
-//! let clock_task = tokio::spawn(service.run(shutdown.clone()));
+//! sessions.resume().await?;                                // what the store held first
+//! sessions.serve_system(receiver);                         // then new fires and notices
+//! let clock_task = tokio::spawn(ClockService::with_handle(clocks, inputs).run(shutdown.clone()));
 //! // shutdown: cancel `shutdown`, then `sessions.shutdown(grace).await`, then await
 //! // `clock_task` (runs still waiting get `shutdown_grace`, then are logged cancelled).
 //! ```

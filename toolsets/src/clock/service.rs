@@ -17,7 +17,7 @@ use super::ClockOptions;
 use super::handle::{ClockHandle, Fire, MAX_NAME_CHARS, RunEnd};
 use super::task::{ClockTask, RunStatus};
 use parlor_bot::quote;
-use parlor_bot::session::{ScheduledOutcome, SessionManager, SubmitError};
+use parlor_bot::session::{ScheduledOutcome, SubmitError, SystemInputs};
 use parlor_bot::store::Store;
 use parlor_bot::tool::{Caller, Role};
 
@@ -31,20 +31,20 @@ const STORE_RETRY: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct ClockService {
     handle: ClockHandle,
-    sessions: SessionManager,
+    sessions: SystemInputs,
 }
 
 impl ClockService {
-    /// A service over the tasks in `store`, firing through `sessions`. The tools need the
-    /// same tasks: take them from [`ClockService::handle`], or build the [`ClockHandle`]
-    /// first and use [`ClockService::with_handle`] (the agent, and so the tools, exist
-    /// before the session manager does).
-    pub fn new(store: Arc<dyn Store>, sessions: SessionManager, options: ClockOptions) -> Self {
+    /// A service over the tasks in `store`, firing through `sessions` (the session layer's
+    /// system inputs). The tools need the same tasks: take them from
+    /// [`ClockService::handle`], or build the [`ClockHandle`] first and use
+    /// [`ClockService::with_handle`].
+    pub fn new(store: Arc<dyn Store>, sessions: SystemInputs, options: ClockOptions) -> Self {
         Self::with_handle(ClockHandle::new(store, options), sessions)
     }
 
     /// A service over the tasks of `handle`.
-    pub fn with_handle(handle: ClockHandle, sessions: SessionManager) -> Self {
+    pub fn with_handle(handle: ClockHandle, sessions: SystemInputs) -> Self {
         ClockService { handle, sessions }
     }
 
@@ -158,7 +158,7 @@ pub fn fired_text(task: &ClockTask) -> String {
 /// Hands one fire to the target session, waits for the outcome and records it.
 async fn execute(
     handle: ClockHandle,
-    sessions: SessionManager,
+    sessions: SystemInputs,
     fire: Fire,
     abort: CancellationToken,
 ) {
@@ -172,10 +172,11 @@ async fn execute(
         grants: Vec::new(),
     };
     let timeout = handle.options().run_timeout;
-    let end = match sessions
-        .submit_scheduled(&task.target, fired_text(task), caller)
-        .await
-    {
+    let submitted = tokio::select! {
+        submitted = sessions.clock_fire(&task.target, fired_text(task), caller) => submitted,
+        () = abort.cancelled() => Err(SubmitError::ShuttingDown),
+    };
+    let end = match submitted {
         Err(SubmitError::ShuttingDown) => RunEnd::not_posted(
             RunStatus::Cancelled,
             "the daemon was shutting down; not fired",

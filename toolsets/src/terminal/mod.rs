@@ -57,7 +57,7 @@ use parlor_bot::tool::{
     Bridged, Offer, Risk, Role, ToolContext, ToolError, ToolResult, ToolSetBridge,
 };
 
-pub use crate::notice::{LateNotifier, Notifier, NotifyError};
+pub use crate::notice::{Notifier, NotifyError};
 pub use output::xml_escape;
 pub use sys::process_alive;
 pub use tasks::{TaskRecord, TaskStatus, notice_block};

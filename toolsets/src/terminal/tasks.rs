@@ -463,7 +463,9 @@ impl TerminalService {
         };
         if row.status != TaskStatus::Running {
             let changed = match row.chat.clone() {
-                Some(chat) => notice::read_before_told(self.notifier.as_ref(), &chat, &mut row),
+                Some(chat) => {
+                    notice::read_before_told(self.notifier.as_ref(), &chat, &mut row).await
+                }
                 None => !std::mem::replace(&mut row.told.notified, true),
             };
             if changed {

@@ -164,10 +164,11 @@ impl Rig {
             session,
         );
         manager.resume().await.unwrap();
+        let (inputs, receiver) = parlor_bot::session::system_inputs();
+        manager.serve_system(receiver);
         let shutdown = CancellationToken::new();
-        let service = tokio::spawn(
-            ClockService::with_handle(handle.clone(), manager.clone()).run(shutdown.clone()),
-        );
+        let service =
+            tokio::spawn(ClockService::with_handle(handle.clone(), inputs).run(shutdown.clone()));
         Rig {
             store,
             platform,

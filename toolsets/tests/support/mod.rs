@@ -100,7 +100,7 @@ impl Notifier for TestNotifier {
         Ok(pending_id)
     }
 
-    fn withdraw(&self, _chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
+    async fn withdraw(&self, _chat: &ChatRef, pending_id: u64) -> Result<bool, NotifyError> {
         self.withdrawn.lock().unwrap().push(pending_id);
         Ok(true)
     }
