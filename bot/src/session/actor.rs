@@ -123,7 +123,7 @@ impl SessionManager {
                     Next::Queued(kind) => *kind,
                     Next::Batch(item) => item.kind,
                 };
-                if kind != crate::store::PendingKind::Reset && !self.rate_limit(session).await {
+                if kind.rules().rate_limited && !self.rate_limit(session).await {
                     // A batch taken stays pending in the store and runs after the restart.
                     return false;
                 }

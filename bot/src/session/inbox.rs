@@ -307,9 +307,7 @@ impl SessionManager {
             Inbound::Recorded(id) => id.unwrap_or_default(),
         };
         item.pending_ids = vec![id];
-        if kind == PendingKind::Reset {
-            session.queue.push_front(item);
-        } else if let Err(full) = session.queue.push(item) {
+        if let Err(full) = session.queue.push(item) {
             // Checked above under the same lock; kept for the next start if it happens.
             tracing::error!(session = %key, ids = ?full.0.pending_ids, "queue refused a checked item; it stays pending");
         }

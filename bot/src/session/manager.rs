@@ -7,6 +7,7 @@
 //! is still empty. So a push can never land on an evicted session, and a chat never has two
 //! actors.
 
+use super::input::Wait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -365,7 +366,7 @@ impl SessionManager {
         let mut unheard = Vec::new();
         for item in pending {
             let session = self.session_in(&mut sessions, &item.session);
-            if item.kind == PendingKind::Overheard {
+            if item.kind.rules().waits == Wait::Batch {
                 let id = item.id;
                 if self.restore_overheard(&session, item) {
                     self.ensure_actor(&session);
@@ -375,9 +376,7 @@ impl SessionManager {
                 continue;
             }
             let item = QueueItem::from_pending(item);
-            if item.kind == PendingKind::Reset {
-                session.queue.push_front(item);
-            } else if let Err(full) = session.queue.push(item) {
+            if let Err(full) = session.queue.push(item) {
                 // Only possible when more items were pending than a queue holds: keep the
                 // record for the next start rather than drop it.
                 tracing::warn!(session = %session.key, ids = ?full.0.pending_ids, "queue full while resuming; kept for later");
@@ -433,11 +432,8 @@ impl SessionManager {
         let mut item = QueueItem::from_pending(pending.clone());
         let id = self.inner.store.add_pending_with(pending, also)?;
         item.pending_ids = vec![id];
-        if matches!(kind, PendingKind::TaskResult | PendingKind::ClockFire) {
-            // A finished task or a due clock task is run now, even into a busy chat: their
-            // number is bounded by the tasks a chat may hold, not by what members send.
-            session.queue.push_over_capacity(item);
-        } else if session.queue.push(item).is_err() {
+        // A finished task or a due clock task waits over the capacity (`input.rs`).
+        if session.queue.push(item).is_err() {
             // Checked above under the same lock; kept for the next start if it happens.
             tracing::error!(session = %session.key, pending = id, "queue refused a checked item; it stays pending");
             return Err(SubmitError::QueueFull);

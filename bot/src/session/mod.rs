@@ -11,7 +11,11 @@
 //!   lines, which no member's text can forge.
 //! - [`commands`]: `/help`, `/status`, `/stop` (answered at intake) and `/reset` (queued).
 //! - [`flood`]: how many commands a member and a chat may have answered per minute.
-//! - [`queue`]: the stacking queue in front of each session.
+//! - [`input`]: what each kind of input may do — merge, where it waits, whose rights its
+//!   turn holds, whether it posts — in one table.
+//! - [`queue`]: the stacking queue in front of each session; a pending input is in it once.
+//! - [`system`]: the one bounded channel that clock fires, task notices and withdrawals
+//!   come through, served after [`SessionManager::resume`].
 //! - [`manager`]: [`SessionManager`], the single owner of the live sessions, and the
 //!   public entry points (scheduled inputs, notices, resume, shutdown).
 //! - [`actor`]: the per-chat actor — rate limit, role resolution, eviction when idle.
@@ -36,6 +40,7 @@ mod compact;
 mod flood;
 pub mod history;
 mod inbox;
+pub mod input;
 pub mod life;
 pub mod manager;
 mod outbox;

@@ -26,6 +26,7 @@
 //! resets neither the hourly count nor, when the same batch runs again after a kill, that
 //! batch's count, so a kill never makes the bot speak more than its limits.
 
+use super::input::CallerRule;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -272,7 +273,7 @@ impl SessionManager {
 
     /// How `send_message` speaks in the turn of `item`: `Some` only for a quiet turn.
     pub(super) fn quiet_speech(&self, item: &QueueItem) -> Option<Arc<dyn QuietSpeech>> {
-        if item.kind != PendingKind::Overheard {
+        if item.kind.rules().caller != CallerRule::Quiet {
             return None;
         }
         let limits = auto_chat_for(&self.inner.config, &item.chat)?.clone();

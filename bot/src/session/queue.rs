@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
+use super::input::{CallerRule, TextRule, Wait};
 use crate::platform::{ChatRef, ImageRef};
 use crate::store::{PendingItem, PendingKind};
 use crate::tool::Caller;
@@ -58,14 +59,6 @@ impl QueueItem {
         }
     }
 
-    /// Whether items of this kind merge while the session is busy.
-    pub fn stackable(&self) -> bool {
-        matches!(
-            self.kind,
-            PendingKind::UserMessage | PendingKind::TaskResult
-        )
-    }
-
     /// The caller the turn runs as: the single sender, or — for a merged burst — a caller
     /// with the least role of all contributors, so a member cannot borrow an admin's
     /// rights by speaking in the same burst.
@@ -76,11 +69,10 @@ impl QueueItem {
     /// plus the grants the work asked for (reading or stopping that one task), never a
     /// dangerous tool ([`crate::tool::ToolRegistry::defs_for_caller`]).
     pub fn caller(&self) -> Caller {
-        if self.kind == PendingKind::Overheard {
-            return super::overheard::overheard_caller();
-        }
-        if matches!(self.kind, PendingKind::TaskResult | PendingKind::ClockFire) {
-            return unattended_caller(&self.callers);
+        match self.kind.rules().caller {
+            CallerRule::Quiet => return super::overheard::overheard_caller(),
+            CallerRule::Unattended => return unattended_caller(&self.callers),
+            CallerRule::Senders => {}
         }
         match self.callers.as_slice() {
             [] => Caller::default(),
@@ -103,10 +95,10 @@ impl QueueItem {
 
     /// The turn's input text: every line, in arrival order.
     pub fn text(&self) -> String {
-        if self.kind == PendingKind::Overheard {
-            return super::overheard::input_text(&self.lines);
+        match self.kind.rules().text {
+            TextRule::Overheard => super::overheard::input_text(&self.lines),
+            TextRule::Lines => self.lines.join("\n"),
         }
-        self.lines.join("\n")
     }
 
     fn merge(&mut self, other: QueueItem) {
@@ -186,28 +178,50 @@ impl SessionQueue {
         self.items.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds an item, merging it into the tail when both are stackable and of one kind. An
-    /// item whose input is already queued or running is dropped (it is there once).
+    /// Adds an item where its kind waits ([`Wait`]): at the back, merging into the tail when
+    /// both merge and are of one kind, refused when the queue is full unless its kind waits
+    /// over the capacity; or at the front. An item whose input is already queued or running
+    /// is dropped (it is there once).
     pub fn push(&self, item: QueueItem) -> Result<(), QueueFull> {
+        let wait = item.kind.rules().waits;
+        self.insert(item, wait)
+    }
+
+    /// Adds inputs accepted before (a chat's queue moved to its new id), in order, even
+    /// over the capacity: they are pending already.
+    pub fn push_over_capacity(&self, item: QueueItem) {
+        // Never refused: `insert` refuses only a `Wait::Queue` item.
+        let _ = self.insert(item, Wait::QueueOverCapacity);
+    }
+
+    fn insert(&self, item: QueueItem, wait: Wait) -> Result<(), QueueFull> {
         {
             let mut items = self.lock();
             if items.holds_any(&item.pending_ids) {
                 tracing::debug!(ids = ?item.pending_ids, "input already queued");
                 return Ok(());
             }
-            let full = items.waiting.len() >= self.capacity;
-            match items.waiting.back_mut() {
-                Some(tail) if Self::merges(tail, &item) => tail.merge(item),
-                _ if full => return Err(QueueFull(Box::new(item))),
-                _ => items.waiting.push_back(item),
+            if wait == Wait::QueueFront {
+                items.waiting.push_front(item);
+            } else {
+                let full = wait != Wait::QueueOverCapacity && items.waiting.len() >= self.capacity;
+                match items.waiting.back_mut() {
+                    Some(tail) if Self::merges(tail, &item) => tail.merge(item),
+                    _ if full => return Err(QueueFull(Box::new(item))),
+                    _ => items.waiting.push_back(item),
+                }
             }
         }
         self.notify.notify_one();
         Ok(())
     }
 
-    /// Whether [`SessionQueue::push`] would take `item` now.
+    /// Whether intake should accept `item` now: the queue has room for it, it merges, or
+    /// its kind waits over the capacity.
     pub fn can_take(&self, item: &QueueItem) -> bool {
+        if item.kind.rules().waits == Wait::QueueOverCapacity {
+            return true;
+        }
         let items = self.lock();
         items.waiting.len() < self.capacity
             || items
@@ -216,37 +230,8 @@ impl SessionQueue {
                 .is_some_and(|tail| Self::merges(tail, item))
     }
 
-    /// Adds a system item (a task's notice) even to a full queue: it merges when it can,
-    /// and there are only as many as the operator's background tasks, so it cannot flood.
-    pub fn push_over_capacity(&self, item: QueueItem) {
-        {
-            let mut items = self.lock();
-            if items.holds_any(&item.pending_ids) {
-                return;
-            }
-            match items.waiting.back_mut() {
-                Some(tail) if Self::merges(tail, &item) => tail.merge(item),
-                _ => items.waiting.push_back(item),
-            }
-        }
-        self.notify.notify_one();
-    }
-
-    /// Puts a control item (a command) before every waiting turn. Callers check
-    /// [`SessionQueue::can_take`] first; resume may put one over the capacity.
-    pub fn push_front(&self, item: QueueItem) {
-        {
-            let mut items = self.lock();
-            if items.holds_any(&item.pending_ids) {
-                return;
-            }
-            items.waiting.push_front(item);
-        }
-        self.notify.notify_one();
-    }
-
     fn merges(tail: &QueueItem, item: &QueueItem) -> bool {
-        item.stackable()
+        item.kind.rules().merges
             && tail.kind == item.kind
             && tail.chat == item.chat
             && tail.lines.len() + item.lines.len() <= MAX_LINES_PER_ITEM

@@ -10,6 +10,7 @@
 //!
 //! [`ToolContext::role_here`]: crate::tool::ToolContext::role_here
 
+use super::input::RoleLookup;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,7 +21,6 @@ use super::manager::SessionManager;
 use super::policy::is_operator;
 use super::queue::QueueItem;
 use crate::platform::ChatRef;
-use crate::store::PendingKind;
 use crate::tool::{Role, RoleError, RoleResolver};
 
 /// How long reading a chat's administrators may take.
@@ -32,13 +32,13 @@ impl SessionManager {
     /// input every other caller of a group chat is looked up here. A lookup that fails
     /// leaves a member.
     pub(super) async fn resolve_roles(&self, item: &mut QueueItem) {
-        if item.kind == PendingKind::Overheard {
+        let on_demand = match item.kind.rules().roles {
             // A quiet turn runs as a member whoever wrote the messages (`overheard.rs`).
-            return;
-        }
-        // `/reset` and `/compact` are refused to members: their role decides before anything runs.
-        let on_demand = !matches!(item.kind, PendingKind::Reset | PendingKind::Compact)
-            && item.callers.len() == 1;
+            RoleLookup::Never => return,
+            // `/reset` and `/compact` are refused to members: the role decides first.
+            RoleLookup::First => false,
+            RoleLookup::OnDemand => item.callers.len() == 1,
+        };
         for caller in &mut item.callers {
             // A stored role is from when the input arrived; after a restart the config may
             // have changed, so an operator is checked again.

@@ -6,6 +6,7 @@
 //! that filled the model's context past `compact_ratio` is followed by a compaction
 //! ([`super::compact`]), its own step with its own commit.
 
+use super::input::Action;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use super::trace::TurnFacts;
 use super::usage::{BUDGET_NOTICE, Budget};
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
 use crate::llm::{Content, ContentPart, LlmError, Message};
-use crate::store::{HistoryChange, OutboxEntry, PendingKind, Summary, TurnCommit};
+use crate::store::{HistoryChange, OutboxEntry, Summary, TurnCommit};
 use crate::tool::{Role, RoleResolver};
 
 /// What a turn wants committed.
@@ -58,10 +59,11 @@ impl SessionManager {
             state.turns += 1;
         }
         self.mark_started(&item).await;
-        let outcome = match item.kind {
-            PendingKind::Reset => self.reset(session, &item).await,
-            PendingKind::Compact => self.compact_command(session, &item, &cancel).await,
-            _ => match self.budget(&session.key) {
+        let rules = item.kind.rules();
+        let outcome = match rules.action {
+            Action::Reset => self.reset(session, &item).await,
+            Action::Compact => self.compact_command(session, &item, &cancel).await,
+            Action::Turn => match self.budget(&session.key) {
                 Budget::Spent { told } => Some(over_budget(told)),
                 Budget::Open => self.turn(session, &item, &cancel).await,
             },
@@ -81,7 +83,7 @@ impl SessionManager {
             return;
         };
         let mut answered = item.pending_ids.clone();
-        if item.kind == PendingKind::Reset && outcome.history.is_some() {
+        if rules.action == Action::Reset && outcome.history.is_some() {
             // Everything queued before the reset goes with the conversation.
             answered.extend(
                 session
@@ -93,7 +95,7 @@ impl SessionManager {
         }
         // A quiet turn's answer is never posted: it speaks only through `send_message`.
         let mut reply = (outcome.reply)
-            .filter(|_| item.kind != PendingKind::Overheard)
+            .filter(|_| rules.posts)
             .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
         let compact_due = outcome.compact_due;
         let also = self.turn_records(
@@ -177,8 +179,8 @@ impl SessionManager {
         }
         if compact_due {
             // After a quiet turn (auto-chat) nothing is posted, this notice neither.
-            let tell = item.kind != PendingKind::Overheard;
-            self.compact_after_turn(session, &item.chat, tell).await;
+            self.compact_after_turn(session, &item.chat, rules.posts)
+                .await;
         }
     }
 
@@ -248,7 +250,7 @@ impl SessionManager {
             quiet: self.quiet_speech(item),
         };
         // A quiet turn (auto-chat) shows no typing: nobody waits for it.
-        let platform = platform.filter(|_| item.kind != PendingKind::Overheard);
+        let platform = platform.filter(|_| item.kind.rules().posts);
         let chat = item.chat.clone();
         let typing = async move {
             let Some(platform) = platform else {
