@@ -476,6 +476,33 @@ async fn a_reply_the_platform_could_not_take_is_sent_after_restart() {
     );
 }
 
+/// The waiter of a scheduled input travels with it; at shutdown, whether the input was
+/// running or waiting, it learns at once that nothing will be posted now.
+#[tokio::test(start_paused = true)]
+async fn shutdown_tells_each_scheduled_input_it_was_abandoned() {
+    let rig = rig(false);
+    let running = rig
+        .manager
+        .submit_scheduled(&group(), "[scheduled task] one".into(), Default::default())
+        .await
+        .unwrap();
+    rig.llm.wait_requests(1).await;
+    let waiting = rig
+        .manager
+        .submit_scheduled(&group(), "[scheduled task] two".into(), Default::default())
+        .await
+        .unwrap();
+    rig.manager.shutdown(Duration::from_millis(50)).await;
+    assert!(running.await.is_err(), "the running one was abandoned");
+    assert!(waiting.await.is_err(), "the waiting one was abandoned");
+    assert_eq!(
+        rig.store.pending().unwrap().len(),
+        2,
+        "both run after the restart"
+    );
+    assert!(rig.platform.sent().is_empty());
+}
+
 #[tokio::test]
 async fn shutdown_cancels_after_the_grace_period_and_keeps_the_input_pending() {
     let rig = rig(false);

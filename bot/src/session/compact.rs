@@ -335,7 +335,7 @@ impl SessionManager {
         match (committed, reply) {
             (Ok(Some(id)), Some(mut entry)) => {
                 entry.id = id;
-                self.enqueue_reply(entry);
+                self.enqueue_reply(entry, Vec::new());
             }
             (Ok(_), _) => {}
             (Err(e), _) => {

@@ -120,7 +120,7 @@ impl SessionManager {
             self.durable().await.map_err(store_error)?;
         }
         for entry in accepted.replies {
-            self.enqueue_reply(entry);
+            self.enqueue_reply(entry, Vec::new());
         }
         Ok(())
     }

@@ -7,7 +7,6 @@
 //! is still empty. So a push can never land on an evicted session, and a chat never has two
 //! actors.
 
-use super::input::Wait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,8 +20,9 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::input::Wait;
 use super::outbox::Lanes;
-use super::queue::{QueueItem, SessionQueue};
+use super::queue::{QueueItem, ScheduledOutcome, SessionQueue, Waiter};
 use crate::agent::Agent;
 use crate::platform::{ChatRef, Platform};
 use crate::store::{KvWrite, PendingItem, PendingKind, Store, StoreError};
@@ -97,20 +97,6 @@ impl Default for SessionConfig {
             commands_per_chat_per_minute: 10,
         }
     }
-}
-
-/// What became of a scheduled input (a clock task firing), as its submitter learns it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ScheduledOutcome {
-    /// The turn ran and its reply was posted: the platform's message ids. Only this means
-    /// "delivered".
-    Posted(Vec<String>),
-    /// The turn ran but produced nothing to post.
-    NoReply,
-    /// The turn ran but the platform refused the reply for good (the reason).
-    NotDelivered(String),
-    /// The model could not be reached (the reason); the chat was told.
-    Failed(String),
 }
 
 /// Why a scheduled input was not accepted.
@@ -192,14 +178,6 @@ impl Session {
     }
 }
 
-/// Who waits for the outcome of a scheduled input: by pending id until its turn commits,
-/// then by the outbox id of its reply until the reply is sent.
-#[derive(Default)]
-pub(super) struct Waiters {
-    pub(super) by_pending: HashMap<u64, oneshot::Sender<ScheduledOutcome>>,
-    pub(super) by_outbox: HashMap<u64, Vec<oneshot::Sender<ScheduledOutcome>>>,
-}
-
 #[derive(Default)]
 pub(super) struct Counters {
     pub(super) actors_started: AtomicU64,
@@ -218,8 +196,6 @@ pub(super) struct Inner {
     /// Session keys whose actor is running, to prove there is never a second one.
     pub(super) active_actors: Mutex<std::collections::HashSet<String>>,
     pub(super) admin_cache: Mutex<HashMap<String, (Instant, Vec<String>)>>,
-    /// Not durable: after a restart the input still runs, but nobody waits for it.
-    pub(super) waiters: Mutex<Waiters>,
     /// The outbox lanes, one per chat with replies to send.
     pub(super) lanes: Lanes,
     pub(super) tracker: TaskTracker,
@@ -279,7 +255,6 @@ impl SessionManager {
                 sessions: Mutex::new(HashMap::new()),
                 active_actors: Mutex::new(Default::default()),
                 admin_cache: Mutex::new(HashMap::new()),
-                waiters: Mutex::new(Waiters::default()),
                 lanes: Lanes::default(),
                 tracker: TaskTracker::new(),
                 draining: CancellationToken::new(),
@@ -299,10 +274,6 @@ impl SessionManager {
             .sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn lock_waiters(&self) -> MutexGuard<'_, Waiters> {
-        self.inner.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The session of `key` in `sessions` (the locked map), created on first use.
@@ -347,13 +318,13 @@ impl SessionManager {
     pub async fn resume(&self) -> Result<(), StoreError> {
         for entry in self.inner.store.unsent_outbox()? {
             tracing::info!(session = %entry.session, outbox = entry.id, "resending a reply from before the restart");
-            self.enqueue_reply(entry);
+            self.enqueue_reply(entry, Vec::new());
         }
         let (pending, notices) = self.quarantine(self.inner.store.pending()?)?;
         if !notices.is_empty() {
             self.durable().await?;
             for notice in notices {
-                self.enqueue_reply(notice);
+                self.enqueue_reply(notice, Vec::new());
             }
         }
         if !pending.is_empty() {
@@ -397,9 +368,9 @@ impl SessionManager {
     }
 
     /// Stores a system input for `chat` as pending (with `also`, in one transaction) and
-    /// queues it; returns its pending id. Not yet durable: the caller waits for that, with
-    /// no lock held. A clock fire into a full queue is refused (and logged by the clock); a
-    /// notice always goes in.
+    /// queues it, with `done` to be told its outcome; returns its pending id. Not yet
+    /// durable: the caller waits for that, with no lock held. Both kinds go in even over
+    /// the queue's capacity (`input.rs`).
     fn submit(
         &self,
         chat: &ChatRef,
@@ -407,6 +378,7 @@ impl SessionManager {
         text: String,
         caller: Caller,
         also: Vec<KvWrite>,
+        done: Option<Waiter>,
     ) -> Result<u64, SubmitError> {
         if self.inner.draining.is_cancelled() {
             return Err(SubmitError::ShuttingDown);
@@ -432,6 +404,7 @@ impl SessionManager {
         let mut item = QueueItem::from_pending(pending.clone());
         let id = self.inner.store.add_pending_with(pending, also)?;
         item.pending_ids = vec![id];
+        item.done.extend(done);
         // A finished task or a due clock task waits over the capacity (`input.rs`).
         if session.queue.push(item).is_err() {
             // Checked above under the same lock; kept for the next start if it happens.
@@ -453,13 +426,15 @@ impl SessionManager {
         caller: Caller,
     ) -> Result<oneshot::Receiver<ScheduledOutcome>, SubmitError> {
         let (tx, rx) = oneshot::channel();
-        {
-            // The waiter is registered before the item can run: under the waiters lock,
-            // which the actor takes to find it.
-            let mut waiters = self.lock_waiters();
-            let id = self.submit(chat, PendingKind::ClockFire, text, caller, Vec::new())?;
-            waiters.by_pending.insert(id, tx);
-        }
+        // The sender travels with the input to its turn, then with its reply to the lane.
+        self.submit(
+            chat,
+            PendingKind::ClockFire,
+            text,
+            caller,
+            Vec::new(),
+            Some(tx),
+        )?;
         // The turn may already be running; its commit waits for durability too, and that
         // covers this earlier write (see `session/inbox.rs`).
         self.durable().await?;
@@ -478,7 +453,7 @@ impl SessionManager {
         caller: Caller,
         also: Vec<KvWrite>,
     ) -> Result<u64, SubmitError> {
-        let id = self.submit(chat, PendingKind::TaskResult, text, caller, also)?;
+        let id = self.submit(chat, PendingKind::TaskResult, text, caller, also, None)?;
         self.durable().await?;
         Ok(id)
     }
@@ -551,7 +526,10 @@ impl SessionManager {
         }
         // Nothing will answer a waiter now (an abandoned reply is sent after the next
         // start): dropping them tells each (a clock fire) at once that it was abandoned.
-        drop(std::mem::take(&mut *self.lock_waiters()));
+        for session in self.lock_sessions().values() {
+            session.queue.drop_waiters();
+        }
+        self.inner.lanes.drop_waiters();
         if let Err(e) = self.inner.store.flush() {
             tracing::error!(error = %e, "could not flush the store on shutdown");
         }

@@ -56,9 +56,9 @@ pub mod usage;
 mod view;
 
 pub use life::{ChatHook, Removal, move_record, move_records};
-pub use manager::{ScheduledOutcome, SessionConfig, SessionManager, SessionStats, SubmitError};
+pub use manager::{SessionConfig, SessionManager, SessionStats, SubmitError};
 pub use overheard::AutoChat;
 pub use policy::{ATTRIBUTION_PROMPT, attribute};
-pub use queue::{QueueItem, SessionQueue};
+pub use queue::{QueueItem, ScheduledOutcome, SessionQueue};
 pub use system::{SystemInputs, SystemReceiver, system_inputs};
 pub use view::LiveChat;

@@ -15,7 +15,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::manager::{ScheduledOutcome, SessionManager};
+use super::manager::SessionManager;
+use super::queue::{ScheduledOutcome, Waiter};
 use crate::backoff::Backoff;
 use crate::platform::PlatformError;
 use crate::store::{OutboxEntry, StoredMessage};
@@ -31,11 +32,17 @@ const BACKOFF: Backoff = Backoff {
 /// The lanes of every chat with replies to send.
 #[derive(Default)]
 pub(super) struct Lanes {
-    lanes: Mutex<HashMap<String, VecDeque<OutboxEntry>>>,
+    lanes: Mutex<HashMap<String, VecDeque<Row>>>,
+}
+
+/// A row to send, and who waits to learn what became of it (a clock fire's run).
+struct Row {
+    entry: OutboxEntry,
+    done: Vec<Waiter>,
 }
 
 impl Lanes {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<OutboxEntry>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Row>>> {
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -43,24 +50,32 @@ impl Lanes {
     pub(super) fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }
+
+    /// Drops every waiter (shutdown): the rows stay unsent for the next start.
+    pub(super) fn drop_waiters(&self) {
+        for row in self.lock().values_mut().flatten() {
+            row.done.clear();
+        }
+    }
 }
 
 /// What became of one row.
 enum Sent {
     /// Sent or given up: the lane moves on.
-    Done,
+    Done(ScheduledOutcome),
     /// Shutdown: the row stays unsent for the next start.
     Abandoned,
 }
 
 impl SessionManager {
-    /// Hands a committed (durable) row to its chat's lane, starting the lane if it is idle.
-    pub(super) fn enqueue_reply(&self, entry: OutboxEntry) {
+    /// Hands a committed (durable) row to its chat's lane, starting the lane if it is idle;
+    /// `done` learn what became of it.
+    pub(super) fn enqueue_reply(&self, entry: OutboxEntry, done: Vec<Waiter>) {
         let key = entry.session.clone();
         let start = {
             let mut lanes = self.inner.lanes.lock();
             let lane = lanes.entry(key.clone()).or_default();
-            lane.push_back(entry);
+            lane.push_back(Row { entry, done });
             // A lane with one row was idle: the task of a busy lane pops only after a send.
             lane.len() == 1
         };
@@ -81,14 +96,18 @@ impl SessionManager {
                 .lanes
                 .lock()
                 .get(&key)
-                .and_then(|lane| lane.front().cloned());
+                .and_then(|lane| lane.front().map(|row| row.entry.clone()));
             let Some(entry) = next else { return };
-            if let Sent::Abandoned = self.send_row(&entry).await {
-                return;
-            }
+            let outcome = match self.send_row(&entry).await {
+                Sent::Done(outcome) => outcome,
+                Sent::Abandoned => return,
+            };
             let mut lanes = self.inner.lanes.lock();
             if let Some(lane) = lanes.get_mut(&key) {
-                lane.pop_front();
+                for waiter in lane.pop_front().into_iter().flat_map(|row| row.done) {
+                    // The submitter may have given up waiting.
+                    let _ = waiter.send(outcome.clone());
+                }
                 if lane.is_empty() {
                     lanes.remove(&key);
                     if let Some(to) = super::manager::shrunk_capacity(lanes.len(), lanes.capacity())
@@ -122,13 +141,13 @@ impl SessionManager {
             let wait = match result {
                 Ok(Ok(sent)) => {
                     self.sent(entry, &sent.message_ids).await;
-                    return Sent::Done;
+                    return Sent::Done(ScheduledOutcome::Posted(sent.message_ids));
                 }
                 Ok(Err(PlatformError::Refused(why) | PlatformError::NotFound(why))) => {
                     tracing::error!(outbox = entry.id, chat = %entry.chat, reason = %why, "the platform refused the reply for good; giving it up (is the bot still in this chat?)");
                     crate::metrics::global().send_error(&entry.chat.platform);
                     self.given_up(entry, &why).await;
-                    return Sent::Done;
+                    return Sent::Done(ScheduledOutcome::NotDelivered(why));
                 }
                 Ok(Err(PlatformError::RateLimited(after))) => after.max(Duration::from_secs(1)),
                 Ok(Err(e)) => {
@@ -154,7 +173,7 @@ impl SessionManager {
     }
 
     /// The platform took the row: mark it sent and log the bot's own message (one durable
-    /// step), tell the waiters.
+    /// step).
     async fn sent(&self, entry: &OutboxEntry, ids: &[String]) {
         let own = ids.first().map(|first| {
             StoredMessage::from_bot(
@@ -177,7 +196,6 @@ impl SessionManager {
         if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
         }
-        self.report(entry.id, ScheduledOutcome::Posted(ids.to_vec()));
     }
 
     async fn given_up(&self, entry: &OutboxEntry, why: &str) {
@@ -187,15 +205,6 @@ impl SessionManager {
         };
         if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "cannot record the refused reply");
-        }
-        self.report(entry.id, ScheduledOutcome::NotDelivered(why.to_owned()));
-    }
-
-    fn report(&self, outbox_id: u64, outcome: ScheduledOutcome) {
-        let waiters = self.lock_waiters().by_outbox.remove(&outbox_id);
-        for waiter in waiters.into_iter().flatten() {
-            // The submitter may have given up waiting.
-            let _ = waiter.send(outcome.clone());
         }
     }
 }

@@ -26,7 +26,6 @@
 //! resets neither the hourly count nor, when the same batch runs again after a kill, that
 //! batch's count, so a kill never makes the bot speak more than its limits.
 
-use super::input::CallerRule;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +34,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::input::CallerRule;
 use super::manager::{Session, SessionConfig, SessionManager};
 use super::queue::{MAX_LINES_PER_ITEM, QueueItem};
 use crate::platform::{ChatKind, ChatRef, IncomingMessage};
@@ -146,6 +146,7 @@ impl Batch {
             callers: vec![overheard_caller()],
             images: Vec::new(),
             private: false,
+            done: Vec::new(),
         })
     }
 }
@@ -414,7 +415,7 @@ impl QuietSpeech for QuietTurn {
         // Like a committed reply: handed to the lane only once durable.
         self.manager.durable().await.map_err(unavailable)?;
         tracing::info!(chat = %self.chat, outbox = entry.id, "auto-chat: the bot speaks up");
-        self.manager.enqueue_reply(entry);
+        self.manager.enqueue_reply(entry, Vec::new());
         Ok(said)
     }
 }

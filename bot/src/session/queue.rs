@@ -6,19 +6,36 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use super::input::{CallerRule, TextRule, Wait};
 use crate::platform::{ChatRef, ImageRef};
 use crate::store::{PendingItem, PendingKind};
 use crate::tool::Caller;
 
+/// What became of a scheduled input (a clock task firing), as its submitter learns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduledOutcome {
+    /// The turn ran and its reply was posted: the platform's message ids. Only this means
+    /// "delivered".
+    Posted(Vec<String>),
+    /// The turn ran but produced nothing to post.
+    NoReply,
+    /// The turn ran but the platform refused the reply for good (the reason).
+    NotDelivered(String),
+    /// The model could not be reached (the reason); the chat was told.
+    Failed(String),
+}
+
+/// Told what became of a queued input; dropped unanswered when its turn is abandoned.
+pub type Waiter = oneshot::Sender<ScheduledOutcome>;
+
 /// Most lines one merged item holds; a longer burst starts a new item (which counts
 /// against the queue's capacity), so one turn's input stays readable and bounded.
 pub const MAX_LINES_PER_ITEM: usize = 50;
 
 /// One unit of work for a session: one turn's input.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct QueueItem {
     /// What kind of input; decides stacking.
     pub kind: PendingKind,
@@ -36,6 +53,10 @@ pub struct QueueItem {
     pub images: Vec<(ImageRef, Option<String>)>,
     /// Whether the chat is a direct message (nobody there is a chat admin).
     pub private: bool,
+    /// Who waits for the outcome of this input's turn (a clock fire's run): carried to the
+    /// turn, then with its reply to the outbox lane. Not durable: after a restart the input
+    /// still runs, but nobody waits for it.
+    pub done: Vec<Waiter>,
 }
 
 impl QueueItem {
@@ -56,6 +77,7 @@ impl QueueItem {
                 .map(|image| (image, item.reply_to.clone()))
                 .collect(),
             private: item.private,
+            done: Vec::new(),
         }
     }
 
@@ -109,6 +131,7 @@ impl QueueItem {
         }
         self.callers.extend(other.callers);
         self.images.extend(other.images);
+        self.done.extend(other.done);
     }
 }
 
@@ -331,6 +354,14 @@ impl SessionQueue {
             return true;
         }
         false
+    }
+
+    /// Drops every waiter of the waiting items (shutdown): each learns its input was not
+    /// run now; the inputs stay pending for the next start.
+    pub fn drop_waiters(&self) {
+        for item in &mut self.lock().waiting {
+            item.done.clear();
+        }
     }
 
     /// Removes every waiting item and returns them (`/reset`).

@@ -10,13 +10,13 @@
 //!
 //! [`ToolContext::role_here`]: crate::tool::ToolContext::role_here
 
-use super::input::RoleLookup;
 use std::time::Duration;
 
 use async_trait::async_trait;
 // tokio's clock, so the cache follows paused time in tests.
 use tokio::time::Instant;
 
+use super::input::RoleLookup;
 use super::manager::SessionManager;
 use super::policy::is_operator;
 use super::queue::QueueItem;

@@ -11,7 +11,8 @@
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::manager::{ScheduledOutcome, SessionManager, SubmitError};
+use super::manager::{SessionManager, SubmitError};
+use super::queue::ScheduledOutcome;
 use crate::platform::ChatRef;
 use crate::store::KvWrite;
 use crate::tool::Caller;

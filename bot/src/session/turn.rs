@@ -6,15 +6,15 @@
 //! that filled the model's context past `compact_ratio` is followed by a compaction
 //! ([`super::compact`]), its own step with its own commit.
 
-use super::input::Action;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::history::trim_to_budget;
-use super::manager::{ScheduledOutcome, Session, SessionManager};
-use super::queue::QueueItem;
+use super::input::Action;
+use super::manager::{Session, SessionManager};
+use super::queue::{QueueItem, ScheduledOutcome};
 use super::trace::TurnFacts;
 use super::usage::{BUDGET_NOTICE, Budget};
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
@@ -45,7 +45,9 @@ pub(super) struct Outcome {
 
 impl SessionManager {
     /// Runs one item and commits it; hands the reply to the outbox and tells any waiter.
-    pub(super) async fn run_item(&self, session: &Arc<Session>, item: QueueItem) {
+    pub(super) async fn run_item(&self, session: &Arc<Session>, mut item: QueueItem) {
+        // Dropped unanswered wherever the turn is abandoned: its submitter learns that.
+        let mut done = std::mem::take(&mut item.done);
         let cancel = self.inner.abort.child_token();
         let started = chrono::Utc::now();
         // Before the turn reads the history: a change to it from here on is not in what
@@ -79,19 +81,15 @@ impl SessionManager {
             if !item.images.is_empty() {
                 self.unmark_started(&item.pending_ids);
             }
-            self.drop_waiters(&item.pending_ids);
             return;
         };
         let mut answered = item.pending_ids.clone();
         if rules.action == Action::Reset && outcome.history.is_some() {
             // Everything queued before the reset goes with the conversation.
-            answered.extend(
-                session
-                    .queue
-                    .clear()
-                    .into_iter()
-                    .flat_map(|i| i.pending_ids),
-            );
+            for cleared in session.queue.clear() {
+                answered.extend(cleared.pending_ids);
+                done.extend(cleared.done);
+            }
         }
         // A quiet turn's answer is never posted: it speaks only through `send_message`.
         let mut reply = (outcome.reply)
@@ -147,47 +145,29 @@ impl SessionManager {
                 // The input stays pending and runs again after a restart; replying now could
                 // answer twice after a crash.
                 tracing::error!(session = %session.key, error = %e, "cannot commit the turn");
-                self.drop_waiters(&answered);
                 return;
             }
         };
         let report = match (&outcome.model_failed, outbox_id) {
             (Some(reason), _) => Some(ScheduledOutcome::Failed(reason.clone())),
             (None, None) => Some(ScheduledOutcome::NoReply),
-            // Reported by the outbox lane once the platform took it (or refused it).
+            // Told by the outbox lane once the platform took it (or refused it).
             (None, Some(_)) => None,
         };
-        {
-            let mut waiters = self.lock_waiters();
-            for id in &answered {
-                let Some(waiter) = waiters.by_pending.remove(id) else {
-                    continue;
-                };
-                match (&report, outbox_id) {
-                    // The submitter may have given up waiting; nothing to do then.
-                    (Some(report), _) => drop(waiter.send(report.clone())),
-                    (None, Some(outbox)) => {
-                        waiters.by_outbox.entry(outbox).or_default().push(waiter)
-                    }
-                    (None, None) => {}
-                }
+        if let Some(report) = report {
+            for waiter in done.drain(..) {
+                // The submitter may have given up waiting; nothing to do then.
+                let _ = waiter.send(report.clone());
             }
         }
         if let (Some(mut entry), Some(id)) = (reply, outbox_id) {
             entry.id = id;
-            self.enqueue_reply(entry);
+            self.enqueue_reply(entry, done);
         }
         if compact_due {
             // After a quiet turn (auto-chat) nothing is posted, this notice neither.
             self.compact_after_turn(session, &item.chat, rules.posts)
                 .await;
-        }
-    }
-
-    fn drop_waiters(&self, ids: &[u64]) {
-        let mut waiters = self.lock_waiters();
-        for id in ids {
-            waiters.by_pending.remove(id);
         }
     }
 
