@@ -17,7 +17,7 @@ enum Next {
     /// The queue's front item, of this kind, taken once the rate limit allows.
     Queued(crate::store::PendingKind),
     /// The overheard batch that came due, already taken.
-    Batch(super::queue::QueueItem),
+    Batch(Box<super::queue::QueueItem>),
 }
 
 impl SessionManager {
@@ -89,7 +89,9 @@ impl SessionManager {
             // meanwhile merges into it; a due batch is taken (it merges beside the queue).
             let next = match session.queue.front_kind() {
                 Some(kind) => Some(Next::Queued(kind)),
-                None => self.due_batch(session).map(Next::Batch),
+                None => self
+                    .due_batch(session)
+                    .map(|item| Next::Batch(Box::new(item))),
             };
             let Some(next) = next else {
                 let idle = tokio::time::sleep(self.inner.config.idle_timeout);
@@ -132,7 +134,7 @@ impl SessionManager {
                         Some(item) => item,
                         None => return true,
                     },
-                    Next::Batch(item) => item,
+                    Next::Batch(item) => *item,
                 };
                 self.resolve_roles(&mut item).await;
                 self.run_item(session, item).await;
