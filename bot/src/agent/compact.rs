@@ -261,14 +261,14 @@ fn defuse_fence(text: &str) -> String {
 /// are over `max_tokens` (estimated), but always the newest one. 0 when there is nothing
 /// older to compact.
 pub fn keep_from(history: &[Message], keep_turns: usize, max_tokens: usize) -> usize {
-    let starts = crate::session::history::turn_starts(history);
+    let starts = crate::agent::history::turn_starts(history);
     let Some(&newest) = starts.last() else {
         return 0;
     };
     let mut from = newest;
     let mut tokens: usize = history[newest..]
         .iter()
-        .map(crate::session::history::estimate_tokens)
+        .map(crate::agent::history::estimate_tokens)
         .sum();
     for (kept, &start) in starts.iter().rev().enumerate().skip(1) {
         if kept >= keep_turns.max(1) {
@@ -276,7 +276,7 @@ pub fn keep_from(history: &[Message], keep_turns: usize, max_tokens: usize) -> u
         }
         let more: usize = history[start..from]
             .iter()
-            .map(crate::session::history::estimate_tokens)
+            .map(crate::agent::history::estimate_tokens)
             .sum();
         if tokens + more > max_tokens {
             break;

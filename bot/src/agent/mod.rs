@@ -25,6 +25,7 @@
 
 pub mod compact;
 mod events;
+pub mod history;
 pub mod images;
 pub mod stray;
 
@@ -683,7 +684,7 @@ fn older_half(history: &[Message]) -> Option<usize> {
     if history.is_empty() {
         return None;
     }
-    let starts: Vec<usize> = crate::session::history::turn_starts(history)
+    let starts: Vec<usize> = crate::agent::history::turn_starts(history)
         .into_iter()
         .filter(|&i| i > 0)
         .collect();

@@ -81,7 +81,7 @@ impl SessionManager {
             Ok(Some(s)) => format!(
                 "{} characters (about {} tokens) for {} older messages, written {}",
                 s.text.chars().count(),
-                super::history::estimate_tokens(&crate::llm::Message::system(&s.text)),
+                crate::agent::history::estimate_tokens(&crate::llm::Message::system(&s.text)),
                 s.messages,
                 s.made.format("%Y-%m-%d %H:%M UTC")
             ),

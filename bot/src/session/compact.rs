@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::history::{estimate_tokens, trim_to_budget};
 use super::manager::{Session, SessionManager};
 use super::queue::QueueItem;
 use super::turn::Outcome;
 use crate::agent::compact::keep_from;
+use crate::agent::history::{estimate_tokens, trim_to_budget};
 use crate::agent::{CompactError, SummaryInput};
 use crate::llm::Message;
 use crate::platform::ChatRef;
@@ -86,7 +86,7 @@ impl SessionManager {
         // leaves room before the next one.
         let keep_tokens = self.compact_threshold().unwrap_or(usize::MAX) / 2;
         let from = keep_from(&history, self.inner.config.compact_keep_turns, keep_tokens);
-        let turns_in = |messages: &[Message]| super::history::turn_starts(messages).len();
+        let turns_in = |messages: &[Message]| crate::agent::history::turn_starts(messages).len();
         if from == 0 {
             return Ok(Compaction::Nothing {
                 turns: turns_in(&history),

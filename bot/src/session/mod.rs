@@ -22,7 +22,6 @@
 //! - [`roles`]: operators from the config, chat admins from the platform (cached, with a
 //!   timeout), and the [`RoleResolver`](crate::tool::RoleResolver) tools use.
 //! - [`turn`]: one item — the agent's turn or `/reset` — committed in one transaction.
-//! - [`history`]: the token-budget trim by whole turns.
 //! - [`overheard`]: auto-chat — unaddressed messages of chosen groups in batches, each one
 //!   quiet turn that may speak only through `send_message`, within its limits.
 //! - [`outbox`]: one lane per chat sending committed replies in order, retrying until the
@@ -38,7 +37,6 @@ mod actor;
 mod commands;
 mod compact;
 mod flood;
-pub mod history;
 mod inbox;
 pub mod input;
 pub mod life;

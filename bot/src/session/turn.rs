@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::history::trim_to_budget;
 use super::input::Action;
 use super::manager::{Session, SessionManager};
 use super::queue::{QueueItem, ScheduledOutcome};
 use super::trace::TurnFacts;
 use super::usage::{BUDGET_NOTICE, Budget};
+use crate::agent::history::trim_to_budget;
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
 use crate::llm::{Content, ContentPart, LlmError, Message};
 use crate::store::{HistoryChange, OutboxEntry, Summary, TurnCommit};

@@ -7,11 +7,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use futures::future::BoxFuture;
 
-use super::sled_store::{StoreOptions, check_session};
+use super::common::{StoreOptions, check_session, is_pending_for, migrated_record};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
-    PendingItem, PendingKind, Store, StoreError, StoredMessage, Summary, TurnCommit,
-    merged_summaries, migrated_key, moved_message, moved_outbox, moved_pending,
+    PendingItem, Store, StoreError, StoredMessage, Summary, TurnCommit, merged_summaries,
+    migrated_key, moved_message, moved_outbox, moved_pending,
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;
@@ -490,22 +490,4 @@ impl Store for MemoryStore {
     fn flushes(&self) -> u64 {
         self.commit.flushes()
     }
-}
-
-/// The chat record of the new chat after a migration: the old one's, moved.
-pub(super) fn migrated_record(to: &ChatRef, old: Option<ChatRecord>) -> ChatRecord {
-    ChatRecord {
-        chat: to.clone(),
-        title: old.and_then(|record| record.title),
-        present: true,
-        status: "migrated".to_owned(),
-        since: chrono::Utc::now(),
-    }
-}
-
-/// Whether `item` is the user-message input of message `message_id` of `session`.
-pub(super) fn is_pending_for(item: &PendingItem, session: &str, message_id: &str) -> bool {
-    item.session == session
-        && item.kind == PendingKind::UserMessage
-        && item.reply_to.as_deref() == Some(message_id)
 }

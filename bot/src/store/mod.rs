@@ -26,6 +26,7 @@
 //! Implementations: [`SledStore`] (sled 0.34, the default) and [`MemoryStore`] (tests,
 //! ephemeral runs). Every value is versioned JSON so that later versions can read it.
 
+mod common;
 mod group_commit;
 mod memory;
 mod sled_step;
@@ -39,9 +40,10 @@ use crate::llm::Message;
 use crate::platform::{ChatRef, ImageRef, IncomingMessage, Sender};
 use crate::tool::Caller;
 
+pub use common::StoreOptions;
 pub use group_commit::{GroupCommit, Ticket};
 pub use memory::MemoryStore;
-pub use sled_store::{SledStore, StoreOptions};
+pub use sled_store::SledStore;
 
 /// How long the record of a sent (or given-up) reply is kept.
 pub const SENT_KEEP_DAYS: i64 = 7;

@@ -58,7 +58,7 @@ use serde_json::Value;
 use sled::transaction::ConflictableTransactionError;
 use sled::{Db, IVec, Tree};
 
-use super::memory::{is_pending_for, migrated_record};
+use super::common::{StoreOptions, check_session, is_pending_for, migrated_record};
 use super::sled_step::{StepTree, Steps};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
@@ -78,37 +78,6 @@ const VERSION: u64 = 1;
 /// Bytes sled may keep in its page cache: the hot chats' nodes fit, and with 10,000 chats
 /// known it is most of what an idle daemon holds (docs/perf.md; 4 MiB cost 5 MiB of RSS).
 const CACHE_CAPACITY: u64 = 2 * 1024 * 1024;
-
-/// Tunables shared by both store backends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreOptions {
-    /// How many messages the log of one session keeps; the oldest are dropped first, from
-    /// the log and from the dedupe index alike. Values below 1 are treated as 1.
-    pub max_messages_per_chat: usize,
-    /// How long [`SledStore::open`] retries when the database is locked before it gives up
-    /// with [`StoreError::Locked`]. sled releases its file lock a moment *after* the last
-    /// handle is dropped (its background threads close the file), so an immediate reopen in
-    /// the same process (a restart in tests) needs a short wait. Ignored by [`MemoryStore`].
-    ///
-    /// [`MemoryStore`]: super::MemoryStore
-    pub lock_timeout: Duration,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        StoreOptions {
-            max_messages_per_chat: 2000,
-            lock_timeout: Duration::from_secs(2),
-        }
-    }
-}
-
-impl StoreOptions {
-    /// The bound as used: at least one message.
-    pub(crate) fn bound(&self) -> u64 {
-        u64::try_from(self.max_messages_per_chat.max(1)).unwrap_or(u64::MAX)
-    }
-}
 
 /// The [`Store`] on a sled database (see the module docs for the layout).
 #[derive(Clone)]
@@ -1285,16 +1254,6 @@ fn read_all<T: DeserializeOwned>(tree: &Tree, name: &str) -> Result<Vec<T>, Stor
             decode(&bytes, || format!("{name}[{}]", describe_id(&key)))
         })
         .collect()
-}
-
-/// Refuses session keys that would make the `session \0 ...` keys ambiguous.
-pub(crate) fn check_session(session: &str) -> Result<(), StoreError> {
-    if session.contains('\0') {
-        return Err(StoreError::Io(format!(
-            "session key {session:?} contains a NUL byte"
-        )));
-    }
-    Ok(())
 }
 
 fn session_prefix(session: &str) -> Vec<u8> {
