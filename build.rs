@@ -6,7 +6,7 @@ fn main() {
     if linux_gnu {
         // Relative relocations packed (DT_RELR) instead of 24 bytes each: the PIE binary has
         // about 64,000 of them, 1.5 MiB the loader reads at every start and that stay
-        // resident (README, Benchmarks: idle RSS). Needs GNU ld >= 2.38 (or lld) to link and
+        // resident (docs/perf.md: idle RSS). Needs GNU ld >= 2.38 (or lld) to link and
         // glibc >= 2.36 to run: Debian 12, Ubuntu 22.10 and later.
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }

@@ -1,4 +1,4 @@
-//! `parlor-bench`: the footprint and speed figures of the README, measured on the real
+//! `parlor-bench`: the footprint and speed figures of docs/perf.md, measured on the real
 //! `parlor` binary (how each is taken: `docs/perf.md`).
 //!
 //! Run with `cargo run --release -p parlor-bench`. The bench builds the release `parlor`

@@ -129,7 +129,7 @@ impl SledStore {
         let start = Instant::now();
         let db = loop {
             // sled's default page cache may grow to 1 GiB; a chat daemon's working set is a
-            // few hot chats, and RSS is one of parlor's targets (README, Benchmarks).
+            // few hot chats, and RSS is one of parlor's targets (docs/perf.md).
             match sled::Config::new()
                 .path(dir)
                 .cache_capacity(CACHE_CAPACITY)

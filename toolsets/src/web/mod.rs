@@ -190,7 +190,7 @@ struct Cache {
 type CacheKey = (String, String);
 
 /// Most bytes of page text the cache holds, all chats together; the daemon's footprint is
-/// a target (README, Benchmarks), and a page may be megabytes.
+/// a target (docs/perf.md), and a page may be megabytes.
 const CACHE_BYTES: usize = 8 * 1024 * 1024;
 
 /// What the tools share.
