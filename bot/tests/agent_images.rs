@@ -125,6 +125,7 @@ fn input(content: Content, platform: &Arc<TestPlatform>) -> TurnInput {
         platform: Some(Arc::clone(platform) as Arc<dyn Platform>),
         roles: None,
         quiet: None,
+        post: None,
     }
 }
 

@@ -10,9 +10,11 @@
 //!
 //! **Scope.** Every lookup goes through the message log of the calling session
 //! ([`ToolContext::session`]), so an id of another chat is simply not found; no tool takes a
-//! chat argument. `send_markdown` posts to [`ToolContext::chat`] through
-//! [`ToolContext::platform`]; the adapter renders the Markdown for its platform and splits it
-//! (the seam is [`Platform::send_message`]).
+//! chat argument. `send_markdown` posts to [`ToolContext::chat`] through the chat's outbox
+//! ([`ToolContext::post`]): durable, in order with the turn's replies, retried, recorded as
+//! the bot's message; it waits a while for the platform's ids and otherwise says the text
+//! is queued. Outside a session (no `post`) it posts through [`ToolContext::platform`]. The
+//! adapter renders the Markdown for its platform and splits it.
 //!
 //! **Quoted chat.** What `get_message` and `get_group_context` return is other people's
 //! words. The chat log comes fenced in a `<chat_log>` block that says so; every line starts
@@ -43,7 +45,8 @@ use parlor_bot::platform::{ImageRef, Platform, PlatformError, Sender};
 use parlor_bot::store::{Store, StoredMessage};
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{
-    Bridged, Offer, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge, ToolSetBridgeBuilder,
+    Bridged, Offer, Posted, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge,
+    ToolSetBridgeBuilder,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -578,24 +581,40 @@ impl Messages {
                 Some(id)
             }
         };
-        let sent = platform
-            .send_message(chat, &args.text, reply_to)
-            .await
-            .map_err(|e| platform_failure(SEND_MARKDOWN, "post the message", e))?;
-        self.record_own(
-            cx,
-            platform.as_ref(),
-            &args.text,
-            reply_to,
-            &sent.message_ids,
-        );
-        let parts = sent.message_ids.len();
+        let ids = match &cx.post {
+            // In a session: through the chat's outbox, which also records the message.
+            Some(post) => match post.post(&args.text, reply_to).await? {
+                Posted::Sent(ids) => ids,
+                Posted::Queued => {
+                    return Ok(ToolResult::ok_with(
+                        "queued: the platform has not taken it yet; it is posted as soon as \
+                         it does (do not send it again)",
+                        json!({"queued": true}),
+                    ));
+                }
+            },
+            None => {
+                let sent = platform
+                    .send_message(chat, &args.text, reply_to)
+                    .await
+                    .map_err(|e| platform_failure(SEND_MARKDOWN, "post the message", e))?;
+                self.record_own(
+                    cx,
+                    platform.as_ref(),
+                    &args.text,
+                    reply_to,
+                    &sent.message_ids,
+                );
+                sent.message_ids
+            }
+        };
+        let parts = ids.len();
         Ok(ToolResult::ok_with(
             format!(
                 "posted to the chat as {parts} message{}",
                 if parts == 1 { "" } else { "s" }
             ),
-            json!({"message_ids": sent.message_ids}),
+            json!({"message_ids": ids}),
         ))
     }
 

@@ -457,6 +457,9 @@ impl SubagentService {
             // A sub-agent of a quiet turn is quiet too: else its tools would post past
             // `send_message`'s limits.
             quiet: cx.quiet.clone(),
+            // Posts straight through the platform: the chat log records them under the
+            // sub-agent's own name (its message toolset's), which the outbox would not.
+            post: None,
         };
         let turn = agent.run_turn(&[], input, cancel.clone());
         tokio::pin!(turn);

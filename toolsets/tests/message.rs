@@ -909,3 +909,59 @@ async fn load_image_fetches_an_image_url_within_the_limits() {
     assert_code(&gone, "UNAVAILABLE");
     assert!(gone["message"].as_str().unwrap().contains("404"));
 }
+
+/// In a session `send_markdown` goes through the chat's outbox: the lane retries a failed
+/// send, the tool reports the ids once the platform took it, the text is posted once and
+/// before the turn's answer, and the chat log records it as the bot's message.
+#[tokio::test(start_paused = true)]
+async fn in_a_session_send_markdown_posts_through_the_outbox_and_is_retried() {
+    use parlor_bot::agent::{Agent, AgentConfig};
+    use parlor_bot::platform::Inbox as _;
+    use parlor_bot::session::{SessionConfig, SessionManager};
+    use parlor_bot::testing::{ScriptedLlm, calls, text, tool_results};
+
+    let store = Arc::new(MemoryStore::new());
+    let platform = platform();
+    let toolset = MessageToolset::new(store.clone(), MessageOptions::default()).unwrap();
+    let registry = ToolRegistry::new(vec![Arc::new(toolset)]).unwrap();
+    let llm = ScriptedLlm::new(vec![
+        calls(&[("c1", "send_markdown", json!({"text": "**progress**"}))]),
+        text("done"),
+    ]);
+    let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
+    let manager = SessionManager::new(
+        store.clone() as Arc<dyn Store>,
+        agent,
+        vec![platform.clone() as Arc<dyn Platform>],
+        SessionConfig::default(),
+    );
+    platform.fail_next(PlatformError::Unavailable("a blip".to_owned()));
+    let chat = group_a();
+    manager
+        .deliver(parlor_bot::testing::message(
+            &chat,
+            1,
+            "alice",
+            "@parlor go",
+        ))
+        .await
+        .unwrap();
+    let sent = platform.wait_sent(2).await;
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[0].text, "**progress**");
+    assert_eq!(sent[1].text, "done");
+    assert!(platform.attempts() >= 3, "the failed send was retried");
+    let requests = llm.requests();
+    let results = tool_results(&requests[1].messages);
+    assert_eq!(
+        results[0].1["data"]["message_ids"],
+        json!([sent[0].id]),
+        "{results:?}"
+    );
+    let own = store
+        .get_message(&chat.session_key(), &sent[0].id)
+        .unwrap()
+        .expect("recorded in the chat log");
+    assert!(own.from_self);
+    assert!(store.unsent_outbox().unwrap().is_empty());
+}

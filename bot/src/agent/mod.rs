@@ -108,6 +108,9 @@ pub struct TurnInput {
     /// Set for a quiet turn (auto-chat): how `send_message` speaks, handed to tools; it
     /// also picks the quiet turn's tools ([`crate::tool::Offer`]).
     pub quiet: Option<Arc<dyn crate::tool::QuietSpeech>>,
+    /// How tools post into the chat through its outbox, handed to tools; `None` outside a
+    /// session.
+    pub post: Option<Arc<dyn crate::tool::Post>>,
 }
 
 impl std::fmt::Debug for TurnInput {
@@ -132,6 +135,7 @@ impl TurnInput {
             platform: None,
             roles: None,
             quiet: None,
+            post: None,
         }
     }
 }
@@ -595,6 +599,7 @@ impl Agent {
             platform: input.platform.clone(),
             roles: input.roles.clone(),
             quiet: input.quiet.clone(),
+            post: input.post.clone(),
         };
         self.observer.on_event(&AgentEvent::ToolStarted {
             session: &input.session,

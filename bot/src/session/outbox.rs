@@ -15,11 +15,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+
 use super::manager::SessionManager;
 use super::queue::{ScheduledOutcome, Waiter};
 use crate::backoff::Backoff;
-use crate::platform::PlatformError;
+use crate::platform::{ChatRef, PlatformError};
 use crate::store::{OutboxEntry, StoredMessage};
+use crate::tool::{Post, Posted, ToolError};
 
 /// The longest a single send may take; the adapters retry inside it.
 const SEND_TIMEOUT: Duration = Duration::from_secs(300);
@@ -28,6 +32,10 @@ const BACKOFF: Backoff = Backoff {
     initial: Duration::from_secs(2),
     max: Duration::from_secs(300),
 };
+
+/// How long a tool's post waits for the platform before it reports the text queued: long
+/// enough for a healthy platform, short of the tool call's own timeout.
+const POST_WAIT: Duration = Duration::from_secs(20);
 
 /// The lanes of every chat with replies to send.
 #[derive(Default)]
@@ -205,6 +213,50 @@ impl SessionManager {
         };
         if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "cannot record the refused reply");
+        }
+    }
+}
+
+/// A turn's way to post mid-turn (`send_markdown`): an outbox row like the turn's reply,
+/// in the same lane, so it is durable, ordered, retried and recorded as the bot's message.
+pub(super) struct TurnPost {
+    pub(super) manager: SessionManager,
+    pub(super) chat: ChatRef,
+}
+
+#[async_trait]
+impl Post for TurnPost {
+    async fn post(&self, text: &str, reply_to: Option<&str>) -> Result<Posted, ToolError> {
+        let session = self.chat.session_key();
+        let mut entry = OutboxEntry::new(
+            &session,
+            &self.chat,
+            text.to_owned(),
+            reply_to.map(str::to_owned),
+        );
+        let failed = |e: crate::store::StoreError| {
+            tracing::error!(session = %session, error = %e, "cannot queue a post");
+            ToolError::unavailable("the bot's storage failed; the text was not posted")
+        };
+        entry.id = self
+            .manager
+            .inner
+            .store
+            .queue_outbox_with(entry.clone(), Vec::new())
+            .map_err(failed)?;
+        // Like a committed reply: handed to the lane only once durable.
+        self.manager.durable().await.map_err(failed)?;
+        let (done, outcome) = oneshot::channel();
+        self.manager.enqueue_reply(entry, vec![done]);
+        match tokio::time::timeout(POST_WAIT, outcome).await {
+            Ok(Ok(ScheduledOutcome::Posted(ids))) => Ok(Posted::Sent(ids)),
+            Ok(Ok(ScheduledOutcome::NotDelivered(why))) => Err(ToolError::unavailable(format!(
+                "the platform refused the message for good: {why}"
+            ))),
+            // Not taken yet (an outage, a rate limit, shutdown): the lane keeps it.
+            Ok(Ok(ScheduledOutcome::NoReply | ScheduledOutcome::Failed(_)) | Err(_)) | Err(_) => {
+                Ok(Posted::Queued)
+            }
         }
     }
 }

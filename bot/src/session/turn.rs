@@ -228,6 +228,10 @@ impl SessionManager {
                 private: item.private,
             }) as Arc<dyn RoleResolver>),
             quiet: self.quiet_speech(item),
+            post: Some(Arc::new(super::outbox::TurnPost {
+                manager: self.clone(),
+                chat: item.chat.clone(),
+            }) as Arc<dyn crate::tool::Post>),
         };
         // A quiet turn (auto-chat) shows no typing: nobody waits for it.
         let platform = platform.filter(|_| item.kind.rules().posts);

@@ -123,6 +123,27 @@ pub trait QuietSpeech: Send + Sync {
     async fn say(&self, text: &str) -> Result<Said, bridge::ToolError>;
 }
 
+/// How a tool posts into its turn's chat ([`ToolContext::post`]): implemented by the
+/// session layer, which writes the text as an outbox row (durable, sent in order with the
+/// chat's other replies, retried, recorded as the bot's own message) and waits a while for
+/// the platform to take it.
+#[async_trait]
+pub trait Post: Send + Sync {
+    /// Posts `text`, threaded to `reply_to`: [`Posted::Sent`] once the platform took it,
+    /// [`Posted::Queued`] when it has not yet (it is sent later, also after a restart). A
+    /// platform's refusal for good is `UNAVAILABLE`; a store failure too.
+    async fn post(&self, text: &str, reply_to: Option<&str>) -> Result<Posted, bridge::ToolError>;
+}
+
+/// What [`Post::post`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Posted {
+    /// The platform took it: its message ids (a long text may be several messages).
+    Sent(Vec<String>),
+    /// In the outbox, not taken yet: the chat's lane sends it as soon as it can.
+    Queued,
+}
+
 /// What [`QuietSpeech::say`] did, for the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Said {
@@ -322,6 +343,9 @@ pub struct ToolContext {
     /// Set only in a quiet turn (auto-chat): how `send_message` speaks. Its presence makes
     /// the turn quiet for the registry (see [`Offer`]).
     pub quiet: Option<Arc<dyn QuietSpeech>>,
+    /// How a tool posts into [`ToolContext::chat`] through the outbox; `None` outside a
+    /// session (a toolset's own tests), where a tool posts through `platform` directly.
+    pub post: Option<Arc<dyn Post>>,
 }
 
 impl ToolContext {
