@@ -232,25 +232,28 @@ who addressed you, briefly and in their language. Use your tools when they help,
 plainly when something failed.";
 
 impl Default for BotConfig {
+    /// The session layer's and the store's defaults: each defined once, in its library.
     fn default() -> Self {
+        let session = parlor_bot::session::SessionConfig::default();
+        let store = parlor_bot::store::StoreOptions::default();
         BotConfig {
-            name: "parlor".to_owned(),
+            name: session.bot_name,
             data_dir: None,
-            admins: Vec::new(),
+            admins: session.admins,
             system_prompt: DEFAULT_SYSTEM_PROMPT.to_owned(),
-            allowed_chats: None,
-            allowed_users: None,
-            ignore_bots: true,
-            queue_capacity: 8,
-            turns_per_minute: 12,
-            commands_per_member_per_minute: 3,
-            commands_per_chat_per_minute: 10,
-            idle_minutes: 10,
+            allowed_chats: session.allowed_chats,
+            allowed_users: session.allowed_users,
+            ignore_bots: session.ignore_bots,
+            queue_capacity: session.queue_capacity,
+            turns_per_minute: session.turns_per_minute,
+            commands_per_member_per_minute: session.commands_per_member_per_minute,
+            commands_per_chat_per_minute: session.commands_per_chat_per_minute,
+            idle_minutes: session.idle_timeout.as_secs() / 60,
             shutdown_grace_secs: 20,
-            max_messages_per_chat: 2000,
-            daily_tokens_per_chat: None,
-            compact_ratio: 0.7,
-            compact_keep_turns: 4,
+            max_messages_per_chat: store.max_messages_per_chat,
+            daily_tokens_per_chat: session.daily_tokens_per_chat,
+            compact_ratio: session.compact_ratio,
+            compact_keep_turns: session.compact_keep_turns,
             auto_chat: Vec::new(),
         }
     }
@@ -324,7 +327,11 @@ pub struct VisionModelConfig {
 }
 
 impl Default for LlmConfig {
+    /// The agent's, the client's and the session's defaults: each defined once.
     fn default() -> Self {
+        let agent = parlor_bot::agent::AgentConfig::default();
+        let client = parlor_bot::llm::OpenAiConfig::default();
+        let session = parlor_bot::session::SessionConfig::default();
         LlmConfig {
             base_url: None,
             api_key: None,
@@ -332,18 +339,18 @@ impl Default for LlmConfig {
             api_key_file: None,
             model: None,
             vision: false,
-            max_concurrent_tool_calls: 4,
-            tool_result_max_chars: 8000,
-            context_window: 32_000,
-            max_iterations: 10,
-            max_identical_tool_calls: 3,
-            tool_timeout_secs: 60,
-            parallel_tool_calls: true,
-            temperature: None,
-            request_timeout_secs: 120,
-            connect_timeout_secs: 10,
-            idle_timeout_secs: 60,
-            max_retries: 3,
+            max_concurrent_tool_calls: agent.max_concurrent_tool_calls,
+            tool_result_max_chars: agent.tool_result_max_chars,
+            context_window: session.context_window,
+            max_iterations: agent.max_iterations,
+            max_identical_tool_calls: agent.max_identical_tool_calls,
+            tool_timeout_secs: agent.tool_timeout.as_secs(),
+            parallel_tool_calls: agent.parallel_tool_calls,
+            temperature: agent.temperature,
+            request_timeout_secs: client.request_timeout.as_secs(),
+            connect_timeout_secs: client.connect_timeout.as_secs(),
+            idle_timeout_secs: client.idle_timeout.as_secs(),
+            max_retries: client.retry.max_retries,
             vision_models: Vec::new(),
         }
     }
@@ -552,15 +559,16 @@ pub enum SandboxKind {
 
 impl Default for TerminalSection {
     fn default() -> Self {
+        let d = parlor_toolsets::terminal::TerminalConfig::default();
         TerminalSection {
             enabled: false,
             policy: TerminalPolicy::Operators,
             chat_policies: Default::default(),
-            timeout_secs: 60,
-            max_timeout_secs: 600,
-            max_background_per_session: 3,
-            max_background_total: 10,
-            max_task_hours: 6,
+            timeout_secs: d.foreground_timeout.as_secs(),
+            max_timeout_secs: d.max_foreground_timeout.as_secs(),
+            max_background_per_session: d.max_background_per_session,
+            max_background_total: d.max_background_total,
+            max_task_hours: d.max_task_runtime.as_secs() / 3600,
             sandbox: None,
             sandbox_network: false,
             extra_env: Vec::new(),
@@ -695,10 +703,11 @@ pub struct ClockConfig {
 
 impl Default for ClockConfig {
     fn default() -> Self {
+        let d = parlor_toolsets::clock::ClockOptions::default();
         ClockConfig {
-            max_tasks_per_chat: 20,
-            min_interval_secs: 60,
-            run_timeout_secs: 600,
+            max_tasks_per_chat: d.max_tasks_per_chat,
+            min_interval_secs: d.min_interval.as_secs(),
+            run_timeout_secs: d.run_timeout.as_secs(),
         }
     }
 }
