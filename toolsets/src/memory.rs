@@ -41,6 +41,7 @@ use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
 use parlor_bot::session::{ChatHook, move_records};
 use parlor_bot::store::{KvWrite, Store, StoreError};
+use parlor_bot::text::last_chars;
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{Bridged, Caller, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge};
 use schemars::JsonSchema;
@@ -778,9 +779,7 @@ fn snippet(content: &str, matched: &[String]) -> String {
         .into_iter()
         .find(|(_, w)| matched.iter().any(|t| matches(t, w)))
         .map_or(0, |(offset, _)| offset);
-    let before: Vec<(usize, char)> = content[..at].char_indices().collect();
-    let lead = 80.min(before.len());
-    let start = before.get(before.len() - lead).map_or(at, |(i, _)| *i);
+    let start = at - last_chars(&content[..at], 80).len();
     let tail = &content[start..];
     let mut out = String::new();
     if start > 0 {

@@ -331,15 +331,6 @@ fn text_before(raw: &str, line: usize, column: usize) -> String {
     let Some(line_text) = raw.lines().nth(line - 1) else {
         return String::new();
     };
-    let mut end = column.min(line_text.len());
-    while !line_text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let before = &line_text[..end];
-    let start = before
-        .char_indices()
-        .rev()
-        .nth(29)
-        .map_or(0, |(index, _)| index);
-    before[start..].trim_start().to_owned()
+    let before = crate::text::up_to_byte(line_text, column);
+    crate::text::last_chars(before, 30).trim_start().to_owned()
 }
