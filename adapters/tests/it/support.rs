@@ -1,9 +1,6 @@
 //! What the adapters' integration tests share: waiting for a condition, an inbox that records
 //! (or refuses) deliveries, and an adapter running in a task.
 
-// Each test binary compiles this module and uses only part of it.
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
