@@ -8,6 +8,10 @@
 //! the first failure to reconnect and every change of its reason; the same failure again is
 //! only a debug line, so an endpoint that stays away does not fill the log.
 //!
+//! What those connections' deliveries share lives here too: how patiently a failing store is
+//! retried ([`DELIVERY_ATTEMPTS`], [`DELIVERY_BACKOFF`]) and a wait that ends on shutdown
+//! ([`pause`], which Telegram's loop uses as well).
+//!
 //! Telegram's long poll is not a connection and does not run here (see `telegram/poll.rs`):
 //! every poll is an attempt of its own, each answer is acknowledged through the offset the
 //! loop carries, a `retry_after` is waited exactly, and every refusal is logged with its own
@@ -20,6 +24,26 @@ use std::time::Duration;
 use parlor_bot::backoff::Backoff;
 use parlor_bot::platform::PlatformError;
 use tokio_util::sync::CancellationToken;
+
+/// Attempts to store what a connection delivered before it is given up: neither Discord's
+/// gateway nor OneBot sends an event again.
+pub(crate) const DELIVERY_ATTEMPTS: u32 = 5;
+
+/// Waits between those attempts: a store that fails is usually busy for a moment, and the
+/// connection keeps sending meanwhile, so the waits stay short.
+pub(crate) const DELIVERY_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(400),
+    max: Duration::from_millis(3200),
+};
+
+/// Waits `wait`; `false` when `shutdown` came first.
+pub(crate) async fn pause(wait: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        biased;
+        () = shutdown.cancelled() => false,
+        () = tokio::time::sleep(wait) => true,
+    }
+}
 
 /// How one run of a connection ended.
 #[derive(Debug)]
@@ -93,10 +117,8 @@ where
                 logged = Some(why);
             }
         }
-        tokio::select! {
-            biased;
-            () = shutdown.cancelled() => return Ok(()),
-            () = tokio::time::sleep(wait) => {}
+        if !pause(wait, shutdown).await {
+            return Ok(());
         }
     }
 }

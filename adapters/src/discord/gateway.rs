@@ -22,16 +22,8 @@ use tokio_util::sync::CancellationToken;
 use super::DiscordAdapter;
 use super::convert::convert_message;
 use crate::Receiver;
-use crate::common::{ReadyOnce, Reconnect, Session, supervise};
-
-/// Attempts to store one message before it is given up (the gateway cannot redeliver it).
-const DELIVERY_ATTEMPTS: u32 = 5;
-
-/// Waits between those attempts: a store that fails is usually busy for a moment, and the
-/// gateway keeps sending meanwhile, so the waits stay short.
-const DELIVERY_BACKOFF: Backoff = Backoff {
-    initial: Duration::from_millis(400),
-    max: Duration::from_millis(3200),
+use crate::common::{
+    DELIVERY_ATTEMPTS, DELIVERY_BACKOFF, ReadyOnce, Reconnect, Session, pause, supervise,
 };
 
 /// What the event handler forwards.
@@ -269,9 +261,8 @@ impl DiscordAdapter {
                         }
                         let wait = DELIVERY_BACKOFF.delay(attempt - 1);
                         tracing::warn!(chat = %incoming.chat, message_id = id, %error, ?wait, "could not store a Discord message; retrying");
-                        tokio::select! {
-                            () = shutdown.cancelled() => return false,
-                            () = tokio::time::sleep(wait) => {}
+                        if !pause(wait, shutdown).await {
+                            return false;
                         }
                     }
                 }

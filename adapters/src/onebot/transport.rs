@@ -18,14 +18,8 @@ use super::event::Received;
 use super::link::{self, Ended};
 use super::{OneBotAdapter, Transport};
 use crate::Receiver;
-use crate::common::{ReadyOnce, Reconnect, Session, supervise};
-
-/// Attempts to store one batch before its events are given up (OneBot cannot resend them).
-const DELIVERY_ATTEMPTS: u32 = 5;
-
-const DELIVERY_BACKOFF: Backoff = Backoff {
-    initial: Duration::from_millis(400),
-    max: Duration::from_millis(3200),
+use crate::common::{
+    DELIVERY_ATTEMPTS, DELIVERY_BACKOFF, ReadyOnce, Reconnect, Session, pause, supervise,
 };
 
 /// The adapter's name in `/readyz` (`parlor_bot::health`): ready while connected.
@@ -390,9 +384,8 @@ impl OneBotAdapter {
                     }
                     let wait = DELIVERY_BACKOFF.delay(attempt - 1);
                     tracing::warn!(left = batch.len(), error = %why, ?wait, "could not store QQ events; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return false,
-                        () = tokio::time::sleep(wait) => {}
+                    if !pause(wait, shutdown).await {
+                        return false;
                     }
                 }
             }
