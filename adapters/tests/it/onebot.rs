@@ -123,6 +123,8 @@ async fn a_wrong_token_is_refused_both_ways() {
         matches!(ended, Err(PlatformError::Unauthorized)),
         "{ended:?}"
     );
+    // The fake counts the refusal once its answer is out, which may be after parlor read it.
+    fake.wait_for_refusals(1, WAIT).await.unwrap();
     assert_eq!(fake.refused(), 1);
 
     // Reverse: parlor refuses the implementation, and takes the right one.
