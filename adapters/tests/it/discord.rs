@@ -290,14 +290,15 @@ async fn messages_are_normalized() {
     // The bot's own "an answer" came back before this last line: once the line is in, the
     // echo was handled, and it must not have been delivered.
     let last = fake.message_create(CHANNEL, &bob(), "the last line");
-    let messages = eventually("the last line delivered", || {
-        let messages = inbox.messages();
-        messages
-            .iter()
-            .any(|m| m.message_id == last)
-            .then_some(messages)
-    })
-    .await;
+    let messages = inbox
+        .until_delivered("the last line", || {
+            let messages = inbox.messages();
+            messages
+                .iter()
+                .any(|m| m.message_id == last)
+                .then_some(messages)
+        })
+        .await;
     assert_eq!(messages.len(), 8, "{messages:#?}");
     let by_id = |id: &str| {
         messages
