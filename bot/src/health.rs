@@ -27,8 +27,8 @@ impl Health {
         self.lock().remove(component);
     }
 
-    /// `Ok(())` when every registered component is ready, else one line per one that is not.
-    pub fn check(&self) -> Result<(), String> {
+    /// `Ok(())` when every registered component is ready, else the ones that are not.
+    pub fn check(&self) -> Result<(), NotReady> {
         let reasons: Vec<String> = self
             .lock()
             .iter()
@@ -37,7 +37,7 @@ impl Health {
         if reasons.is_empty() {
             Ok(())
         } else {
-            Err(reasons.join("\n"))
+            Err(NotReady(reasons))
         }
     }
 
@@ -52,6 +52,11 @@ impl Health {
             .unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// The components that are not ready, as `name: reason`; shown one per line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct NotReady(pub Vec<String>);
 
 /// The process's readiness registry.
 pub fn global() -> &'static Health {
@@ -69,7 +74,8 @@ mod tests {
         assert_eq!(health.check(), Ok(()));
         health.set_down("telegram", "polling failed");
         health.set_ready("store");
-        assert_eq!(health.check(), Err("telegram: polling failed".to_owned()));
+        let down = health.check().expect_err("telegram is down");
+        assert_eq!(down.to_string(), "telegram: polling failed");
         health.set_ready("telegram");
         assert_eq!(health.check(), Ok(()));
     }

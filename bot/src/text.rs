@@ -1,5 +1,7 @@
 //! Character-safe cutting of text: every place that bounds a text for the model, a log line
-//! or an error message cuts it here, never inside a UTF-8 character.
+//! or an error message cuts it here, never inside a UTF-8 character: the first characters
+//! ([`split_chars`], [`clip_with`], [`ellipsize`]), the last ones ([`last_chars`]), or up to
+//! a byte offset someone else counted ([`up_to_byte`]).
 
 use std::borrow::Cow;
 
@@ -10,6 +12,24 @@ pub fn split_chars(text: &str, max: usize) -> (&str, &str) {
         Some((at, _)) => text.split_at(at),
         None => (text, ""),
     }
+}
+
+/// The last `max` characters of `text` (all of it when it is shorter).
+pub fn last_chars(text: &str, max: usize) -> &str {
+    match max
+        .checked_sub(1)
+        .and_then(|skip| text.char_indices().rev().nth(skip))
+    {
+        Some((at, _)) => &text[at..],
+        None if max == 0 => "",
+        None => text,
+    }
+}
+
+/// `text` up to byte `index`, moved back to a character boundary when `index` falls inside
+/// a character (or past the end).
+pub fn up_to_byte(text: &str, index: usize) -> &str {
+    &text[..text.floor_char_boundary(index)]
 }
 
 /// `text` cut to `max` characters; when it was cut, `mark` (given the part cut off) says so
@@ -35,6 +55,13 @@ mod tests {
         assert_eq!(split_chars("héllo wörld", 5), ("héllo", " wörld"));
         assert_eq!(split_chars("héllo", 5), ("héllo", ""));
         assert_eq!(split_chars("", 0), ("", ""));
+        assert_eq!(last_chars("héllo wörld", 5), "wörld");
+        assert_eq!(last_chars("hé", 5), "hé");
+        assert_eq!(last_chars("hé", 0), "");
+        assert_eq!(last_chars("", 3), "");
+        assert_eq!(up_to_byte("héllo", 2), "h");
+        assert_eq!(up_to_byte("héllo", 3), "hé");
+        assert_eq!(up_to_byte("hé", 10), "hé");
         assert_eq!(ellipsize("héllo wörld", 2), "hé…");
         assert_eq!(ellipsize("hé", 2), "hé");
         assert_eq!(

@@ -220,7 +220,10 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
         Err(_) => Some("store: did not answer within 2 s".to_owned()),
     };
     let adapters = parlor_bot::health::global().check();
-    let reasons: Vec<String> = store_down.into_iter().chain(adapters.err()).collect();
+    let reasons: Vec<String> = store_down
+        .into_iter()
+        .chain(adapters.err().map(|down| down.to_string()))
+        .collect();
     if reasons.is_empty() {
         (StatusCode::OK, "ready\n".to_owned())
     } else {

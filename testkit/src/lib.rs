@@ -54,7 +54,7 @@ pub use discord::{
 };
 pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
 pub use mcp::{McpHttpServer, TestMcpServer, mcp_server_bin};
-pub use onebot::{FakeOneBot, OneBotFailure, OneBotMessageBuilder, OneBotSent};
+pub use onebot::{DialError, FakeOneBot, OneBotFailure, OneBotMessageBuilder, OneBotSent};
 pub use process::DaemonProcess;
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,

@@ -50,6 +50,17 @@ use tokio_util::sync::CancellationToken;
 use crate::WaitTimeout;
 use crate::server::{self, Server, Unmet, at_least};
 
+/// Why [`FakeOneBot::dial_reverse`] did not connect.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DialError {
+    /// The bot answered the upgrade with this HTTP status (401, 403, 409).
+    #[error("{0}")]
+    Refused(u16),
+    /// No answer to speak of: a bad URL or header, the connection failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// What the next call of an action does instead of succeeding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OneBotFailure {
@@ -235,7 +246,10 @@ impl FakeOneBot {
     }
 
     /// Dials a bot listening for reverse connections at `url`, presenting `token` (empty:
-    /// none). `Err` carries the HTTP status (or error) the bot refused with.
+    /// none). `Err` carries the HTTP status (or error) the bot refused with, as text.
+    ///
+    /// The text form is kept for `tests/onebot_auth.rs`, which compares it with strings;
+    /// [`dial_reverse`](Self::dial_reverse) is the typed one.
     pub async fn connect_reverse(&self, url: &str, token: &str) -> Result<(), String> {
         self.connect_reverse_with(url, token, &[]).await
     }
@@ -248,10 +262,26 @@ impl FakeOneBot {
         token: &str,
         extra: &[(&'static str, &str)],
     ) -> Result<(), String> {
-        let mut request = url.into_client_request().map_err(|e| e.to_string())?;
+        self.dial_reverse(url, token, extra)
+            .await
+            .map_err(|refused| refused.to_string())
+    }
+
+    /// Dials a bot listening for reverse connections at `url`, presenting `token` (empty:
+    /// none) and `extra` headers (an `Origin`, as a web page's connection would carry).
+    pub async fn dial_reverse(
+        &self,
+        url: &str,
+        token: &str,
+        extra: &[(&'static str, &str)],
+    ) -> Result<(), DialError> {
+        let mut request = url
+            .into_client_request()
+            .map_err(|e| DialError::Failed(e.to_string()))?;
         let headers = request.headers_mut();
         for (name, value) in extra {
-            let value = HeaderValue::from_str(value).map_err(|e| e.to_string())?;
+            let value =
+                HeaderValue::from_str(value).map_err(|e| DialError::Failed(e.to_string()))?;
             headers.insert(*name, value);
         }
         headers.insert("X-Client-Role", HeaderValue::from_static("Universal"));
@@ -266,9 +296,9 @@ impl FakeOneBot {
         let (ws, _) = match tokio_tungstenite::connect_async(request).await {
             Ok(connected) => connected,
             Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-                return Err(response.status().as_u16().to_string());
+                return Err(DialError::Refused(response.status().as_u16()));
             }
-            Err(error) => return Err(error.to_string()),
+            Err(error) => return Err(DialError::Failed(error.to_string())),
         };
         let shared = Arc::clone(&self.shared);
         let task = tokio::spawn(async move {

@@ -41,6 +41,7 @@ use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
 use parlor_bot::session::{ChatHook, move_records};
 use parlor_bot::store::{KvWrite, Store, StoreError};
+use parlor_bot::text::last_chars;
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{Bridged, Caller, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge};
 use schemars::JsonSchema;
@@ -357,7 +358,7 @@ impl Memory {
                 match decode(&value) {
                     Ok(entry) => Some((key, entry)),
                     Err(why) => {
-                        tracing::warn!(session, key, why, "skipping an unreadable memory entry");
+                        tracing::warn!(session, key, %why, "skipping an unreadable memory entry");
                         None
                     }
                 }
@@ -464,7 +465,7 @@ impl Memory {
             .map_err(|e| store_failure(READ, &e))?
             .ok_or_else(|| not_found(&key))?;
         let entry = decode(&value).map_err(|why| {
-            tracing::error!(session = %cx.session, key, why, "unreadable memory entry");
+            tracing::error!(session = %cx.session, key, %why, "unreadable memory entry");
             ToolError::internal("this entry cannot be read; the error was logged")
         })?;
         Ok(ToolResult::ok_with(
@@ -653,10 +654,19 @@ fn not_found(key: &str) -> ToolError {
     )
 }
 
-fn decode(value: &str) -> Result<Entry, String> {
-    let entry: Entry = serde_json::from_str(value).map_err(|e| e.to_string())?;
+/// Why a stored entry cannot be read.
+#[derive(Debug, thiserror::Error)]
+enum Unreadable {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("format version {0} is not {VERSION}")]
+    Version(u32),
+}
+
+fn decode(value: &str) -> Result<Entry, Unreadable> {
+    let entry: Entry = serde_json::from_str(value)?;
     if entry.v != VERSION {
-        return Err(format!("format version {} is not {VERSION}", entry.v));
+        return Err(Unreadable::Version(entry.v));
     }
     Ok(entry)
 }
@@ -769,9 +779,7 @@ fn snippet(content: &str, matched: &[String]) -> String {
         .into_iter()
         .find(|(_, w)| matched.iter().any(|t| matches(t, w)))
         .map_or(0, |(offset, _)| offset);
-    let before: Vec<(usize, char)> = content[..at].char_indices().collect();
-    let lead = 80.min(before.len());
-    let start = before.get(before.len() - lead).map_or(at, |(i, _)| *i);
+    let start = at - last_chars(&content[..at], 80).len();
     let tail = &content[start..];
     let mut out = String::new();
     if start > 0 {

@@ -179,7 +179,7 @@ pub fn load(dirs: &[PathBuf]) -> SkillCatalog {
                 }
                 Err(problem) => catalog.problems.push(SkillProblem {
                     path: file,
-                    problem,
+                    problem: problem.to_string(),
                 }),
             }
         }
@@ -187,40 +187,62 @@ pub fn load(dirs: &[PathBuf]) -> SkillCatalog {
     catalog
 }
 
-fn load_one(folder: &Path, file: &Path) -> Result<Skill, String> {
+/// Why a skill's folder is skipped, or a file of it cannot be read.
+#[derive(Debug, thiserror::Error)]
+enum SkillError {
+    #[error("cannot open: {0}")]
+    Open(std::io::Error),
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    #[error("not UTF-8 text")]
+    NotUtf8,
+    #[error("the frontmatter is not valid YAML with string fields: {0}")]
+    Frontmatter(String),
+    #[error(
+        "no frontmatter: the file must start with a `---` block holding `name` and \
+         `description`"
+    )]
+    NoFrontmatter,
+    #[error("the frontmatter has no `name`")]
+    NoName,
+    #[error(
+        "name {0:?} is invalid: 1-64 lowercase letters, digits and hyphens, not starting or \
+         ending with a hyphen"
+    )]
+    BadName(String),
+    #[error("the frontmatter has no `description`")]
+    NoDescription,
+    #[error("the description is longer than 1024 characters")]
+    LongDescription,
+    #[error("cannot resolve the skill's folder: {0}")]
+    Folder(std::io::Error),
+}
+
+fn load_one(folder: &Path, file: &Path) -> Result<Skill, SkillError> {
     let text = read_text(file, MAX_SKILL_FILE)?;
     let parsed = Matter::<YAML>::new()
         .parse::<Frontmatter>(&text)
-        .map_err(|e| format!("the frontmatter is not valid YAML with string fields: {e}"))?;
+        .map_err(|e| SkillError::Frontmatter(e.to_string()))?;
     let Some(front) = parsed.data else {
-        return Err(
-            "no frontmatter: the file must start with a `---` block holding `name` and \
-             `description`"
-                .to_owned(),
-        );
+        return Err(SkillError::NoFrontmatter);
     };
     let name = front
         .name
         .map(|n| n.trim().to_owned())
         .filter(|n| !n.is_empty())
-        .ok_or("the frontmatter has no `name`")?;
+        .ok_or(SkillError::NoName)?;
     if !is_valid_name(&name) {
-        return Err(format!(
-            "name {name:?} is invalid: 1-64 lowercase letters, digits and hyphens, not \
-             starting or ending with a hyphen"
-        ));
+        return Err(SkillError::BadName(name));
     }
     let description = front
         .description
         .map(|d| d.split_whitespace().collect::<Vec<_>>().join(" "))
         .filter(|d| !d.is_empty())
-        .ok_or("the frontmatter has no `description`")?;
+        .ok_or(SkillError::NoDescription)?;
     if description.chars().count() > 1024 {
-        return Err("the description is longer than 1024 characters".to_owned());
+        return Err(SkillError::LongDescription);
     }
-    let dir = folder
-        .canonicalize()
-        .map_err(|e| format!("cannot resolve the skill's folder: {e}"))?;
+    let dir = folder.canonicalize().map_err(SkillError::Folder)?;
     let mut resources = Vec::new();
     list_resources(&dir, &dir, 0, &mut resources);
     resources.sort();
@@ -268,13 +290,13 @@ fn list_resources(root: &Path, dir: &Path, depth: usize, out: &mut Vec<String>) 
 }
 
 /// A file's text, at most `max` bytes read; not UTF-8 is an error.
-fn read_text(path: &Path, max: u64) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+fn read_text(path: &Path, max: u64) -> Result<String, SkillError> {
+    let file = std::fs::File::open(path).map_err(SkillError::Open)?;
     let mut bytes = Vec::new();
     file.take(max)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())
+        .map_err(SkillError::Read)?;
+    String::from_utf8(bytes).map_err(|_| SkillError::NotUtf8)
 }
 
 /// The skills of the bot: loaded at start, re-read on demand, shared by every session.

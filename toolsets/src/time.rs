@@ -44,11 +44,16 @@ pub struct TimeNow {
     pub unix: i64,
 }
 
+/// A time zone name that is not an IANA one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an IANA time zone name (like \"Europe/Berlin\" or \"UTC\")")]
+pub struct UnknownTimezone(pub String);
+
 /// Parses an IANA time zone name.
-pub fn parse_timezone(name: &str) -> Result<Tz, String> {
-    name.trim().parse::<Tz>().map_err(|_| {
-        format!("{name:?} is not an IANA time zone name (like \"Europe/Berlin\" or \"UTC\")")
-    })
+pub fn parse_timezone(name: &str) -> Result<Tz, UnknownTimezone> {
+    name.trim()
+        .parse::<Tz>()
+        .map_err(|_| UnknownTimezone(name.to_owned()))
 }
 
 /// The local time of `now` in `tz`.
@@ -82,7 +87,7 @@ pub fn time_toolset_with_now(default_tz: Tz, now: Now) -> Result<ToolSetBridge, 
                 async move {
                     let tz = match args.timezone.as_deref() {
                         Some(name) if !name.trim().is_empty() => parse_timezone(name)
-                            .map_err(|why| ToolError::new(UNKNOWN_TIMEZONE, why))?,
+                            .map_err(|why| ToolError::new(UNKNOWN_TIMEZONE, why.to_string()))?,
                         _ => default_tz,
                     };
                     Ok::<_, ToolError>(time_in(now(), tz))

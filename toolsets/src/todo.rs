@@ -218,7 +218,7 @@ impl Plans {
     /// `todo_list`: checks `plan` and makes it the plan of `session`.
     fn replace(&self, session: &str, plan: Vec<Step>) -> ToolResult {
         if let Err(why) = check(&plan) {
-            return ToolResult::err(codes::INVALID_ARGUMENTS, why);
+            return ToolResult::err(codes::INVALID_ARGUMENTS, why.to_string());
         }
         let count = |status| plan.iter().filter(|s| s.status == status).count();
         let data = json!({
@@ -263,20 +263,35 @@ impl Plans {
     }
 }
 
+/// Why a plan is refused; the text is for the model.
+#[derive(Debug, thiserror::Error)]
+enum BadPlan {
+    #[error("the plan has {0} steps; at most {MAX_STEPS} are allowed")]
+    TooLong(usize),
+    #[error("step {0} is empty")]
+    EmptyStep(usize),
+    #[error(
+        "step {0} contains a line break or another control character; write each step as one \
+         short line, and split a longer one into several steps"
+    )]
+    Breaks(usize),
+    #[error("step {0} is longer than {MAX_STEP_CHARS} characters")]
+    LongStep(usize),
+    #[error("{0} steps are in_progress; at most one step may be in_progress at a time")]
+    ManyInProgress(usize),
+}
+
 /// Why `plan` cannot be the plan, if it cannot.
-fn check(plan: &[Step]) -> Result<(), String> {
+fn check(plan: &[Step]) -> Result<(), BadPlan> {
     if plan.len() > MAX_STEPS {
-        return Err(format!(
-            "the plan has {} steps; at most {MAX_STEPS} are allowed",
-            plan.len()
-        ));
+        return Err(BadPlan::TooLong(plan.len()));
     }
     if let Some((i, _)) = plan
         .iter()
         .enumerate()
         .find(|(_, s)| s.step.trim().is_empty())
     {
-        return Err(format!("step {} is empty", i + 1));
+        return Err(BadPlan::EmptyStep(i + 1));
     }
     // A step is shown to the model on a line of its own: a line break in it could start a
     // line that reads as someone's message (quote.rs).
@@ -285,30 +300,21 @@ fn check(plan: &[Step]) -> Result<(), String> {
         .enumerate()
         .find(|(_, s)| quote::has_breaks(&s.step))
     {
-        return Err(format!(
-            "step {} contains a line break or another control character; write each step \
-             as one short line, and split a longer one into several steps",
-            i + 1
-        ));
+        return Err(BadPlan::Breaks(i + 1));
     }
     if let Some((i, _)) = plan
         .iter()
         .enumerate()
         .find(|(_, s)| s.step.chars().count() > MAX_STEP_CHARS)
     {
-        return Err(format!(
-            "step {} is longer than {MAX_STEP_CHARS} characters",
-            i + 1
-        ));
+        return Err(BadPlan::LongStep(i + 1));
     }
     let in_progress = plan
         .iter()
         .filter(|s| s.status == StepStatus::InProgress)
         .count();
     if in_progress > 1 {
-        return Err(format!(
-            "{in_progress} steps are in_progress; at most one step may be in_progress at a time"
-        ));
+        return Err(BadPlan::ManyInProgress(in_progress));
     }
     Ok(())
 }

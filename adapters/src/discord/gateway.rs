@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parlor_bot::backoff::{Backoff, Failures};
+use parlor_bot::backoff::Backoff;
 use parlor_bot::platform::{Inbox, InboxError, PlatformError};
 use serenity::Client;
 use serenity::all::{GatewayIntents, HttpBuilder};
@@ -22,15 +22,8 @@ use tokio_util::sync::CancellationToken;
 use super::DiscordAdapter;
 use super::convert::convert_message;
 use crate::Receiver;
-
-/// Attempts to store one message before it is given up (the gateway cannot redeliver it).
-const DELIVERY_ATTEMPTS: u32 = 5;
-
-/// Waits between those attempts: a store that fails is usually busy for a moment, and the
-/// gateway keeps sending meanwhile, so the waits stay short.
-const DELIVERY_BACKOFF: Backoff = Backoff {
-    initial: Duration::from_millis(400),
-    max: Duration::from_millis(3200),
+use crate::common::{
+    DELIVERY_ATTEMPTS, DELIVERY_BACKOFF, ReadyOnce, Reconnect, Session, pause, supervise,
 };
 
 /// What the event handler forwards.
@@ -74,12 +67,15 @@ impl EventHandler for Forward {
     }
 }
 
-/// How one run of the serenity client ended.
-enum Ended {
-    Shutdown,
-    Failed(PlatformError),
-    Retry(String),
-}
+/// How the gateway client is rebuilt when it stops.
+const RECONNECT: Reconnect = Reconnect {
+    what: "the Discord gateway",
+    backoff: Backoff {
+        initial: Duration::from_secs(1),
+        max: Duration::from_secs(60),
+    },
+    healthy_after: Duration::from_secs(60),
+};
 
 impl Receiver for DiscordAdapter {
     /// Connects to the gateway (URL from `GET /api/v10/gateway`, at `api_url` when set) and
@@ -102,26 +98,11 @@ impl Receiver for DiscordAdapter {
     where
         R: FnOnce() + Send,
     {
-        let mut ready = Some(ready);
-        let mut failures = Failures::new(Backoff::default());
-        loop {
-            let started = tokio::time::Instant::now();
-            match self.run_client(&inbox, &shutdown, &mut ready).await {
-                Ended::Shutdown => return Ok(()),
-                Ended::Failed(error) => return Err(error),
-                Ended::Retry(why) => {
-                    if started.elapsed() > Duration::from_secs(60) {
-                        failures.reset();
-                    }
-                    let wait = failures.next_delay();
-                    tracing::warn!(error = %why, ?wait, "the Discord gateway client stopped; reconnecting");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(wait) => {}
-                    }
-                }
-            }
-        }
+        let ready = ReadyOnce::new(ready);
+        supervise(&RECONNECT, &shutdown, || {
+            self.run_client(&inbox, &shutdown, &ready)
+        })
+        .await
     }
 }
 
@@ -130,8 +111,8 @@ impl DiscordAdapter {
         &self,
         inbox: &Arc<dyn Inbox>,
         shutdown: &CancellationToken,
-        ready: &mut Option<R>,
-    ) -> Ended
+        ready: &ReadyOnce<R>,
+    ) -> Session
     where
         R: FnOnce() + Send,
     {
@@ -153,7 +134,9 @@ impl DiscordAdapter {
             .await;
         let mut client: Client = match built {
             Ok(client) => client,
-            Err(error) => return Ended::Retry(self.inner.rest.token().redact(&error.to_string())),
+            Err(error) => {
+                return Session::Unreachable(self.inner.rest.token().redact(&error.to_string()));
+            }
         };
         let shards = client.shard_manager.clone();
         let mut running = tokio::spawn(async move { client.start().await });
@@ -161,12 +144,12 @@ impl DiscordAdapter {
         let ended = loop {
             let item = tokio::select! {
                 biased;
-                () = shutdown.cancelled() => break Ended::Shutdown,
+                () = shutdown.cancelled() => break Session::Shutdown,
                 finished = &mut running => {
                     // Deliver what the client received before it stopped.
                     let batch: Vec<Item> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
                     if !self.handle_batch(batch, ready, inbox.as_ref(), shutdown).await {
-                        break Ended::Shutdown;
+                        break Session::Shutdown;
                     }
                     break self.client_ended(finished);
                 }
@@ -183,7 +166,7 @@ impl DiscordAdapter {
                 .handle_batch(batch, ready, inbox.as_ref(), shutdown)
                 .await
             {
-                break Ended::Shutdown;
+                break Session::Shutdown;
             }
         };
         // When the client already ended, its shards are gone: asking them to shut down would
@@ -201,7 +184,7 @@ impl DiscordAdapter {
     async fn handle_batch<R>(
         &self,
         batch: Vec<Item>,
-        ready: &mut Option<R>,
+        ready: &ReadyOnce<R>,
         inbox: &dyn Inbox,
         shutdown: &CancellationToken,
     ) -> bool
@@ -213,9 +196,7 @@ impl DiscordAdapter {
             match item {
                 Item::Ready { session } => {
                     tracing::info!(session = %session, "Discord gateway ready");
-                    if let Some(ready) = ready.take() {
-                        ready();
-                    }
+                    ready.call();
                 }
                 Item::Resumed => tracing::info!("Discord gateway session resumed"),
                 Item::Message(message) => messages.push(*message),
@@ -228,21 +209,23 @@ impl DiscordAdapter {
     fn client_ended(
         &self,
         finished: Result<Result<(), serenity::Error>, tokio::task::JoinError>,
-    ) -> Ended {
+    ) -> Session {
         match finished {
-            Ok(Ok(())) => Ended::Retry("the gateway client stopped".to_owned()),
+            Ok(Ok(())) => Session::Unreachable("the gateway client stopped".to_owned()),
             Ok(Err(serenity::Error::Gateway(GatewayError::InvalidAuthentication))) => {
-                Ended::Failed(PlatformError::Unauthorized)
+                Session::Fatal(PlatformError::Unauthorized)
             }
             Ok(Err(serenity::Error::Gateway(
                 GatewayError::DisallowedGatewayIntents | GatewayError::InvalidGatewayIntents,
-            ))) => Ended::Failed(PlatformError::Refused(
+            ))) => Session::Fatal(PlatformError::Refused(
                 "Discord refused the gateway intents; enable the Message Content intent for \
                  the bot in the Developer Portal"
                     .to_owned(),
             )),
-            Ok(Err(error)) => Ended::Retry(self.inner.rest.token().redact(&error.to_string())),
-            Err(join) => Ended::Retry(format!("the gateway task ended: {join}")),
+            Ok(Err(error)) => {
+                Session::Unreachable(self.inner.rest.token().redact(&error.to_string()))
+            }
+            Err(join) => Session::Unreachable(format!("the gateway task ended: {join}")),
         }
     }
 
@@ -278,9 +261,8 @@ impl DiscordAdapter {
                         }
                         let wait = DELIVERY_BACKOFF.delay(attempt - 1);
                         tracing::warn!(chat = %incoming.chat, message_id = id, %error, ?wait, "could not store a Discord message; retrying");
-                        tokio::select! {
-                            () = shutdown.cancelled() => return false,
-                            () = tokio::time::sleep(wait) => {}
+                        if !pause(wait, shutdown).await {
+                            return false;
                         }
                     }
                 }

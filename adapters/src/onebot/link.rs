@@ -269,7 +269,7 @@ where
                     probe_due = None;
                     let Some(text) = frame else { continue };
                     let Ok(value) = serde_json::from_str::<Value>(&text) else {
-                        tracing::debug!(frame = %text.chars().take(200).collect::<String>(), "not JSON; ignored");
+                        tracing::debug!(frame = %parlor_bot::text::split_chars(&text, 200).0, "not JSON; ignored");
                         continue;
                     };
                     if value.get("post_type").is_none() {

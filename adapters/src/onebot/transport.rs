@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use parlor_bot::backoff::{Backoff, Failures};
+use parlor_bot::backoff::Backoff;
 use parlor_bot::platform::{Delivery, Inbox, InboxError, PlatformError};
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
@@ -18,21 +18,23 @@ use super::event::Received;
 use super::link::{self, Ended};
 use super::{OneBotAdapter, Transport};
 use crate::Receiver;
-
-/// Attempts to store one batch before its events are given up (OneBot cannot resend them).
-const DELIVERY_ATTEMPTS: u32 = 5;
-
-const DELIVERY_BACKOFF: Backoff = Backoff {
-    initial: Duration::from_millis(400),
-    max: Duration::from_millis(3200),
+use crate::common::{
+    DELIVERY_ATTEMPTS, DELIVERY_BACKOFF, ReadyOnce, Reconnect, Session, pause, supervise,
 };
 
 /// The adapter's name in `/readyz` (`parlor_bot::health`): ready while connected.
 const HEALTH: &str = "onebot";
 
-/// A connection that lasted this long was healthy: the next failure starts the backoff
-/// afresh.
-const HEALTHY: Duration = Duration::from_secs(60);
+/// How the forward connection is kept up: a connection that lasted a minute was healthy, and
+/// the next failure starts the backoff afresh.
+const RECONNECT: Reconnect = Reconnect {
+    what: "the OneBot implementation",
+    backoff: Backoff {
+        initial: Duration::from_secs(1),
+        max: Duration::from_secs(60),
+    },
+    healthy_after: Duration::from_secs(60),
+};
 
 /// The limit on a reverse connection's WebSocket handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,20 +78,16 @@ impl OneBotAdapter {
     where
         R: FnOnce() + Send,
     {
-        let mut ready = Some(ready);
-        let mut failures = Failures::new(Backoff::default());
-        loop {
-            let started = tokio::time::Instant::now();
-            let why = match self.dial(url).await {
+        let ready = ReadyOnce::new(ready);
+        supervise(&RECONNECT, &shutdown, || async {
+            let ended = match self.dial(url).await {
                 Ok(ws) => {
                     tracing::info!(url, "connected to the OneBot implementation");
                     parlor_bot::health::global().set_ready(HEALTH);
-                    if let Some(ready) = ready.take() {
-                        ready();
-                    }
+                    ready.call();
                     match self.serve(ws, &inbox, &shutdown).await {
-                        Ended::Shutdown => return Ok(()),
-                        Ended::Lost(why) => why,
+                        Ended::Shutdown => return Session::Shutdown,
+                        Ended::Lost(why) => Session::Dropped(why),
                     }
                 }
                 Err(Dial::Refused(status)) => {
@@ -98,21 +96,16 @@ impl OneBotAdapter {
                         status,
                         "the OneBot implementation refused the access token"
                     );
-                    return Err(PlatformError::Unauthorized);
+                    return Session::Fatal(PlatformError::Unauthorized);
                 }
-                Err(Dial::Failed(why)) => why,
+                Err(Dial::Failed(why)) => Session::Unreachable(why),
             };
-            parlor_bot::health::global().set_down(HEALTH, format!("not connected: {why}"));
-            if started.elapsed() > HEALTHY {
-                failures.reset();
+            if let Session::Dropped(why) | Session::Unreachable(why) = &ended {
+                parlor_bot::health::global().set_down(HEALTH, format!("not connected: {why}"));
             }
-            let wait = failures.next_delay();
-            tracing::warn!(url, error = %why, ?wait, "no connection to the OneBot implementation; reconnecting");
-            tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
+            ended
+        })
+        .await
     }
 
     /// Opens the forward connection, with the token as `Authorization: Bearer`.
@@ -391,9 +384,8 @@ impl OneBotAdapter {
                     }
                     let wait = DELIVERY_BACKOFF.delay(attempt - 1);
                     tracing::warn!(left = batch.len(), error = %why, ?wait, "could not store QQ events; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return false,
-                        () = tokio::time::sleep(wait) => {}
+                    if !pause(wait, shutdown).await {
+                        return false;
                     }
                 }
             }

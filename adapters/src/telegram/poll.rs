@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::TelegramAdapter;
 use super::convert::{Received, convert_update};
 use crate::Receiver;
-use crate::common::Failure;
+use crate::common::{Failure, pause};
 
 /// How long the farewell acknowledgement at shutdown may take: shutdown must stay prompt,
 /// and a missed acknowledgement only costs a re-delivery that the runtime dedupes.
@@ -167,10 +167,8 @@ impl Receiver for TelegramAdapter {
                     wait
                 }
             };
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(wait) => {}
+            if !pause(wait, &shutdown).await {
+                break;
             }
         }
 

@@ -190,45 +190,31 @@ impl TurnImages {
         }
     }
 
-    async fn prepare(&self, image: &ImageRef) -> Result<image::Prepared, String> {
+    async fn prepare(&self, image: &ImageRef) -> Result<image::Prepared, Unshown> {
         let max = self.options.max_bytes;
-        let too_large = || format!("it is larger than the limit of {}", megabytes(max));
         if image.size.is_some_and(|size| size > max) {
-            return Err(too_large());
+            return Err(Unshown::TooLarge(max));
         }
         let Some(platform) = &self.platform else {
-            return Err("this conversation is not attached to a chat platform".to_owned());
+            return Err(Unshown::NoPlatform);
         };
         let timeout = self.options.download_timeout;
         let bytes = match tokio::time::timeout(timeout, platform.download_image(image)).await {
-            Err(_) => {
-                return Err(format!(
-                    "the platform did not deliver it within {} s",
-                    timeout.as_secs_f64()
-                ));
-            }
+            Err(_) => return Err(Unshown::TimedOut(timeout)),
             Ok(Err(error)) => {
                 tracing::warn!(file = %image.file_id, %error, "image download failed");
                 return Err(match error {
-                    PlatformError::RateLimited(_) => {
-                        "the platform is rate limiting downloads just now".to_owned()
-                    }
-                    PlatformError::NotFound(_) => "the platform no longer has it".to_owned(),
-                    _ => "the platform could not deliver it".to_owned(),
+                    PlatformError::RateLimited(_) => Unshown::RateLimited,
+                    PlatformError::NotFound(_) => Unshown::Gone,
+                    _ => Unshown::NotDelivered,
                 });
             }
             Ok(Ok(bytes)) => bytes,
         };
         if bytes.len() as u64 > max {
-            return Err(too_large());
+            return Err(Unshown::TooLarge(max));
         }
-        image::prepare_blocking(bytes, self.options.max_side)
-            .await
-            .map_err(|e| match e {
-                ImageError::NotAnImage(why)
-                | ImageError::TooLarge(why)
-                | ImageError::Internal(why) => why,
-            })
+        Ok(image::prepare_blocking(bytes, self.options.max_side).await?)
     }
 
     /// Images a tool added to the current turn (`load_image`'s `data:` URLs), described for
@@ -486,6 +472,26 @@ fn which(message_id: Option<&str>) -> String {
         Some(id) => format!("the image of message {id}"),
         None => "an attached image".to_owned(),
     }
+}
+
+/// Why an attached image is not shown; the text completes "[the image … could not be shown:
+/// …]" for the model.
+#[derive(Debug, thiserror::Error)]
+enum Unshown {
+    #[error("it is larger than the limit of {}", megabytes(*.0))]
+    TooLarge(u64),
+    #[error("this conversation is not attached to a chat platform")]
+    NoPlatform,
+    #[error("the platform did not deliver it within {} s", .0.as_secs_f64())]
+    TimedOut(Duration),
+    #[error("the platform is rate limiting downloads just now")]
+    RateLimited,
+    #[error("the platform no longer has it")]
+    Gone,
+    #[error("the platform could not deliver it")]
+    NotDelivered,
+    #[error(transparent)]
+    Image(#[from] ImageError),
 }
 
 fn megabytes(bytes: u64) -> String {

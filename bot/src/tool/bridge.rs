@@ -106,8 +106,8 @@ use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::result::{ToolResult, codes};
-use super::schema::{check_schema, schema_for};
-use super::validate::{ArgValidator, drop_optional_nulls};
+use super::schema::{check_parameters, schema_for};
+use super::validate::{ArgValidator, ArgumentsError, drop_optional_nulls};
 use super::{MessageAppender, Offer, Risk, Role, ToolContext, ToolInvocation, ToolSet, ToolSpec};
 
 /// What a panicking tool answers; the panic itself only goes to the log.
@@ -318,7 +318,7 @@ type Handler<S> =
 
 /// Reads arguments into a tool's argument type and drops the result: what [`Handler`] does
 /// before it calls the function, without calling it.
-type Reader = Arc<dyn Fn(Value) -> Result<(), String> + Send + Sync>;
+type Reader = Arc<dyn Fn(Value) -> Result<(), ArgumentsError> + Send + Sync>;
 
 /// The hooks of a toolset with state `S` (see the module docs), boxed.
 type ForkHook<S> = Box<dyn Fn(&S) -> S + Send + Sync>;
@@ -469,7 +469,11 @@ impl ToolSetBridge {
     ///
     /// # Errors
     /// The message a call would answer with (`invalid_arguments`).
-    pub fn read_arguments(&self, tool: &str, arguments: Value) -> Option<Result<(), String>> {
+    pub fn read_arguments(
+        &self,
+        tool: &str,
+        arguments: Value,
+    ) -> Option<Result<(), ArgumentsError>> {
         let index = self.specs.iter().position(|s| s.name == tool)?;
         self.readers.get(index).map(|read| read(arguments))
     }
@@ -609,7 +613,7 @@ pub(crate) fn panic_text(payload: &(dyn Any + Send)) -> &str {
 /// Reads the arguments into `A`. The registry validated them against the schema already;
 /// this is the backstop for what a schema cannot say. An argument-less `A` (`()`, a unit
 /// struct) deserializes from `null`, not `{}`, so an empty object is retried as `null`.
-fn read_args<A: DeserializeOwned>(schema: &Value, mut args: Value) -> Result<A, String> {
+fn read_args<A: DeserializeOwned>(schema: &Value, mut args: Value) -> Result<A, ArgumentsError> {
     drop_optional_nulls(schema, &mut args);
     let empty = args.as_object().is_some_and(Map::is_empty);
     match A::deserialize(&args) {
@@ -624,7 +628,9 @@ fn read_args<A: DeserializeOwned>(schema: &Value, mut args: Value) -> Result<A, 
             {
                 return Ok(a);
             }
-            Err(format!("the arguments could not be read: {error}"))
+            Err(ArgumentsError::Unreadable(format!(
+                "the arguments could not be read: {error}"
+            )))
         }
     }
 }
@@ -777,7 +783,7 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
             Box::pin(async move {
                 match read_args::<A>(&schema, args) {
                     Ok(args) => f(state, args, cx).await.into_tool_result(),
-                    Err(message) => ToolResult::err(codes::INVALID_ARGUMENTS, message),
+                    Err(refused) => ToolResult::err(codes::INVALID_ARGUMENTS, refused.to_string()),
                 }
             })
         });
@@ -929,11 +935,14 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
                     tool: tool_name(),
                 });
             }
-            let schema_problem = check_schema(&spec.parameters).err().or_else(|| {
-                ArgValidator::new(&spec.parameters)
-                    .err()
-                    .map(|e| e.to_string())
-            });
+            let schema_problem = check_parameters(&spec.parameters)
+                .err()
+                .map(|unfit| unfit.to_string())
+                .or_else(|| {
+                    ArgValidator::new(&spec.parameters)
+                        .err()
+                        .map(|e| e.to_string())
+                });
             if let Some(reason) = schema_problem {
                 return Err(BridgeError::Schema {
                     toolset: toolset.clone(),

@@ -17,7 +17,7 @@ use futures::FutureExt;
 
 use super::bridge::is_valid_tool_name;
 use super::result::codes;
-use super::schema::check_schema;
+use super::schema::check_parameters;
 use super::validate::{ArgValidator, drop_optional_nulls, parse_arguments};
 use super::{Caller, Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
 use crate::llm::{ToolCall, ToolDefs};
@@ -170,9 +170,9 @@ fn check_spec(
             second: toolset.name().to_owned(),
         });
     }
-    check_schema(&spec.parameters).map_err(|reason| RegistryError::BadSchema {
+    check_parameters(&spec.parameters).map_err(|unfit| RegistryError::BadSchema {
         name: spec.name.clone(),
-        reason,
+        reason: unfit.to_string(),
     })?;
     let validator = ArgValidator::new(&spec.parameters).map_err(|e| RegistryError::BadSchema {
         name: spec.name.clone(),

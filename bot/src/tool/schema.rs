@@ -136,31 +136,59 @@ pub fn normalize(schema: Value) -> Value {
     Value::Object(root)
 }
 
+/// Why a schema cannot be sent to a provider as a tool's `parameters`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnfitSchema {
+    /// Not a JSON object at all.
+    #[error("the parameters schema must be a JSON object")]
+    NotAnObject,
+    /// No `"type": "object"` at the root.
+    #[error(r#"the parameters schema must have "type": "object" at the root"#)]
+    NotObjectTyped,
+    /// A reference keyword at the JSON pointer `at`.
+    #[error("the parameters schema is not self-contained: `{keyword}` at {at}")]
+    Reference {
+        /// The keyword (`$ref`, `$defs`...).
+        keyword: &'static str,
+        /// Where it is, `/` for the root.
+        at: String,
+    },
+}
+
 /// Checks that `schema` can be sent to a provider as a tool's `parameters`: an object with
 /// `"type":"object"` at the root, and no `$ref`, `$dynamicRef`, `$recursiveRef`, `$defs` or
 /// `definitions` anywhere. The error names the JSON pointer of the first offending keyword.
-pub fn check_schema(schema: &Value) -> Result<(), String> {
+pub fn check_parameters(schema: &Value) -> Result<(), UnfitSchema> {
     let Some(root) = schema.as_object() else {
-        return Err("the parameters schema must be a JSON object".to_owned());
+        return Err(UnfitSchema::NotAnObject);
     };
     if root.get("type").and_then(Value::as_str) != Some("object") {
-        return Err(r#"the parameters schema must have "type": "object" at the root"#.to_owned());
+        return Err(UnfitSchema::NotObjectTyped);
     }
     find_reference(schema, &mut String::new())
 }
 
+/// [`check_parameters`] with the reason as text.
+///
+/// Kept for `bot/tests/tool_schema.rs`, which compares the result with `Err(String)`; once
+/// that test compares `check_parameters(..).map_err(|e| e.to_string())`, this goes.
+pub fn check_schema(schema: &Value) -> Result<(), String> {
+    check_parameters(schema).map_err(|unfit| unfit.to_string())
+}
+
 /// Depth-first search for a reference keyword, schema-aware: a *property* called `$ref` or a
 /// `default` value holding such a key is not a reference.
-fn find_reference(schema: &Value, path: &mut String) -> Result<(), String> {
+fn find_reference(schema: &Value, path: &mut String) -> Result<(), UnfitSchema> {
     let Value::Object(map) = schema else {
         return Ok(());
     };
     for keyword in REFERENCE_KEYWORDS {
         if map.contains_key(*keyword) {
             let at = if path.is_empty() { "/" } else { path.as_str() };
-            return Err(format!(
-                "the parameters schema is not self-contained: `{keyword}` at {at}"
-            ));
+            return Err(UnfitSchema::Reference {
+                keyword,
+                at: at.to_owned(),
+            });
         }
     }
     let base = path.len();

@@ -9,6 +9,7 @@
 //! [`drop_optional_nulls`]) rather than bounced back to the model.
 
 use std::fmt::Write as _;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use jsonschema::error::{TypeKind, ValidationErrorKind};
@@ -26,6 +27,37 @@ pub enum SchemaError {
     /// The schema is not a valid JSON Schema (draft 2020-12).
     #[error("invalid JSON Schema: {0}")]
     Invalid(String),
+}
+
+/// Why a model's arguments were refused. Each text is written for the model (where, what was
+/// expected, what to do) and goes to it verbatim, so the error also reads as that `str`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgumentsError {
+    /// The arguments string is not JSON.
+    #[error("{0}")]
+    NotJson(String),
+    /// JSON, but not an object.
+    #[error("{0}")]
+    NotAnObject(String),
+    /// An object the tool's schema does not accept.
+    #[error("{0}")]
+    Mismatch(String),
+    /// Accepted by the schema, yet not readable into the tool's argument type.
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+impl Deref for ArgumentsError {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            ArgumentsError::NotJson(text)
+            | ArgumentsError::NotAnObject(text)
+            | ArgumentsError::Mismatch(text)
+            | ArgumentsError::Unreadable(text) => text,
+        }
+    }
 }
 
 /// A tool's compiled argument schema. Cheap to clone (shared), `Send + Sync`.
@@ -54,7 +86,7 @@ impl ArgValidator {
     /// Checks `args` against the schema. The error lists each violation (at most
     /// five, then how many more) as `<pointer>: <what was expected>`, e.g.
     /// `/plan/0/status: "done" is not one of "pending", "in_progress", "completed"`.
-    pub fn validate(&self, args: &Value) -> Result<(), String> {
+    pub fn validate(&self, args: &Value) -> Result<(), ArgumentsError> {
         let cleaned;
         let args = if contains_null(args) {
             let mut copy = args.clone();
@@ -82,7 +114,7 @@ impl ArgValidator {
             let _ = write!(message, "; and {} more", total - lines.len());
         }
         message.push_str(". Fix the arguments and call the tool again.");
-        Err(message)
+        Err(ArgumentsError::Mismatch(message))
     }
 }
 
@@ -257,7 +289,7 @@ fn required_names(schema: &Value) -> Vec<&str> {
 ///   not a plausible slip and is reported as not being an object.
 /// - Any other non-object (an array, a number...): an error, since arguments are always an
 ///   object.
-pub fn parse_arguments(raw: &str) -> Result<Value, String> {
+pub fn parse_arguments(raw: &str) -> Result<Value, ArgumentsError> {
     if raw.trim().is_empty() {
         return Ok(Value::Object(Map::new()));
     }
@@ -268,10 +300,10 @@ pub fn parse_arguments(raw: &str) -> Result<Value, String> {
         } else {
             format!("; the text up to the error: `{near}`")
         };
-        format!(
+        ArgumentsError::NotJson(format!(
             "the arguments are not valid JSON ({e}{near}). Send the arguments as one JSON \
              object, e.g. {{\"name\": \"value\"}}."
-        )
+        ))
     })?;
     let value = match value {
         Value::String(inner) => match serde_json::from_str::<Value>(&inner) {
@@ -283,10 +315,10 @@ pub fn parse_arguments(raw: &str) -> Result<Value, String> {
     match value {
         Value::Object(_) => Ok(value),
         Value::Null => Ok(Value::Object(Map::new())),
-        other => Err(format!(
+        other => Err(ArgumentsError::NotAnObject(format!(
             "the arguments must be a JSON object, got {}.",
             typed(&other)
-        )),
+        ))),
     }
 }
 
@@ -299,15 +331,6 @@ fn text_before(raw: &str, line: usize, column: usize) -> String {
     let Some(line_text) = raw.lines().nth(line - 1) else {
         return String::new();
     };
-    let mut end = column.min(line_text.len());
-    while !line_text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let before = &line_text[..end];
-    let start = before
-        .char_indices()
-        .rev()
-        .nth(29)
-        .map_or(0, |(index, _)| index);
-    before[start..].trim_start().to_owned()
+    let before = crate::text::up_to_byte(line_text, column);
+    crate::text::last_chars(before, 30).trim_start().to_owned()
 }

@@ -68,7 +68,21 @@ pub(super) fn as_i64(v: &Value) -> Option<i64> {
     }
 }
 
-pub(super) fn parse_params(uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Result<Params, String> {
+/// Why a request's parameters cannot be read; the text is the Bot API's description after
+/// `Bad Request: `.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BadParams {
+    #[error("multipart body without boundary")]
+    NoBoundary,
+    #[error("can't parse request JSON object")]
+    NotAnObject,
+}
+
+pub(super) fn parse_params(
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Params, BadParams> {
     let mut map = Map::new();
     if let Some(query) = uri.query() {
         map.extend(parse_form(query.as_bytes()));
@@ -90,7 +104,7 @@ pub(super) fn parse_params(uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Resul
             .filter_map(|p| p.trim().strip_prefix("boundary="))
             .next()
             .map(|b| b.trim_matches('"').to_owned())
-            .ok_or_else(|| "multipart body without boundary".to_owned())?;
+            .ok_or(BadParams::NoBoundary)?;
         for part in parse_multipart(body, &boundary) {
             match part.file_name {
                 Some(file_name) => {
@@ -117,11 +131,11 @@ pub(super) fn parse_params(uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Resul
     } else if !is_blank {
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(obj)) => map.extend(obj),
-            Ok(_) => return Err("can't parse request JSON object".to_owned()),
+            Ok(_) => return Err(BadParams::NotAnObject),
             Err(_) if !content_type.starts_with("application/json") => {
                 map.extend(parse_form(body));
             }
-            Err(_) => return Err("can't parse request JSON object".to_owned()),
+            Err(_) => return Err(BadParams::NotAnObject),
         }
     }
     Ok(Params { map, uploads })

@@ -124,7 +124,7 @@ pub(super) async fn handle(
             }
             let params = match parse_params(&uri, &headers, &body) {
                 Ok(p) => p,
-                Err(desc) => return bad_request(&desc).render(),
+                Err(bad) => return bad_request(&bad.to_string()).render(),
             };
             call(&shared, &method, name, &headers, params).await
         }

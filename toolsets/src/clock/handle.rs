@@ -24,7 +24,7 @@ use super::index::TaskIndex;
 use super::schedule::{Schedule, format_in};
 use super::task::{ClockRun, ClockTask, MissedPolicy, RECORD_VERSION, RunStatus, Versioned};
 use super::{ClockOptions, RUNS_KEPT};
-use crate::time::parse_timezone;
+use crate::time::{UnknownTimezone, parse_timezone};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
 use parlor_bot::store::{KvWrite, Store, StoreError};
@@ -58,8 +58,8 @@ pub enum ClockError {
     #[error("{0}")]
     BadSchedule(String),
     /// The time zone is not an IANA name.
-    #[error("{0}")]
-    BadTimezone(String),
+    #[error(transparent)]
+    BadTimezone(#[from] UnknownTimezone),
     /// A name or content is empty or too long.
     #[error("{0}")]
     Invalid(String),
@@ -387,7 +387,7 @@ impl ClockHandle {
 
     /// The parsed schedule of a task.
     pub fn schedule_of(&self, task: &ClockTask) -> Result<Schedule, ClockError> {
-        let tz = parse_timezone(&task.timezone).map_err(ClockError::BadTimezone)?;
+        let tz = parse_timezone(&task.timezone)?;
         Schedule::parse(&task.schedule, tz, task.anchor)
             .map_err(|e| ClockError::BadSchedule(e.to_string()))
     }
@@ -547,7 +547,7 @@ impl ClockHandle {
 
     fn timezone(&self, name: Option<&str>) -> Result<Tz, ClockError> {
         match name.map(str::trim) {
-            Some(name) if !name.is_empty() => parse_timezone(name).map_err(ClockError::BadTimezone),
+            Some(name) if !name.is_empty() => Ok(parse_timezone(name)?),
             _ => Ok(self.shared.options.default_timezone),
         }
     }

@@ -231,7 +231,7 @@ fn prompt(tz: Tz) -> String {
 fn clock_error(e: ClockError) -> ToolError {
     match e {
         ClockError::BadSchedule(why) => ToolError::new(BAD_SCHEDULE, why),
-        ClockError::BadTimezone(why) => ToolError::new(UNKNOWN_TIMEZONE, why),
+        ClockError::BadTimezone(why) => ToolError::new(UNKNOWN_TIMEZONE, why.to_string()),
         ClockError::Invalid(why) => ToolError::invalid_arguments(why),
         ClockError::Limit(why) => ToolError::new(CLOCK_LIMIT, why),
         ClockError::NotFound(id) => not_found(id),

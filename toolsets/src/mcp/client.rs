@@ -37,6 +37,33 @@ impl ClientHandler for Handler {
 
 type Running = RunningService<RoleClient, Handler>;
 
+/// Why a server is down: shown in its status and logged.
+#[derive(Debug, thiserror::Error)]
+enum Down {
+    #[error("cannot start {}: {source}", command.display())]
+    Spawn {
+        command: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("initialization failed: {0}")]
+    Initialize(String),
+    #[error("header name {0:?} is not valid")]
+    HeaderName(String),
+    #[error("the value of header {0} is not valid")]
+    HeaderValue(http::HeaderName),
+    #[error("connecting timed out")]
+    ConnectTimedOut,
+    #[error("tools/list failed: {0}")]
+    List(String),
+    #[error("tools/list timed out")]
+    ListTimedOut,
+    /// A list parlor cannot take (two tools with one wire name...).
+    #[error("{0}")]
+    Unfit(String),
+    #[error("the server closed the connection")]
+    Closed,
+}
+
 /// Runs until `stop`: one connection after another, waiting the backoff between failures.
 pub(super) async fn supervise(shared: Arc<Shared>, stop: CancellationToken) {
     let name = shared.config.name.clone();
@@ -55,7 +82,7 @@ pub(super) async fn supervise(shared: Arc<Shared>, stop: CancellationToken) {
         let running = match connected {
             Ok(Ok(running)) => running,
             Ok(Err(why)) => {
-                down(&shared, &name, why, first);
+                down(&shared, &name, &why, first);
                 first = false;
                 if !pause(&mut failures, &stop).await {
                     break;
@@ -64,7 +91,7 @@ pub(super) async fn supervise(shared: Arc<Shared>, stop: CancellationToken) {
             }
             Err(_) => {
                 session.cancel();
-                down(&shared, &name, "connecting timed out".to_owned(), first);
+                down(&shared, &name, &Down::ConnectTimedOut, first);
                 first = false;
                 if !pause(&mut failures, &stop).await {
                     break;
@@ -76,7 +103,7 @@ pub(super) async fn supervise(shared: Arc<Shared>, stop: CancellationToken) {
         if let Err(why) = relist_tools(&shared, &peer, first).await {
             session.cancel();
             let _ = running.waiting().await;
-            down(&shared, &name, why, first);
+            down(&shared, &name, &why, first);
             first = false;
             if !pause(&mut failures, &stop).await {
                 break;
@@ -106,12 +133,7 @@ pub(super) async fn supervise(shared: Arc<Shared>, stop: CancellationToken) {
         if stop.is_cancelled() {
             break;
         }
-        down(
-            &shared,
-            &name,
-            "the server closed the connection".to_owned(),
-            false,
-        );
+        down(&shared, &name, &Down::Closed, false);
         if !pause(&mut failures, &stop).await {
             break;
         }
@@ -121,13 +143,13 @@ pub(super) async fn supervise(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 /// Marks the server down and logs why (an error at start, a warning later).
-fn down(shared: &Shared, name: &str, why: String, first: bool) {
+fn down(shared: &Shared, name: &str, why: &Down, first: bool) {
     if first {
         tracing::error!(server = %name, error = %why, "MCP server failed to start; running without it and retrying");
     } else {
         tracing::warn!(server = %name, error = %why, "MCP server down; restarting with backoff");
     }
-    shared.set_status(ServerStatus::Down(why));
+    shared.set_status(ServerStatus::Down(why.to_string()));
 }
 
 /// Waits the next backoff delay; `false` when stopped meanwhile.
@@ -145,11 +167,11 @@ async fn relist_tools(
     shared: &Shared,
     peer: &rmcp::Peer<RoleClient>,
     first: bool,
-) -> Result<(), String> {
+) -> Result<(), Down> {
     let tools = match tokio::time::timeout(shared.config.timeout, peer.list_all_tools()).await {
         Ok(Ok(tools)) => tools,
-        Ok(Err(e)) => return Err(format!("tools/list failed: {e}")),
-        Err(_) => return Err("tools/list timed out".to_owned()),
+        Ok(Err(e)) => return Err(Down::List(e.to_string())),
+        Err(_) => return Err(Down::ListTimedOut),
     };
     match convert::offered(&shared.config, &tools) {
         Ok(offered) => {
@@ -157,7 +179,7 @@ async fn relist_tools(
             Ok(())
         }
         Err(e) => {
-            let why = e.to_string();
+            let why = Down::Unfit(e.to_string());
             if first {
                 *shared.start_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
             }
@@ -171,7 +193,7 @@ async fn connect(
     shared: &Shared,
     handler: Handler,
     session: CancellationToken,
-) -> Result<Running, String> {
+) -> Result<Running, Down> {
     match &shared.config.transport {
         McpTransport::Stdio {
             command,
@@ -195,11 +217,14 @@ async fn connect(
             let (transport, _) = TokioChildProcess::builder(cmd)
                 .stderr(Stdio::inherit())
                 .spawn()
-                .map_err(|e| format!("cannot start {}: {e}", command.display()))?;
+                .map_err(|source| Down::Spawn {
+                    command: command.clone(),
+                    source,
+                })?;
             handler
                 .serve_with_ct(transport, session)
                 .await
-                .map_err(|e| format!("initialization failed: {e}"))
+                .map_err(|e| Down::Initialize(e.to_string()))
         }
         McpTransport::Http {
             url,
@@ -210,9 +235,9 @@ async fn connect(
             let mut custom = std::collections::HashMap::new();
             for (name, value) in headers {
                 let name = http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| format!("header name {name:?} is not valid"))?;
+                    .map_err(|_| Down::HeaderName(name.clone()))?;
                 let value = http::HeaderValue::from_str(value)
-                    .map_err(|_| format!("the value of header {name} is not valid"))?;
+                    .map_err(|_| Down::HeaderValue(name.clone()))?;
                 custom.insert(name, value);
             }
             let mut config =
@@ -224,7 +249,7 @@ async fn connect(
             handler
                 .serve_with_ct(transport, session)
                 .await
-                .map_err(|e| format!("initialization failed: {e}"))
+                .map_err(|e| Down::Initialize(e.to_string()))
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use parlor_bot::tool::schema::{check_schema, normalize};
+use parlor_bot::tool::schema::{check_parameters, normalize};
 use parlor_bot::tool::{Risk, Role, ToolResult, ToolSpec};
 use rmcp::model::{CallToolResult, ContentBlock, Tool};
 use serde_json::{Value, json};
@@ -107,10 +107,10 @@ pub(crate) fn offered(config: &McpServerConfig, tools: &[Tool]) -> Result<Vec<Of
             });
         }
         let parameters = normalize(Value::Object((*tool.input_schema).clone()));
-        check_schema(&parameters).map_err(|reason| McpError::BadSchema {
+        check_parameters(&parameters).map_err(|unfit| McpError::BadSchema {
             server: config.name.clone(),
             tool: remote.clone(),
-            reason,
+            reason: unfit.to_string(),
         })?;
         let risk = risk_of(config, tool);
         let description = tool

@@ -76,6 +76,47 @@ pub mod codes {
 /// The store space holding task rows (`<session>|<task_id>` → versioned JSON).
 pub const TASKS_SPACE: &str = "terminal_tasks";
 
+/// The limit on the start-up check's sandboxed `true`.
+const SANDBOX_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why commands cannot run as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The configured shell is missing.
+    #[error("the shell {} is not installed on this host", .0.display())]
+    NoShell(PathBuf),
+    /// bubblewrap is configured and missing: commands are refused, never run unsandboxed.
+    #[error(
+        "the terminal is configured to run commands in the bubblewrap sandbox, but {} is not \
+         installed on this host, so commands are refused rather than run unsandboxed; an \
+         operator must install bubblewrap or change [terminal] sandbox",
+        .0.display()
+    )]
+    NoBubblewrap(PathBuf),
+    /// The folder of the workspaces cannot be made.
+    #[error("cannot create {}: {source}", dir.display())]
+    Workspace {
+        /// The folder.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The check's `true` hung.
+    #[error("a sandboxed `true` did not finish within {} s", SANDBOX_CHECK_TIMEOUT.as_secs())]
+    TimedOut,
+    /// bubblewrap itself could not be run.
+    #[error("bubblewrap could not be started: {0}")]
+    Start(std::io::Error),
+    /// bubblewrap ran and refused (no user namespaces, ...).
+    #[error("bubblewrap failed ({status}): {stderr}")]
+    Failed {
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it said.
+        stderr: String,
+    },
+}
+
 /// Whether the terminal is open in a chat. Who may call it is not a policy: its tools need
 /// [`Role::Operator`] everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -301,12 +342,9 @@ impl TerminalService {
         workspace: &Path,
         writable: &[&Path],
         args: &[&str],
-    ) -> Result<tokio::process::Command, String> {
+    ) -> Result<tokio::process::Command, SandboxError> {
         let Some(bash) = shell::find_program(&self.config.bash_program) else {
-            return Err(format!(
-                "the shell {} is not installed on this host",
-                self.config.bash_program.display()
-            ));
+            return Err(SandboxError::NoShell(self.config.bash_program.clone()));
         };
         let mut cmd = match &self.config.sandbox {
             Sandbox::None => {
@@ -316,12 +354,8 @@ impl TerminalService {
             }
             Sandbox::Bwrap { network, hide } => {
                 let Some(bwrap) = shell::find_program(&self.config.bwrap_program) else {
-                    return Err(format!(
-                        "the terminal is configured to run commands in the bubblewrap sandbox, \
-                         but {} is not installed on this host, so commands are refused rather \
-                         than run unsandboxed; an operator must install bubblewrap or change \
-                         [terminal] sandbox",
-                        self.config.bwrap_program.display()
+                    return Err(SandboxError::NoBubblewrap(
+                        self.config.bwrap_program.clone(),
                     ));
                 };
                 let host = sandbox::Host::probe(hide);
@@ -347,28 +381,29 @@ impl TerminalService {
     /// an operator learns at start, not at the first command, that this host refuses it
     /// (systemd's `RestrictNamespaces=`, a kernel without unprivileged user namespaces).
     /// `Err` says why.
-    pub async fn check_sandbox(&self) -> Result<(), String> {
+    pub async fn check_sandbox(&self) -> Result<(), SandboxError> {
         if self.config.sandbox == Sandbox::None {
             return Ok(());
         }
         let dir = self.config.data_dir.join("workspaces");
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|source| SandboxError::Workspace {
+            dir: dir.clone(),
+            source,
+        })?;
         let mut command = self.command(&dir, &[], &["-c", "true"])?;
         command
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        match tokio::time::timeout(Duration::from_secs(10), command.output()).await {
-            Err(_) => Err("a sandboxed `true` did not finish within 10 s".to_owned()),
-            Ok(Err(e)) => Err(format!("bubblewrap could not be started: {e}")),
+        match tokio::time::timeout(SANDBOX_CHECK_TIMEOUT, command.output()).await {
+            Err(_) => Err(SandboxError::TimedOut),
+            Ok(Err(e)) => Err(SandboxError::Start(e)),
             Ok(Ok(out)) if out.status.success() => Ok(()),
-            Ok(Ok(out)) => Err(format!(
-                "bubblewrap failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )),
+            Ok(Ok(out)) => Err(SandboxError::Failed {
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            }),
         }
     }
 
@@ -426,7 +461,7 @@ impl TerminalService {
                 };
                 let command = self
                     .command(&workspace, &[&state_dir], &["--noprofile", "--norc"])
-                    .map_err(ToolError::unavailable)?;
+                    .map_err(|why| ToolError::unavailable(why.to_string()))?;
                 match Shell::spawn(command, &cx.session, state_file, self.shells.clone()).await {
                     Ok(shell) => {
                         restarted = handle.started_once.swap(true, Ordering::SeqCst);

@@ -4,6 +4,8 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
+use parlor_bot::text::{last_chars, split_chars};
+
 /// Output of a running command, in bounded memory: the first `cap` bytes, and a window of
 /// the last `cap` bytes; what falls between is counted, not kept.
 #[derive(Debug)]
@@ -77,11 +79,11 @@ impl CappedBuf {
         let head_chars = head.chars().count();
         let tail_chars = tail.chars().count();
         let total = head_chars + tail_chars + self.dropped_chars;
-        let kept_head: String = head.chars().take(half).collect();
-        let kept_tail: String = tail.chars().skip(tail_chars.saturating_sub(half)).collect();
+        let kept_head = split_chars(&head, half).0;
+        let kept_tail = last_chars(&tail, half);
         let cut = total - kept_head.chars().count() - kept_tail.chars().count();
         Capped {
-            text: join_cut(&kept_head, cut, &kept_tail),
+            text: join_cut(kept_head, cut, kept_tail),
             total_chars: total,
             cut_chars: cut,
         }
@@ -117,11 +119,11 @@ pub(crate) fn cap_middle(text: &str, max_chars: usize) -> Capped {
         };
     }
     let half = max_chars / 2;
-    let head: String = text.chars().take(half).collect();
-    let tail: String = text.chars().skip(total - half).collect();
+    let head = split_chars(text, half).0;
+    let tail = last_chars(text, half);
     let cut = total - 2 * half;
     Capped {
-        text: join_cut(&head, cut, &tail),
+        text: join_cut(head, cut, tail),
         total_chars: total,
         cut_chars: cut,
     }
@@ -133,10 +135,7 @@ pub(crate) fn tail_chars(text: &str, max_chars: usize) -> (String, usize) {
     if total <= max_chars {
         return (text.to_owned(), 0);
     }
-    (
-        text.chars().skip(total - max_chars).collect(),
-        total - max_chars,
-    )
+    (last_chars(text, max_chars).to_owned(), total - max_chars)
 }
 
 pub use crate::notice::xml_escape;

@@ -280,7 +280,7 @@ impl TerminalService {
         let log_path = logs.join(format!("{id}.log"));
         let mut command = self
             .command(&workspace, &[], &["-c", &args.command])
-            .map_err(ToolError::unavailable)?;
+            .map_err(|why| ToolError::unavailable(why.to_string()))?;
         let (out, err) = match std::fs::File::create(&log_path)
             .and_then(|f| f.try_clone().map(|g| (f, g)))
         {

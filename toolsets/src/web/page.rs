@@ -7,6 +7,7 @@
 use dom_query::Document;
 use dom_smoothie::{Config as ReadabilityConfig, Readability, TextMode};
 use encoding_rs::{Encoding, UTF_8, WINDOWS_1252};
+use parlor_bot::text::split_chars;
 
 /// What kind of body it is, from its `Content-Type` (and a look at the bytes when none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,13 +178,10 @@ pub fn html_to_markdown(html: &str, url: &str) -> Readable {
 /// One page of `text`: characters `start..start + max` (cut on character boundaries), and
 /// where the next page starts (`None` at the end).
 pub fn page(text: &str, start: usize, max: usize) -> (String, Option<usize>) {
-    let mut chars = text.chars().skip(start);
-    let slice: String = chars.by_ref().take(max).collect();
-    let next = chars
-        .next()
-        .is_some()
-        .then(|| start + slice.chars().count());
-    (slice, next)
+    let (_, rest) = split_chars(text, start);
+    let (slice, after) = split_chars(rest, max);
+    let next = (!after.is_empty()).then(|| start + slice.chars().count());
+    (slice.to_owned(), next)
 }
 
 #[cfg(test)]

@@ -4,9 +4,6 @@
 //! Real time throughout (sockets and heartbeats need a running clock); waits are for
 //! events the fake records, never a sleep before asserting that nothing happened.
 
-// A failed unwrap in a test is the test failing.
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,11 +16,9 @@ use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{PNG_1X1, ScriptedLlm};
 use parlor_bot::tool::ToolRegistry;
-use parlor_testkit::{FakeOneBot, OneBotFailure};
+use parlor_testkit::{DialError, FakeOneBot, OneBotFailure};
 
-mod support;
-
-use support::{Mode, Running, TestInbox, eventually};
+use crate::support::{Mode, Running, TestInbox, eventually};
 
 const TOKEN: &str = "onebot-TEST-token";
 const SELF_ID: i64 = 42;
@@ -128,6 +123,8 @@ async fn a_wrong_token_is_refused_both_ways() {
         matches!(ended, Err(PlatformError::Unauthorized)),
         "{ended:?}"
     );
+    // The fake counts the refusal once its answer is out, which may be after parlor read it.
+    fake.wait_for_refusals(1, WAIT).await.unwrap();
     assert_eq!(fake.refused(), 1);
 
     // Reverse: parlor refuses the implementation, and takes the right one.
@@ -137,11 +134,14 @@ async fn a_wrong_token_is_refused_both_ways() {
         .unwrap();
     let (adapter, inbox, running, url) = listening(port).await;
     assert_eq!(
-        fake.connect_reverse(&url, "wrong").await,
-        Err("401".to_owned())
+        fake.dial_reverse(&url, "wrong", &[]).await,
+        Err(DialError::Refused(401))
     );
-    assert_eq!(fake.connect_reverse(&url, "").await, Err("401".to_owned()));
-    fake.connect_reverse(&url, TOKEN).await.unwrap();
+    assert_eq!(
+        fake.dial_reverse(&url, "", &[]).await,
+        Err(DialError::Refused(401))
+    );
+    fake.dial_reverse(&url, TOKEN, &[]).await.unwrap();
     fake.group_message(GROUP, ALICE, "alice", " over the reverse link")
         .mention_bot()
         .push();
@@ -182,12 +182,12 @@ async fn listening(port: std::net::SocketAddr) -> (OneBotAdapter, Arc<TestInbox>
 async fn connect_when_free(fake: &FakeOneBot, url: &str) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match fake.connect_reverse(url, TOKEN).await {
+        match fake.dial_reverse(url, TOKEN, &[]).await {
             Ok(()) => return,
-            Err(status) if status == "409" && tokio::time::Instant::now() < deadline => {
+            Err(DialError::Refused(409)) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            Err(status) => panic!("refused with {status}"),
+            Err(refused) => panic!("refused with {refused}"),
         }
     }
 }
@@ -210,16 +210,16 @@ async fn a_reverse_listener_needs_the_token_refuses_browsers_and_keeps_its_first
     // A web page's connection carries an Origin: refused even with the token.
     assert_eq!(
         first
-            .connect_reverse_with(&url, TOKEN, &[("Origin", "http://evil.example")])
+            .dial_reverse(&url, TOKEN, &[("Origin", "http://evil.example")])
             .await,
-        Err("403".to_owned())
+        Err(DialError::Refused(403))
     );
-    first.connect_reverse(&url, TOKEN).await.unwrap();
+    first.dial_reverse(&url, TOKEN, &[]).await.unwrap();
     first.wait_for_connections(1, WAIT).await.unwrap();
     // The newcomer has the token, and still does not displace the first.
     assert_eq!(
-        second.connect_reverse(&url, TOKEN).await,
-        Err("409".to_owned())
+        second.dial_reverse(&url, TOKEN, &[]).await,
+        Err(DialError::Refused(409))
     );
     first
         .group_message(GROUP, ALICE, "alice", " still here")
@@ -595,8 +595,9 @@ async fn long_replies_are_split_and_posts_into_a_group_are_paced() {
     let other = ChatRef::new("qq", "group:556");
     let chat = group();
     let (long, quick) = tokio::join!(adapter.send_reply(&chat, &text, Some("9"), "o1"), async {
-        // Another group is not held up by the first one's pacing.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Another group is not held up by the first one's pacing: posted once the first part
+        // is out, it goes before the second.
+        fake.wait_for_sent(1, WAIT).await.unwrap();
         adapter.send_message(&other, "elsewhere", None).await
     });
     let long = long.unwrap();

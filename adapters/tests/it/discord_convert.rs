@@ -1,9 +1,6 @@
 //! `convert_message` on serenity `Message`s parsed from Discord's own documented example
 //! (discord/discord-api-docs, copied into `testkit/fixtures/discord/`), varied field by field.
 
-// A failed unwrap in a test is the test failing.
-#![allow(clippy::unwrap_used)]
-
 use parlor_adapters::discord::{BotIdentity, convert_message};
 use parlor_bot::platform::{ChatKind, ChatRef};
 use parlor_testkit::discord_fixture;

@@ -1,9 +1,6 @@
 //! What the adapters' integration tests share: waiting for a condition, an inbox that records
 //! (or refuses) deliveries, and an adapter running in a task.
 
-// Each test binary compiles this module and uses only part of it.
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,6 +42,8 @@ pub struct TestInbox {
     attempts: AtomicUsize,
     messages: Mutex<Vec<IncomingMessage>>,
     events: Mutex<Vec<ChatEvent>>,
+    /// Woken at every delivery, for the waits.
+    delivered: tokio::sync::Notify,
 }
 
 impl Default for TestInbox {
@@ -54,6 +53,7 @@ impl Default for TestInbox {
             attempts: AtomicUsize::new(0),
             messages: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
+            delivered: tokio::sync::Notify::new(),
         }
     }
 }
@@ -81,11 +81,29 @@ impl TestInbox {
     }
 
     pub async fn wait_for_events(&self, n: usize) -> Vec<ChatEvent> {
-        eventually(&format!("{n} delivered event(s)"), || {
+        self.until_delivered(&format!("{n} delivered event(s)"), || {
             let events = self.events();
             (events.len() >= n).then_some(events)
         })
         .await
+    }
+
+    /// Waits, woken by each delivery, until `check` answers `Some`, for at most
+    /// [`EVENTUALLY`].
+    pub async fn until_delivered<T>(&self, what: &str, check: impl Fn() -> Option<T>) -> T {
+        let waiting = async {
+            loop {
+                // Registered before the check, so a delivery in between still wakes it.
+                let delivered = self.delivered.notified();
+                if let Some(value) = check() {
+                    return value;
+                }
+                delivered.await;
+            }
+        };
+        tokio::time::timeout(EVENTUALLY, waiting)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
     }
 
     pub fn attempts(&self) -> usize {
@@ -93,7 +111,7 @@ impl TestInbox {
     }
 
     pub async fn wait_for(&self, n: usize) -> Vec<IncomingMessage> {
-        eventually(&format!("{n} delivered message(s)"), || {
+        self.until_delivered(&format!("{n} delivered message(s)"), || {
             let messages = self.messages();
             (messages.len() >= n).then_some(messages)
         })
@@ -109,6 +127,7 @@ impl Inbox for TestInbox {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .push(message);
+        self.delivered.notify_waiters();
         Ok(())
     }
 
@@ -118,6 +137,7 @@ impl Inbox for TestInbox {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .push(event);
+        self.delivered.notify_waiters();
         Ok(())
     }
 }

@@ -1,9 +1,6 @@
 //! Telegram `Message` -> `IncomingMessage`, against real payloads (teloxide's test fixtures,
 //! see `fixtures/telegram/README.md`) and hand-written ones for the rules parlor adds.
 
-// A failed unwrap in a test is the test failing.
-#![allow(clippy::unwrap_used)]
-
 use chrono::{TimeZone, Utc};
 use parlor_adapters::telegram::{BotIdentity, convert_message};
 use parlor_bot::platform::{ChatKind, ImageRef, IncomingMessage};

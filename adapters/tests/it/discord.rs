@@ -4,9 +4,6 @@
 //!
 //! Real time throughout (sockets and heartbeats need a running clock).
 
-// A failed unwrap in a test is the test failing.
-#![allow(clippy::unwrap_used)]
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,9 +21,7 @@ use parlor_bot::tool::ToolRegistry;
 use parlor_testkit::{DiscordFailure, DiscordSent, DiscordUser, FakeDiscord};
 use tokio_util::sync::CancellationToken;
 
-mod support;
-
-use support::{Running, TestInbox, eventually};
+use crate::support::{Running, TestInbox, eventually};
 
 const TOKEN: &str = "MTEwMA.test.SECRET-token";
 const GUILD: u64 = 900_000_000_000_000_001;
@@ -182,13 +177,18 @@ async fn a_mention_gets_a_reply_in_the_channel_and_chatter_is_only_recorded() {
     assert_safe_mentions(&sent);
 
     // The bot's own MESSAGE_CREATE came back and was not taken as a new message; the chatter
-    // was recorded but never answered.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // was recorded but never answered. A last line of chatter comes after that echo on the
+    // gateway: once it is recorded, the echo was handled.
+    let last = rig.fake.message_create(CHANNEL, &bob(), "see you");
+    let log = eventually("the last chatter recorded", || {
+        let log = rig
+            .store
+            .recent_messages(&channel().session_key(), 10)
+            .unwrap();
+        log.iter().any(|m| m.message_id == last).then_some(log)
+    })
+    .await;
     assert_eq!(rig.fake.sent_messages().len(), 1);
-    let log = rig
-        .store
-        .recent_messages(&channel().session_key(), 10)
-        .unwrap();
     let ids: Vec<&str> = log.iter().map(|m| m.message_id.as_str()).collect();
     assert!(ids.contains(&chatter.as_str()), "{ids:?}");
     assert!(ids.contains(&asked.as_str()), "{ids:?}");
@@ -227,11 +227,17 @@ async fn a_gateway_disconnect_loses_and_repeats_nothing() {
         .mention_bot()
         .push();
     let sent_after = rig.fake.wait_for_sent(3, WAIT).await.expect("third reply");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A fourth: the chat's turns run in order, so a repeated reply would come before its.
+    let fourth = rig
+        .fake
+        .message(CHANNEL, &alice(), "fourth")
+        .mention_bot()
+        .push();
+    rig.fake.wait_for_sent(4, WAIT).await.expect("fourth reply");
     let all = rig.fake.sent_messages();
-    assert_eq!(all.len(), 3, "no reply repeated: {all:?}");
+    assert_eq!(all.len(), 4, "no reply repeated: {all:?}");
     let replied: Vec<String> = all.iter().filter_map(DiscordSent::reply_to).collect();
-    assert_eq!(replied, [first, second, third]);
+    assert_eq!(replied, [first, second, third, fourth]);
     assert!(sent[1].content.ends_with("second"), "{:?}", sent[1].content);
     assert!(
         sent_after[2].content.ends_with("third"),
@@ -280,10 +286,20 @@ async fn messages_are_normalized() {
         .attachment("cat.png", "image/png", vec![1, 2, 3, 4])
         .push();
 
-    let messages = inbox.wait_for(7).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let messages_now = inbox.messages();
-    assert_eq!(messages_now.len(), 7, "{messages_now:#?}");
+    inbox.wait_for(7).await;
+    // The bot's own "an answer" came back before this last line: once the line is in, the
+    // echo was handled, and it must not have been delivered.
+    let last = fake.message_create(CHANNEL, &bob(), "the last line");
+    let messages = inbox
+        .until_delivered("the last line", || {
+            let messages = inbox.messages();
+            messages
+                .iter()
+                .any(|m| m.message_id == last)
+                .then_some(messages)
+        })
+        .await;
+    assert_eq!(messages.len(), 8, "{messages:#?}");
     let by_id = |id: &str| {
         messages
             .iter()
