@@ -450,8 +450,9 @@ fn failure_notice(error: &AgentError) -> String {
 /// The first line of an error, capped, for a chat notice (the full error is in the log).
 fn short_reason(error: &str) -> String {
     let line = error.lines().next().unwrap_or("unknown error");
-    let mut out: String = line.chars().take(160).collect();
-    if line.chars().count() > 160 {
+    let (head, rest) = crate::text::split_chars(line, 160);
+    let mut out = head.to_owned();
+    if !rest.is_empty() {
         out.push('…');
     }
     out
