@@ -106,11 +106,12 @@ impl Platform for ConsolePlatform {
         PLATFORM
     }
 
-    async fn send_message(
+    async fn send(
         &self,
         _chat: &ChatRef,
         text: &str,
         _reply_to: Option<&str>,
+        _key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         let id = self.next_id();
         // Markdown as a terminal shows it best: bullets, aligned tables, links with URLs.
@@ -262,7 +263,7 @@ mod tests {
     async fn a_quote_line_replies_to_the_last_bot_message() {
         let p = platform();
         let sent = p
-            .send_message(&ChatRef::new(PLATFORM, "local"), "hello", None)
+            .send(&ChatRef::new(PLATFORM, "local"), "hello", None, None)
             .await
             .unwrap();
         let m = parse_line("bob: > and then?", &ConsoleOptions::default(), &p).unwrap();

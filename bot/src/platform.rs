@@ -232,28 +232,19 @@ pub trait Platform: Send + Sync {
 
     /// Sends `text` (Markdown as the model wrote it; the adapter renders it for the
     /// platform and splits it as needed) to `chat`, threaded to `reply_to` when given.
-    async fn send_message(
+    ///
+    /// `key`, when given, is unique to this message (its outbox id): a retry with the same
+    /// key skips the parts of a long text already sent, and a platform with idempotent
+    /// sends (Discord's `nonce` with `enforce_nonce`) turns a retry of a part it already
+    /// accepted into a no-op. Without such support (Telegram) a timed-out send retried may
+    /// show twice. Without a key every call posts.
+    async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
+        key: Option<&str>,
     ) -> Result<SentMessage, PlatformError>;
-
-    /// Sends a committed reply: like [`Platform::send_message`], with `key`, unique to this
-    /// reply (its outbox id), so that a platform with idempotent sends (Discord's `nonce`
-    /// with `enforce_nonce`) turns a retry of a send it already accepted into a no-op.
-    /// The outbox retries until the platform answers, so a timed-out send is sent again:
-    /// without such a key (Telegram) that may show the reply twice.
-    async fn send_reply(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        reply_to: Option<&str>,
-        key: &str,
-    ) -> Result<SentMessage, PlatformError> {
-        let _ = key;
-        self.send_message(chat, text, reply_to).await
-    }
 
     /// Shows "typing..." in `chat` for a few seconds.
     async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError>;

@@ -566,11 +566,12 @@ impl Platform for TestPlatform {
         &self.name
     }
 
-    async fn send_message(
+    async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
+        _key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         self.attempts.send_modify(|n| *n += 1);
         if let Some(error) = self.next_failures.lock().unwrap().pop_front() {

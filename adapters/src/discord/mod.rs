@@ -397,27 +397,18 @@ impl Platform for DiscordAdapter {
 
     /// Sends `text` as [`render_parts`] splits it; the first part replies to `reply_to` (still
     /// sent if that message is gone). Returns the ids of all parts; an empty text is refused.
-    async fn send_message(
+    /// With a `key` each part carries a `nonce` derived from it and the part's index, with
+    /// `enforce_nonce`: Discord answers a part it already created (within a few minutes)
+    /// with that message instead of posting it again, so a send retried after a lost
+    /// answer or a restart shows each part once.
+    async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
+        key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, None).await
-    }
-
-    /// Like [`Platform::send_message`], each part carrying a `nonce` derived from `key` and
-    /// the part's index, with `enforce_nonce`: Discord answers a part it already created
-    /// (within a few minutes) with that message instead of posting it again, so a send
-    /// retried after a lost answer or a restart shows each part once.
-    async fn send_reply(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        reply_to: Option<&str>,
-        key: &str,
-    ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, Some(key)).await
+        self.send_parts(chat, text, reply_to, key).await
     }
 
     /// One `POST /channels/{id}/typing` (lasts ~10 s on Discord), not retried.

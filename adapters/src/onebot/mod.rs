@@ -511,24 +511,15 @@ impl Platform for OneBotAdapter {
     /// Sends `text` as plain text in parts; the first part replies to `reply_to` (and, in a
     /// group, `at`s whoever wrote it, when the adapter saw that message). Returns the ids
     /// of all parts; an empty text is refused.
-    async fn send_message(
+    /// A retry with the same `key` skips the parts already sent.
+    async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
+        key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, None).await
-    }
-
-    /// Like `send_message`; a retry with the same `key` skips the parts already sent.
-    async fn send_reply(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        reply_to: Option<&str>,
-        key: &str,
-    ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, Some(key)).await
+        self.send_parts(chat, text, reply_to, key).await
     }
 
     /// OneBot v11 has no typing indicator: nothing to do.

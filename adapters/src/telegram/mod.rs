@@ -322,24 +322,15 @@ impl Platform for TelegramAdapter {
     /// to `reply_to` (and is still sent if that message is gone), every part goes to the
     /// chat's topic. Returns the ids of all parts. An empty text is refused (Telegram would
     /// refuse it too).
-    async fn send_message(
+    /// A retry with the same `key` skips the parts already sent.
+    async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
+        key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, None).await
-    }
-
-    /// Like `send_message`; a retry with the same `key` skips the parts already sent.
-    async fn send_reply(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        reply_to: Option<&str>,
-        key: &str,
-    ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, Some(key)).await
+        self.send_parts(chat, text, reply_to, key).await
     }
 
     /// One `sendChatAction(typing)`, not retried: it is cosmetic and repeated by the caller.

@@ -273,7 +273,7 @@ async fn messages_are_normalized() {
     let in_thread = fake.message_create(THREAD, &bob(), "in a thread");
     let direct = fake.message(DM, &alice(), "hello in private").dm().push();
     let reply = adapter
-        .send_message(&channel(), "an answer", None)
+        .send(&channel(), "an answer", None, None)
         .await
         .expect("sent");
     let answer_id = reply.message_ids[0].clone();
@@ -366,7 +366,7 @@ async fn a_long_reply_arrives_in_parts_of_at_most_2000_characters() {
         .join("\n\n");
     assert!(text.chars().count() > 5000);
     let sent = adapter
-        .send_message(&channel(), &text, Some(&asked))
+        .send(&channel(), &text, Some(&asked), None)
         .await
         .expect("sent");
     assert!(sent.message_ids.len() >= 3, "{sent:?}");
@@ -397,7 +397,7 @@ async fn a_long_reply_arrives_in_parts_of_at_most_2000_characters() {
     assert_eq!(words(&joined), words(&text), "nothing lost");
     assert_safe_mentions(&parts);
     assert!(
-        adapter.send_message(&channel(), "  ", None).await.is_err(),
+        adapter.send(&channel(), "  ", None, None).await.is_err(),
         "empty text is refused"
     );
 }
@@ -407,7 +407,7 @@ async fn everyone_in_a_reply_does_not_ping() {
     let fake = fake().await;
     let adapter = connect(&fake).await;
     adapter
-        .send_message(&channel(), "@everyone @here look, <@&123> too", None)
+        .send(&channel(), "@everyone @here look, <@&123> too", None, None)
         .await
         .expect("sent");
     let sent = fake.sent_messages();
@@ -427,7 +427,7 @@ async fn everyone_in_a_reply_does_not_ping() {
     let mut config = config(&fake);
     config.allow_mass_mentions = true;
     let loud = DiscordAdapter::connect(config).await.expect("connects");
-    loud.send_message(&channel(), "@everyone meeting", None)
+    loud.send(&channel(), "@everyone meeting", None, None)
         .await
         .expect("sent");
     let sent = fake.sent_messages();
@@ -441,7 +441,7 @@ async fn a_reply_sent_twice_with_one_key_is_created_once() {
     let asked = fake.message_create(CHANNEL, &alice(), "tell me everything");
     let text = "All work and no play makes Jack a dull boy. ".repeat(60);
     let first = adapter
-        .send_reply(&channel(), &text, Some(&asked), "outbox-7")
+        .send(&channel(), &text, Some(&asked), Some("outbox-7"))
         .await
         .expect("sent");
     assert!(first.message_ids.len() >= 2, "{first:?}");
@@ -458,7 +458,7 @@ async fn a_reply_sent_twice_with_one_key_is_created_once() {
     // The outbox sends again (its answer was lost, or the daemon restarted): Discord hands
     // back the messages it made the first time.
     let again = adapter
-        .send_reply(&channel(), &text, Some(&asked), "outbox-7")
+        .send(&channel(), &text, Some(&asked), Some("outbox-7"))
         .await
         .expect("sent");
     assert_eq!(again.message_ids, first.message_ids);
@@ -470,7 +470,7 @@ async fn a_reply_sent_twice_with_one_key_is_created_once() {
 
     // Another reply, even with the same text, is new.
     let other = adapter
-        .send_reply(&channel(), &text, Some(&asked), "outbox-8")
+        .send(&channel(), &text, Some(&asked), Some("outbox-8"))
         .await
         .expect("sent");
     assert!(
@@ -481,8 +481,8 @@ async fn a_reply_sent_twice_with_one_key_is_created_once() {
     );
     assert_eq!(fake.sent_messages().len(), 2 * parts.len());
     // Plain sends carry no nonce and are never deduplicated.
-    adapter.send_message(&channel(), "hi", None).await.unwrap();
-    adapter.send_message(&channel(), "hi", None).await.unwrap();
+    adapter.send(&channel(), "hi", None, None).await.unwrap();
+    adapter.send(&channel(), "hi", None, None).await.unwrap();
     let sent = fake.sent_messages();
     assert_eq!(sent.len(), 2 * parts.len() + 2);
     assert!(sent.last().unwrap().body.get("nonce").is_none());
@@ -495,7 +495,7 @@ async fn rate_limits_are_honoured() {
     fake.fail_next("create_message", DiscordFailure::rate_limited(0.3));
     let start = Instant::now();
     adapter
-        .send_message(&channel(), "after the wait", None)
+        .send(&channel(), "after the wait", None, None)
         .await
         .expect("sent after the 429");
     assert!(start.elapsed() >= Duration::from_millis(300));
@@ -510,11 +510,11 @@ async fn rate_limits_are_honoured() {
     // A server error is retried; an unknown channel is not.
     fake.fail_next("create_message", DiscordFailure::server_error());
     adapter
-        .send_message(&channel(), "after a 500", None)
+        .send(&channel(), "after a 500", None, None)
         .await
         .expect("retried");
     let missing = adapter
-        .send_message(&ChatRef::new("discord", "123"), "x", None)
+        .send(&ChatRef::new("discord", "123"), "x", None, None)
         .await;
     assert!(
         matches!(missing, Err(PlatformError::NotFound(ref m)) if m.contains("Unknown Channel")),
@@ -532,7 +532,7 @@ async fn sends_to_one_channel_are_paced() {
     let start = Instant::now();
     for i in 0..3 {
         adapter
-            .send_message(&channel(), &format!("n{i}"), None)
+            .send(&channel(), &format!("n{i}"), None, None)
             .await
             .expect("sent");
     }

@@ -148,7 +148,7 @@ async fn a_wrong_token_is_refused_both_ways() {
     let messages = inbox.wait_for(1).await;
     assert_eq!(messages[0].text, "@parlor over the reverse link");
     let sent = adapter
-        .send_message(&group(), "back the same way", None)
+        .send(&group(), "back the same way", None, None)
         .await
         .unwrap();
     assert_eq!(fake.sent()[0].message_id.to_string(), sent.message_ids[0]);
@@ -227,7 +227,7 @@ async fn a_reverse_listener_needs_the_token_refuses_browsers_and_keeps_its_first
         .push();
     assert_eq!(inbox.wait_for(1).await[0].text, "@parlor still here");
     adapter
-        .send_message(&group(), "to the first", None)
+        .send(&group(), "to the first", None, None)
         .await
         .unwrap();
     assert_eq!(first.sent()[0].text(), "to the first");
@@ -243,7 +243,7 @@ async fn a_reverse_listener_needs_the_token_refuses_browsers_and_keeps_its_first
         .push();
     assert_eq!(inbox.wait_for(2).await[1].text, "@parlor from the second");
     adapter
-        .send_message(&group(), "to the second", None)
+        .send(&group(), "to the second", None, None)
         .await
         .unwrap();
     assert_eq!(second.sent()[0].text(), "to the second");
@@ -261,7 +261,12 @@ async fn a_reply_threads_to_the_question_and_ats_the_asker_and_an_answer_to_it_i
     inbox.wait_for(1).await;
 
     let sent = adapter
-        .send_reply(&group(), "**answer**", Some(&question.to_string()), "o1")
+        .send(
+            &group(),
+            "**answer**",
+            Some(&question.to_string()),
+            Some("o1"),
+        )
         .await
         .unwrap();
     let posted = &fake.sent()[0];
@@ -283,7 +288,12 @@ async fn a_reply_threads_to_the_question_and_ats_the_asker_and_an_answer_to_it_i
 
     // A private reply has no `at`.
     adapter
-        .send_message(&ChatRef::new("qq", "private:1001"), "psst", Some("77"))
+        .send(
+            &ChatRef::new("qq", "private:1001"),
+            "psst",
+            Some("77"),
+            None,
+        )
         .await
         .unwrap();
     let private = &fake.sent()[1];
@@ -492,7 +502,7 @@ async fn a_retcode_is_a_typed_error() {
         "send_group_msg",
         OneBotFailure::Retcode(100, "bad group".to_owned()),
     );
-    let refused = adapter.send_message(&group(), "hi", None).await;
+    let refused = adapter.send(&group(), "hi", None, None).await;
     assert!(
         matches!(&refused, Err(PlatformError::Refused(m)) if m.contains("retcode 100") && m.contains("bad group")),
         "{refused:?}"
@@ -507,7 +517,7 @@ async fn a_retcode_is_a_typed_error() {
         PlatformError::NotFound(_)
     ));
     let bad_chat = adapter
-        .send_message(&ChatRef::new("qq", "channel:1"), "hi", None)
+        .send(&ChatRef::new("qq", "channel:1"), "hi", None, None)
         .await;
     assert!(
         matches!(bad_chat, Err(PlatformError::NotFound(_))),
@@ -524,7 +534,7 @@ async fn a_dropped_connection_reconnects_and_loses_no_reply() {
     // The connection drops while the reply is in flight, before it was done.
     fake.fail_next("send_group_msg", OneBotFailure::Drop);
     let sent = adapter
-        .send_reply(&group(), "still here", None, "o7")
+        .send(&group(), "still here", None, Some("o7"))
         .await
         .unwrap();
     assert_eq!(fake.connections(), 2, "dialled again");
@@ -555,7 +565,7 @@ async fn a_draining_runtime_still_sends_its_last_replies_over_the_connection() {
     })
     .await;
     let sent = adapter
-        .send_reply(&group(), "the last reply", None, "o9")
+        .send(&group(), "the last reply", None, Some("o9"))
         .await
         .unwrap();
     let posted = fake.sent();
@@ -594,11 +604,11 @@ async fn long_replies_are_split_and_posts_into_a_group_are_paced() {
     let text = "word ".repeat(50);
     let other = ChatRef::new("qq", "group:556");
     let chat = group();
-    let (long, quick) = tokio::join!(adapter.send_reply(&chat, &text, Some("9"), "o1"), async {
+    let (long, quick) = tokio::join!(adapter.send(&chat, &text, Some("9"), Some("o1")), async {
         // Another group is not held up by the first one's pacing: posted once the first part
         // is out, it goes before the second.
         fake.wait_for_sent(1, WAIT).await.unwrap();
-        adapter.send_message(&other, "elsewhere", None).await
+        adapter.send(&other, "elsewhere", None, None).await
     });
     let long = long.unwrap();
     quick.unwrap();

@@ -680,7 +680,7 @@ async fn a_long_answer_is_split_and_threaded_to_the_question() {
     let text = "all work and no play makes a long answer ".repeat(225); // 9225 chars
 
     let sent = adapter
-        .send_message(&group(), &text, Some(&asked.to_string()))
+        .send(&group(), &text, Some(&asked.to_string()), None)
         .await
         .expect("sent");
     assert_eq!(sent.message_ids.len(), 3);
@@ -719,7 +719,7 @@ async fn a_retried_long_reply_sends_only_the_parts_that_are_missing() {
     let text = "all work and no play makes a long answer ".repeat(225); // 3 parts
     // The second part is held by a retry_after longer than the adapter waits itself.
     fake.fail_after("sendMessage", 1, Failure::RetryAfter(3600));
-    let first = adapter.send_reply(&group(), &text, None, "o7").await;
+    let first = adapter.send(&group(), &text, None, Some("o7")).await;
     assert!(
         matches!(first, Err(PlatformError::RateLimited(_))),
         "{first:?}"
@@ -729,7 +729,7 @@ async fn a_retried_long_reply_sends_only_the_parts_that_are_missing() {
 
     // The outbox retries the same reply: only parts two and three are sent now.
     let sent = adapter
-        .send_reply(&group(), &text, None, "o7")
+        .send(&group(), &text, None, Some("o7"))
         .await
         .expect("sent");
     let recorded = fake.sent_messages();
@@ -748,7 +748,7 @@ async fn a_retried_long_reply_sends_only_the_parts_that_are_missing() {
 
     // Another reply starts from its own first part.
     adapter
-        .send_reply(&group(), "short", None, "o8")
+        .send(&group(), "short", None, Some("o8"))
         .await
         .expect("sent");
     assert_eq!(fake.sent_messages().len(), 4);
@@ -761,7 +761,7 @@ async fn answers_go_to_the_topic_and_survive_a_deleted_original() {
     let topic = group().in_thread("7");
     // Message 999 does not exist (deleted): the answer still goes out.
     adapter
-        .send_message(&topic, "here you go", Some("999"))
+        .send(&topic, "here you go", Some("999"), None)
         .await
         .expect("sent without the reply");
     let sent = fake.sent_messages();
@@ -792,7 +792,7 @@ async fn retry_after_on_send_message_is_honoured() {
     fake.fail_next("sendMessage", Failure::RetryAfter(1));
     let started = Instant::now();
     let sent = adapter
-        .send_message(&group(), "after the flood", None)
+        .send(&group(), "after the flood", None, None)
         .await
         .expect("sent on the second try");
     assert!(started.elapsed() >= Duration::from_secs(1));
@@ -807,7 +807,7 @@ async fn send_errors_map_to_platform_errors() {
     // Never seen: Telegram answers "chat not found".
     let unknown = ChatRef::new("telegram", "-100999");
     assert!(matches!(
-        adapter.send_message(&unknown, "hello?", None).await,
+        adapter.send(&unknown, "hello?", None, None).await,
         Err(PlatformError::NotFound(_))
     ));
     fake.group_chat(GROUP, "Parlor test");
@@ -816,22 +816,22 @@ async fn send_errors_map_to_platform_errors() {
         Failure::BadRequest("not enough rights to send text messages to the chat".to_owned()),
     );
     assert!(matches!(
-        adapter.send_message(&group(), "hello?", None).await,
+        adapter.send(&group(), "hello?", None, None).await,
         Err(PlatformError::Refused(message)) if message.contains("not enough rights")
     ));
     assert!(matches!(
-        adapter.send_message(&group(), " \n ", None).await,
+        adapter.send(&group(), " \n ", None, None).await,
         Err(PlatformError::Refused(_))
     ));
     assert!(matches!(
         adapter
-            .send_message(&ChatRef::new("discord", "1"), "hi", None)
+            .send(&ChatRef::new("discord", "1"), "hi", None, None)
             .await,
         Err(PlatformError::Refused(_))
     ));
     assert!(matches!(
         adapter
-            .send_message(&ChatRef::new("telegram", "abc"), "hi", None)
+            .send(&ChatRef::new("telegram", "abc"), "hi", None, None)
             .await,
         Err(PlatformError::NotFound(_))
     ));

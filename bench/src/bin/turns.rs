@@ -382,15 +382,16 @@ impl Platform for CountingPlatform {
         self.inner.name()
     }
 
-    async fn send_message(
+    async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
+        key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
         let parts = parlor_render::telegram::render(text);
         std::hint::black_box(&parts);
-        let sent = self.inner.send_message(chat, text, reply_to).await;
+        let sent = self.inner.send(chat, text, reply_to, key).await;
         self.sent.send_modify(|n| *n += 1);
         sent
     }

@@ -4,12 +4,12 @@
 //! only when the platform refuses it for good (chat gone, bot removed: logged as an error
 //! for the operator). One chat's rate limit or outage holds only its own lane.
 //!
-//! Each send carries the row's id as an idempotency key ([`Platform::send_reply`]), so
+//! Each send carries the row's id as an idempotency key ([`Platform::send`]), so
 //! where the platform supports it a retried send that was in fact accepted is not doubled.
 //! On shutdown a lane stops at the end of the grace period; its rows stay unsent and are
 //! sent after the next start.
 //!
-//! [`Platform::send_reply`]: crate::platform::Platform::send_reply
+//! [`Platform::send`]: crate::platform::Platform::send
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
@@ -139,7 +139,12 @@ impl SessionManager {
         loop {
             let attempt = tokio::time::timeout(
                 SEND_TIMEOUT,
-                platform.send_reply(&entry.chat, &entry.text, entry.reply_to.as_deref(), &key),
+                platform.send(
+                    &entry.chat,
+                    &entry.text,
+                    entry.reply_to.as_deref(),
+                    Some(&key),
+                ),
             );
             let result = tokio::select! {
                 biased;
