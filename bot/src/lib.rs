@@ -39,4 +39,5 @@ pub mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod text;
+pub mod time;
 pub mod tool;

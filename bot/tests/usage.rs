@@ -157,3 +157,35 @@ async fn a_spent_budget_stops_turns_and_is_told_once_a_day() {
     // Turns that did not run leave no trace.
     assert_eq!(trace::recent(rig.store.as_ref(), &key).unwrap().len(), 2);
 }
+
+/// The sessions read wall time from `SessionConfig::wall_time`: anchored to paused tokio
+/// time, a spent budget opens again when a day of paused time has passed, and the new
+/// day's usage is counted on its own date.
+#[tokio::test(start_paused = true)]
+async fn a_spent_budget_opens_again_the_next_day_of_the_sessions_clock() {
+    use chrono::TimeZone;
+    let start = chrono::Utc
+        .with_ymd_and_hms(2026, 3, 2, 23, 0, 0)
+        .single()
+        .unwrap();
+    let rig = rig(SessionConfig {
+        daily_tokens_per_chat: Some(10),
+        wall_time: parlor_bot::time::WallTime::anchored_at(start),
+        ..SessionConfig::default()
+    });
+    let key = group().session_key();
+    rig.say(1, "@parlor one").await;
+    rig.platform.wait_sent(1).await;
+    rig.say(2, "@parlor two").await;
+    let sent = rig.platform.wait_sent(2).await;
+    assert_eq!(sent[1].text, BUDGET_NOTICE);
+    tokio::time::advance(std::time::Duration::from_secs(2 * 3600)).await;
+    rig.say(3, "@parlor three").await;
+    let sent = rig.platform.wait_sent(3).await;
+    assert_eq!(sent[2].text, "fine", "a new day, a new budget");
+    let first = usage::day_usage(rig.store.as_ref(), start.date_naive(), &key).unwrap();
+    let next = start.date_naive().succ_opt().unwrap();
+    let second = usage::day_usage(rig.store.as_ref(), next, &key).unwrap();
+    assert_eq!((first.turns, first.budget_told), (1, true));
+    assert_eq!((second.turns, second.budget_told), (1, false));
+}

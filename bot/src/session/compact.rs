@@ -105,7 +105,7 @@ impl SessionManager {
                 dropped: from,
                 summary: Summary {
                     text,
-                    made: chrono::Utc::now(),
+                    made: self.now(),
                     messages: previous.map_or(0, |s| s.messages) + from,
                 },
                 kept_turns: turns_in(&history[from..]),
@@ -122,8 +122,8 @@ impl SessionManager {
             return;
         }
         let store = self.inner.store.as_ref();
-        let written =
-            super::usage::add_tokens(store, session, usage).and_then(|write| match &write.value {
+        let written = super::usage::add_tokens(store, self.now().date_naive(), session, usage)
+            .and_then(|write| match &write.value {
                 Some(value) => store.kv_put(&write.space, &write.key, value),
                 None => Ok(()),
             });

@@ -275,7 +275,7 @@ impl SessionManager {
             text: line,
             reply_to: Some(message.message_id.clone()),
             images: message.images.clone(),
-            received: chrono::Utc::now(),
+            received: self.now(),
             private,
         };
         let mut item = QueueItem::from_pending(pending.clone());

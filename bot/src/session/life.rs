@@ -199,7 +199,7 @@ impl SessionManager {
             title,
             present: true,
             status: "member".to_owned(),
-            since: Utc::now(),
+            since: self.now(),
         };
         store
             .set_chat_status(&record, Vec::new(), Vec::new())

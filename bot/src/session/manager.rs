@@ -72,6 +72,9 @@ pub struct SessionConfig {
     pub commands_per_member_per_minute: usize,
     /// The same for a whole chat.
     pub commands_per_chat_per_minute: usize,
+    /// Where the sessions read wall time (arrival times, the day usage counts in, auto-chat's
+    /// hourly limit, traces): the system clock; tests anchor it to paused tokio time.
+    pub wall_time: crate::time::WallTime,
 }
 
 impl Default for SessionConfig {
@@ -95,6 +98,7 @@ impl Default for SessionConfig {
             auto_chat: Vec::new(),
             commands_per_member_per_minute: 3,
             commands_per_chat_per_minute: 10,
+            wall_time: crate::time::WallTime::system(),
         }
     }
 }
@@ -297,6 +301,11 @@ impl SessionManager {
         self.lock_sessions().get(key).cloned()
     }
 
+    /// What time it is, by [`SessionConfig::wall_time`].
+    pub(super) fn now(&self) -> chrono::DateTime<Utc> {
+        self.inner.config.wall_time.now()
+    }
+
     pub(super) fn platform(&self, chat: &ChatRef) -> Option<&Arc<dyn Platform>> {
         self.inner.platforms.get(&chat.platform)
     }
@@ -398,7 +407,7 @@ impl SessionManager {
             text,
             reply_to: None,
             images: Vec::new(),
-            received: Utc::now(),
+            received: self.now(),
             private: false,
         };
         let mut item = QueueItem::from_pending(pending.clone());

@@ -200,7 +200,7 @@ impl SessionManager {
             text: line.clone(),
             reply_to: None,
             images: Vec::new(),
-            received: Utc::now(),
+            received: self.now(),
             private: false,
         };
         let store_error = |e: StoreError| crate::platform::InboxError::Store(e.to_string());
@@ -340,7 +340,7 @@ impl QuietSpeech for QuietTurn {
             }),
             None => SendCounts::default(),
         };
-        let now = Utc::now();
+        let now = self.manager.now();
         let hour = chrono::Duration::hours(1);
         counts
             .sent

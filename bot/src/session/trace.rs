@@ -279,6 +279,7 @@ impl SessionManager {
         }
         writes.push(usage::add(
             store,
+            self.now().date_naive(),
             session,
             facts.map(|f| &f.usage),
             budget_told,
@@ -299,7 +300,7 @@ impl SessionManager {
             TraceHead::default()
         });
         let seq = head.next;
-        let now = Utc::now();
+        let now = self.now();
         let trace = TurnTrace {
             v: 1,
             seq,

@@ -49,7 +49,7 @@ impl SessionManager {
         // Dropped unanswered wherever the turn is abandoned: its submitter learns that.
         let mut done = std::mem::take(&mut item.done);
         let cancel = self.inner.abort.child_token();
-        let started = chrono::Utc::now();
+        let started = self.now();
         // Before the turn reads the history: a change to it from here on is not in what
         // the turn commits on top of.
         let changes_before;

@@ -43,7 +43,8 @@ pub fn usage_key(day: NaiveDate, session: &str) -> String {
     format!("{day}|{session}")
 }
 
-/// Today, as usage counts it.
+/// Today by the system clock, as usage counts it (the console's view); the sessions count
+/// by their [`SessionConfig::wall_time`](super::SessionConfig::wall_time).
 pub fn today() -> NaiveDate {
     Utc::now().date_naive()
 }
@@ -81,31 +82,33 @@ pub fn all_on(store: &dyn Store, day: NaiveDate) -> Result<Vec<(String, DayUsage
 /// day; the turn count stays.
 pub(super) fn add_tokens(
     store: &dyn Store,
+    day: NaiveDate,
     session: &str,
     usage: &Usage,
 ) -> Result<KvWrite, StoreError> {
-    add_to(store, session, Some(usage), false, false)
+    add_to(store, day, session, Some(usage), false, false)
 }
 
 /// The write that adds one turn's `usage` (and the budget notice, when `told`) to
 /// `session`'s day.
 pub(super) fn add(
     store: &dyn Store,
+    day: NaiveDate,
     session: &str,
     usage: Option<&Usage>,
     told: bool,
 ) -> Result<KvWrite, StoreError> {
-    add_to(store, session, usage, told, true)
+    add_to(store, day, session, usage, told, true)
 }
 
 fn add_to(
     store: &dyn Store,
+    day: NaiveDate,
     session: &str,
     usage: Option<&Usage>,
     told: bool,
     a_turn: bool,
 ) -> Result<KvWrite, StoreError> {
-    let day = today();
     // An unreadable record must not keep the turn from committing: the day counts afresh.
     let mut record = day_usage(store, day, session).unwrap_or_else(|e| {
         tracing::warn!(session, error = %e, "unreadable usage record; today's count starts over");
@@ -149,7 +152,7 @@ impl SessionManager {
         let Some(limit) = self.inner.config.daily_tokens_per_chat else {
             return Budget::Open;
         };
-        match day_usage(self.inner.store.as_ref(), today(), session) {
+        match day_usage(self.inner.store.as_ref(), self.now().date_naive(), session) {
             Ok(day) if day.total_tokens >= limit => Budget::Spent {
                 told: day.budget_told,
             },
@@ -168,8 +171,8 @@ impl SessionManager {
 
     /// `session`'s tokens today and the daily limit, for `/status` and the console.
     pub fn tokens_today(&self, session: &str) -> (u64, Option<u64>) {
-        let used =
-            day_usage(self.inner.store.as_ref(), today(), session).map_or(0, |d| d.total_tokens);
+        let used = day_usage(self.inner.store.as_ref(), self.now().date_naive(), session)
+            .map_or(0, |d| d.total_tokens);
         (used, self.inner.config.daily_tokens_per_chat)
     }
 }
