@@ -61,6 +61,21 @@ async fn wait_for<T: Clone>(
     }
 }
 
+/// Polls `done` every 10 ms of tokio time until it holds, for at most `within`; panics
+/// naming `what` when it never did. Only for a state no double signals (a child process, a
+/// file, a row the code under test writes): a double's `wait_*` waits for the event itself.
+pub async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(within, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        panic!("{what}: not within {within:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The model
 
@@ -530,6 +545,16 @@ impl TestPlatform {
         match wait_for(&self.sent, limit, |sent| sent.len() >= n).await {
             Some(sent) => sent,
             None => panic!("expected {n} sent messages, got {:?}", self.sent()),
+        }
+    }
+
+    /// Waits until a message that `this` accepts was taken, for at most [`WAIT_LIMIT`];
+    /// every message so far. A later message into the same chat answered (a sentinel) is
+    /// how a test knows that nothing else went out before it.
+    pub async fn wait_sent_where(&self, this: impl Fn(&Sent) -> bool) -> Vec<Sent> {
+        match wait_for(&self.sent, WAIT_LIMIT, |sent| sent.iter().any(&this)).await {
+            Some(sent) => sent,
+            None => panic!("the awaited message was not sent: {:?}", self.sent()),
         }
     }
 

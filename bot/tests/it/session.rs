@@ -14,7 +14,8 @@ use parlor_bot::platform::{
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{
-    CrashStore, PNG_1X1, ScriptedLlm, TestPlatform, message, toolless_manager,
+    CrashStore, PNG_1X1, ScriptedLlm, Sent, TestPlatform, WAIT_LIMIT, message, toolless_manager,
+    wait_until,
 };
 use parlor_bot::tool::ToolRegistry;
 
@@ -107,7 +108,19 @@ impl Rig {
     async fn say(&self, id: u32, who: &str, text: &str) {
         self.deliver(msg(id, who, text)).await;
     }
+
+    /// Says `@parlor sentinel` (message `id`, from zed) and waits for its reply; every message
+    /// so far. The group's inputs are served in order, so whatever came before it is done by
+    /// then: how a test sees that nothing else happened. A gated model needs a permit for it.
+    async fn sentinel(&self, id: u32) -> Vec<Sent> {
+        self.say(id, "zed", "@parlor sentinel").await;
+        let reply = format!("reply: {SENTINEL}");
+        self.platform.wait_sent_where(|s| s.text == reply).await
+    }
 }
+
+/// The sentinel's input, as its turn shows it.
+const SENTINEL: &str = "zed (test:zed): @parlor sentinel";
 
 #[tokio::test]
 async fn a_mention_gets_a_threaded_reply_and_other_messages_are_only_recorded() {
@@ -162,13 +175,11 @@ async fn replies_to_the_bot_and_dms_are_addressed_but_bots_are_ignored() {
     let mut other_bot = msg(3, "otherbot", "@parlor ping");
     other_bot.sender.is_bot = true;
     rig.deliver(other_bot).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(
-        rig.platform.sent().len(),
-        2,
-        "a bot's mention starts no turn"
-    );
-    assert_eq!(rig.llm.user_inputs().len(), 2);
+    let sent = rig.sentinel(4).await;
+    assert_eq!(sent.len(), 3, "a bot's mention starts no turn: {sent:?}");
+    let inputs = rig.llm.user_inputs();
+    assert_eq!(inputs.len(), 3, "{inputs:?}");
+    assert_eq!(inputs[2], SENTINEL, "nor joins the next one");
 }
 
 #[tokio::test]
@@ -184,9 +195,13 @@ async fn a_burst_during_a_slow_turn_becomes_one_turn_with_every_sender() {
     }
     rig.llm.release(100);
     let sent = rig.platform.wait_sent(2).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    rig.sentinel(99).await;
     let inputs = rig.llm.user_inputs();
-    assert!(inputs.len() <= 3, "at most 2 further turns: {inputs:?}");
+    let burst = inputs[1..]
+        .iter()
+        .filter(|i| i.contains("question"))
+        .count();
+    assert!(burst <= 2, "at most 2 further turns: {inputs:?}");
     let merged = inputs[1..].join("\n");
     for i in 0..20 {
         assert!(
@@ -205,8 +220,9 @@ async fn duplicate_deliveries_are_answered_once() {
     rig.say(5, "alice", "@parlor once").await;
     rig.say(5, "alice", "@parlor once").await;
     rig.platform.wait_sent(1).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(rig.platform.sent().len(), 1);
+    let sent = rig.sentinel(6).await;
+    assert_eq!(sent.len(), 2, "once, then the sentinel: {sent:?}");
+    assert_eq!(rig.llm.user_inputs().len(), 2);
 }
 
 #[tokio::test]
@@ -217,23 +233,26 @@ async fn stop_cancels_the_running_turn_and_reset_forgets() {
     rig.say(2, "alice", "/stop").await;
     let sent = rig.platform.wait_sent(1).await;
     assert_eq!(sent[0].text, "Stopped.");
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        rig.platform.sent().len(),
-        1,
-        "a stopped turn sends no reply"
-    );
+    rig.llm.release(1);
+    let sent = rig.sentinel(9).await;
+    assert_eq!(sent.len(), 2, "a stopped turn sends no reply: {sent:?}");
     assert!(
         rig.store.pending().unwrap().is_empty(),
         "a stopped input is done"
     );
-    // The cancelled turn's user message is kept: the history shows what was asked.
-    assert_eq!(rig.store.load_history("test:-100").unwrap().len(), 1);
+    // The cancelled turn's user message is kept: the history shows what was asked (then
+    // the sentinel's turn).
+    let history = rig.store.load_history("test:-100").unwrap();
+    assert_eq!(history.len(), 3, "{history:?}");
+    assert_eq!(
+        history[0],
+        Message::user("alice (test:alice): @parlor long task")
+    );
 
     // /reset in a group needs an admin.
     rig.say(3, "alice", "/reset").await;
-    let sent = rig.platform.wait_sent(2).await;
-    assert_eq!(sent[1].text, "Only an admin can reset this chat.");
+    let sent = rig.platform.wait_sent(3).await;
+    assert_eq!(sent[2].text, "Only an admin can reset this chat.");
 
     let admin = rig_with(
         rig.store.clone(),
@@ -263,9 +282,13 @@ async fn help_and_status_answer_without_the_model() {
         "{}",
         sent[1].text
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(rig.platform.sent().len(), 2);
-    assert!(rig.llm.user_inputs().is_empty());
+    let sent = rig.sentinel(4).await;
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    assert_eq!(
+        rig.llm.user_inputs(),
+        [SENTINEL],
+        "only the sentinel asked the model"
+    );
 }
 
 #[tokio::test]
@@ -324,9 +347,9 @@ async fn after_a_crash_pending_inputs_resume_once_and_unsent_replies_go_out() {
         sent[0].text,
         "reply: alice (test:alice): @parlor are you there?"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(second.platform.sent().len(), 1, "answered once");
-    assert_eq!(llm2.user_inputs().len(), 1);
+    let sent = second.sentinel(2).await;
+    assert_eq!(sent.len(), 2, "answered once: {sent:?}");
+    assert_eq!(llm2.user_inputs().len(), 2);
     assert!(store.pending().unwrap().is_empty());
 }
 
@@ -735,10 +758,11 @@ async fn notices_merge_while_busy_and_a_withdrawn_one_is_never_delivered() {
     );
     rig.llm.release(100);
     rig.platform.wait_sent(2).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    rig.sentinel(2).await;
     let inputs = rig.llm.user_inputs();
-    assert_eq!(inputs.len(), 2, "{inputs:?}");
+    assert_eq!(inputs.len(), 3, "{inputs:?}");
     assert_eq!(inputs[1], "<R>a</R>\n<R>c</R>");
+    assert_eq!(inputs[2], SENTINEL);
     assert!(rig.store.pending().unwrap().is_empty());
     let _ = (a, c);
 }
@@ -848,9 +872,7 @@ async fn a_reply_the_platform_refuses_for_good_is_given_up_with_its_reason() {
         .deliver(msg(1, "alice", "@parlor hi"))
         .await
         .unwrap();
-    while !manager.is_idle() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until("idle", WAIT_LIMIT, || manager.is_idle()).await;
     assert!(store.unsent_outbox().unwrap().is_empty(), "given up");
     assert!(store.pending().unwrap().is_empty());
 }
@@ -896,12 +918,10 @@ async fn eviction_racing_delivery_never_makes_two_actors_for_one_chat() {
     for s in senders {
         s.await.unwrap();
     }
-    for _ in 0..3000 {
-        if rig.manager.is_idle() && rig.manager.stats().actors_running == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until("every actor ended", Duration::from_secs(30), || {
+        rig.manager.is_idle() && rig.manager.stats().actors_running == 0
+    })
+    .await;
     let stats = rig.manager.stats();
     eprintln!("eviction race: {stats:?}");
     assert_eq!(stats.double_actors, 0, "{stats:?}");
@@ -958,13 +978,12 @@ async fn a_kill_after_any_store_write_loses_no_message_and_repeats_none_but_the_
         for m in &traffic {
             after.deliver(m.clone()).await;
         }
-        for _ in 0..1000 {
-            if after.manager.is_idle() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(after.manager.is_idle(), "limit {limit}: everything settles");
+        wait_until(
+            &format!("limit {limit}: everything settles"),
+            WAIT_LIMIT,
+            || after.manager.is_idle(),
+        )
+        .await;
         let sent: Vec<_> = before
             .sent()
             .into_iter()
@@ -1061,8 +1080,10 @@ async fn an_edit_while_waiting_changes_the_turn_and_an_edit_after_only_the_log()
         rig.store.get_message(&key, "1").unwrap().unwrap().text,
         "@parlor first, edited"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(rig.llm.user_inputs().len(), 2);
+    rig.sentinel(3).await;
+    let inputs = rig.llm.user_inputs();
+    assert_eq!(inputs.len(), 3, "{inputs:?}");
+    assert_eq!(inputs[2], SENTINEL);
     assert!(rig.store.pending().unwrap().is_empty());
 }
 
