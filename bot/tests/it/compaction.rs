@@ -12,7 +12,8 @@ use parlor_bot::platform::{ChatRef, Inbox, IncomingMessage};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::testing::{
-    ScriptedLlm, TestPlatform, echo, is_summary_request, last_text, message, text, toolless_manager,
+    ScriptedLlm, TestPlatform, WAIT_LIMIT, echo, is_summary_request, last_text, message, text,
+    toolless_manager, wait_until,
 };
 
 const KEY: &str = "test:-100";
@@ -408,12 +409,10 @@ async fn an_idle_session_is_compacted_before_it_leaves_memory_without_a_notice()
     rig.store.save_history(KEY, &old_turns(4400)).unwrap();
     rig.say(1, "carol", "@parlor hi").await;
     rig.platform.wait_sent(1).await;
-    for _ in 0..500 {
-        if rig.manager.stats().evictions > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until("the idle session left memory", WAIT_LIMIT, || {
+        rig.manager.stats().evictions > 0
+    })
+    .await;
     assert_eq!(rig.manager.stats().evictions, 1);
     assert_eq!(rig.summary_requests().len(), 1);
     assert_eq!(store.load_summary(KEY).unwrap().unwrap().text, SUMMARY);

@@ -18,6 +18,7 @@ use parlor_bot::llm::{
     ChatRequest, Completion, LlmBackend, LlmError, Message, OpenAiClient, OpenAiConfig,
     RetryPolicy, Retrying, ToolCall, ToolChoice, ToolDef,
 };
+use parlor_bot::testing::{WAIT_LIMIT, wait_until};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -385,12 +386,16 @@ async fn a_stream_that_never_ends_hits_the_request_timeout() {
 
 #[tokio::test]
 async fn cancelling_ends_the_request_at_once() {
-    let (_fake, addr) = serve(vec![Reply::Stall(format!("data: {CHUNK}\n\n"))]).await;
+    let (fake, addr) = serve(vec![Reply::Stall(format!("data: {CHUNK}\n\n"))]).await;
     let client = OpenAiClient::with_retries(config(addr)).unwrap();
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();
+    // Cancelled once the request is at the server, which then keeps it open.
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        wait_until("the request reached the fake", WAIT_LIMIT, || {
+            fake.hits() == 1
+        })
+        .await;
         trigger.cancel();
     });
     let started = Instant::now();
