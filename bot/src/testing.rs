@@ -76,6 +76,13 @@ pub async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> 
     }
 }
 
+/// Waits until `manager` [is idle](SessionManager::is_idle) (nothing queued or running, no
+/// input pending, no reply unsent), for at most [`WAIT_LIMIT`]: the sessions settled, where
+/// no later message of the chat can serve as a sentinel.
+pub async fn wait_idle(manager: &crate::session::SessionManager) {
+    wait_until("the sessions settled", WAIT_LIMIT, || manager.is_idle()).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // The model
 

@@ -6,10 +6,10 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::MemoryStore;
+use parlor_bot::testing::{WAIT_LIMIT, wait_until};
 use parlor_bot::tool::{Caller, Role, ToolContext, ToolInvocation, ToolSet};
 use parlor_toolsets::terminal::{TaskStatus, TerminalConfig, TerminalService, terminal_toolset};
 use serde_json::json;
@@ -82,17 +82,13 @@ fn env_inside_the_shell_and_tasks_shows_no_secret() {
             .as_str()
             .unwrap()
             .to_owned();
-        let mut row = None;
-        for _ in 0..200 {
-            row = service
+        let ended = || {
+            service
                 .task(&chat.session_key(), &id)
-                .filter(|r| r.status != TaskStatus::Running);
-            if row.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let row = row.expect("the task ended");
+                .filter(|r| r.status != TaskStatus::Running)
+        };
+        wait_until("the task ending", WAIT_LIMIT, || ended().is_some()).await;
+        let row = ended().unwrap();
         let log = std::fs::read_to_string(&row.log_path).unwrap();
         assert!(log.contains("PATH="), "{log}");
         assert!(!log.contains("secret"), "{log}");

@@ -14,7 +14,9 @@ use parlor_bot::llm::{Completion, Message, Usage};
 use parlor_bot::platform::{ChatRef, Inbox, Platform};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::testing::{ScriptedLlm, TestPlatform, calls, message, text, tool_results};
+use parlor_bot::testing::{
+    ScriptedLlm, TestPlatform, WAIT_LIMIT, calls, message, text, tool_results, wait_until,
+};
 use parlor_bot::tool::{
     Caller, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSetBridge,
 };
@@ -151,19 +153,18 @@ async fn wait_status(
     id: &str,
     status: SubagentStatus,
 ) -> SubagentRecord {
-    for _ in 0..2000 {
-        if let Some(row) = service.row(&group().session_key(), id)
-            && row.status == status
-            && service.running() == 0
-        {
-            return row;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!(
-        "sub-agent {id} never reached {status:?}: {:?}",
-        service.row(&group().session_key(), id)
-    );
+    let reached = || {
+        service
+            .row(&group().session_key(), id)
+            .filter(|row| row.status == status && service.running() == 0)
+    };
+    wait_until(
+        &format!("sub-agent {id} reaching {status:?}"),
+        WAIT_LIMIT,
+        || reached().is_some(),
+    )
+    .await;
+    reached().unwrap()
 }
 
 fn with_usage(mut c: Completion, total: u64) -> Completion {

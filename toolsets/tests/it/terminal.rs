@@ -15,7 +15,7 @@ use parlor_bot::llm::{ChatRequest, Completion, Message, ToolCall};
 use parlor_bot::platform::{ChatRef, Inbox, IncomingMessage, Platform};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::testing::{ScriptedLlm, TestPlatform, message};
+use parlor_bot::testing::{ScriptedLlm, TestPlatform, WAIT_LIMIT, message, wait_idle, wait_until};
 use parlor_bot::tool::{
     Caller, Grant, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet,
 };
@@ -113,32 +113,48 @@ fn rig() -> Rig {
     rig_with(|_| {})
 }
 
+/// Waits until task `id` ended as `want` and its process is reaped, for at most 10 s. (It
+/// polls: the row is the service's state, with no event for a test.)
 async fn wait_status(service: &TerminalService, id: &str, want: TaskStatus) -> TaskRecord {
     let session = group().session_key();
-    for _ in 0..1000 {
-        if let Some(row) = service.task(&session, id)
-            && row.status == want
-            && !service.is_live(id)
-        {
-            return row;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "task {id} never became {want:?}: {:?}",
-        service.task(&session, id)
-    );
+    let ended = || {
+        service
+            .task(&session, id)
+            .filter(|row| row.status == want && !service.is_live(id))
+    };
+    wait_until(&format!("task {id} becoming {want:?}"), WAIT_LIMIT, || {
+        ended().is_some()
+    })
+    .await;
+    ended().unwrap()
 }
 
 /// Waits until process `pid` is gone, for at most 6 s. (It polls: the end of a process that
 /// is not our child has no event to wait on.)
 async fn wait_gone(pid: u32) {
-    for _ in 0..600 {
-        if !process_alive(pid) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until(
+        &format!("process {pid} gone"),
+        Duration::from_secs(6),
+        || !process_alive(pid),
+    )
+    .await;
+}
+
+/// Waits until the file at `path` holds a whole line (a pid a command wrote), for at most
+/// 3 s; the number on it.
+async fn wait_pid_file(path: &std::path::Path) -> u32 {
+    let written = || std::fs::read_to_string(path).is_ok_and(|s| s.ends_with('\n'));
+    wait_until(
+        &format!("{} written", path.display()),
+        Duration::from_secs(3),
+        written,
+    )
+    .await;
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 async fn start_bg(tools: &dyn ToolSet, command: &str, description: &str) -> String {
@@ -307,15 +323,20 @@ async fn cancellation_interrupts_and_a_dropped_call_leaves_no_process() {
     let rig = rig();
     let cx = admin();
     let cancel = cx.cancel.clone();
+    // Cancelled once the command is past its echo (it marks that with a file).
+    let started = rig
+        .service
+        .workspace(&group().session_key())
+        .join("started");
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        wait_until("the command started", WAIT_LIMIT, || started.exists()).await;
         cancel.cancel();
     });
     let r = call(
         &*rig.tools,
         &cx,
         "shell",
-        json!({"command": "echo hi; sleep 30"}),
+        json!({"command": "echo hi; : > started; sleep 30"}),
     )
     .await;
     assert_eq!(r.code(), Some("CANCELLED"), "{r:?}");
@@ -330,12 +351,11 @@ async fn cancellation_interrupts_and_a_dropped_call_leaves_no_process() {
         "shell",
         json!({"command": "sleep 1000 & echo $! > pid; sleep 30"}),
     );
-    let _ = tokio::time::timeout(Duration::from_millis(500), fut).await;
-    let pid: u32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    // Dropped once the command wrote its child's pid.
+    let pid = tokio::select! {
+        r = fut => panic!("the call ended by itself: {r:?}"),
+        pid = wait_pid_file(&pidfile) => pid,
+    };
     wait_gone(pid).await;
     assert!(!process_alive(pid), "{pid} outlived the dropped call");
     let r = call(
@@ -449,12 +469,12 @@ async fn a_background_notice_arrives_once_escaped_and_capped() {
         row.log_path
             .starts_with(rig.service.config().data_dir.join("task_logs"))
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(rig.notes.notices().len(), 1, "delivered once");
 
-    // A failure is reported as failed, with its exit code.
+    // A failure is reported as failed, with its exit code; its notice is the next one (the
+    // first was delivered once).
     let id = start_bg(&*rig.tools, "echo oops; exit 3", "fail").await;
     let notices = rig.notes.wait_notices(2).await;
+    assert_eq!(notices.len(), 2, "delivered once: {notices:?}");
     assert!(notices[1].text.contains(&format!(
         "<task_id>{id}</task_id><status>failed</status><exit_code>3</exit_code>"
     )));
@@ -465,6 +485,8 @@ async fn a_background_notice_arrives_once_escaped_and_capped() {
     assert_eq!(tasks[0]["task_id"], id.as_str(), "newest first");
     assert_eq!(tasks[0]["status"], "failed");
     assert_eq!(tasks[1]["status"], "completed");
+    wait_status(&rig.service, &id, TaskStatus::Failed).await;
+    assert_eq!(rig.notes.notices().len(), 2, "each delivered once");
 }
 
 #[tokio::test]
@@ -511,17 +533,7 @@ async fn task_stop_kills_the_group_and_sends_no_notice() {
     let r = call(&*rig.tools, &admin(), "task_output", json!({"task_id": id})).await;
     assert_eq!(data(&r)["status"], "running");
     let childfile = rig.service.workspace(&group().session_key()).join("child");
-    for _ in 0..300 {
-        if std::fs::read_to_string(&childfile).is_ok_and(|s| s.ends_with('\n')) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let child: u32 = std::fs::read_to_string(&childfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let child = wait_pid_file(&childfile).await;
     let row = rig.service.task(&group().session_key(), &id).unwrap();
 
     let r = call(&*rig.tools, &admin(), "task_stop", json!({"task_id": id})).await;
@@ -530,10 +542,19 @@ async fn task_stop_kills_the_group_and_sends_no_notice() {
     assert!(!process_alive(row.pgid));
     wait_gone(child).await;
     assert!(!process_alive(child), "the task's child survived task_stop");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(rig.notes.notices().is_empty(), "no notice after task_stop");
     let r = call(&*rig.tools, &admin(), "task_stop", json!({"task_id": id})).await;
     assert!(r.message.contains("already ended"), "{r:?}");
+    // A task started after it: its notice is the first one.
+    let sentinel = start_bg(&*rig.tools, "echo sentinel", "sentinel").await;
+    let notices = rig.notes.wait_notices(1).await;
+    assert!(
+        notices[0]
+            .text
+            .contains(&format!("<task_id>{sentinel}</task_id>")),
+        "no notice after task_stop: {notices:?}"
+    );
+    wait_status(&rig.service, &sentinel, TaskStatus::Completed).await;
+    assert_eq!(rig.notes.notices().len(), 1, "no notice after task_stop");
 }
 
 #[tokio::test]
@@ -852,15 +873,13 @@ async fn a_restart_marks_running_tasks_interrupted_kills_leftovers_and_tells_onc
     // `spawn` returns while execve may still be setting up the new environment (the
     // vfork parent resumes first); a real leftover has long been running.
     let environ = format!("/proc/{}/environ", orphan.id());
-    for _ in 0..300 {
-        if std::fs::read(&environ).is_ok_and(|e| {
+    wait_until("the leftover's environment", Duration::from_secs(3), || {
+        std::fs::read(&environ).is_ok_and(|e| {
             e.split(|&b| b == 0)
                 .any(|v| v == b"PARLOR_TASK_ID=task-old")
-        }) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        })
+    })
+    .await;
     let log = rig.service.config().data_dir.join("old.log");
     std::fs::write(&log, "building <x> & y\n").unwrap();
     let row = running_row("task-old", orphan.id(), log);
@@ -894,15 +913,12 @@ async fn a_restart_marks_running_tasks_interrupted_kills_leftovers_and_tells_onc
             Grant::new("task_stop", "task_id", "task-old")
         ]
     );
-    let mut gone = false;
-    for _ in 0..300 {
-        if orphan.try_wait().unwrap().is_some() {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(gone, "the previous daemon's task process was not killed");
+    wait_until(
+        "the previous daemon's task process killed",
+        Duration::from_secs(3),
+        || orphan.try_wait().unwrap().is_some(),
+    )
+    .await;
 
     let third = TerminalService::new(rig.store.clone(), rig.notes.clone(), cfg);
     assert_eq!(third.recover().await.unwrap(), 0);
@@ -1112,13 +1128,16 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
     );
     llm.release(10);
     platform.wait_sent(3).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A mention after it: its turn is the next one.
+    manager.deliver(mention(3)).await.unwrap();
+    platform.wait_sent(4).await;
     let inputs = llm.user_inputs();
     assert_eq!(
         inputs.len(),
-        3,
+        4,
         "the withdrawn notice never ran: {inputs:?}"
     );
+    assert!(inputs[3].ends_with("@parlor message 3"), "{inputs:?}");
     assert!(!inputs.iter().any(|i| i.contains(&c)));
     assert!(store.pending().unwrap().is_empty());
     manager.shutdown(Duration::from_secs(1)).await;
@@ -1233,7 +1252,7 @@ async fn an_operators_job_reports_back_and_its_notice_turn_may_read_only_that_ta
     let own = &results.iter().find(|(id, _)| id == "call-3").unwrap().1;
     assert_eq!(own["success"], true, "{own}");
 
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_idle(&manager).await;
     assert_eq!(platform.sent().len(), 2);
     assert!(store.pending().unwrap().is_empty());
     manager.shutdown(Duration::from_secs(1)).await;

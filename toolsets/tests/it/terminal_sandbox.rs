@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::MemoryStore;
+use parlor_bot::testing::{WAIT_LIMIT, wait_until};
 use parlor_bot::tool::{Caller, Role, ToolContext, ToolInvocation, ToolResult, ToolSet};
 use parlor_toolsets::terminal::{
     Sandbox, TaskStatus, TerminalConfig, TerminalService, terminal_toolset,
@@ -239,18 +240,16 @@ async fn a_sandboxed_shell_sees_neither_the_store_nor_other_workspaces_nor_the_d
         .unwrap()
         .to_owned();
     let session = mine.session_key();
-    let mut row = None;
-    for _ in 0..1000 {
-        if let Some(r) = service.task(&session, &id)
-            && r.status != TaskStatus::Running
-            && !service.is_live(&id)
-        {
-            row = Some(r);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let row = row.expect("the background task never ended");
+    let ended = || {
+        service
+            .task(&session, &id)
+            .filter(|r| r.status != TaskStatus::Running && !service.is_live(&id))
+    };
+    wait_until("the background task ending", WAIT_LIMIT, || {
+        ended().is_some()
+    })
+    .await;
+    let row = ended().unwrap();
     assert_eq!(row.status, TaskStatus::Completed, "{row:?}");
     let log = std::fs::read_to_string(&row.log_path).unwrap();
     assert!(log.contains("ppid=1"), "{log}");
@@ -276,15 +275,11 @@ async fn a_timeout_kills_everything_inside_the_sandbox() {
     assert_eq!(r.code(), Some("TIMEOUT"), "{r:?}");
     assert_eq!(output(&r), "started\n", "{r:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
-    let mut left = processes_running(&["sleep", "1000.4711"]);
-    for _ in 0..300 {
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        left = processes_running(&["sleep", "1000.4711"]);
-    }
-    assert!(left.is_empty(), "left running: {left:?}");
+    // Polled: the sandbox's processes are not our children.
+    wait_until("nothing left running", Duration::from_secs(6), || {
+        processes_running(&["sleep", "1000.4711"]).is_empty()
+    })
+    .await;
     let r = shell(&*tools, &cx(&mine), json!({"command": "echo again"})).await;
     assert_eq!(output(&r), "again\n", "{r:?}");
     service.shutdown().await;
