@@ -3,17 +3,12 @@
 //! fake Telegram once and whose final answer is not; a mention afterwards is answered as
 //! usual.
 
-use std::time::Duration;
-
-use crate::support;
-
-use support::{TOKEN, config, daemon_command};
-
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
 
+use crate::support::{TOKEN, WAIT, config, daemon_command};
+
 const GROUP: i64 = -100_123;
-const WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overheard_messages_lead_to_one_send_message_post() {

@@ -26,10 +26,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support;
-
-use support::{TOKEN, config, daemon_command};
-
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 // splitmix64: small, seeded, good enough to pick moments and messages.
 use parlor_bot::testing::SplitMix as Rng;
@@ -38,10 +34,11 @@ use parlor_testkit::{
 };
 use serde_json::{Value, json};
 
+use crate::support::{TOKEN, WAIT, config, daemon_command};
+
 const GROUPS: [i64; 8] = [
     -100_901, -100_902, -100_903, -100_904, -100_905, -100_906, -100_907, -100_908,
 ];
-const WAIT: Duration = Duration::from_secs(30);
 /// The longest a kill may come after Telegram accepted a send for the resend to count as the
 /// documented window: marking a row sent is one flushed store write after the answer.
 const WINDOW: Duration = Duration::from_secs(1);

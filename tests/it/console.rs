@@ -5,18 +5,14 @@
 //! route refuses a foreign `Host`, every answer carries the security headers, and wrong
 //! tokens are throttled per client address.
 
-use std::time::Duration;
-
-use crate::support;
-
 use parlor_bot::store::{SledStore, Store, StoreOptions};
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, ToolCallSpec};
 use parlor_toolsets::clock::{ClockHandle, ClockOptions};
 use reqwest::StatusCode;
 use reqwest::redirect::Policy;
-use support::{config, daemon_command};
 
-const WAIT: Duration = Duration::from_secs(30);
+use crate::support::{self, WAIT, alice, config, daemon_command};
+
 const GROUP: i64 = -100_123;
 const CONSOLE_TOKEN: &str = "console-token-for-the-test-0123";
 
@@ -31,10 +27,6 @@ struct World {
     addr: String,
     /// The daemon's data directory.
     dir: tempfile::TempDir,
-}
-
-fn alice() -> TgUser {
-    TgUser::new(1001, "Alice").username("alice")
 }
 
 async fn world() -> World {

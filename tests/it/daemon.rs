@@ -5,25 +5,18 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::support;
-
-use support::{TOKEN, config, daemon_command};
-
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_bot::testing::PNG_1X1;
 use parlor_testkit::{
     DaemonProcess, FakeLlm, FakeOneBot, FakeTelegram, Reply, TgUser, ToolCallSpec,
 };
 
+use crate::support::{self, TOKEN, WAIT, alice, config, daemon_command};
+
 const GROUP: i64 = -100_123;
-const WAIT: Duration = Duration::from_secs(30);
 /// Config lines: Alice (telegram:1001) is an operator, and the shell is on, unsandboxed.
 const OPERATOR_SHELL: &str =
     "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n";
-
-fn alice() -> TgUser {
-    TgUser::new(1001, "Alice").username("alice")
-}
 
 fn bob() -> TgUser {
     TgUser::new(1002, "Bob").username("bob")
@@ -187,14 +180,14 @@ async fn a_burst_during_a_slow_turn_becomes_at_most_two_more_turns() {
             .push();
     }
     telegram.wait_for_sent(2, WAIT).await.unwrap();
-    // Let any further turn finish.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Any further turn is done once a later mention is answered (it may join the last one).
+    support::sentinel(&telegram, GROUP).await;
     let requests = llm.requests();
-    assert!(
-        requests.len() <= 3,
-        "{} turns for 21 messages",
-        requests.len()
-    );
+    let burst = requests[1..]
+        .iter()
+        .filter(|r| r.last_user_text().is_some_and(|t| t.contains("question")))
+        .count();
+    assert!(burst <= 2, "{} turns for 21 messages", burst + 1);
     let later: String = requests[1..]
         .iter()
         .filter_map(|r| r.last_user_text())
@@ -239,17 +232,22 @@ async fn stop_and_reset_work_from_the_group() {
     command(&telegram, alice(), "/reset");
     let sent = telegram.wait_for_sent(3, WAIT).await.unwrap();
     assert!(sent[2].text.starts_with("Done"), "{}", sent[2].text);
-    // A command for another bot is not ours.
+    // A command for another bot is not ours: the next reply is a later mention's.
     command(&telegram, alice(), "/reset@other_bot");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(telegram.sent_messages().len(), 3);
+    let sent = support::sentinel(&telegram, GROUP).await;
+    assert_eq!(sent.len(), 4, "{sent:?}");
     let (status, log) = daemon.terminate().await;
     assert!(status.success(), "{log}");
+    // The reset left nothing; only the sentinel's turn is there.
+    let history = open_store(dir.path())
+        .load_history(&format!("telegram:{GROUP}"))
+        .unwrap();
+    assert_eq!(history.len(), 2, "{history:?}");
     assert!(
-        open_store(dir.path())
-            .load_history(&format!("telegram:{GROUP}"))
+        serde_json::to_string(&history[0])
             .unwrap()
-            .is_empty()
+            .contains(support::SENTINEL),
+        "{history:?}"
     );
 }
 
@@ -273,11 +271,7 @@ async fn a_flood_of_commands_is_told_once_and_does_not_bury_the_operators_reply(
         .mention_bot()
         .push();
     // Everything taken in; then a drain sends whatever was answered.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !telegram.pending_updates().is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "updates not taken");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    telegram.wait_for_all_taken(WAIT).await.unwrap();
     telegram.wait_for_sent(5, WAIT).await.unwrap();
     let (status, log) = daemon.terminate().await;
     assert!(status.success(), "{log}");
@@ -354,15 +348,41 @@ async fn after_kill_9_a_pending_mention_is_answered_once() {
     let (llm2, second, answer) = restart_echoing(config, telegram).await;
     assert_eq!(answer, "echo <Alice (telegram:1001): first question>");
     // Nothing more: no second answer to the same question after another hard restart.
-    // (The kill waits a moment: between Telegram accepting a reply and the outbox marking
-    // it sent there is one HTTP round trip in which a kill -9 makes the reply go out again
-    // after the restart — the Bot API has no idempotency key to close that window.)
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The kill waits for the answer to a later message of the chat: a chat's replies go out
+    // in order, each marked sent before the next leaves, so the first one's mark is durable
+    // by then. (Between Telegram accepting a reply and the outbox marking it sent there is
+    // one HTTP round trip in which a kill -9 makes the reply go out again after the restart
+    // — the Bot API has no idempotency key to close that window; the later answer may be in
+    // it.)
+    let second_question = telegram.private_message(alice(), "second question").push();
+    telegram
+        .wait_for_sent_where(WAIT, |m| m.reply_to_message_id == Some(second_question))
+        .await
+        .unwrap();
     second.kill9().await;
     let third = start(config, &llm2, telegram).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(telegram.sent_messages().len(), 1, "answered twice");
-    assert_eq!(llm2.request_count(), 1, "the turn ran twice");
+    // What the restart resumed is done once a third question is answered.
+    let third_question = telegram.private_message(alice(), "third question").push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.reply_to_message_id == Some(third_question))
+        .await
+        .unwrap();
+    let answers = |question: &str| {
+        let answer = format!("echo <Alice (telegram:1001): {question}>");
+        sent.iter().filter(|m| m.text == answer).count()
+    };
+    assert_eq!(answers("first question"), 1, "answered twice: {sent:?}");
+    assert!((1..=2).contains(&answers("second question")), "{sent:?}");
+    assert_eq!(answers("third question"), 1, "{sent:?}");
+    let asked = |question: &str| {
+        llm2.requests()
+            .iter()
+            .filter(|r| r.last_user_text().is_some_and(|t| t.contains(question)))
+            .count()
+    };
+    assert_eq!(asked("first question"), 1, "the turn ran twice");
+    assert_eq!(asked("second question"), 1, "the turn ran twice");
+    assert_eq!(llm2.request_count(), 3);
     let (status, log) = third.terminate().await;
     assert!(status.success(), "{log}");
 }
@@ -584,13 +604,21 @@ async fn a_long_formatted_reply_arrives_as_valid_messages_with_entities() {
         );
     }
     llm.push(Reply::text(reply));
+    llm.respond_with(|_| Reply::text("anything else?"));
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
     let daemon = start(&config(dir.path(), &telegram, ""), &llm, &telegram).await;
     let asked = telegram.private_message(alice(), "explain").push();
     telegram.wait_for_sent(3, WAIT).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let sent = telegram.sent_messages();
+    // Every part is out once the answer to a later message is: a chat's replies go in order.
+    let later = telegram.private_message(alice(), "thanks").push();
+    let sent: Vec<_> = telegram
+        .wait_for_sent_where(WAIT, |m| m.reply_to_message_id == Some(later))
+        .await
+        .unwrap()
+        .into_iter()
+        .take_while(|m| m.reply_to_message_id != Some(later))
+        .collect();
     let visible: usize = sent.iter().map(|p| p.text.chars().count()).sum();
     assert!(visible >= 10_000, "{visible}");
     assert!(sent.len() >= 3, "10,000 characters need several messages");
@@ -737,8 +765,9 @@ async fn a_background_shell_task_reports_back_into_the_group_by_itself() {
         !planted.exists(),
         "the unattended turn never reached the host"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(telegram.sent_messages().len(), 2, "the result arrives once");
+    // A later mention (the model answers it "unexpected") is the next reply.
+    let sent = support::sentinel(&telegram, GROUP).await;
+    assert_eq!(sent.len(), 3, "the result arrives once: {sent:?}");
     let (status, log) = daemon.terminate().await;
     assert!(status.success(), "{log}");
 }

@@ -5,19 +5,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::support;
-
 use serde_json::{Value, json};
-use support::{TOKEN, config, daemon_command};
 
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
 
-const GROUP: i64 = -100_123;
-const WAIT: Duration = Duration::from_secs(30);
+use crate::support::{TOKEN, WAIT, alice, config, daemon_command};
 
-fn alice() -> TgUser {
-    TgUser::new(1001, "Alice").username("alice")
-}
+const GROUP: i64 = -100_123;
 
 fn bob() -> TgUser {
     TgUser::new(1002, "Bob").username("bob")

@@ -4,24 +4,17 @@
 //! fires into the new id), and the bot is removed (its tasks pause and their creator is
 //! told).
 
-use crate::support;
-
 use std::path::Path;
-use std::time::Duration;
 
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, TgUser};
-use support::TOKEN;
+
+use crate::support::{self, TOKEN, WAIT, alice};
 
 /// Where Alice, an operator, talks to the bot.
 const HOME: i64 = -100_123;
 const OLD: i64 = -5001;
 const NEW: i64 = -1_005_001;
-const WAIT: Duration = Duration::from_secs(30);
-
-fn alice() -> TgUser {
-    TgUser::new(1001, "Alice").username("alice")
-}
 
 async fn start(dir: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> DaemonProcess {
     let config = support::config(dir, telegram, "admins = [\"telegram:1001\"]");

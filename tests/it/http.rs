@@ -1,15 +1,11 @@
 //! `[http] listen`: `/healthz`, `/readyz` and `/metrics` of the real `parlor run` against
 //! the fake Telegram and the fake LLM, all on loopback.
 
-use std::time::Duration;
-
-use crate::support;
-
 use parlor_testkit::{DaemonProcess, Failure, FakeLlm, FakeOneBot, FakeTelegram, Reply, TgUser};
-use support::{TOKEN, config, daemon_command};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const WAIT: Duration = Duration::from_secs(30);
+use crate::support::{self, TOKEN, WAIT, config, daemon_command};
+
 const GROUP: i64 = -100_123;
 
 /// One GET over a fresh connection: (status, body).

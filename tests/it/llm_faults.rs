@@ -3,17 +3,13 @@
 //! in a reply or in a short notice in the chat (never silence, never the provider's error
 //! text or the key), and the next mention in the same chat gets a normal answer.
 
-use crate::support;
-
-use std::time::Duration;
-
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
 use serde_json::json;
 
-use support::TOKEN;
+use crate::support::{self, TOKEN, WAIT};
+
 const API_KEY: &str = "sk-test-faults-0123456789";
 const GROUP: i64 = -100_777;
-const WAIT: Duration = Duration::from_secs(30);
 
 /// A daemon serving one group, with the fakes it talks to.
 struct Rig {

@@ -3,14 +3,11 @@
 //! a crowd of made-up names, all count as the one tool `unknown`.
 
 use std::collections::HashSet;
-use std::time::Duration;
-
-use crate::support;
 
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
-use support::{config, daemon_command};
 
-const WAIT: Duration = Duration::from_secs(30);
+use crate::support::{self, WAIT, config, daemon_command};
+
 const GROUP: i64 = -100_123;
 const EVIL: &str = "x\"} 1\nparlor_evil{a=\"b";
 

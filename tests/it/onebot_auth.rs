@@ -6,12 +6,10 @@
 
 use std::time::Duration;
 
-use crate::support;
-
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeOneBot, FakeTelegram, Reply};
-use support::{config, daemon_command};
 
-const WAIT: Duration = Duration::from_secs(30);
+use crate::support::{self, WAIT, config, daemon_command};
+
 const ONEBOT_TOKEN: &str = "onebot-TEST-token";
 const QQ_GROUP: i64 = 555;
 

@@ -3,8 +3,6 @@
 //! written as a daemon killed at that moment would leave it; the start must queue what the
 //! store holds once and fire each due time once, whichever comes first.
 
-use crate::support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +13,8 @@ use parlor_bot::store::{PendingItem, PendingKind, SledStore, Store, StoreOptions
 use parlor_bot::tool::{Caller, Role};
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser};
 use parlor_toolsets::clock::{ClockHandle, ClockOptions, MissedPolicy, NewClock};
+
+use crate::support;
 
 const TEAM: i64 = -100_777;
 const WAIT: Duration = Duration::from_secs(60);

@@ -4,12 +4,10 @@
 
 use std::time::Duration;
 
-use crate::support;
-
-use support::{TOKEN, config, daemon_command};
-
 use parlor_bot::testing::PNG_1X1;
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser};
+
+use crate::support::{self, TOKEN, config, daemon_command};
 
 /// Decoding 40 megapixels in a debug build takes seconds, one image after another.
 const WAIT: Duration = Duration::from_secs(240);

@@ -4,19 +4,16 @@
 //! quotes the page. Every packet stays on loopback.
 
 use std::net::Ipv4Addr;
-use std::time::Duration;
-
-use crate::support;
 
 use parlor_testkit::{
     DaemonProcess, FakeLlm, FakePage, FakeTelegram, FakeWeb, Reply, SearchHit, TgUser,
     ToolCallSpec, searxng_json,
 };
 use serde_json::{Value, json};
-use support::{TOKEN, config, daemon_command};
+
+use crate::support::{TOKEN, WAIT, config, daemon_command};
 
 const GROUP: i64 = -100_777;
-const WAIT: Duration = Duration::from_secs(30);
 const QUOTE: &str = "The lighthouse keeper logged 4,212 ships in 1911.";
 
 /// The text of the last tool result in a chat-completions request.

@@ -5,11 +5,47 @@
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, ToolCallSpec};
+use parlor_testkit::{
+    DaemonProcess, FakeLlm, FakeTelegram, Reply, SentMessage, TgUser, ToolCallSpec,
+};
 
 /// The bot token the fake Telegram accepts.
 pub const TOKEN: &str = "123456:TEST-token";
+
+/// How long a test waits for the daemon or a fake.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Alice (telegram:1001), `@alice`.
+pub fn alice() -> TgUser {
+    TgUser::new(1001, "Alice").username("alice")
+}
+
+/// Zed (telegram:1999), who says the sentinels.
+pub fn zed() -> TgUser {
+    TgUser::new(1999, "Zed").username("zed")
+}
+
+/// The sentinel's text as the model sees it.
+pub const SENTINEL: &str = "Zed (telegram:1999): @parlor_bot sentinel";
+
+/// Zed mentions the bot in group `chat` (`@parlor_bot sentinel`); waits for the reply
+/// threaded to it and returns every message sent so far. A chat's inputs are served and its
+/// replies sent in order, so whatever came before in that chat is done by then: how a test
+/// sees that nothing else happened. The model must answer it.
+pub async fn sentinel(telegram: &FakeTelegram, chat: i64) -> Vec<SentMessage> {
+    let id = telegram
+        .group_message(chat, zed(), "@parlor_bot sentinel")
+        .mention_bot()
+        .push();
+    telegram
+        .wait_for_sent_where(WAIT, |m| {
+            m.chat_id == chat && m.reply_to_message_id == Some(id)
+        })
+        .await
+        .unwrap()
+}
 
 /// Writes `dir/config.toml`: data in `dir/data`, the fake Telegram, no LLM retries; `extra`
 /// lines go into `[bot]` (and may open further sections).

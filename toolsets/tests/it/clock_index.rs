@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use crate::support::clock::*;
 use chrono::{DateTime, Utc};
 use parlor_bot::platform::{ChatEvent, ChatRef, Inbox, Sender};
 use parlor_bot::session::ChatHook;
@@ -15,8 +14,8 @@ use parlor_toolsets::clock::{
     ClockChatHook, ClockError, ClockHandle, ClockOptions, ClockPatch, WallTime,
 };
 
-use crate::support;
-use support::new_clock;
+use crate::support::clock::*;
+use crate::support::new_clock;
 
 fn create(handle: &ClockHandle, name: &str, schedule: &str, target: ChatRef) -> u64 {
     handle.create(new_clock(name, schedule, target)).unwrap().id

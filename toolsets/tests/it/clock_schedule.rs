@@ -1,13 +1,11 @@
 //! Schedule parsing and fire times: cron (5 and 6 fields), one-shot date-times, intervals,
 //! refused texts with their reasons, and the Europe/Berlin DST days of 2026.
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use chrono_tz::Tz;
 use parlor_toolsets::clock::{Schedule, ScheduleKind};
 
-fn utc(s: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
-}
+use crate::support::clock::utc;
 
 fn berlin() -> Tz {
     "Europe/Berlin".parse().unwrap()

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use crate::support::clock::*;
 use chrono::{DateTime, Utc};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{ScriptedLlm, Sent};
@@ -14,8 +13,8 @@ use parlor_toolsets::clock::{
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use crate::support;
-use support::new_clock;
+use crate::support::clock::*;
+use crate::support::new_clock;
 
 fn create(handle: &ClockHandle, clock: NewClock) -> u64 {
     handle.create(clock).unwrap().id

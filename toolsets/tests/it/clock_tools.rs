@@ -4,7 +4,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::support::clock::*;
 use async_trait::async_trait;
 use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::{ChatRef, Platform, Sender};
@@ -16,6 +15,8 @@ use parlor_bot::tool::{
 };
 use parlor_toolsets::clock::{ClockOptions, RunStatus, WallTime};
 use serde_json::{Value, json};
+
+use crate::support::clock::*;
 
 const START: &str = "2026-06-01T08:00:00Z";
 

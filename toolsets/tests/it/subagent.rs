@@ -3,8 +3,6 @@
 //! (a recording notifier, and a real SessionManager), output before delivery, stop,
 //! limits and the restart.
 
-use crate::support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +26,8 @@ use parlor_toolsets::subagent::{
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use support::TestNotifier;
+
+use crate::support::TestNotifier;
 
 // ---------------------------------------------------------------------------------------
 // Rig

@@ -3,8 +3,6 @@
 //! real SessionManager), task_output/task_stop, roles and policy, the sandbox refusal and
 //! restarts.
 
-use crate::support;
-
 use std::os::unix::process::CommandExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +23,8 @@ use parlor_toolsets::terminal::{
     process_alive, terminal_toolset,
 };
 use serde_json::{Value, json};
-use support::{Notice, TestNotifier};
+
+use crate::support::{Notice, TestNotifier};
 
 // ---------------------------------------------------------------------------------------
 // Rig

@@ -2,8 +2,6 @@
 //! bwrap is missing or cannot run on this host (user namespaces refused), each test says so
 //! on stderr and passes without checking anything.
 
-use crate::support;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +14,8 @@ use parlor_toolsets::terminal::{
     Sandbox, TaskStatus, TerminalConfig, TerminalService, terminal_toolset,
 };
 use serde_json::{Value, json};
-use support::TestNotifier;
+
+use crate::support::TestNotifier;
 
 /// Why bwrap cannot sandbox here, if it cannot: the namespaces and mounts the terminal's
 /// sandbox uses, around `true`.

@@ -5,8 +5,6 @@
 //! 127.0.0.0/8: names are answered by a scripted resolver, and the addresses outside
 //! loopback are only ever classified, never connected to.
 
-use crate::support;
-
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +19,7 @@ use parlor_toolsets::web::search::Provider;
 use parlor_toolsets::web::{WebOptions, WebToolset};
 use serde_json::{Value, json};
 
-use support::ScriptedLookup;
+use crate::support::ScriptedLookup;
 
 const WAIT: Duration = Duration::from_secs(10);
 const SECOND_HOST: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
