@@ -3,13 +3,12 @@
 //! itself, and skills loaded from folders, re-read on `/reload` and SIGHUP.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
 
-use crate::support::{TOKEN, WAIT, alice, config, daemon_command};
+use crate::support::{self, TOKEN, WAIT, alice, config, daemon_command};
 
 const GROUP: i64 = -100_123;
 
@@ -38,17 +37,7 @@ fn is_sub_agent(body: &Value) -> bool {
 }
 
 async fn wait_log(daemon: &DaemonProcess, needle: &str) {
-    let waited = tokio::time::timeout(WAIT, async {
-        while !daemon.log().contains(needle) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert!(
-        waited.is_ok(),
-        "no {needle:?} in the log:\n{}",
-        daemon.log()
-    );
+    daemon.wait_for_log(needle, WAIT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,6 +45,9 @@ async fn a_background_sub_agent_reports_back_into_the_group_by_itself() {
     let llm = FakeLlm::start().await;
     llm.respond_with(|body| {
         let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        if last.contains(support::SENTINEL) {
+            return Reply::text("noted");
+        }
         if is_sub_agent(body) {
             return Reply::text("Compared: serde is the most used <by far> & stable.");
         }
@@ -134,8 +126,8 @@ async fn a_background_sub_agent_reports_back_into_the_group_by_itself() {
         .find(|t| t.contains("<SUBAGENT_RESULT>"))
         .unwrap();
     assert!(notice.contains("&lt;by far&gt; &amp; stable"), "{notice}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(telegram.sent_messages().len(), 2, "the result arrives once");
+    let sent = support::sentinel(&telegram, GROUP).await;
+    assert_eq!(sent.len(), 3, "the result arrives once: {sent:?}");
     let status = daemon.terminate(WAIT).await;
     assert!(status.success(), "{}", daemon.log());
 }

@@ -54,29 +54,18 @@ async fn check_config_refuses_a_reverse_listener_without_an_access_token() {
 
 /// The address the daemon's OneBot listener bound, from its log.
 async fn onebot_addr(daemon: &DaemonProcess) -> String {
-    tokio::time::timeout(WAIT, async {
-        loop {
-            let log = daemon.log();
-            if let Some(line) = log
-                .lines()
-                .find(|l| l.contains("waiting for the OneBot implementation"))
-                && let Some(at) = line.find("127.0.0.1:")
-            {
-                return line[at..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-                    .collect::<String>();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "the OneBot listener never said where it is\n{}",
-            daemon.log()
-        )
-    })
+    let log = daemon
+        .wait_for_log("waiting for the OneBot implementation", WAIT)
+        .await;
+    log.lines()
+        .find(|l| l.contains("waiting for the OneBot implementation"))
+        .and_then(|line| line.find("127.0.0.1:").map(|at| &line[at..]))
+        .map(|at| {
+            at.chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                .collect()
+        })
+        .unwrap_or_else(|| panic!("the OneBot listener never said where it is\n{log}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,6 +120,10 @@ async fn a_second_connection_does_not_displace_the_first_and_is_taken_once_the_f
 
     // The first goes away: the next attempt is taken.
     assert!(first.disconnect());
+    daemon
+        .wait_for_log("the OneBot connection ended", WAIT)
+        .await;
+    // The slot is given back just after that line: a connect in between is still refused.
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         match second.connect_reverse(&url, ONEBOT_TOKEN).await {

@@ -129,16 +129,8 @@ pub fn add_vision_model(path: &Path, base_url: &str) {
 /// The address the daemon's `[http]` listener bound (`listen = "127.0.0.1:0"` picks a port),
 /// from its log, waiting up to 30 s for the line.
 pub async fn http_addr(daemon: &DaemonProcess) -> String {
-    tokio::time::timeout(std::time::Duration::from_secs(30), async {
-        loop {
-            if let Some(addr) = listen_addr(&daemon.log()) {
-                return addr;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no [http] listener in the log:\n{}", daemon.log()))
+    let log = daemon.wait_for_log("serving /healthz", WAIT).await;
+    listen_addr(&log).unwrap_or_else(|| panic!("no [http] address in the log:\n{log}"))
 }
 
 fn listen_addr(log: &str) -> Option<String> {
