@@ -680,6 +680,11 @@ fn copy_platform_error(error: &PlatformError) -> PlatformError {
     }
 }
 
+/// The tests' group chat on the [`TestPlatform`]: `test:-100`.
+pub fn group() -> ChatRef {
+    ChatRef::new("test", "-100")
+}
+
 /// A group message `id` from `who` (sender `{platform}:{who}`) in `chat`, sent now;
 /// addressed to the bot when the text mentions `@parlor`.
 pub fn message(chat: &ChatRef, id: u32, who: &str, text: &str) -> IncomingMessage {

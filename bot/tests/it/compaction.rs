@@ -8,22 +8,18 @@ use std::time::Duration;
 
 use parlor_bot::agent::AgentConfig;
 use parlor_bot::llm::{Completion, LlmError, Message, ToolCall, Usage};
-use parlor_bot::platform::{ChatRef, Inbox, IncomingMessage};
+use parlor_bot::platform::{Inbox, IncomingMessage};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::testing::{
-    ScriptedLlm, TestPlatform, WAIT_LIMIT, echo, is_summary_request, last_text, message, text,
-    toolless_manager, wait_until,
+    ScriptedLlm, TestPlatform, WAIT_LIMIT, echo, group, is_summary_request, last_text, message,
+    text, toolless_manager, wait_until,
 };
 
 const KEY: &str = "test:-100";
 const SUMMARY: &str = "- The group decided the picnic is on Saturday at the lake (alice).";
 /// A turn whose input holds this word reports a nearly full context.
 const BIG: &str = "BIGTURN";
-
-fn group() -> ChatRef {
-    ChatRef::new("test", "-100")
-}
 
 fn msg(id: u32, who: &str, text: &str) -> IncomingMessage {
     message(&group(), id, who, text)

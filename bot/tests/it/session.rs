@@ -14,8 +14,8 @@ use parlor_bot::platform::{
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{
-    CrashStore, PNG_1X1, ScriptedLlm, Sent, TestPlatform, WAIT_LIMIT, message, toolless_manager,
-    wait_until,
+    CrashStore, PNG_1X1, ScriptedLlm, Sent, TestPlatform, WAIT_LIMIT, group, message,
+    toolless_manager, wait_until,
 };
 use parlor_bot::tool::ToolRegistry;
 
@@ -36,10 +36,6 @@ fn platform() -> Arc<TestPlatform> {
 /// What a platform answers while the network is down.
 fn network_down() -> PlatformError {
     PlatformError::Unavailable("network down".into())
-}
-
-fn group() -> ChatRef {
-    ChatRef::new("test", "-100")
 }
 
 fn msg(id: u32, who: &str, text: &str) -> IncomingMessage {

@@ -6,16 +6,14 @@
 use std::sync::Arc;
 
 use parlor_bot::agent::AgentConfig;
-use parlor_bot::platform::{ChatRef, Inbox};
+use parlor_bot::platform::Inbox;
 use parlor_bot::session::trace::{self, KEEP_TRACES};
 use parlor_bot::session::usage::{self, BUDGET_NOTICE};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::testing::{ScriptedLlm, TestPlatform, calls, message, text, toolless_manager};
-
-fn group() -> ChatRef {
-    ChatRef::new("test", "-100")
-}
+use parlor_bot::testing::{
+    ScriptedLlm, TestPlatform, calls, group, message, text, toolless_manager,
+};
 
 struct Rig {
     manager: SessionManager,

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::{ChatRequest, Message};
-use parlor_bot::platform::{ChatRef, Inbox, Platform};
+use parlor_bot::platform::{Inbox, Platform};
 use parlor_bot::session::{AutoChat, SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::testing::{
-    ScriptedLlm, TestPlatform, TestSpeech, calls, echo, last_text, message, tool_results,
+    ScriptedLlm, TestPlatform, TestSpeech, calls, echo, group, last_text, message, tool_results,
 };
 use parlor_bot::tool::{
     Role, ToolContext, ToolRegistry, ToolResult, ToolSet, ToolSetBridge, codes,
@@ -28,10 +28,6 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::support;
-
-fn group() -> ChatRef {
-    ChatRef::new("test", "-100")
-}
 
 fn auto(batch_messages: usize, batch_secs: u64, per_batch: u32, per_hour: u32) -> AutoChat {
     AutoChat {

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use parlor_bot::backoff::Backoff;
 use parlor_bot::llm::{Message, ToolCall};
-use parlor_bot::platform::ChatRef;
-use parlor_bot::testing::WAIT_LIMIT;
+use parlor_bot::testing::{WAIT_LIMIT, group};
 use parlor_bot::tool::schema::check_schema;
 use parlor_bot::tool::{Caller, Risk, Role, ToolContext, ToolRegistry, ToolResult, ToolSet};
 use parlor_testkit::{McpHttpServer, mcp_server_bin};
@@ -18,10 +17,6 @@ use parlor_toolsets::mcp::{
 };
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-fn group() -> ChatRef {
-    ChatRef::new("test", "-100")
-}
 
 fn cx(role: Role) -> ToolContext {
     ToolContext {

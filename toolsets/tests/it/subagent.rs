@@ -9,11 +9,11 @@ use std::time::Duration;
 use chrono::Utc;
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::{Completion, Message, Usage};
-use parlor_bot::platform::{ChatRef, Inbox, Platform};
+use parlor_bot::platform::{Inbox, Platform};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{
-    ScriptedLlm, TestPlatform, WAIT_LIMIT, calls, message, text, tool_results, wait_until,
+    ScriptedLlm, TestPlatform, WAIT_LIMIT, calls, group, message, text, tool_results, wait_until,
 };
 use parlor_bot::tool::{
     Caller, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSetBridge,
@@ -31,10 +31,6 @@ use crate::support::TestNotifier;
 
 // ---------------------------------------------------------------------------------------
 // Rig
-
-fn group() -> ChatRef {
-    ChatRef::new("test", "-100")
-}
 
 fn cx_as(role: Role) -> ToolContext {
     ToolContext {

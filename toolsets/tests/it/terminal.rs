@@ -13,7 +13,9 @@ use parlor_bot::llm::{ChatRequest, Completion, Message, ToolCall};
 use parlor_bot::platform::{ChatRef, Inbox, IncomingMessage, Platform};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::testing::{ScriptedLlm, TestPlatform, WAIT_LIMIT, message, wait_idle, wait_until};
+use parlor_bot::testing::{
+    ScriptedLlm, TestPlatform, WAIT_LIMIT, group, message, wait_idle, wait_until,
+};
 use parlor_bot::tool::{
     Caller, Grant, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet,
 };
@@ -28,10 +30,6 @@ use crate::support::{Notice, TestNotifier};
 
 // ---------------------------------------------------------------------------------------
 // Rig
-
-fn group() -> ChatRef {
-    ChatRef::new("test", "-100")
-}
 
 fn config(dir: &std::path::Path) -> TerminalConfig {
     TerminalConfig {
