@@ -12,12 +12,13 @@
 //!
 //! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
 //! a request ([`chat_request`]), an incoming group message ([`message`]), an image
-//! ([`PNG_1X1`]), and the tool results of a conversation ([`tool_results`]). The double of
-//! parlor-toolsets' `Notifier`, which this crate cannot name, is in that crate's
-//! `tests/support`.
+//! ([`PNG_1X1`]), the tests' group ([`group`]), and the tool results of a conversation
+//! ([`tool_results`]). The double of parlor-toolsets' `Notifier`, which this crate cannot
+//! name, is in that crate's `tests/it/support`.
 //!
-//! Waiting is on events (a `watch` channel), never on polling: under paused time a wait
-//! lets tokio jump to the next timer, and its bound is tokio time too.
+//! Waiting is on events (a `watch` channel): under paused time a wait lets tokio jump to
+//! the next timer, and its bound is tokio time too. [`wait_until`] polls, only for a state
+//! no double signals; [`wait_idle`] is the session layer's "settled".
 //!
 //! Not for production: nothing here has a bound on memory, and locks are unwrapped (a
 //! poisoned lock in a test is the test's failure).

@@ -98,7 +98,7 @@ async fn a_mention_gets_a_threaded_reply_and_chatter_is_only_recorded() {
         "echo <Alice (telegram:1001): @parlor_bot what did bob say?>"
     );
     // Typing runs alongside the turn and ends with it: with an instant model it may never
-    // reach the platform (bot/tests/session.rs shows it during a slow one).
+    // reach the platform (bot/tests/it/session.rs shows it during a slow one).
     assert_eq!(llm.request_count(), 1, "bob's message started no turn");
 
     let (status, log) = daemon.terminate().await;
