@@ -43,6 +43,7 @@ use crate::store::{
     ChatRecord, Edited, GroupCommit, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry,
     PendingItem, Store, StoreError, StoredMessage, TurnCommit,
 };
+use crate::tool::{Caller, Role, ToolContext};
 
 /// How long a `wait_*` of these doubles waits (tokio time) before it fails the test.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
@@ -684,6 +685,23 @@ fn copy_platform_error(error: &PlatformError) -> PlatformError {
 /// The tests' group chat on the [`TestPlatform`]: `test:-100`.
 pub fn group() -> ChatRef {
     ChatRef::new("test", "-100")
+}
+
+/// A tool call's context in `chat`, by `user_id` (`platform:name`; named by the part after
+/// the colon) with `role` and no grants.
+pub fn tool_context(chat: &ChatRef, user_id: &str, role: Role) -> ToolContext {
+    let name = user_id.split_once(':').map_or(user_id, |(_, name)| name);
+    ToolContext {
+        session: chat.session_key(),
+        caller: Caller {
+            user_id: user_id.to_owned(),
+            name: name.to_owned(),
+            role,
+            grants: Vec::new(),
+        },
+        chat: Some(chat.clone()),
+        ..ToolContext::default()
+    }
 }
 
 /// A group message `id` from `who` (sender `{platform}:{who}`) in `chat`, sent now;

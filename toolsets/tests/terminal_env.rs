@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::MemoryStore;
-use parlor_bot::testing::{WAIT_LIMIT, wait_until};
-use parlor_bot::tool::{Caller, Role, ToolContext, ToolInvocation, ToolSet};
+use parlor_bot::testing::{WAIT_LIMIT, tool_context, wait_until};
+use parlor_bot::tool::{Role, ToolInvocation, ToolSet};
 use parlor_toolsets::terminal::{TaskStatus, TerminalConfig, TerminalService, terminal_toolset};
 use serde_json::json;
 
@@ -40,17 +40,7 @@ fn env_inside_the_shell_and_tasks_shows_no_secret() {
         );
         let tools = terminal_toolset(service.clone()).fork();
         let chat = ChatRef::new("test", "-100");
-        let cx = ToolContext {
-            session: chat.session_key(),
-            caller: Caller {
-                user_id: "test:alice".into(),
-                name: "alice".into(),
-                role: Role::Operator,
-                grants: Vec::new(),
-            },
-            chat: Some(chat.clone()),
-            ..ToolContext::default()
-        };
+        let cx = tool_context(&chat, "test:alice", Role::Operator);
         let invoke = |args: serde_json::Value| {
             tools.invoke(
                 ToolInvocation {

@@ -9,10 +9,8 @@ use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::{ChatRef, Platform, Sender};
 use parlor_bot::session::SessionConfig;
 use parlor_bot::store::{MemoryStore, Store, StoredMessage};
-use parlor_bot::testing::TestPlatform;
-use parlor_bot::tool::{
-    Caller, Risk, Role, RoleError, RoleResolver, ToolContext, ToolResult, ToolSpec,
-};
+use parlor_bot::testing::{TestPlatform, tool_context};
+use parlor_bot::tool::{Risk, Role, RoleError, RoleResolver, ToolContext, ToolResult, ToolSpec};
 use parlor_toolsets::clock::{ClockOptions, RunStatus, WallTime};
 use serde_json::{Value, json};
 
@@ -91,17 +89,9 @@ async fn world() -> World {
 
 fn cx(world: &World, chat: &ChatRef, who: &str, role: Role) -> ToolContext {
     ToolContext {
-        session: chat.session_key(),
-        caller: Caller {
-            user_id: format!("test:{who}"),
-            name: who.to_owned(),
-            role,
-            grants: Vec::new(),
-        },
-        chat: Some(chat.clone()),
         platform: Some(world.rig.platform.clone() as Arc<dyn Platform>),
         roles: Some(world.roles.clone() as Arc<dyn RoleResolver>),
-        ..ToolContext::default()
+        ..tool_context(chat, &format!("test:{who}"), role)
     }
 }
 

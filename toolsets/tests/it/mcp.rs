@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use parlor_bot::backoff::Backoff;
 use parlor_bot::llm::{Message, ToolCall};
-use parlor_bot::testing::{WAIT_LIMIT, group};
+use parlor_bot::testing::{WAIT_LIMIT, group, tool_context};
 use parlor_bot::tool::schema::check_schema;
-use parlor_bot::tool::{Caller, Risk, Role, ToolContext, ToolRegistry, ToolResult, ToolSet};
+use parlor_bot::tool::{Risk, Role, ToolContext, ToolRegistry, ToolResult, ToolSet};
 use parlor_testkit::{McpHttpServer, mcp_server_bin};
 use parlor_toolsets::mcp::{
     DEFAULT_ENV_ALLOW, McpOptions, McpServerConfig, McpService, McpTransport, ServerStatus,
@@ -19,17 +19,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 fn cx(role: Role) -> ToolContext {
-    ToolContext {
-        session: group().session_key(),
-        caller: Caller {
-            user_id: format!("test:{}", role.as_str()),
-            name: role.as_str().to_owned(),
-            role,
-            grants: Vec::new(),
-        },
-        chat: Some(group()),
-        ..ToolContext::default()
-    }
+    tool_context(&group(), &format!("test:{}", role.as_str()), role)
 }
 
 fn server(name: &str, transport: McpTransport) -> McpServerConfig {

@@ -13,10 +13,11 @@ use parlor_bot::platform::{Inbox, Platform};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{
-    ScriptedLlm, TestPlatform, WAIT_LIMIT, calls, group, message, text, tool_results, wait_until,
+    ScriptedLlm, TestPlatform, WAIT_LIMIT, calls, group, message, text, tool_context, tool_results,
+    wait_until,
 };
 use parlor_bot::tool::{
-    Caller, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSetBridge,
+    Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSetBridge,
 };
 use parlor_toolsets::notice::Told;
 use parlor_toolsets::subagent::{
@@ -33,17 +34,7 @@ use crate::support::TestNotifier;
 // Rig
 
 fn cx_as(role: Role) -> ToolContext {
-    ToolContext {
-        session: group().session_key(),
-        caller: Caller {
-            user_id: "test:alice".into(),
-            name: "alice".into(),
-            role,
-            grants: Vec::new(),
-        },
-        chat: Some(group()),
-        ..ToolContext::default()
-    }
+    tool_context(&group(), "test:alice", role)
 }
 
 #[derive(Deserialize, JsonSchema)]

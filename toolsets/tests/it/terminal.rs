@@ -14,10 +14,10 @@ use parlor_bot::platform::{ChatRef, Inbox, IncomingMessage, Platform};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{
-    ScriptedLlm, TestPlatform, WAIT_LIMIT, group, message, wait_idle, wait_until,
+    ScriptedLlm, TestPlatform, WAIT_LIMIT, group, message, tool_context, wait_idle, wait_until,
 };
 use parlor_bot::tool::{
-    Caller, Grant, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet,
+    Grant, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet,
 };
 use parlor_toolsets::TodoList;
 use parlor_toolsets::terminal::{
@@ -41,17 +41,7 @@ fn config(dir: &std::path::Path) -> TerminalConfig {
 }
 
 fn cx_as(role: Role, user: &str) -> ToolContext {
-    ToolContext {
-        session: group().session_key(),
-        caller: Caller {
-            user_id: user.to_owned(),
-            name: user.trim_start_matches("test:").to_owned(),
-            role,
-            grants: Vec::new(),
-        },
-        chat: Some(group()),
-        ..ToolContext::default()
-    }
+    tool_context(&group(), user, role)
 }
 
 fn admin() -> ToolContext {

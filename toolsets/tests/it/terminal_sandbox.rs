@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::MemoryStore;
-use parlor_bot::testing::{WAIT_LIMIT, wait_until};
-use parlor_bot::tool::{Caller, Role, ToolContext, ToolInvocation, ToolResult, ToolSet};
+use parlor_bot::testing::{WAIT_LIMIT, tool_context, wait_until};
+use parlor_bot::tool::{Role, ToolContext, ToolInvocation, ToolResult, ToolSet};
 use parlor_toolsets::terminal::{
     Sandbox, TaskStatus, TerminalConfig, TerminalService, terminal_toolset,
 };
@@ -67,17 +67,7 @@ fn chat(id: &str) -> ChatRef {
 }
 
 fn cx(chat: &ChatRef) -> ToolContext {
-    ToolContext {
-        session: chat.session_key(),
-        caller: Caller {
-            user_id: "test:alice".to_owned(),
-            name: "alice".to_owned(),
-            role: Role::Operator,
-            grants: Vec::new(),
-        },
-        chat: Some(chat.clone()),
-        ..ToolContext::default()
-    }
+    tool_context(chat, "test:alice", Role::Operator)
 }
 
 async fn shell(tools: &dyn ToolSet, cx: &ToolContext, args: Value) -> ToolResult {
