@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_trait::async_trait;
 use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::ChatRef;
+use parlor_bot::testing::{group, tool_context};
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{
     Caller, Grant, RegistryError, Risk, Role, RoleError, RoleResolver, ToolContext, ToolRegistry,
@@ -17,10 +18,6 @@ use parlor_bot::tool::{
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-
-fn here() -> ChatRef {
-    ChatRef::new("test", "-100")
-}
 
 /// Arguments of the tools below; only their schema matters here.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -88,7 +85,7 @@ fn toolset(runs: Arc<AtomicUsize>) -> ToolSetBridge {
                 async move {
                     let lives_in = match args.item {
                         1 => ChatRef::new("test", "-200"),
-                        _ => here(),
+                        _ => group(),
                     };
                     cx.require_role_in(&lives_in, Role::ChatAdmin).await?;
                     runs.fetch_add(1, Ordering::SeqCst);
@@ -125,16 +122,8 @@ fn rig() -> Rig {
 impl Rig {
     fn cx(&self, who: &str, role: Role) -> ToolContext {
         ToolContext {
-            session: here().session_key(),
-            caller: Caller {
-                user_id: format!("test:{who}"),
-                name: who.to_owned(),
-                role,
-                grants: Vec::new(),
-            },
-            chat: Some(here()),
             roles: Some(self.roles.clone() as Arc<dyn RoleResolver>),
-            ..ToolContext::default()
+            ..tool_context(&group(), &format!("test:{who}"), role)
         }
     }
 
