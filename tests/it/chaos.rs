@@ -29,12 +29,10 @@ use std::time::{Duration, Instant};
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 // splitmix64: small, seeded, good enough to pick moments and messages.
 use parlor_bot::testing::SplitMix as Rng;
-use parlor_testkit::{
-    DaemonProcess, FakeLlm, FakeTelegram, Reply, SentMessage, TgUser, ToolCallSpec,
-};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, SentMessage, ToolCallSpec};
 use serde_json::{Value, json};
 
-use crate::support::{TOKEN, WAIT, config, daemon_command};
+use crate::support::{self, TOKEN, WAIT, config, daemon_command};
 
 const GROUPS: [i64; 8] = [
     -100_901, -100_902, -100_903, -100_904, -100_905, -100_906, -100_907, -100_908,
@@ -240,7 +238,7 @@ fn push_one(telegram: &FakeTelegram, rng: &mut Rng, traffic: &mut Traffic, seria
     let group = GROUPS[rng.range(0, GROUPS.len() as u64) as usize];
     let roll = rng.range(0, 100);
     if roll < 10 {
-        let bob = TgUser::new(1002, "Bob").username("bob");
+        let bob = support::bob();
         telegram
             .group_message(group, bob, format!("just chatting {n}"))
             .push();
@@ -248,7 +246,7 @@ fn push_one(telegram: &FakeTelegram, rng: &mut Rng, traffic: &mut Traffic, seria
     }
     // Mentions come from the operator: a merged turn runs with the least role of its
     // senders, and the shell is for operators only.
-    let user = TgUser::new(1001, "Alice").username("alice");
+    let user = support::alice();
     let tag = format!("m-{n:05}");
     let text = if roll < 20 {
         traffic.clock_requests += 1;

@@ -11,16 +11,12 @@ use parlor_testkit::{
     DaemonProcess, FakeLlm, FakeOneBot, FakeTelegram, Reply, TgUser, ToolCallSpec,
 };
 
-use crate::support::{self, TOKEN, WAIT, alice, config, daemon_command};
+use crate::support::{self, TOKEN, WAIT, alice, bob, config, daemon_command};
 
 const GROUP: i64 = -100_123;
 /// Config lines: Alice (telegram:1001) is an operator, and the shell is on, unsandboxed.
 const OPERATOR_SHELL: &str =
     "admins = [\"telegram:1001\"]\n[terminal]\nenabled = true\nsandbox = \"none\"\n";
-
-fn bob() -> TgUser {
-    TgUser::new(1002, "Bob").username("bob")
-}
 
 /// A running daemon and what it wrote to stderr.
 struct Daemon(DaemonProcess);

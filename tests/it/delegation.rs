@@ -6,15 +6,11 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, ToolCallSpec};
 
-use crate::support::{self, TOKEN, WAIT, alice, config, daemon_command};
+use crate::support::{self, TOKEN, WAIT, alice, bob, config, daemon_command};
 
 const GROUP: i64 = -100_123;
-
-fn bob() -> TgUser {
-    TgUser::new(1002, "Bob").username("bob")
-}
 
 fn system_text(body: &Value) -> String {
     body["messages"][0]["content"]

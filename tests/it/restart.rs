@@ -11,7 +11,7 @@ use std::time::Duration;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{PendingItem, PendingKind, SledStore, Store, StoreOptions};
 use parlor_bot::tool::{Caller, Role};
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply};
 use parlor_toolsets::clock::{ClockHandle, ClockOptions, MissedPolicy, NewClock};
 
 use crate::support;
@@ -172,11 +172,7 @@ async fn a_start_on_clock_due_times_posts_each_once_and_runs_each_pending_input_
     let all_posted = posts_with(&telegram, &expected).await;
     assert!(all_posted.is_ok(), "{}", daemon.log());
     telegram
-        .group_message(
-            TEAM,
-            TgUser::new(1001, "Alice").username("alice"),
-            "@parlor_bot sentinel",
-        )
+        .group_message(TEAM, support::alice(), "@parlor_bot sentinel")
         .mention_bot()
         .push();
     let sentinel = posts_with(&telegram, &["sentinel".to_owned()]).await;

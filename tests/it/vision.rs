@@ -5,16 +5,12 @@
 use std::time::Duration;
 
 use parlor_bot::testing::PNG_1X1;
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply};
 
-use crate::support::{self, TOKEN, config, daemon_command};
+use crate::support::{self, TOKEN, bob, config, daemon_command};
 
 /// Decoding 40 megapixels in a debug build takes seconds, one image after another.
 const WAIT: Duration = Duration::from_secs(240);
-
-fn bob() -> TgUser {
-    TgUser::new(1002, "Bob").username("bob")
-}
 
 /// A PNG of `width` × `height` black RGB pixels, written by hand so that the test does not
 /// spend seconds (and the pixels' memory) encoding it: every byte of the image data is

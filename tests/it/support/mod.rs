@@ -22,6 +22,11 @@ pub fn alice() -> TgUser {
     TgUser::new(1001, "Alice").username("alice")
 }
 
+/// Bob (telegram:1002), `@bob`.
+pub fn bob() -> TgUser {
+    TgUser::new(1002, "Bob").username("bob")
+}
+
 /// Zed (telegram:1999), who says the sentinels.
 pub fn zed() -> TgUser {
     TgUser::new(1999, "Zed").username("zed")
