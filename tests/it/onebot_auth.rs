@@ -123,7 +123,8 @@ async fn a_second_connection_does_not_displace_the_first_and_is_taken_once_the_f
     daemon
         .wait_for_log("the OneBot connection ended", WAIT)
         .await;
-    // The slot is given back just after that line: a connect in between is still refused.
+    // The slot is given back just after that line: a connect in between is still refused
+    // (409), and retried.
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         match second.connect_reverse(&url, ONEBOT_TOKEN).await {
