@@ -1,5 +1,5 @@
-//! parlor-bot's integration tests, one module per area; the doubles are `parlor_bot::testing`
-//! and `support`.
+//! parlor-bot's integration tests, one module per area; the doubles are
+//! `parlor_bot::testing`'s.
 
 // A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]

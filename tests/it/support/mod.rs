@@ -1,8 +1,9 @@
-//! What the root package's tests of `parlor run` share: the token, the config file against
-//! the fakes, and the command line with only the environment a test gives it.
+//! What the root package's tests of `parlor run` share: the token, the users, the config
+//! file against the fakes, the command line with only the environment a test gives it, and
+//! the sentinel that shows nothing else happened in a chat.
 
-// A failed unwrap in a test is the test failing; each test file uses only some of these.
-#![allow(clippy::unwrap_used, dead_code)]
+// Each module uses only some of these.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
