@@ -6,7 +6,7 @@
 use parlor_bot::store::{SledStore, Store, StoreOptions};
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, TgUser, ToolCallSpec};
 
-use crate::support::{TOKEN, WAIT, config, daemon_command};
+use crate::support::{self, TOKEN, WAIT, config, daemon_command};
 
 const GROUP: i64 = -100_123;
 
@@ -32,10 +32,7 @@ async fn overheard_messages_lead_to_one_send_message_post() {
         serde_json::json!({"text": "How about the ramen place on Main Street?"}),
     )]));
     llm.push(Reply::text("I suggested the ramen place."));
-    llm.respond_with(|body| {
-        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
-        Reply::text(format!("echo <{}>", last.replace('\n', " | ")))
-    });
+    support::echo(&llm);
     telegram
         .group_message(
             GROUP,

@@ -8,6 +8,8 @@ use std::time::Duration;
 use parlor_testkit::{FakeLlm, Reply, ToolCallSpec};
 use serde_json::{Value, json};
 
+use crate::support;
+
 fn parlor() -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_parlor"));
     // Only the variables each test sets: no key or config leaks in from the developer's shell.
@@ -428,10 +430,7 @@ async fn chat(fake: &FakeLlm, data: &Path, args: &[&str], input: &str) -> Output
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_plays_a_group_with_only_an_llm_endpoint_configured() {
     let fake = FakeLlm::start().await;
-    fake.respond_with(|body| {
-        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
-        Reply::text(format!("echo <{}>", last.replace('\n', " | ")))
-    });
+    support::echo(&fake);
     let data = tempfile::tempdir().unwrap();
     let out = chat(
         &fake,

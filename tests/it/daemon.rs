@@ -11,7 +11,7 @@ use parlor_testkit::{
     DaemonProcess, FakeLlm, FakeOneBot, FakeTelegram, Reply, TgUser, ToolCallSpec,
 };
 
-use crate::support::{self, TOKEN, WAIT, alice, bob, config, daemon_command};
+use crate::support::{self, TOKEN, WAIT, alice, bob, config, daemon_command, echo};
 
 const GROUP: i64 = -100_123;
 /// Config lines: Alice (telegram:1001) is an operator, and the shell is on, unsandboxed.
@@ -62,13 +62,6 @@ fn command(telegram: &FakeTelegram, user: TgUser, text: &str) {
         .group_message(GROUP, user, text)
         .command(text)
         .push();
-}
-
-fn echo(llm: &FakeLlm) {
-    llm.respond_with(|body| {
-        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
-        Reply::text(format!("echo <{}>", last.replace('\n', " | ")))
-    });
 }
 
 fn open_store(dir: &Path) -> SledStore {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeOneBot, FakeTelegram, Reply};
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeOneBot, FakeTelegram};
 
 use crate::support::{self, WAIT, config, daemon_command};
 
@@ -71,10 +71,7 @@ async fn onebot_addr(daemon: &DaemonProcess) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_connection_does_not_displace_the_first_and_is_taken_once_the_first_is_gone() {
     let llm = FakeLlm::start().await;
-    llm.respond_with(|body| {
-        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
-        Reply::text(format!("echo <{}>", last.replace('\n', " | ")))
-    });
+    support::echo(&llm);
     let telegram = FakeTelegram::start(support::TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
     let onebot = "\n[onebot]\nlisten = \"127.0.0.1:0\"\nmin_send_interval_ms = 0\n";

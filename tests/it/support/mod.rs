@@ -53,6 +53,15 @@ pub async fn sentinel(telegram: &FakeTelegram, chat: i64) -> Vec<SentMessage> {
         .unwrap()
 }
 
+/// The model answers every request `echo <its last user text>` (lines joined by ` | `),
+/// after what `llm` already holds.
+pub fn echo(llm: &FakeLlm) {
+    llm.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        Reply::text(format!("echo <{}>", last.replace('\n', " | ")))
+    });
+}
+
 /// Writes `dir/config.toml`: data in `dir/data`, the fake Telegram, no LLM retries; `extra`
 /// lines go into `[bot]` (and may open further sections).
 pub fn config(dir: &Path, telegram: &FakeTelegram, extra: &str) -> PathBuf {
