@@ -1,5 +1,6 @@
 //! parlor-toolsets's integration tests, one module per toolset or area; shared doubles in
-//! `support`.
+//! `support`. `tests/terminal_env.rs` is a binary of its own: it sets the process's
+//! environment, which no other test may share.
 
 // A failed unwrap in a test is the test failing.
 #![allow(clippy::unwrap_used)]
