@@ -25,17 +25,22 @@ async fn get(addr: &str, path: &str) -> (u16, String) {
 
 /// Polls `path` until its status is `want`: the daemon's state changes on its own clock.
 async fn until_status(addr: &str, path: &str, want: u16) -> String {
+    let last = std::sync::Mutex::new((0, String::new()));
     tokio::time::timeout(WAIT, async {
         loop {
             let (status, body) = get(addr, path).await;
             if status == want {
                 return body;
             }
+            *last.lock().unwrap() = (status, body);
             tokio::task::yield_now().await;
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("{path} never answered {want}"))
+    .unwrap_or_else(|_| {
+        let (status, body) = last.into_inner().unwrap();
+        panic!("{path} never answered {want}; last {status}: {body}")
+    })
 }
 
 /// The value of the sample whose line starts with `prefix`, 0 when absent.
