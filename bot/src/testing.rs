@@ -12,12 +12,13 @@
 //!
 //! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
 //! a request ([`chat_request`]), an incoming group message ([`message`]), an image
-//! ([`PNG_1X1`]), and the tool results of a conversation ([`tool_results`]). The double of
-//! parlor-toolsets' `Notifier`, which this crate cannot name, is in that crate's
-//! `tests/support`.
+//! ([`PNG_1X1`]), the tests' group ([`group`]), and the tool results of a conversation
+//! ([`tool_results`]). The double of parlor-toolsets' `Notifier`, which this crate cannot
+//! name, is in that crate's `tests/it/support`.
 //!
-//! Waiting is on events (a `watch` channel), never on polling: under paused time a wait
-//! lets tokio jump to the next timer, and its bound is tokio time too.
+//! Waiting is on events (a `watch` channel): under paused time a wait lets tokio jump to
+//! the next timer, and its bound is tokio time too. [`wait_until`] polls, only for a state
+//! no double signals; [`wait_idle`] is the session layer's "settled".
 //!
 //! Not for production: nothing here has a bound on memory, and locks are unwrapped (a
 //! poisoned lock in a test is the test's failure).
@@ -42,6 +43,7 @@ use crate::store::{
     ChatRecord, Edited, GroupCommit, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry,
     PendingItem, Store, StoreError, StoredMessage, TurnCommit,
 };
+use crate::tool::{Caller, Role, ToolContext};
 
 /// How long a `wait_*` of these doubles waits (tokio time) before it fails the test.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
@@ -59,6 +61,28 @@ async fn wait_for<T: Clone>(
         Ok(Ok(v)) => Some(v.clone()),
         _ => None,
     }
+}
+
+/// Polls `done` every 10 ms of tokio time until it holds, for at most `within`; panics
+/// naming `what` when it never did. Only for a state no double signals (a child process, a
+/// file, a row the code under test writes): a double's `wait_*` waits for the event itself.
+pub async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(within, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        panic!("{what}: not within {within:?}");
+    }
+}
+
+/// Waits until `manager` [is idle](SessionManager::is_idle) (nothing queued or running, no
+/// input pending, no reply unsent), for at most [`WAIT_LIMIT`]: the sessions settled, where
+/// no later message of the chat can serve as a sentinel.
+pub async fn wait_idle(manager: &crate::session::SessionManager) {
+    wait_until("the sessions settled", WAIT_LIMIT, || manager.is_idle()).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -533,6 +557,16 @@ impl TestPlatform {
         }
     }
 
+    /// Waits until a message that `this` accepts was taken, for at most [`WAIT_LIMIT`];
+    /// every message so far. A later message into the same chat answered (a sentinel) is
+    /// how a test knows that nothing else went out before it.
+    pub async fn wait_sent_where(&self, this: impl Fn(&Sent) -> bool) -> Vec<Sent> {
+        match wait_for(&self.sent, WAIT_LIMIT, |sent| sent.iter().any(&this)).await {
+            Some(sent) => sent,
+            None => panic!("the awaited message was not sent: {:?}", self.sent()),
+        }
+    }
+
     /// Send attempts so far, taken or failed.
     pub fn attempts(&self) -> usize {
         *self.attempts.borrow()
@@ -646,6 +680,28 @@ fn copy_platform_error(error: &PlatformError) -> PlatformError {
         PlatformError::Unavailable(s) => PlatformError::Unavailable(s.clone()),
         PlatformError::Unauthorized => PlatformError::Unauthorized,
         PlatformError::NotFound(s) => PlatformError::NotFound(s.clone()),
+    }
+}
+
+/// The tests' group chat on the [`TestPlatform`]: `test:-100`.
+pub fn group() -> ChatRef {
+    ChatRef::new("test", "-100")
+}
+
+/// A tool call's context in `chat`, by `user_id` (`platform:name`; named by the part after
+/// the colon) with `role` and no grants.
+pub fn tool_context(chat: &ChatRef, user_id: &str, role: Role) -> ToolContext {
+    let name = user_id.split_once(':').map_or(user_id, |(_, name)| name);
+    ToolContext {
+        session: chat.session_key(),
+        caller: Caller {
+            user_id: user_id.to_owned(),
+            name: name.to_owned(),
+            role,
+            grants: Vec::new(),
+        },
+        chat: Some(chat.clone()),
+        ..ToolContext::default()
     }
 }
 

@@ -861,11 +861,14 @@ fn answer(shared: &Shared, tx: &mpsc::UnboundedSender<WsMessage>, request: Value
             _ => failed(1404, "no such action"),
         },
     };
-    drop(inner);
-    shared.changed.notify_waiters();
     let mut reply = reply;
     reply["echo"] = echo;
-    tx.send(WsMessage::Text(reply.to_string())).is_ok()
+    // Queued before the lock is let go and the waiters woken: a test that saw the call
+    // and then disconnects queues its close behind the answer, never ahead of it.
+    let answered = tx.send(WsMessage::Text(reply.to_string())).is_ok();
+    drop(inner);
+    shared.changed.notify_waiters();
+    answered
 }
 
 fn ok(data: Value) -> Value {

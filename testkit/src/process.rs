@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
+use tokio::sync::Notify;
 
 use crate::FakeTelegram;
 
@@ -16,6 +17,8 @@ pub struct DaemonProcess {
     /// The process (spawned with `kill_on_drop`).
     pub child: Child,
     log: Arc<Mutex<String>>,
+    /// Woken at every line added to `log`.
+    logged: Arc<Notify>,
     reader: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -38,19 +41,29 @@ impl DaemonProcess {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot spawn the daemon: {e}"));
         let log = Arc::new(Mutex::new(String::new()));
+        let logged = Arc::new(Notify::new());
         let mut reader = None;
         if let Some(stderr) = child.stderr.take() {
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             let sink = Arc::clone(&log);
+            let wake = Arc::clone(&logged);
             reader = Some(tokio::spawn(async move {
                 while let Ok(Some(line)) = lines.next_line().await {
-                    let mut log = sink.lock().unwrap_or_else(|p| p.into_inner());
-                    log.push_str(&line);
-                    log.push('\n');
+                    {
+                        let mut log = sink.lock().unwrap_or_else(|p| p.into_inner());
+                        log.push_str(&line);
+                        log.push('\n');
+                    }
+                    wake.notify_waiters();
                 }
             }));
         }
-        let daemon = Self { child, log, reader };
+        let daemon = Self {
+            child,
+            log,
+            logged,
+            reader,
+        };
         if let Err(e) = telegram
             .wait_for_calls("getUpdates", calls_before + 1, wait)
             .await
@@ -63,6 +76,27 @@ impl DaemonProcess {
     /// Everything it wrote to stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until its log contains `needle`, for at most `wait`; the log so far.
+    ///
+    /// # Panics
+    /// If it does not within `wait` (with its log).
+    pub async fn wait_for_log(&self, needle: &str, wait: Duration) -> String {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.logged.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a line logged in between still wakes us.
+            notified.as_mut().enable();
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!("no {needle:?} in the log within {wait:?}:\n{log}");
+            }
+        }
     }
 
     /// SIGTERM, then waits (at most `wait`) for it to exit and for its last stderr lines;

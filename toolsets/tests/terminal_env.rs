@@ -6,11 +6,11 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::MemoryStore;
-use parlor_bot::tool::{Caller, Role, ToolContext, ToolInvocation, ToolSet};
+use parlor_bot::testing::{WAIT_LIMIT, tool_context, wait_until};
+use parlor_bot::tool::{Role, ToolInvocation, ToolSet};
 use parlor_toolsets::terminal::{TaskStatus, TerminalConfig, TerminalService, terminal_toolset};
 use serde_json::json;
 
@@ -40,17 +40,7 @@ fn env_inside_the_shell_and_tasks_shows_no_secret() {
         );
         let tools = terminal_toolset(service.clone()).fork();
         let chat = ChatRef::new("test", "-100");
-        let cx = ToolContext {
-            session: chat.session_key(),
-            caller: Caller {
-                user_id: "test:alice".into(),
-                name: "alice".into(),
-                role: Role::Operator,
-                grants: Vec::new(),
-            },
-            chat: Some(chat.clone()),
-            ..ToolContext::default()
-        };
+        let cx = tool_context(&chat, "test:alice", Role::Operator);
         let invoke = |args: serde_json::Value| {
             tools.invoke(
                 ToolInvocation {
@@ -82,17 +72,13 @@ fn env_inside_the_shell_and_tasks_shows_no_secret() {
             .as_str()
             .unwrap()
             .to_owned();
-        let mut row = None;
-        for _ in 0..200 {
-            row = service
+        let ended = || {
+            service
                 .task(&chat.session_key(), &id)
-                .filter(|r| r.status != TaskStatus::Running);
-            if row.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let row = row.expect("the task ended");
+                .filter(|r| r.status != TaskStatus::Running)
+        };
+        wait_until("the task ending", WAIT_LIMIT, || ended().is_some()).await;
+        let row = ended().unwrap();
         let log = std::fs::read_to_string(&row.log_path).unwrap();
         assert!(log.contains("PATH="), "{log}");
         assert!(!log.contains("secret"), "{log}");

@@ -336,6 +336,21 @@ impl FakeTelegram {
         .await
     }
 
+    /// Waits until every queued update is acknowledged: the bot took them all in.
+    pub async fn wait_for_all_taken(&self, timeout: Duration) -> Result<(), WaitTimeout> {
+        self.wait_until(timeout, |inner| {
+            if inner.updates.is_empty() {
+                Ok(())
+            } else {
+                Err((
+                    "no update waiting".to_owned(),
+                    format!("{} waiting", inner.updates.len()),
+                ))
+            }
+        })
+        .await
+    }
+
     // -- files --------------------------------------------------------------
 
     /// Registers a downloadable file and returns its `file_path`
@@ -435,6 +450,27 @@ impl FakeTelegram {
     ) -> Result<Vec<SentMessage>, WaitTimeout> {
         self.wait_until(timeout, |inner| at_least(&inner.sent, n, "sent message(s)"))
             .await
+    }
+
+    /// Waits until a message that `this` accepts was sent, then returns every message
+    /// sent so far. A reply to a later message of the same chat (a sentinel) is how a test
+    /// sees that nothing else went out before it.
+    pub async fn wait_for_sent_where(
+        &self,
+        timeout: Duration,
+        this: impl Fn(&SentMessage) -> bool,
+    ) -> Result<Vec<SentMessage>, WaitTimeout> {
+        self.wait_until(timeout, |inner| {
+            if inner.sent.iter().any(&this) {
+                Ok(inner.sent.clone())
+            } else {
+                Err((
+                    "the awaited message".to_owned(),
+                    format!("{} other sent message(s)", inner.sent.len()),
+                ))
+            }
+        })
+        .await
     }
 
     /// Waits until at least `n` calls of `method` were received, then

@@ -1,0 +1,22 @@
+//! The root package's integration tests: the real `parlor` binary against the testkit's fakes on
+//! loopback, one module per area.
+
+// A failed unwrap in a test is the test failing.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+mod autochat;
+mod chaos;
+mod cli;
+mod console;
+mod daemon;
+mod delegation;
+mod group_life;
+mod http;
+mod llm_faults;
+mod metrics;
+mod onebot_auth;
+mod restart;
+mod vision;
+mod web;
