@@ -4,7 +4,7 @@
 //! - **Forward**: [`FakeOneBot::start`] listens on `127.0.0.1` like NapCat's WebSocket
 //!   server ([`FakeOneBot::ws_url`]); a client must present the access token as
 //!   `Authorization: Bearer` or `?access_token=`, else the handshake is answered 401.
-//! - **Reverse**: [`FakeOneBot::connect_reverse`] dials the bot's listener like NapCat's
+//! - **Reverse**: [`FakeOneBot::dial_reverse`] dials the bot's listener like NapCat's
 //!   WebSocket client, with `X-Self-ID`, `X-Client-Role: Universal` and the token.
 //!
 //! Either way one connection carries events and actions. On connect the fake sends the
@@ -243,28 +243,6 @@ impl FakeOneBot {
     /// The account's QQ number.
     pub fn self_id(&self) -> i64 {
         self.shared.self_id
-    }
-
-    /// Dials a bot listening for reverse connections at `url`, presenting `token` (empty:
-    /// none). `Err` carries the HTTP status (or error) the bot refused with, as text.
-    ///
-    /// The text form is kept for `tests/onebot_auth.rs`, which compares it with strings;
-    /// [`dial_reverse`](Self::dial_reverse) is the typed one.
-    pub async fn connect_reverse(&self, url: &str, token: &str) -> Result<(), String> {
-        self.connect_reverse_with(url, token, &[]).await
-    }
-
-    /// [`connect_reverse`](Self::connect_reverse) with `extra` headers too (an `Origin`, as
-    /// a web page's connection would carry).
-    pub async fn connect_reverse_with(
-        &self,
-        url: &str,
-        token: &str,
-        extra: &[(&'static str, &str)],
-    ) -> Result<(), String> {
-        self.dial_reverse(url, token, extra)
-            .await
-            .map_err(|refused| refused.to_string())
     }
 
     /// Dials a bot listening for reverse connections at `url`, presenting `token` (empty:

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use parlor_testkit::onebot::DialError;
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeOneBot, FakeTelegram};
 
 use crate::support::{self, WAIT, config, daemon_command};
@@ -83,22 +84,22 @@ async fn a_second_connection_does_not_displace_the_first_and_is_taken_once_the_f
     let first = FakeOneBot::start(ONEBOT_TOKEN, 42).await;
     let second = FakeOneBot::start(ONEBOT_TOKEN, 42).await;
     assert_eq!(
-        first.connect_reverse(&url, "wrong-token").await,
-        Err("401".to_owned())
+        first.dial_reverse(&url, "wrong-token", &[]).await,
+        Err(DialError::Refused(401))
     );
     assert_eq!(
         first
-            .connect_reverse_with(&url, ONEBOT_TOKEN, &[("Origin", "http://evil.example")])
+            .dial_reverse(&url, ONEBOT_TOKEN, &[("Origin", "http://evil.example")])
             .await,
-        Err("403".to_owned())
+        Err(DialError::Refused(403))
     );
-    first.connect_reverse(&url, ONEBOT_TOKEN).await.unwrap();
+    first.dial_reverse(&url, ONEBOT_TOKEN, &[]).await.unwrap();
     first.wait_for_connections(1, WAIT).await.unwrap();
 
     // The newcomer has the token and is still refused; the first keeps serving.
     assert_eq!(
-        second.connect_reverse(&url, ONEBOT_TOKEN).await,
-        Err("409".to_owned())
+        second.dial_reverse(&url, ONEBOT_TOKEN, &[]).await,
+        Err(DialError::Refused(409))
     );
     first
         .group_message(QQ_GROUP, 1001, "alice", " over the first")
@@ -124,9 +125,9 @@ async fn a_second_connection_does_not_displace_the_first_and_is_taken_once_the_f
     // (409), and retried.
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match second.connect_reverse(&url, ONEBOT_TOKEN).await {
+        match second.dial_reverse(&url, ONEBOT_TOKEN, &[]).await {
             Ok(()) => break,
-            Err(status) if status == "409" && tokio::time::Instant::now() < deadline => {
+            Err(DialError::Refused(409)) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Err(status) => panic!("refused with {status}\n{}", daemon.log()),

@@ -168,14 +168,6 @@ pub fn check_parameters(schema: &Value) -> Result<(), UnfitSchema> {
     find_reference(schema, &mut String::new())
 }
 
-/// [`check_parameters`] with the reason as text.
-///
-/// Kept for `bot/tests/tool_schema.rs`, which compares the result with `Err(String)`; once
-/// that test compares `check_parameters(..).map_err(|e| e.to_string())`, this goes.
-pub fn check_schema(schema: &Value) -> Result<(), String> {
-    check_parameters(schema).map_err(|unfit| unfit.to_string())
-}
-
 /// Depth-first search for a reference keyword, schema-aware: a *property* called `$ref` or a
 /// `default` value holding such a key is not a reference.
 fn find_reference(schema: &Value, path: &mut String) -> Result<(), UnfitSchema> {
@@ -539,7 +531,7 @@ fn free_map(map: &mut Map<String, Value>) {
 fn finish_root(root: &mut Map<String, Value>) {
     root.remove("description");
     // `()` and unit structs are `{"type":"null"}`; `serde_json::Value` is `{}`: both mean a
-    // free argument object. Anything else keeps its type, and `check_schema` refuses a
+    // free argument object. Anything else keeps its type, and `check_parameters` refuses a
     // non-object root.
     let is_null = root.get("type").and_then(Value::as_str) == Some("null");
     let shapeless = root

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use expect_test::{Expect, expect};
-use parlor_bot::tool::schema::{check_schema, normalize, schema_for};
+use parlor_bot::tool::schema::{check_parameters, normalize, schema_for};
 use parlor_bot::tool::validate::{ArgValidator, drop_optional_nulls, parse_arguments};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -37,7 +37,7 @@ fn assert_self_contained(value: &Value) {
 fn check<T: JsonSchema>(expected: Expect) {
     let schema = schema_for::<T>();
     assert_self_contained(&schema);
-    check_schema(&schema).expect("self-contained object schema");
+    check_parameters(&schema).expect("self-contained object schema");
     ArgValidator::new(&schema).expect("compiles");
     expected.assert_eq(&serde_json::to_string_pretty(&schema).expect("serializable"));
 }
@@ -673,7 +673,7 @@ fn unit_and_empty_structs_are_empty_objects() {
     assert_eq!(schema_for::<()>(), schema_for::<UnitArgs>());
 }
 
-// ---- normalize / check_schema on hand-written schemas ----
+// ---- normalize / check_parameters on hand-written schemas ----
 
 #[test]
 fn normalize_inlines_a_hand_written_schema() {
@@ -695,24 +695,26 @@ fn normalize_inlines_a_hand_written_schema() {
 }
 
 #[test]
-fn check_schema_finds_references_anywhere() {
+fn check_parameters_finds_references_anywhere() {
     assert_eq!(
-        check_schema(
+        check_parameters(
             &json!({"type": "object", "properties": {"a": {"items": {"$ref": "#/$defs/X"}}}})
-        ),
+        )
+        .map_err(|e| e.to_string()),
         Err(
             "the parameters schema is not self-contained: `$ref` at /properties/a/items".to_owned()
         )
     );
     assert_eq!(
-        check_schema(&json!({"type": "object", "properties": {}, "$defs": {}})),
+        check_parameters(&json!({"type": "object", "properties": {}, "$defs": {}}))
+            .map_err(|e| e.to_string()),
         Err("the parameters schema is not self-contained: `$defs` at /".to_owned())
     );
-    assert!(check_schema(&json!({"type": "string"})).is_err());
-    assert!(check_schema(&json!([])).is_err());
+    assert!(check_parameters(&json!({"type": "string"})).is_err());
+    assert!(check_parameters(&json!([])).is_err());
     // A property *named* `$ref`, and a default holding such a key, are not references.
     assert_eq!(
-        check_schema(&json!({
+        check_parameters(&json!({
             "type": "object",
             "properties": {"$ref": {"type": "string", "default": {"$ref": "x"}}}
         })),

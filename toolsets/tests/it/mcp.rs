@@ -9,7 +9,7 @@ use std::time::Duration;
 use parlor_bot::backoff::Backoff;
 use parlor_bot::llm::{Message, ToolCall};
 use parlor_bot::testing::{WAIT_LIMIT, group, tool_context};
-use parlor_bot::tool::schema::check_schema;
+use parlor_bot::tool::schema::check_parameters;
 use parlor_bot::tool::{Risk, Role, ToolContext, ToolRegistry, ToolResult, ToolSet};
 use parlor_testkit::{McpHttpServer, mcp_server_bin};
 use parlor_toolsets::mcp::{
@@ -106,7 +106,7 @@ async fn tools_arrive_with_wire_names_descriptions_and_provider_safe_schemas() {
         "{}",
         lookup.description
     );
-    check_schema(&lookup.parameters).unwrap();
+    check_parameters(&lookup.parameters).unwrap();
     let text = lookup.parameters.to_string();
     assert!(!text.contains("$ref") && !text.contains("$defs"), "{text}");
     let query = &lookup.parameters["properties"]["query"];
