@@ -750,6 +750,13 @@ where
             }
         }
     });
+    // Cancelled (the fake dropped), this future is dropped where it waits: the guard still
+    // forgets the connection and ends its writer, which holds the socket open otherwise.
+    let _hangup = Hangup {
+        shared: Arc::clone(&shared),
+        id,
+        writer: writer.abort_handle(),
+    };
     while let Some(Ok(frame)) = source.next().await {
         let text = match frame {
             WsMessage::Text(text) => text,
@@ -772,6 +779,26 @@ where
     shared.changed.notify_waiters();
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
+}
+
+/// Ends a connection however [`serve`] ends.
+struct Hangup {
+    shared: Arc<Shared>,
+    id: u64,
+    writer: tokio::task::AbortHandle,
+}
+
+impl Drop for Hangup {
+    fn drop(&mut self) {
+        {
+            let mut inner = self.shared.lock();
+            if inner.connection.as_ref().is_some_and(|c| c.id == self.id) {
+                inner.connection = None;
+            }
+        }
+        self.shared.changed.notify_waiters();
+        self.writer.abort();
+    }
 }
 
 /// Answers one action request; false to hang up.
