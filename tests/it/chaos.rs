@@ -2,7 +2,7 @@
 //! killed with SIGKILL at seeded random moments and restarted on the same data directory,
 //! while members of many groups mention the bot (each mention with a unique tag), the model
 //! schedules clock one-shots due during the run and starts background shell tasks. After a
-//! clean settle it checks what the README claims:
+//! clean settle it checks what docs/operating.md (Reliability) claims:
 //!
 //! - every mention is answered: a reply covers every mention whose tag was in the input of
 //!   the turn that produced it (merged turns count), none by two different answers;
