@@ -24,7 +24,8 @@ async fn get(addr: &str, path: &str) -> (u16, String) {
 }
 
 /// Polls `path` until its status is `want`: the daemon's state changes on its own clock.
-async fn until_status(addr: &str, path: &str, want: u16) -> String {
+/// A failure shows the daemon's log, which says what its connections did.
+async fn until_status(daemon: &DaemonProcess, addr: &str, path: &str, want: u16) -> String {
     let last = std::sync::Mutex::new((0, String::new()));
     tokio::time::timeout(WAIT, async {
         loop {
@@ -39,7 +40,10 @@ async fn until_status(addr: &str, path: &str, want: u16) -> String {
     .await
     .unwrap_or_else(|_| {
         let (status, body) = last.into_inner().unwrap();
-        panic!("{path} never answered {want}; last {status}: {body}")
+        panic!(
+            "{path} never answered {want}; last {status}: {body}\n{}",
+            daemon.log()
+        )
     })
 }
 
@@ -66,10 +70,16 @@ async fn readiness_follows_the_onebot_connection() {
     command.env("ONEBOT_ACCESS_TOKEN", "qq-token");
     let mut daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
     let addr = support::http_addr(&daemon).await;
-    until_status(&addr, "/readyz", 200).await;
+    daemon
+        .wait_for_log("connected to the OneBot implementation", WAIT)
+        .await;
+    until_status(&daemon, &addr, "/readyz", 200).await;
     // The implementation goes away: not ready, naming it, while the adapter redials.
     drop(qq);
-    let reason = until_status(&addr, "/readyz", 503).await;
+    daemon
+        .wait_for_log("the OneBot implementation was lost", WAIT)
+        .await;
+    let reason = until_status(&daemon, &addr, "/readyz", 503).await;
     assert!(reason.contains("onebot"), "{reason}");
     daemon.terminate(WAIT).await;
 }
@@ -86,7 +96,7 @@ async fn health_readiness_and_metrics_follow_the_daemon() {
     let addr = support::http_addr(&daemon).await;
 
     assert_eq!(get(&addr, "/healthz").await.0, 200);
-    until_status(&addr, "/readyz", 200).await;
+    until_status(&daemon, &addr, "/readyz", 200).await;
 
     let before = get(&addr, "/metrics").await.1;
     assert!(before.contains("parlor_sessions_in_memory"), "{before}");
@@ -121,9 +131,9 @@ async fn health_readiness_and_metrics_follow_the_daemon() {
             Failure::BadRequest("down for the test".into()),
         );
     }
-    let reason = until_status(&addr, "/readyz", 503).await;
+    let reason = until_status(&daemon, &addr, "/readyz", 503).await;
     assert!(reason.contains("telegram"), "{reason}");
-    until_status(&addr, "/readyz", 200).await;
+    until_status(&daemon, &addr, "/readyz", 200).await;
 
     let exit = daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", daemon.log());
