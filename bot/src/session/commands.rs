@@ -1,6 +1,6 @@
 //! The commands the runtime answers itself: `/help`, `/status`, `/stop` and `/reload` are
 //! answered at intake (their text needs no network; the answer goes through the outbox),
-//! `/reset` and `/compact` are queued for the chat's actor, which checks the sender's role
+//! `/reset` and `/compact` are queued for the chat's worker, which checks the sender's role
 //! and carries them out. `/reload` needs an operator, which intake knows from the config alone.
 
 use super::manager::{Session, SessionManager};
@@ -44,7 +44,7 @@ pub(super) fn argument(text: &str) -> &str {
 impl SessionManager {
     /// The answer to `/help`: the commands and the tools with the role each needs.
     pub(super) fn help_text(&self) -> String {
-        let tools = catalog::to_help(self.inner.template.tools());
+        let tools = catalog::to_help(self.template().tools());
         format!(
             "Mention me or reply to one of my messages to talk to me.\n\n\
              Commands:\n/help — this text\n/status — what I am doing\n\
@@ -71,13 +71,8 @@ impl SessionManager {
             }
             None => (false, 0, 0),
         };
-        let history = self
-            .inner
-            .store
-            .load_history(key)
-            .map(|h| h.len())
-            .unwrap_or(0);
-        let summary = match self.inner.store.load_summary(key) {
+        let history = self.store().load_history(key).map(|h| h.len()).unwrap_or(0);
+        let summary = match self.store().load_summary(key) {
             Ok(Some(s)) => format!(
                 "{} characters (about {} tokens) for {} older messages, written {}",
                 s.text.chars().count(),
@@ -101,9 +96,9 @@ impl SessionManager {
             } else {
                 "Idle."
             },
-            self.inner.template.config().model,
-            self.inner.template.tools().names().len(),
-            self.inner.started.elapsed().as_secs() / 60
+            self.template().config().model,
+            self.template().tools().names().len(),
+            self.started().elapsed().as_secs() / 60
         )
     }
 
@@ -111,12 +106,12 @@ impl SessionManager {
     /// and SIGHUP. Every session's tools share what they load, so this serves them all; a
     /// line for each toolset that loads something.
     pub fn reload(&self) -> Vec<String> {
-        self.inner.template.tools().reload()
+        self.template().tools().reload()
     }
 
     /// The answer to `/reload` from `user_id`: done for an operator, refused otherwise.
     pub(super) fn reload_text(&self, user_id: &str) -> String {
-        if !super::policy::is_operator(&self.inner.config, user_id) {
+        if !super::policy::is_operator(self.config(), user_id) {
             return "Only an operator of the bot may /reload.".to_owned();
         }
         let lines = self.reload();

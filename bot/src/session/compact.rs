@@ -1,7 +1,7 @@
 //! Compaction in the session layer: when, on whose word, and what is committed. The
 //! summarizing itself is the agent's ([`crate::agent::compact`]).
 //!
-//! Three triggers, all in the chat's actor, between items, so nothing runs beside a turn:
+//! Three triggers, all in the chat's worker, between items, so nothing runs beside a turn:
 //! - a turn whose last request (prompt + completion) reached `compact_ratio` of the
 //!   model's context window: compacted right after its reply was committed;
 //! - `/compact [topic]` from a chat admin (anyone in a DM): an item of the queue;
@@ -46,7 +46,7 @@ enum Compaction {
 impl SessionManager {
     /// The compaction threshold in tokens; `None` when compaction is off.
     fn compact_threshold(&self) -> Option<usize> {
-        let config = &self.inner.config;
+        let config = self.config();
         if config.compact_ratio <= 0.0 || config.context_window == 0 {
             return None;
         }
@@ -79,13 +79,13 @@ impl SessionManager {
         topic: Option<&str>,
         cancel: &CancellationToken,
     ) -> Result<Compaction, StoreError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let history = store.load_history(&session.key)?;
         let previous = store.load_summary(&session.key)?;
         // The kept turns may take at most half the threshold, so that a compaction always
         // leaves room before the next one.
         let keep_tokens = self.compact_threshold().unwrap_or(usize::MAX) / 2;
-        let from = keep_from(&history, self.inner.config.compact_keep_turns, keep_tokens);
+        let from = keep_from(&history, self.config().compact_keep_turns, keep_tokens);
         let turns_in = |messages: &[Message]| crate::agent::history::turn_starts(messages).len();
         if from == 0 {
             return Ok(Compaction::Nothing {
@@ -121,7 +121,7 @@ impl SessionManager {
         if usage.prompt_tokens + usage.completion_tokens + usage.total_tokens == 0 {
             return;
         }
-        let store = self.inner.store.as_ref();
+        let store = self.store().as_ref();
         let written = super::usage::add_tokens(store, self.now().date_naive(), session, usage)
             .and_then(|write| match &write.value {
                 Some(value) => store.kv_put(&write.space, &write.key, value),
@@ -161,12 +161,12 @@ impl SessionManager {
             }
         };
         let reply = match found {
-            Compaction::Cancelled if self.inner.abort.is_cancelled() => return None,
+            Compaction::Cancelled if self.abort().is_cancelled() => return None,
             Compaction::Cancelled => "Stopped: nothing was changed.".to_owned(),
             Compaction::Nothing { turns } => format!(
                 "There is nothing to summarize yet: the conversation is {turns} turn(s) long, \
                  and I keep the last {} word for word.",
-                self.inner.config.compact_keep_turns
+                self.config().compact_keep_turns
             ),
             Compaction::Failed(reason) => {
                 tracing::warn!(session = %session.key, %reason, "/compact: no summary");
@@ -210,7 +210,7 @@ impl SessionManager {
         chat: &ChatRef,
         tell: bool,
     ) {
-        let cancel = self.inner.abort.child_token();
+        let cancel = self.abort().child_token();
         // `/stop` and `/status` see the compaction as the chat's current work.
         session.state().turn_cancel = Some(cancel.clone());
         let found = self.summarize_older(session, None, &cancel).await;
@@ -260,22 +260,18 @@ impl SessionManager {
         let Some(threshold) = self.compact_threshold() else {
             return;
         };
-        let worth = match self.inner.store.load_history(&session.key) {
+        let worth = match self.store().load_history(&session.key) {
             Ok(history) => {
                 let tokens: usize = history.iter().map(estimate_tokens).sum();
                 tokens >= threshold / 4
-                    && keep_from(
-                        &history,
-                        self.inner.config.compact_keep_turns,
-                        threshold / 2,
-                    ) > 0
+                    && keep_from(&history, self.config().compact_keep_turns, threshold / 2) > 0
             }
             Err(_) => false,
         };
         if !worth {
             return;
         }
-        let cancel = self.inner.abort.child_token();
+        let cancel = self.abort().child_token();
         session.state().turn_cancel = Some(cancel.clone());
         let found = self.summarize_older(session, None, &cancel).await;
         session.state().turn_cancel = None;
@@ -301,7 +297,7 @@ impl SessionManager {
     /// threshold (whole turns; the newest one always stays); `None` when none would go.
     fn trim_for_room(&self, session: &Session) -> Option<usize> {
         let budget = self.compact_threshold()? / 2;
-        let mut history = self.inner.store.load_history(&session.key).ok()?;
+        let mut history = self.store().load_history(&session.key).ok()?;
         let before = history.len();
         trim_to_budget(&mut history, budget);
         Some(before - history.len()).filter(|&n| n > 0)
@@ -327,7 +323,7 @@ impl SessionManager {
             summary,
             also: Vec::new(),
         };
-        let committed = match self.inner.store.commit_turn(commit) {
+        let committed = match self.store().commit_turn(commit) {
             Ok(id) => self.durable().await.map(|()| id),
             Err(e) => Err(e),
         };

@@ -1,6 +1,6 @@
 //! Intake: [`Inbox::deliver`] records, dedupes, makes pending and enqueues, waits until
 //! that is durable, and returns. It never waits on the network and never takes a turn's
-//! lock: roles are resolved in the chat's actor, answers go out through the outbox lanes.
+//! lock: roles are resolved in the chat's worker, answers go out through the outbox lanes.
 //!
 //! Each message is one store transaction — the chat-log record (which is also the dedupe
 //! key) together with its pending record, or with its immediate answer — made durable
@@ -127,10 +127,10 @@ impl SessionManager {
 
     /// The writing part of intake, synchronous: nothing in it may wait.
     pub(super) fn intake(&self, message: IncomingMessage) -> Result<Accepted, InboxError> {
-        if self.inner.draining.is_cancelled() {
+        if self.draining().is_cancelled() {
             return Err(InboxError::ShuttingDown);
         }
-        let config = &self.inner.config;
+        let config = self.config();
         if !policy::allowed(config, &message) {
             tracing::debug!(chat = %message.chat, sender = %message.sender.id, "message outside the allow-lists ignored");
             return Ok(Accepted::nothing());
@@ -143,8 +143,7 @@ impl SessionManager {
             && !policy::is_operator(config, &message.sender.id)
         {
             let admit = self
-                .inner
-                .command_limits
+                .command_limits()
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .admit(
@@ -162,8 +161,7 @@ impl SessionManager {
                     return self.record_and_answer(&key, &stored, notice);
                 }
                 Admit::Quiet => {
-                    self.inner
-                        .store
+                    self.store()
                         .record_inbound(&key, &stored, Intake::Record)
                         .map_err(store_error)?;
                     return Ok(Accepted::nothing());
@@ -176,8 +174,7 @@ impl SessionManager {
                     return self.record_overheard(&message, &stored, auto);
                 }
                 // Context only: not waited for (see `Accepted::durable`).
-                self.inner
-                    .store
+                self.store()
                     .record_inbound(&key, &stored, Intake::Record)
                     .map_err(store_error)?;
                 Ok(Accepted::nothing())
@@ -227,8 +224,7 @@ impl SessionManager {
         // A duplicate is waited for too: its first delivery may not be durable yet.
         let mut accepted = Accepted::durable();
         match self
-            .inner
-            .store
+            .store()
             .record_inbound(key, stored, Intake::Reply(answer))
             .map_err(store_error)?
         {
@@ -244,7 +240,7 @@ impl SessionManager {
     }
 
     /// Records an addressed message as pending and queues it on its session: the record,
-    /// the capacity check, the push and the actor's start under the sessions' owner lock.
+    /// the capacity check, the push and the worker's start under the sessions' owner lock.
     /// A full queue is told (the answer recorded with the message), never a silent drop.
     fn record_and_queue(
         &self,
@@ -255,8 +251,8 @@ impl SessionManager {
     ) -> Result<Accepted, InboxError> {
         let key = message.chat.session_key();
         let private = message.kind == ChatKind::Private;
-        // Operators are known from the config; chat admins are looked up by the actor.
-        let role = if policy::is_operator(&self.inner.config, &message.sender.id) {
+        // Operators are known from the config; chat admins are looked up by the worker.
+        let role = if policy::is_operator(self.config(), &message.sender.id) {
             Role::Operator
         } else {
             Role::Member
@@ -280,10 +276,10 @@ impl SessionManager {
         };
         let mut item = QueueItem::from_pending(pending.clone());
 
-        let mut sessions = self.lock_sessions();
-        let session = self.session_in(&mut sessions, &key);
+        let mut chats = self.chats();
+        let session = chats.session(&key);
         if !session.queue.can_take(&item) {
-            drop(sessions);
+            drop(chats);
             let notice = OutboxEntry::new(
                 &key,
                 &message.chat,
@@ -294,8 +290,7 @@ impl SessionManager {
             return self.record_and_answer(&key, stored, notice);
         }
         let id = match self
-            .inner
-            .store
+            .store()
             .record_inbound(&key, stored, Intake::Pending(pending))
             .map_err(store_error)?
         {
@@ -311,7 +306,6 @@ impl SessionManager {
             // Checked above under the same lock; kept for the next start if it happens.
             tracing::error!(session = %key, ids = ?full.0.pending_ids, "queue refused a checked item; it stays pending");
         }
-        self.ensure_actor(&session);
         Ok(Accepted::durable())
     }
 }

@@ -22,8 +22,6 @@
 //! - **Edited**: the log record takes the new text; an input still pending for the message
 //!   (not yet answered) takes it too, in the store and in the waiting queue item.
 
-use std::sync::Arc;
-
 use chrono::{DateTime, Utc};
 
 use super::inbox::Accepted;
@@ -146,29 +144,12 @@ fn same_chat(a: &ChatRef, b: &ChatRef) -> bool {
 }
 
 impl SessionManager {
-    /// Registers a toolset's [`ChatHook`]; call before the adapters start.
-    pub fn add_chat_hook(&self, hook: Arc<dyn ChatHook>) {
-        self.inner
-            .hooks
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(hook);
-    }
-
-    fn hooks(&self) -> Vec<Arc<dyn ChatHook>> {
-        self.inner
-            .hooks
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
     /// The writing part of an event's intake, synchronous: nothing in it may wait.
     pub(super) fn event_intake(&self, event: ChatEvent) -> Result<Accepted, InboxError> {
-        if self.inner.draining.is_cancelled() {
+        if self.draining().is_cancelled() {
             return Err(InboxError::ShuttingDown);
         }
-        if !policy::chat_allowed(&self.inner.config, event.chat()) {
+        if !policy::chat_allowed(self.config(), event.chat()) {
             tracing::debug!(chat = %event.chat(), "event outside the allow-lists ignored");
             return Ok(Accepted::nothing());
         }
@@ -193,7 +174,7 @@ impl SessionManager {
         title: Option<String>,
         by: &Sender,
     ) -> Result<Accepted, InboxError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let record = ChatRecord {
             chat,
             title,
@@ -238,7 +219,7 @@ impl SessionManager {
         by: &Sender,
         time: DateTime<Utc>,
     ) -> Result<Accepted, StoreError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let mut writes = Vec::new();
         let mut notices = Vec::new();
         for hook in self.hooks() {
@@ -277,7 +258,7 @@ impl SessionManager {
     }
 
     fn migrated(&self, from: &ChatRef, to: &ChatRef) -> Result<Accepted, InboxError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let (old, new) = (from.session_key(), to.session_key());
         if old == new {
             return Ok(Accepted::nothing());
@@ -288,7 +269,7 @@ impl SessionManager {
             return Ok(Accepted::durable());
         }
         // Under the owner lock: no input can be queued on the old session meanwhile.
-        let mut sessions = self.lock_sessions();
+        let mut chats = self.chats();
         let mut attempt = 0;
         let moved = loop {
             attempt += 1;
@@ -311,18 +292,15 @@ impl SessionManager {
             return Ok(Accepted::durable());
         }
         // The old chat's history is now in front of the new one's.
-        if let Some(session) = sessions.get(&new) {
+        if let Some(session) = chats.get(&new) {
             session.state().history_changed();
         }
-        let waiting = sessions
-            .remove(&old)
-            .map(|session| session.queue.clear())
-            .unwrap_or_default();
+        let waiting = chats.move_out(&old);
         tracing::info!(from = %old, to = %new, moved_inputs = waiting.len(), "chat moved to a new id");
         if waiting.is_empty() {
             return Ok(Accepted::durable());
         }
-        let session = self.session_in(&mut sessions, &new);
+        let session = chats.session(&new);
         for mut item in waiting {
             item.chat = ChatRef {
                 thread_id: item.chat.thread_id.take(),
@@ -332,12 +310,11 @@ impl SessionManager {
             // Inputs already accepted: they go in even over the capacity (they are pending).
             session.queue.push_over_capacity(item);
         }
-        self.ensure_actor(&session);
         Ok(Accepted::durable())
     }
 
     fn edited(&self, message: &IncomingMessage) -> Result<Accepted, InboxError> {
-        if !policy::allowed(&self.inner.config, message) {
+        if !policy::allowed(self.config(), message) {
             return Ok(Accepted::nothing());
         }
         let key = message.chat.session_key();
@@ -345,17 +322,16 @@ impl SessionManager {
         let line = policy::attribute(
             &message.sender,
             &message.text,
-            self.inner.config.max_input_chars,
+            self.config().max_input_chars,
         );
         // Under the owner lock, so the waiting item cannot be merged or taken in between.
-        let sessions = self.lock_sessions();
+        let chats = self.chats();
         let edited = self
-            .inner
-            .store
+            .store()
             .edit_message(&key, &stored, Some(&line))
             .map_err(store_error)?;
         if let Edited::Pending(id) = edited {
-            let queued = sessions.get(&key).is_some_and(|session| {
+            let queued = chats.get(&key).is_some_and(|session| {
                 session
                     .queue
                     .edit(id, &message.message_id, &line, &message.images)

@@ -1,14 +1,9 @@
-//! [`SessionManager`]: the owner of every live session, and the public face of the session
-//! layer (scheduled inputs, notices, resume, shutdown).
-//!
-//! **One owner per chat.** The map of live sessions is touched only under its lock, and the
-//! lookup of a session, the push onto its queue and the start of its actor happen together
-//! under it; an idle actor evicts its session under the same lock, and only when its queue
-//! is still empty. So a push can never land on an evicted session, and a chat never has two
-//! actors.
+//! [`SessionManager`]: the public face of the session layer (scheduled inputs, notices,
+//! resume, shutdown) and what its stages share: the store, the agent template, the
+//! platforms, the config and the shutdown tokens, each read through an accessor here. The
+//! chats that run, and their workers, belong to the [`Dispatcher`](super::dispatcher).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -20,6 +15,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::dispatcher::{Chats, Dispatcher};
 use super::input::Wait;
 use super::outbox::Lanes;
 use super::queue::{QueueItem, ScheduledOutcome, SessionQueue, Waiter};
@@ -56,7 +52,7 @@ pub struct SessionConfig {
     pub compact_ratio: f64,
     /// Newest turns a compaction keeps word for word.
     pub compact_keep_turns: usize,
-    /// A session actor with nothing to do leaves memory after this long.
+    /// A chat worker with nothing to do leaves memory after this long.
     pub idle_timeout: Duration,
     /// How long a chat's administrator list is cached.
     pub admin_cache_ttl: Duration,
@@ -123,13 +119,10 @@ pub enum SubmitError {
 /// Counters of the session layer, for tests and the operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SessionStats {
-    /// Actors started since the daemon started.
+    /// Chat workers started since the daemon started.
     pub actors_started: u64,
-    /// Actors running now.
+    /// Chat workers running now.
     pub actors_running: usize,
-    /// Times an actor started for a chat that already had one running: always 0 unless
-    /// the one-owner rule is broken.
-    pub double_actors: u64,
     /// Sessions that left memory after idling, since the daemon started.
     pub evictions: u64,
     /// Sessions in memory.
@@ -147,12 +140,8 @@ pub(super) struct Session {
 
 #[derive(Default)]
 pub(super) struct SessionState {
-    /// Whether an actor task is running for this session.
-    pub(super) actor_running: bool,
     /// Cancels the running turn (`/stop`).
     pub(super) turn_cancel: Option<CancellationToken>,
-    /// Start times of recent turns, for the rate limit.
-    pub(super) recent_turns: crate::ratelimit::SlidingWindow,
     /// Turns run since the daemon started.
     pub(super) turns: u64,
     /// The running item's start and input, for the operator's console.
@@ -180,61 +169,48 @@ impl Session {
     pub(super) fn state(&self) -> MutexGuard<'_, SessionState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Whether anything waits to run: a queued item or overheard messages.
+    pub(super) fn has_work(&self) -> bool {
+        !self.queue.is_empty() || !self.state().overheard.is_empty()
+    }
 }
 
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) actors_started: AtomicU64,
-    pub(super) actors_running: AtomicUsize,
-    pub(super) double_actors: AtomicU64,
-    pub(super) evictions: AtomicU64,
-}
-
-pub(super) struct Inner {
-    pub(super) store: Arc<dyn Store>,
-    pub(super) template: Agent,
-    pub(super) platforms: HashMap<String, Arc<dyn Platform>>,
-    pub(super) config: SessionConfig,
-    /// The live sessions: see the module docs for who may touch it and how.
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
-    /// Session keys whose actor is running, to prove there is never a second one.
-    pub(super) active_actors: Mutex<std::collections::HashSet<String>>,
-    pub(super) admin_cache: Mutex<HashMap<String, (Instant, Vec<String>)>>,
+/// What the stages share, read through the accessors of [`SessionManager`].
+struct Inner {
+    store: Arc<dyn Store>,
+    template: Agent,
+    platforms: HashMap<String, Arc<dyn Platform>>,
+    config: SessionConfig,
+    /// The chats that run here and their workers.
+    dispatcher: Dispatcher,
+    admin_cache: Mutex<HashMap<String, (Instant, Vec<String>)>>,
     /// The outbox lanes, one per chat with replies to send.
-    pub(super) lanes: Lanes,
-    pub(super) tracker: TaskTracker,
+    lanes: Lanes,
+    tracker: TaskTracker,
     /// Cancelled when shutdown begins: no new input, no new turns.
-    pub(super) draining: CancellationToken,
+    draining: CancellationToken,
     /// Cancelled when the grace period is over: running turns stop uncommitted, outbox
     /// lanes stop (their replies are sent after the next start).
-    pub(super) abort: CancellationToken,
-    pub(super) started: Instant,
-    pub(super) counters: Counters,
+    abort: CancellationToken,
+    started: Instant,
     /// The toolsets' parts in a chat's life (see [`super::life`]).
-    pub(super) hooks: std::sync::RwLock<Vec<Arc<dyn super::life::ChatHook>>>,
+    hooks: std::sync::RwLock<Vec<Arc<dyn super::life::ChatHook>>>,
     /// Commands answered per member and per chat ([`super::flood`]).
-    pub(super) command_limits: Mutex<super::flood::CommandLimits>,
-}
-
-/// The capacity to shrink a table of `len` entries to, when it is mostly empty: after a
-/// burst of 10,000 chats has left memory, the tables of live sessions, actors and lanes
-/// would otherwise keep room for all of them (a few MiB) for good. Shrinking only below a
-/// quarter keeps it amortized.
-pub(super) fn shrunk_capacity(len: usize, capacity: usize) -> Option<usize> {
-    (capacity > 256 && len.saturating_mul(4) < capacity).then(|| len.saturating_mul(2))
+    command_limits: Mutex<super::flood::CommandLimits>,
 }
 
 /// The runtime's session layer; cheap to clone. See the module docs of
 /// [`crate::session`] for the path of a message.
 #[derive(Clone)]
 pub struct SessionManager {
-    pub(super) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for SessionManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionManager")
-            .field("sessions", &self.lock_sessions().len())
+            .field("sessions", &self.inner.dispatcher.len())
             .finish_non_exhaustive()
     }
 }
@@ -256,49 +232,106 @@ impl SessionManager {
                     .map(|p| (p.name().to_owned(), p))
                     .collect(),
                 config,
-                sessions: Mutex::new(HashMap::new()),
-                active_actors: Mutex::new(Default::default()),
+                dispatcher: Dispatcher::default(),
                 admin_cache: Mutex::new(HashMap::new()),
                 lanes: Lanes::default(),
                 tracker: TaskTracker::new(),
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
                 started: Instant::now(),
-                counters: Counters::default(),
                 hooks: std::sync::RwLock::default(),
                 command_limits: Mutex::default(),
             }),
         }
     }
 
-    /// The owner lock of the live sessions. Held only for quick, synchronous work: lookups,
-    /// pushes, the intake transaction, eviction.
-    pub(super) fn lock_sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        self.inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    /// A new session of `key`, for the dispatcher.
+    pub(super) fn new_session(&self, key: &str) -> Session {
+        Session {
+            key: key.to_owned(),
+            queue: SessionQueue::new(self.inner.config.queue_capacity),
+            agent: self.inner.template.fork(),
+            state: Mutex::new(SessionState::default()),
+        }
     }
 
-    /// The session of `key` in `sessions` (the locked map), created on first use.
-    pub(super) fn session_in(
-        &self,
-        sessions: &mut HashMap<String, Arc<Session>>,
-        key: &str,
-    ) -> Arc<Session> {
-        Arc::clone(sessions.entry(key.to_owned()).or_insert_with(|| {
-            Arc::new(Session {
-                key: key.to_owned(),
-                queue: SessionQueue::new(self.inner.config.queue_capacity),
-                agent: self.inner.template.fork(),
-                state: Mutex::new(SessionState::default()),
-            })
-        }))
+    /// The chats that run here.
+    pub(super) fn dispatcher(&self) -> &Dispatcher {
+        &self.inner.dispatcher
+    }
+
+    /// The locked map of live chats ([`Chats`]): letting it go starts the worker the
+    /// session it handed out last needs.
+    pub(super) fn chats(&self) -> Chats<'_> {
+        self.inner.dispatcher.lock(self)
     }
 
     /// The live session of `key`, if any (never creates one).
     pub(super) fn live_session(&self, key: &str) -> Option<Arc<Session>> {
-        self.lock_sessions().get(key).cloned()
+        self.inner.dispatcher.live(key)
+    }
+
+    /// The store the sessions write to.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    pub(super) fn config(&self) -> &SessionConfig {
+        &self.inner.config
+    }
+
+    /// The agent every session forks.
+    pub(super) fn template(&self) -> &Agent {
+        &self.inner.template
+    }
+
+    /// Cancelled when shutdown begins: no new input, no new turns.
+    pub(super) fn draining(&self) -> &CancellationToken {
+        &self.inner.draining
+    }
+
+    /// Cancelled when the grace period is over.
+    pub(super) fn abort(&self) -> &CancellationToken {
+        &self.inner.abort
+    }
+
+    /// Owns every task of the session layer (workers, lanes, the system inputs).
+    pub(super) fn tracker(&self) -> &TaskTracker {
+        &self.inner.tracker
+    }
+
+    pub(super) fn lanes(&self) -> &Lanes {
+        &self.inner.lanes
+    }
+
+    /// When the daemon started, for `/status`.
+    pub(super) fn started(&self) -> Instant {
+        self.inner.started
+    }
+
+    pub(super) fn admin_cache(&self) -> &Mutex<HashMap<String, (Instant, Vec<String>)>> {
+        &self.inner.admin_cache
+    }
+
+    pub(super) fn command_limits(&self) -> &Mutex<super::flood::CommandLimits> {
+        &self.inner.command_limits
+    }
+
+    /// Registers a toolset's [`ChatHook`](super::ChatHook); call before the adapters start.
+    pub fn add_chat_hook(&self, hook: Arc<dyn super::ChatHook>) {
+        self.inner
+            .hooks
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(hook);
+    }
+
+    pub(super) fn hooks(&self) -> Vec<Arc<dyn super::ChatHook>> {
+        self.inner
+            .hooks
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// What time it is, by [`SessionConfig::wall_time`].
@@ -342,15 +375,13 @@ impl SessionManager {
                 "resuming inputs from before the restart"
             );
         }
-        let mut sessions = self.lock_sessions();
+        let mut chats = self.chats();
         let mut unheard = Vec::new();
         for item in pending {
-            let session = self.session_in(&mut sessions, &item.session);
+            let session = chats.session(&item.session);
             if item.kind.rules().waits == Wait::Batch {
                 let id = item.id;
-                if self.restore_overheard(&session, item) {
-                    self.ensure_actor(&session);
-                } else {
+                if !self.restore_overheard(&session, item) {
                     unheard.push(id);
                 }
                 continue;
@@ -361,9 +392,8 @@ impl SessionManager {
                 // record for the next start rather than drop it.
                 tracing::warn!(session = %session.key, ids = ?full.0.pending_ids, "queue full while resuming; kept for later");
             }
-            self.ensure_actor(&session);
         }
-        drop(sessions);
+        drop(chats);
         if !unheard.is_empty() {
             // The chat is no longer read along in (the config changed): they stay in the
             // chat log only.
@@ -396,8 +426,8 @@ impl SessionManager {
             return Err(SubmitError::NoPlatform(chat.platform.clone()));
         }
         let key = chat.session_key();
-        let mut sessions = self.lock_sessions();
-        let session = self.session_in(&mut sessions, &key);
+        let mut chats = self.chats();
+        let session = chats.session(&key);
         let pending = PendingItem {
             id: 0,
             session: key,
@@ -420,7 +450,6 @@ impl SessionManager {
             tracing::error!(session = %session.key, pending = id, "queue refused a checked item; it stays pending");
             return Err(SubmitError::QueueFull);
         }
-        self.ensure_actor(&session);
         Ok(id)
     }
 
@@ -483,22 +512,21 @@ impl SessionManager {
 
     /// Number of sessions in memory.
     pub fn live_sessions(&self) -> usize {
-        self.lock_sessions().len()
+        self.inner.dispatcher.len()
     }
 
     /// Items waiting in the queues of the sessions in memory (a merged burst counts once).
     pub fn queued_items(&self) -> usize {
-        self.lock_sessions().values().map(|s| s.queue.len()).sum()
+        self.inner.dispatcher.queued()
     }
 
     /// The session layer's counters.
     pub fn stats(&self) -> SessionStats {
-        let c = &self.inner.counters;
+        let counts = self.inner.dispatcher.counts();
         SessionStats {
-            actors_started: c.actors_started.load(Ordering::Relaxed),
-            actors_running: c.actors_running.load(Ordering::Relaxed),
-            double_actors: c.double_actors.load(Ordering::Relaxed),
-            evictions: c.evictions.load(Ordering::Relaxed),
+            actors_started: counts.started,
+            actors_running: counts.running,
+            evictions: counts.evictions,
             live_sessions: self.live_sessions(),
         }
     }
@@ -507,8 +535,10 @@ impl SessionManager {
     /// chat` waits for after its input ends.
     pub fn is_idle(&self) -> bool {
         let busy = self
-            .lock_sessions()
-            .values()
+            .inner
+            .dispatcher
+            .all()
+            .iter()
             .any(|s| !s.queue.is_empty() || s.state().turn_cancel.is_some());
         !busy
             && self.inner.lanes.is_empty()
@@ -535,7 +565,7 @@ impl SessionManager {
         }
         // Nothing will answer a waiter now (an abandoned reply is sent after the next
         // start): dropping them tells each (a clock fire) at once that it was abandoned.
-        for session in self.lock_sessions().values() {
+        for session in self.inner.dispatcher.all() {
             session.queue.drop_waiters();
         }
         self.inner.lanes.drop_waiters();

@@ -1,5 +1,26 @@
-//! Sessions (docs/contract.md, "A turn"): one agent session per chat, each an actor with a bounded, typed
-//! queue, running one item at a time.
+//! Sessions (docs/contract.md, "A turn"): one agent session per chat, run by one worker
+//! with a bounded, typed queue, one item at a time.
+//!
+//! # The path of a mention
+//! ```text
+//! adapter ── Inbox::deliver ──▶ inbox.rs       policy, then one store write (log + pending)
+//!                                  │
+//!                                  ▼
+//!                          dispatcher.rs       the chat's session; push; start its worker
+//!                                  │
+//!                                  ▼
+//!                               queue.rs       waits (merged with more input) until taken
+//!                                  │
+//!                                  ▼
+//!                              worker.rs       rate limit, roles (roles.rs), next item
+//!                                  │
+//!                                  ▼
+//!                                turn.rs       the agent's turn; one commit; durable
+//!                                  │
+//!                                  ▼
+//!                              outbox.rs       the chat's lane: Platform::send, retried
+//! ```
+//! What each kind of input may do on that path is one table, [`input`].
 //!
 //! # Layout, along the path of a message
 //! - [`inbox`]: `Inbox::deliver` — allow-lists, then one store transaction that records the
@@ -16,9 +37,12 @@
 //! - [`queue`]: the stacking queue in front of each session; a pending input is in it once.
 //! - [`system`]: the one bounded channel that clock fires, task notices and withdrawals
 //!   come through, served after [`SessionManager::resume`].
-//! - [`manager`]: [`SessionManager`], the single owner of the live sessions, and the
-//!   public entry points (scheduled inputs, notices, resume, shutdown).
-//! - [`actor`]: the per-chat actor — rate limit, role resolution, eviction when idle.
+//! - [`dispatcher`]: the one owner of the live chats; it starts a chat's worker and lets
+//!   the chat leave memory.
+//! - [`manager`]: [`SessionManager`], the public entry points (scheduled inputs, notices,
+//!   resume, shutdown) and what the stages share.
+//! - [`worker`]: the per-chat worker: rate limit, role resolution, back to the dispatcher
+//!   when idle.
 //! - [`roles`]: operators from the config, chat admins from the platform (cached, with a
 //!   timeout), and the [`RoleResolver`](crate::tool::RoleResolver) tools use.
 //! - [`turn`]: one item — the agent's turn or `/reset` — committed in one transaction.
@@ -33,9 +57,9 @@
 //! committed) and hands every unsent reply to its lane; [`quarantine`] sets aside an input
 //! whose turn stopped the daemon twice instead of replaying it forever.
 
-mod actor;
 mod commands;
 mod compact;
+mod dispatcher;
 mod flood;
 mod inbox;
 pub mod input;
@@ -52,6 +76,7 @@ pub mod trace;
 mod turn;
 pub mod usage;
 mod view;
+mod worker;
 
 pub use life::{ChatHook, Removal, move_record, move_records};
 pub use manager::{SessionConfig, SessionManager, SessionStats, SubmitError};

@@ -81,7 +81,7 @@ impl SessionManager {
     pub(super) fn enqueue_reply(&self, entry: OutboxEntry, done: Vec<Waiter>) {
         let key = entry.session.clone();
         let start = {
-            let mut lanes = self.inner.lanes.lock();
+            let mut lanes = self.lanes().lock();
             let lane = lanes.entry(key.clone()).or_default();
             lane.push_back(Row { entry, done });
             // A lane with one row was idle: the task of a busy lane pops only after a send.
@@ -89,8 +89,7 @@ impl SessionManager {
         };
         if start {
             let manager = self.clone();
-            self.inner
-                .tracker
+            self.tracker()
                 .spawn(async move { manager.run_lane(key).await });
         }
     }
@@ -100,8 +99,7 @@ impl SessionManager {
     async fn run_lane(self, key: String) {
         loop {
             let next = self
-                .inner
-                .lanes
+                .lanes()
                 .lock()
                 .get(&key)
                 .and_then(|lane| lane.front().map(|row| row.entry.clone()));
@@ -110,7 +108,7 @@ impl SessionManager {
                 Sent::Done(outcome) => outcome,
                 Sent::Abandoned => return,
             };
-            let mut lanes = self.inner.lanes.lock();
+            let mut lanes = self.lanes().lock();
             if let Some(lane) = lanes.get_mut(&key) {
                 for waiter in lane.pop_front().into_iter().flat_map(|row| row.done) {
                     // The submitter may have given up waiting.
@@ -118,7 +116,8 @@ impl SessionManager {
                 }
                 if lane.is_empty() {
                     lanes.remove(&key);
-                    if let Some(to) = super::manager::shrunk_capacity(lanes.len(), lanes.capacity())
+                    if let Some(to) =
+                        super::dispatcher::shrunk_capacity(lanes.len(), lanes.capacity())
                     {
                         lanes.shrink_to(to);
                     }
@@ -148,7 +147,7 @@ impl SessionManager {
             );
             let result = tokio::select! {
                 biased;
-                () = self.inner.abort.cancelled() => return Sent::Abandoned,
+                () = self.abort().cancelled() => return Sent::Abandoned,
                 result = attempt => result,
             };
             let wait = match result {
@@ -179,7 +178,7 @@ impl SessionManager {
             failures = failures.saturating_add(1);
             tokio::select! {
                 biased;
-                () = self.inner.abort.cancelled() => return Sent::Abandoned,
+                () = self.abort().cancelled() => return Sent::Abandoned,
                 () = tokio::time::sleep(wait) => {}
             }
         }
@@ -191,7 +190,7 @@ impl SessionManager {
         let own = ids.first().map(|first| {
             StoredMessage::from_bot(
                 &entry.chat.platform,
-                &self.inner.config.bot_name,
+                &self.config().bot_name,
                 first,
                 &entry.text,
                 entry.reply_to.as_deref(),
@@ -199,8 +198,7 @@ impl SessionManager {
         });
         let marked =
             match self
-                .inner
-                .store
+                .store()
                 .mark_sent_with_own(entry.id, ids, &entry.session, own.as_ref())
             {
                 Ok(()) => self.durable().await,
@@ -212,7 +210,7 @@ impl SessionManager {
     }
 
     async fn given_up(&self, entry: &OutboxEntry, why: &str) {
-        let marked = match self.inner.store.mark_failed(entry.id, why) {
+        let marked = match self.store().mark_failed(entry.id, why) {
             Ok(()) => self.durable().await,
             Err(e) => Err(e),
         };
@@ -245,8 +243,7 @@ impl Post for TurnPost {
         };
         entry.id = self
             .manager
-            .inner
-            .store
+            .store()
             .queue_outbox_with(entry.clone(), Vec::new())
             .map_err(failed)?;
         // Like a committed reply: handed to the lane only once durable.

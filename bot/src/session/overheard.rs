@@ -6,11 +6,11 @@
 //! added to its session's [`Batch`], which waits beside the queue (not in it: a mention
 //! never waits behind overheard chatter, and chatter never fills the queue mentions need).
 //!
-//! **Flush.** The chat's actor runs the batch as one quiet turn when it holds
+//! **Flush.** The chat's worker runs the batch as one quiet turn when it holds
 //! `batch_messages` messages or `batch_seconds` after its first one, whichever comes first,
 //! and only when the queue is empty: mentions take precedence and are answered as usual,
 //! without absorbing the batch (the overheard messages keep their own turn, after it). The
-//! timer is the actor's wait, so it ends with the actor on shutdown; the batch stays pending
+//! timer is the worker's wait, so it ends with the worker on shutdown; the batch stays pending
 //! in the store, and [`SessionManager::resume`] flushes it at once after a restart.
 //!
 //! **The quiet turn.** Its input says plainly that these are overheard messages, not
@@ -89,7 +89,7 @@ pub(super) fn auto_chat_for<'a>(config: &'a SessionConfig, chat: &ChatRef) -> Op
 }
 
 /// The overheard messages of one chat waiting for their quiet turn. Bounded: past
-/// [`MAX_LINES_PER_ITEM`] (a busy actor, a flood) messages are only logged, as without
+/// [`MAX_LINES_PER_ITEM`] (a busy worker, a flood) messages are only logged, as without
 /// auto-chat.
 #[derive(Debug, Default)]
 pub(super) struct Batch {
@@ -189,7 +189,7 @@ impl SessionManager {
         let line = super::policy::attribute(
             &message.sender,
             &message.text,
-            self.inner.config.max_input_chars,
+            self.config().max_input_chars,
         );
         let pending = PendingItem {
             id: 0,
@@ -204,8 +204,8 @@ impl SessionManager {
             private: false,
         };
         let store_error = |e: StoreError| crate::platform::InboxError::Store(e.to_string());
-        let mut sessions = self.lock_sessions();
-        let session = self.session_in(&mut sessions, &key);
+        let mut chats = self.chats();
+        let session = chats.session(&key);
         let mut state = session.state();
         let intake = if state.overheard.has_room() {
             crate::store::Intake::Pending(pending)
@@ -215,8 +215,7 @@ impl SessionManager {
         };
         let only_logged = matches!(intake, crate::store::Intake::Record);
         match self
-            .inner
-            .store
+            .store()
             .record_inbound(&key, stored, intake)
             .map_err(store_error)?
         {
@@ -233,7 +232,6 @@ impl SessionManager {
                 );
                 drop(state);
                 session.queue.wake();
-                self.ensure_actor(&session);
             }
         }
         Ok(super::inbox::Accepted::durable())
@@ -242,14 +240,14 @@ impl SessionManager {
     /// Whether `message` is one auto-chat reads: unaddressed, in a group the config names,
     /// from a person (bots only when the config does not ignore them).
     pub(super) fn overhears<'a>(&'a self, message: &IncomingMessage) -> Option<&'a AutoChat> {
-        let config = &self.inner.config;
+        let config = self.config();
         if message.kind == ChatKind::Private || (message.sender.is_bot && config.ignore_bots) {
             return None;
         }
         auto_chat_for(config, &message.chat)
     }
 
-    /// The batch of `session` when it is due: the actor's next item when its queue is
+    /// The batch of `session` when it is due: the worker's next item when its queue is
     /// empty.
     pub(super) fn due_batch(&self, session: &Session) -> Option<QueueItem> {
         session.state().overheard.take_if_due(Instant::now())
@@ -259,7 +257,7 @@ impl SessionManager {
     /// (its wait may long be over). `false` when the chat is no longer an auto-chat one:
     /// the caller drops it.
     pub(super) fn restore_overheard(&self, session: &Session, item: PendingItem) -> bool {
-        if auto_chat_for(&self.inner.config, &item.chat).is_none() {
+        if auto_chat_for(self.config(), &item.chat).is_none() {
             return false;
         }
         let mut state = session.state();
@@ -277,7 +275,7 @@ impl SessionManager {
         if item.kind.rules().caller != CallerRule::Quiet {
             return None;
         }
-        let limits = auto_chat_for(&self.inner.config, &item.chat)?.clone();
+        let limits = auto_chat_for(self.config(), &item.chat)?.clone();
         Some(Arc::new(QuietTurn {
             manager: self.clone(),
             session: item.chat.session_key(),
@@ -314,7 +312,7 @@ struct QuietTurn {
     batch: u64,
     limits: AutoChat,
     /// Calls of one turn may run at once; the count is read and written under it (one
-    /// actor per chat, so no other turn writes it meanwhile).
+    /// worker per chat, so no other turn writes it meanwhile).
     lock: tokio::sync::Mutex<()>,
 }
 
@@ -327,7 +325,7 @@ fn unavailable(e: StoreError) -> ToolError {
 impl QuietSpeech for QuietTurn {
     async fn say(&self, text: &str) -> Result<Said, ToolError> {
         let _one_at_a_time = self.lock.lock().await;
-        let store = &self.manager.inner.store;
+        let store = &self.manager.store();
         let mut counts: SendCounts = match store
             .kv_get(SEND_COUNTS_SPACE, &self.session)
             .map_err(unavailable)?

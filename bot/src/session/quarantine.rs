@@ -50,7 +50,7 @@ impl SessionManager {
         if item.images.is_empty() {
             return;
         }
-        let store = &self.inner.store;
+        let store = self.store();
         for id in &item.pending_ids {
             let key = id.to_string();
             let starts = match store.kv_get(STARTS, &key) {
@@ -74,7 +74,7 @@ impl SessionManager {
     /// clean shutdown): only an unclean stop counts.
     pub(super) fn unmark_started(&self, ids: &[u64]) {
         for id in ids {
-            if let Err(e) = self.inner.store.kv_delete(STARTS, &id.to_string()) {
+            if let Err(e) = self.store().kv_delete(STARTS, &id.to_string()) {
                 tracing::warn!(pending = id, error = %e, "cannot clear a start mark");
             }
         }
@@ -87,7 +87,7 @@ impl SessionManager {
         &self,
         pending: Vec<PendingItem>,
     ) -> Result<(Vec<PendingItem>, Vec<OutboxEntry>), StoreError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let mut keep = Vec::with_capacity(pending.len());
         let mut notices = Vec::new();
         for item in pending {

@@ -1,4 +1,4 @@
-//! The bounded, typed queue in front of each session actor. Items of a stackable kind that
+//! The bounded, typed queue in front of each chat worker. Items of a stackable kind that
 //! arrive while the session is busy merge into the tail item of the same kind, so a burst of
 //! messages becomes one turn; when the queue is full the caller gets the item back to tell
 //! the chat, never a silent drop.
@@ -284,7 +284,7 @@ impl SessionQueue {
         self.lock().waiting.front().map(|item| item.kind)
     }
 
-    /// Wakes the actor without an item: an overheard batch changed (see
+    /// Wakes the worker without an item: an overheard batch changed (see
     /// [`super::overheard`]).
     pub fn wake(&self) {
         self.notify.notify_one();

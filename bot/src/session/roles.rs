@@ -5,7 +5,7 @@
 //! first: most turns call no tool a member may not, and a lookup before each new chat's
 //! first turn costs a platform round trip (20–100 ms) the reply waits for. The turn's
 //! [`TurnRoles`] answers when a tool needs more than a member ([`ToolContext::role_here`]).
-//! Inputs whose role decides before any tool runs are resolved in the actor: `/reset`, and
+//! Inputs whose role decides before any tool runs are resolved in the worker: `/reset`, and
 //! merged inputs of several senders (they act with the least role of all).
 //!
 //! [`ToolContext::role_here`]: crate::tool::ToolContext::role_here
@@ -42,7 +42,7 @@ impl SessionManager {
         for caller in &mut item.callers {
             // A stored role is from when the input arrived; after a restart the config may
             // have changed, so an operator is checked again.
-            if caller.role == Role::Operator && !is_operator(&self.inner.config, &caller.user_id) {
+            if caller.role == Role::Operator && !is_operator(self.config(), &caller.user_id) {
                 caller.role = Role::Member;
             }
             if on_demand || caller.role != Role::Member || caller.user_id.is_empty() || item.private
@@ -62,10 +62,9 @@ impl SessionManager {
     async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, RoleError> {
         // Admins are per chat, not per forum topic.
         let key = format!("{}:{}", chat.platform, chat.chat_id);
-        let ttl = self.inner.config.admin_cache_ttl;
+        let ttl = self.config().admin_cache_ttl;
         let cached = self
-            .inner
-            .admin_cache
+            .admin_cache()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
@@ -86,16 +85,12 @@ impl SessionManager {
             Ok(Err(e)) => return Err(unavailable(e.to_string())),
             Err(_) => return Err(unavailable("the lookup timed out".to_owned())),
         };
-        let mut cache = self
-            .inner
-            .admin_cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.admin_cache().lock().unwrap_or_else(|e| e.into_inner());
         // Where the table would grow (a cost in proportion to its size anyway), the expired
         // lookups go first: one of every chat ever seen would otherwise stay for good.
         if cache.len() >= cache.capacity() {
             cache.retain(|_, (at, _)| at.elapsed() < ttl);
-            if let Some(to) = super::manager::shrunk_capacity(cache.len(), cache.capacity()) {
+            if let Some(to) = super::dispatcher::shrunk_capacity(cache.len(), cache.capacity()) {
                 cache.shrink_to(to);
             }
         }
@@ -107,7 +102,7 @@ impl SessionManager {
 #[async_trait]
 impl RoleResolver for SessionManager {
     async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError> {
-        if is_operator(&self.inner.config, user_id) {
+        if is_operator(self.config(), user_id) {
             return Ok(Role::Operator);
         }
         if user_id.is_empty() {
@@ -135,7 +130,7 @@ impl RoleResolver for TurnRoles {
     async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError> {
         let here = chat.platform == self.chat.platform && chat.chat_id == self.chat.chat_id;
         if here && self.private {
-            return Ok(if is_operator(&self.manager.inner.config, user_id) {
+            return Ok(if is_operator(self.manager.config(), user_id) {
                 Role::Operator
             } else {
                 Role::Member

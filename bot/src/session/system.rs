@@ -139,11 +139,11 @@ impl SessionManager {
     pub fn serve_system(&self, receiver: SystemReceiver) {
         let manager = self.clone();
         let mut rx = receiver.rx;
-        self.inner.tracker.spawn(async move {
+        self.tracker().spawn(async move {
             loop {
                 let request = tokio::select! {
                     request = rx.recv() => request,
-                    () = manager.inner.draining.cancelled() => None,
+                    () = manager.draining().cancelled() => None,
                 };
                 let Some(request) = request else { break };
                 // One at a time, in order: each answer is durable before the next request

@@ -272,7 +272,7 @@ impl SessionManager {
         started: DateTime<Utc>,
         reply: Option<&mut OutboxEntry>,
     ) -> Result<Vec<KvWrite>, StoreError> {
-        let store = self.inner.store.as_ref();
+        let store = self.store().as_ref();
         let mut writes = Vec::new();
         if facts.is_none() && !budget_told {
             return Ok(writes);

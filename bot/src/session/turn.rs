@@ -1,4 +1,4 @@
-//! One queued item, carried out by the chat's actor: a turn of the agent (input content,
+//! One queued item, carried out by the chat's worker: a turn of the agent (input content,
 //! typing indicator, the agent loop, history trim), or `/reset`. Either ends in one
 //! [`Store::commit_turn`](crate::store::Store::commit_turn) — the turn's messages appended
 //! to the history, the removal of the pending records and the reply in the outbox together
@@ -48,7 +48,7 @@ impl SessionManager {
     pub(super) async fn run_item(&self, session: &Arc<Session>, mut item: QueueItem) {
         // Dropped unanswered wherever the turn is abandoned: its submitter learns that.
         let mut done = std::mem::take(&mut item.done);
-        let cancel = self.inner.abort.child_token();
+        let cancel = self.abort().child_token();
         let started = self.now();
         // Before the turn reads the history: a change to it from here on is not in what
         // the turn commits on top of.
@@ -124,7 +124,7 @@ impl SessionManager {
         });
         // The wait is shared with every other chat committing or taking input meanwhile, and
         // covers this chat's intake writes before it.
-        let committed = match commit.and_then(|commit| self.inner.store.commit_turn(commit)) {
+        let committed = match commit.and_then(|commit| self.store().commit_turn(commit)) {
             Ok(id) => self.durable().await.map(|()| id),
             Err(e) => Err(e),
         };
@@ -199,7 +199,7 @@ impl SessionManager {
         item: &QueueItem,
         cancel: &CancellationToken,
     ) -> Option<Outcome> {
-        let store = &self.inner.store;
+        let store = self.store();
         let kept = session.state().history.take();
         // An unreadable history is replaced by this turn's, not appended to.
         let (history, readable) = match kept.map_or_else(|| store.load_history(&session.key), Ok) {
@@ -258,7 +258,7 @@ impl SessionManager {
         let mut new_summary = None;
         let mut context_tokens = None;
         let (new_messages, reply, model_failed) = match result {
-            Ok(turn) if turn.end == TurnEnd::Cancelled && self.inner.abort.is_cancelled() => {
+            Ok(turn) if turn.end == TurnEnd::Cancelled && self.abort().is_cancelled() => {
                 tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
                 return None;
             }
@@ -318,7 +318,7 @@ impl SessionManager {
             && model_failed.is_none()
             && self.context_full(context_tokens, &history);
         let before = history.len();
-        trim_to_budget(&mut history, self.inner.config.history_tokens);
+        trim_to_budget(&mut history, self.config().history_tokens);
         let trimmed = before - history.len();
         let (change, after) = if rewrite {
             let after = history.clone();

@@ -2,7 +2,7 @@
 //! show, and what the optional daily budget (`SessionConfig::daily_tokens_per_chat`) is
 //! checked against. A day's record is rewritten by each turn's commit, in the same
 //! transaction (docs/contract.md, "Storage"): a kill never counts a turn without its
-//! history, nor the reverse. Only the chat's actor writes its records, one turn at a time,
+//! history, nor the reverse. Only the chat's worker writes its records, one turn at a time,
 //! so reading, adding and writing back needs no lock. Days are UTC days.
 
 use chrono::{NaiveDate, Utc};
@@ -149,10 +149,10 @@ impl SessionManager {
     /// Whether `session` may run a turn now. A store that cannot be read lets the turn run:
     /// the budget limits cost, it must not silence a chat over a read error.
     pub(super) fn budget(&self, session: &str) -> Budget {
-        let Some(limit) = self.inner.config.daily_tokens_per_chat else {
+        let Some(limit) = self.config().daily_tokens_per_chat else {
             return Budget::Open;
         };
-        match day_usage(self.inner.store.as_ref(), self.now().date_naive(), session) {
+        match day_usage(self.store().as_ref(), self.now().date_naive(), session) {
             Ok(day) if day.total_tokens >= limit => Budget::Spent {
                 told: day.budget_told,
             },
@@ -166,13 +166,13 @@ impl SessionManager {
 
     /// The daily token budget per chat, if there is one.
     pub fn daily_token_budget(&self) -> Option<u64> {
-        self.inner.config.daily_tokens_per_chat
+        self.config().daily_tokens_per_chat
     }
 
     /// `session`'s tokens today and the daily limit, for `/status` and the console.
     pub fn tokens_today(&self, session: &str) -> (u64, Option<u64>) {
-        let used = day_usage(self.inner.store.as_ref(), self.now().date_naive(), session)
+        let used = day_usage(self.store().as_ref(), self.now().date_naive(), session)
             .map_or(0, |d| d.total_tokens);
-        (used, self.inner.config.daily_tokens_per_chat)
+        (used, self.config().daily_tokens_per_chat)
     }
 }

@@ -2,12 +2,9 @@
 //! memory with its queue and running turn, and the console's stop button (the same as
 //! `/stop`). Everything else it shows comes from the store (`usage.rs`, `trace.rs`).
 
-use std::sync::Arc;
-
 use chrono::{DateTime, Utc};
 
 use super::manager::SessionManager;
-use crate::store::Store;
 
 /// A session in memory, as the console shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +22,7 @@ pub struct LiveChat {
 impl SessionManager {
     /// Every session in memory, by key.
     pub fn live_chats(&self) -> Vec<LiveChat> {
-        let sessions: Vec<_> = self.lock_sessions().values().cloned().collect();
+        let sessions: Vec<_> = self.dispatcher().all();
         let mut chats: Vec<LiveChat> = sessions
             .iter()
             .map(|s| {
@@ -55,10 +52,5 @@ impl SessionManager {
             }
             None => false,
         }
-    }
-
-    /// The store the sessions write to.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
     }
 }
