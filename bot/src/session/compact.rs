@@ -16,9 +16,10 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::manager::{Session, SessionManager};
+use super::manager::Session;
 use super::queue::QueueItem;
 use super::turn::Outcome;
+use super::worker::ChatWorker;
 use crate::agent::compact::keep_from;
 use crate::agent::history::{estimate_tokens, trim_to_budget};
 use crate::agent::{CompactError, SummaryInput};
@@ -43,10 +44,10 @@ enum Compaction {
     Cancelled,
 }
 
-impl SessionManager {
+impl ChatWorker {
     /// The compaction threshold in tokens; `None` when compaction is off.
     fn compact_threshold(&self) -> Option<usize> {
-        let config = self.config();
+        let config = self.manager.config();
         if config.compact_ratio <= 0.0 || config.context_window == 0 {
             return None;
         }
@@ -79,13 +80,17 @@ impl SessionManager {
         topic: Option<&str>,
         cancel: &CancellationToken,
     ) -> Result<Compaction, StoreError> {
-        let store = self.store();
+        let store = self.manager.store();
         let history = store.load_history(&session.key)?;
         let previous = store.load_summary(&session.key)?;
         // The kept turns may take at most half the threshold, so that a compaction always
         // leaves room before the next one.
         let keep_tokens = self.compact_threshold().unwrap_or(usize::MAX) / 2;
-        let from = keep_from(&history, self.config().compact_keep_turns, keep_tokens);
+        let from = keep_from(
+            &history,
+            self.manager.config().compact_keep_turns,
+            keep_tokens,
+        );
         let turns_in = |messages: &[Message]| crate::agent::history::turn_starts(messages).len();
         if from == 0 {
             return Ok(Compaction::Nothing {
@@ -105,7 +110,7 @@ impl SessionManager {
                 dropped: from,
                 summary: Summary {
                     text,
-                    made: self.now(),
+                    made: self.manager.now(),
                     messages: previous.map_or(0, |s| s.messages) + from,
                 },
                 kept_turns: turns_in(&history[from..]),
@@ -121,12 +126,13 @@ impl SessionManager {
         if usage.prompt_tokens + usage.completion_tokens + usage.total_tokens == 0 {
             return;
         }
-        let store = self.store().as_ref();
-        let written = super::usage::add_tokens(store, self.now().date_naive(), session, usage)
-            .and_then(|write| match &write.value {
-                Some(value) => store.kv_put(&write.space, &write.key, value),
-                None => Ok(()),
-            });
+        let store = self.manager.store().as_ref();
+        let written =
+            super::usage::add_tokens(store, self.manager.now().date_naive(), session, usage)
+                .and_then(|write| match &write.value {
+                    Some(value) => store.kv_put(&write.space, &write.key, value),
+                    None => Ok(()),
+                });
         if let Err(e) = written {
             tracing::warn!(session, error = %e, "cannot count the summary's tokens");
         }
@@ -161,12 +167,12 @@ impl SessionManager {
             }
         };
         let reply = match found {
-            Compaction::Cancelled if self.abort().is_cancelled() => return None,
+            Compaction::Cancelled if self.manager.abort().is_cancelled() => return None,
             Compaction::Cancelled => "Stopped: nothing was changed.".to_owned(),
             Compaction::Nothing { turns } => format!(
                 "There is nothing to summarize yet: the conversation is {turns} turn(s) long, \
                  and I keep the last {} word for word.",
-                self.config().compact_keep_turns
+                self.manager.config().compact_keep_turns
             ),
             Compaction::Failed(reason) => {
                 tracing::warn!(session = %session.key, %reason, "/compact: no summary");
@@ -210,7 +216,7 @@ impl SessionManager {
         chat: &ChatRef,
         tell: bool,
     ) {
-        let cancel = self.abort().child_token();
+        let cancel = self.manager.abort().child_token();
         // `/stop` and `/status` see the compaction as the chat's current work.
         session.state().turn_cancel = Some(cancel.clone());
         let found = self.summarize_older(session, None, &cancel).await;
@@ -260,18 +266,22 @@ impl SessionManager {
         let Some(threshold) = self.compact_threshold() else {
             return;
         };
-        let worth = match self.store().load_history(&session.key) {
+        let worth = match self.manager.store().load_history(&session.key) {
             Ok(history) => {
                 let tokens: usize = history.iter().map(estimate_tokens).sum();
                 tokens >= threshold / 4
-                    && keep_from(&history, self.config().compact_keep_turns, threshold / 2) > 0
+                    && keep_from(
+                        &history,
+                        self.manager.config().compact_keep_turns,
+                        threshold / 2,
+                    ) > 0
             }
             Err(_) => false,
         };
         if !worth {
             return;
         }
-        let cancel = self.abort().child_token();
+        let cancel = self.manager.abort().child_token();
         session.state().turn_cancel = Some(cancel.clone());
         let found = self.summarize_older(session, None, &cancel).await;
         session.state().turn_cancel = None;
@@ -297,7 +307,7 @@ impl SessionManager {
     /// threshold (whole turns; the newest one always stays); `None` when none would go.
     fn trim_for_room(&self, session: &Session) -> Option<usize> {
         let budget = self.compact_threshold()? / 2;
-        let mut history = self.store().load_history(&session.key).ok()?;
+        let mut history = self.manager.store().load_history(&session.key).ok()?;
         let before = history.len();
         trim_to_budget(&mut history, budget);
         Some(before - history.len()).filter(|&n| n > 0)
@@ -323,15 +333,15 @@ impl SessionManager {
             summary,
             also: Vec::new(),
         };
-        let committed = match self.store().commit_turn(commit) {
-            Ok(id) => self.durable().await.map(|()| id),
+        let committed = match self.manager.store().commit_turn(commit) {
+            Ok(id) => self.manager.durable().await.map(|()| id),
             Err(e) => Err(e),
         };
         session.state().history_changed();
         match (committed, reply) {
             (Ok(Some(id)), Some(mut entry)) => {
                 entry.id = id;
-                self.enqueue_reply(entry, Vec::new());
+                self.manager.enqueue_reply(entry, Vec::new());
             }
             (Ok(_), _) => {}
             (Err(e), _) => {

@@ -148,19 +148,16 @@ pub(super) struct SessionState {
     pub(super) current: Option<(chrono::DateTime<chrono::Utc>, String)>,
     /// Overheard messages waiting for their quiet turn (auto-chat).
     pub(super) overheard: super::overheard::Batch,
-    /// The history as this session's last commit left it in the store, so that the next
-    /// turn need not read and decode it again; taken by a turn, put back after its commit
-    /// when more input is already queued (a busy chat), so that an idle session holds none.
-    pub(super) history: Option<Vec<crate::llm::Message>>,
-    /// Bumped by every other change to the stored history (a compaction, a chat moving in),
-    /// so that a turn running meanwhile does not put back a history it read before.
+    /// Bumped by every change to the stored history other than a turn's (a compaction, a
+    /// chat moving in), so that the worker forgets the copy it keeps
+    /// ([`ChatWorker`](super::worker)) and a turn running meanwhile does not keep one it
+    /// read before.
     pub(super) history_changes: u64,
 }
 
 impl SessionState {
     /// The stored history changed other than through a turn: forget the kept copy.
     pub(super) fn history_changed(&mut self) {
-        self.history = None;
         self.history_changes = self.history_changes.wrapping_add(1);
     }
 }

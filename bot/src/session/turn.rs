@@ -12,10 +12,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::input::Action;
-use super::manager::{Session, SessionManager};
+use super::manager::Session;
 use super::queue::{QueueItem, ScheduledOutcome};
 use super::trace::TurnFacts;
 use super::usage::{BUDGET_NOTICE, Budget};
+use super::worker::ChatWorker;
 use crate::agent::history::trim_to_budget;
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
 use crate::llm::{Content, ContentPart, LlmError, Message};
@@ -43,13 +44,13 @@ pub(super) struct Outcome {
     pub(super) history_after: Option<Vec<Message>>,
 }
 
-impl SessionManager {
+impl ChatWorker {
     /// Runs one item and commits it; hands the reply to the outbox and tells any waiter.
-    pub(super) async fn run_item(&self, session: &Arc<Session>, mut item: QueueItem) {
+    pub(super) async fn run_item(&mut self, session: &Arc<Session>, mut item: QueueItem) {
         // Dropped unanswered wherever the turn is abandoned: its submitter learns that.
         let mut done = std::mem::take(&mut item.done);
-        let cancel = self.abort().child_token();
-        let started = self.now();
+        let cancel = self.manager.abort().child_token();
+        let started = self.manager.now();
         // Before the turn reads the history: a change to it from here on is not in what
         // the turn commits on top of.
         let changes_before;
@@ -60,12 +61,12 @@ impl SessionManager {
             state.current = Some((started, item.text()));
             state.turns += 1;
         }
-        self.mark_started(&item).await;
+        self.manager.mark_started(&item).await;
         let rules = item.kind.rules();
         let outcome = match rules.action {
             Action::Reset => self.reset(session, &item).await,
             Action::Compact => self.compact_command(session, &item, &cancel).await,
-            Action::Turn => match self.budget(&session.key) {
+            Action::Turn => match self.manager.budget(&session.key) {
                 Budget::Spent { told } => Some(over_budget(told)),
                 Budget::Open => self.turn(session, &item, &cancel).await,
             },
@@ -79,7 +80,7 @@ impl SessionManager {
             // Abandoned (shutdown, store failure): the input stays pending; the waiter is
             // dropped and its submitter sees the turn cancelled. Not the input's fault.
             if !item.images.is_empty() {
-                self.unmark_started(&item.pending_ids);
+                self.manager.unmark_started(&item.pending_ids);
             }
             return;
         };
@@ -96,7 +97,7 @@ impl SessionManager {
             .filter(|_| rules.posts)
             .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
         let compact_due = outcome.compact_due;
-        let also = self.turn_records(
+        let also = self.manager.turn_records(
             &session.key,
             &item,
             outcome.facts.as_ref(),
@@ -124,17 +125,17 @@ impl SessionManager {
         });
         // The wait is shared with every other chat committing or taking input meanwhile, and
         // covers this chat's intake writes before it.
-        let committed = match commit.and_then(|commit| self.store().commit_turn(commit)) {
-            Ok(id) => self.durable().await.map(|()| id),
+        let committed = match commit.and_then(|commit| self.manager.store().commit_turn(commit)) {
+            Ok(id) => self.manager.durable().await.map(|()| id),
             Err(e) => Err(e),
         };
         if changes_history {
-            let mut state = session.state();
+            let changes_now = session.state().history_changes;
             // Only what this commit wrote, only when nothing else changed it meanwhile, and
             // only for a chat with more to answer: an idle session holds no copy.
-            state.history = match &committed {
-                Ok(_) if state.history_changes == changes_before && !session.queue.is_empty() => {
-                    history_after
+            self.history = match &committed {
+                Ok(_) if changes_now == changes_before && !session.queue.is_empty() => {
+                    history_after.map(|history| (changes_before, history))
                 }
                 _ => None,
             };
@@ -162,7 +163,7 @@ impl SessionManager {
         }
         if let (Some(mut entry), Some(id)) = (reply, outbox_id) {
             entry.id = id;
-            self.enqueue_reply(entry, done);
+            self.manager.enqueue_reply(entry, done);
         }
         if compact_due {
             // After a quiet turn (auto-chat) nothing is posted, this notice neither.
@@ -194,13 +195,13 @@ impl SessionManager {
 
     /// Runs the agent on one item; `None` when it was abandoned by shutdown.
     async fn turn(
-        &self,
+        &mut self,
         session: &Session,
         item: &QueueItem,
         cancel: &CancellationToken,
     ) -> Option<Outcome> {
-        let store = self.store();
-        let kept = session.state().history.take();
+        let kept = self.take_history();
+        let store = self.manager.store();
         // An unreadable history is replaced by this turn's, not appended to.
         let (history, readable) = match kept.map_or_else(|| store.load_history(&session.key), Ok) {
             Ok(h) => (h, true),
@@ -215,7 +216,7 @@ impl SessionManager {
             tracing::error!(session = %session.key, error = %e, "cannot load the summary; this turn goes without it");
             None
         });
-        let platform = self.platform(&item.chat).cloned();
+        let platform = self.manager.platform(&item.chat).cloned();
         let input = TurnInput {
             session: session.key.clone(),
             caller: item.caller(),
@@ -223,13 +224,13 @@ impl SessionManager {
             chat: Some(item.chat.clone()),
             platform: platform.clone(),
             roles: Some(Arc::new(super::roles::TurnRoles {
-                manager: self.clone(),
+                manager: self.manager.clone(),
                 chat: item.chat.clone(),
                 private: item.private,
             }) as Arc<dyn RoleResolver>),
-            quiet: self.quiet_speech(item),
+            quiet: self.manager.quiet_speech(item),
             post: Some(Arc::new(super::outbox::TurnPost {
-                manager: self.clone(),
+                manager: self.manager.clone(),
                 chat: item.chat.clone(),
             }) as Arc<dyn crate::tool::Post>),
         };
@@ -258,7 +259,7 @@ impl SessionManager {
         let mut new_summary = None;
         let mut context_tokens = None;
         let (new_messages, reply, model_failed) = match result {
-            Ok(turn) if turn.end == TurnEnd::Cancelled && self.abort().is_cancelled() => {
+            Ok(turn) if turn.end == TurnEnd::Cancelled && self.manager.abort().is_cancelled() => {
                 tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
                 return None;
             }
@@ -318,7 +319,7 @@ impl SessionManager {
             && model_failed.is_none()
             && self.context_full(context_tokens, &history);
         let before = history.len();
-        trim_to_budget(&mut history, self.config().history_tokens);
+        trim_to_budget(&mut history, self.manager.config().history_tokens);
         let trimmed = before - history.len();
         let (change, after) = if rewrite {
             let after = history.clone();

@@ -27,16 +27,23 @@ pub(super) fn spawn(manager: &SessionManager, session: Arc<Session>) {
         manager: manager.clone(),
         session,
         recent_turns: SlidingWindow::default(),
+        history: None,
     };
     manager.tracker().spawn(worker.run());
 }
 
-/// One chat's worker: see the module docs.
-struct ChatWorker {
-    manager: SessionManager,
+/// One chat's worker: see the module docs. Its items run in [`super::turn`] and
+/// [`super::compact`].
+pub(super) struct ChatWorker {
+    pub(super) manager: SessionManager,
     session: Arc<Session>,
     /// Start times of recent turns, for the rate limit.
     recent_turns: SlidingWindow,
+    /// The history as this chat's last commit left it in the store, with the session's
+    /// `history_changes` it was kept at, so that the next turn need not read and decode it
+    /// again; kept only when more input is already queued (a busy chat), so that an idle
+    /// chat holds none.
+    pub(super) history: Option<(u64, Vec<crate::llm::Message>)>,
 }
 
 impl ChatWorker {
@@ -83,7 +90,7 @@ impl ChatWorker {
                 }
                 if !session.has_work() {
                     // Input arriving meanwhile waits for it, and then keeps the session.
-                    manager.compact_before_eviction(&session).await;
+                    self.compact_before_eviction(&session).await;
                 }
                 if manager.dispatcher().retire(&session) {
                     return true;
@@ -110,7 +117,7 @@ impl ChatWorker {
                     Next::Batch(item) => *item,
                 };
                 manager.resolve_roles(&mut item).await;
-                manager.run_item(&session, item).await;
+                self.run_item(&session, item).await;
                 true
             });
             if !work.await {
@@ -118,6 +125,14 @@ impl ChatWorker {
                 return false;
             }
         }
+    }
+
+    /// The kept history, unless the stored one changed since it was kept.
+    pub(super) fn take_history(&mut self) -> Option<Vec<crate::llm::Message>> {
+        let changes = self.session.state().history_changes;
+        self.history
+            .take()
+            .and_then(|(kept_at, history)| (kept_at == changes).then_some(history))
     }
 
     /// Waits until the chat may start another turn; `false` when shutdown began meanwhile.
