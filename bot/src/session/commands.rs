@@ -3,7 +3,8 @@
 //! `/reset` and `/compact` are queued for the chat's worker, which checks the sender's role
 //! and carries them out. `/reload` needs an operator, which intake knows from the config alone.
 
-use super::manager::{Session, SessionManager};
+use super::inbox::Intake;
+use super::manager::Session;
 use crate::tool::catalog;
 
 /// A command of ours.
@@ -41,10 +42,10 @@ pub(super) fn argument(text: &str) -> &str {
         .map_or("", |at| text[at..].trim())
 }
 
-impl SessionManager {
+impl Intake<'_> {
     /// The answer to `/help`: the commands and the tools with the role each needs.
     pub(super) fn help_text(&self) -> String {
-        let tools = catalog::to_help(self.template().tools());
+        let tools = catalog::to_help(self.manager.template().tools());
         format!(
             "Mention me or reply to one of my messages to talk to me.\n\n\
              Commands:\n/help — this text\n/status — what I am doing\n\
@@ -71,8 +72,13 @@ impl SessionManager {
             }
             None => (false, 0, 0),
         };
-        let history = self.store().load_history(key).map(|h| h.len()).unwrap_or(0);
-        let summary = match self.store().load_summary(key) {
+        let history = self
+            .manager
+            .store()
+            .load_history(key)
+            .map(|h| h.len())
+            .unwrap_or(0);
+        let summary = match self.manager.store().load_summary(key) {
             Ok(Some(s)) => format!(
                 "{} characters (about {} tokens) for {} older messages, written {}",
                 s.text.chars().count(),
@@ -83,7 +89,7 @@ impl SessionManager {
             Ok(None) => "none".to_owned(),
             Err(_) => "unreadable".to_owned(),
         };
-        let tokens = match self.tokens_today(key) {
+        let tokens = match self.manager.tokens_today(key) {
             (used, Some(limit)) => format!("{used} of {limit}"),
             (used, None) => used.to_string(),
         };
@@ -96,25 +102,18 @@ impl SessionManager {
             } else {
                 "Idle."
             },
-            self.template().config().model,
-            self.template().tools().names().len(),
-            self.started().elapsed().as_secs() / 60
+            self.manager.template().config().model,
+            self.manager.template().tools().names().len(),
+            self.manager.started().elapsed().as_secs() / 60
         )
-    }
-
-    /// Re-reads what the toolsets load from outside the program (skill folders): `/reload`
-    /// and SIGHUP. Every session's tools share what they load, so this serves them all; a
-    /// line for each toolset that loads something.
-    pub fn reload(&self) -> Vec<String> {
-        self.template().tools().reload()
     }
 
     /// The answer to `/reload` from `user_id`: done for an operator, refused otherwise.
     pub(super) fn reload_text(&self, user_id: &str) -> String {
-        if !super::policy::is_operator(self.config(), user_id) {
+        if !super::policy::is_operator(self.manager.config(), user_id) {
             return "Only an operator of the bot may /reload.".to_owned();
         }
-        let lines = self.reload();
+        let lines = self.manager.reload();
         if lines.is_empty() {
             "Reloaded: no tool loads anything from files.".to_owned()
         } else {

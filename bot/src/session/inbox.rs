@@ -26,7 +26,8 @@ use super::queue::QueueItem;
 use crate::platform::{
     BatchError, ChatEvent, ChatKind, Delivery, Inbox, InboxError, IncomingMessage,
 };
-use crate::store::{Inbound, Intake, OutboxEntry, PendingItem, PendingKind, StoredMessage};
+use crate::store::Intake as Recorded;
+use crate::store::{Inbound, OutboxEntry, PendingItem, PendingKind, StoredMessage};
 use crate::tool::{Caller, Role};
 
 /// Told to a chat whose queue is full, instead of silently dropping the message.
@@ -69,30 +70,39 @@ impl Accepted {
     }
 }
 
+/// The intake stage, for one delivery: policy, the one store write, the hand-off to the
+/// [`Dispatcher`](super::dispatcher). It touches no session's internals beyond the push.
+pub(super) struct Intake<'a> {
+    pub(super) manager: &'a SessionManager,
+}
+
 /// The adapters' way in: messages (intake, here) and chat events
 /// ([`super::life`]), both recorded and enqueued without a network call.
 #[async_trait]
 impl Inbox for SessionManager {
     async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        let accepted = self.intake(message)?;
-        self.settle(accepted).await
+        let intake = Intake { manager: self };
+        let accepted = intake.intake(message)?;
+        intake.settle(accepted).await
     }
 
     async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
-        let accepted = self.event_intake(event)?;
-        self.settle(accepted).await
+        let intake = Intake { manager: self };
+        let accepted = intake.event_intake(event)?;
+        intake.settle(accepted).await
     }
 
     /// Every item recorded and queued in order (so a chat's order is kept), then one wait
     /// for durability for all of them. An item that cannot be taken ends the batch: the
     /// ones before it are still made durable and reported taken, the rest are not.
     async fn deliver_all(&self, batch: Vec<Delivery>) -> Result<(), BatchError> {
+        let intake = Intake { manager: self };
         let mut accepted = Accepted::nothing();
         let mut failed = None;
         for (taken, delivery) in batch.into_iter().enumerate() {
             let one = match delivery {
-                Delivery::Message(message) => self.intake(message),
-                Delivery::Event(event) => self.event_intake(event),
+                Delivery::Message(message) => intake.intake(message),
+                Delivery::Event(event) => intake.event_intake(event),
             };
             match one {
                 Ok(one) => accepted.merge(one),
@@ -105,32 +115,33 @@ impl Inbox for SessionManager {
                 }
             }
         }
-        self.settle(accepted)
+        intake
+            .settle(accepted)
             .await
             .map_err(|error| BatchError { durable: 0, error })?;
         failed.map_or(Ok(()), Err)
     }
 }
 
-impl SessionManager {
+impl Intake<'_> {
     /// After intake: waits until its writes are durable (no lock held), then hands its
     /// answers to the outbox lanes.
     pub(super) async fn settle(&self, accepted: Accepted) -> Result<(), InboxError> {
         if accepted.durable {
-            self.durable().await.map_err(store_error)?;
+            self.manager.durable().await.map_err(store_error)?;
         }
         for entry in accepted.replies {
-            self.enqueue_reply(entry, Vec::new());
+            self.manager.enqueue_reply(entry, Vec::new());
         }
         Ok(())
     }
 
     /// The writing part of intake, synchronous: nothing in it may wait.
     pub(super) fn intake(&self, message: IncomingMessage) -> Result<Accepted, InboxError> {
-        if self.draining().is_cancelled() {
+        if self.manager.draining().is_cancelled() {
             return Err(InboxError::ShuttingDown);
         }
-        let config = self.config();
+        let config = self.manager.config();
         if !policy::allowed(config, &message) {
             tracing::debug!(chat = %message.chat, sender = %message.sender.id, "message outside the allow-lists ignored");
             return Ok(Accepted::nothing());
@@ -143,6 +154,7 @@ impl SessionManager {
             && !policy::is_operator(config, &message.sender.id)
         {
             let admit = self
+                .manager
                 .command_limits()
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -161,8 +173,9 @@ impl SessionManager {
                     return self.record_and_answer(&key, &stored, notice);
                 }
                 Admit::Quiet => {
-                    self.store()
-                        .record_inbound(&key, &stored, Intake::Record)
+                    self.manager
+                        .store()
+                        .record_inbound(&key, &stored, Recorded::Record)
                         .map_err(store_error)?;
                     return Ok(Accepted::nothing());
                 }
@@ -174,15 +187,16 @@ impl SessionManager {
                     return self.record_overheard(&message, &stored, auto);
                 }
                 // Context only: not waited for (see `Accepted::durable`).
-                self.store()
-                    .record_inbound(&key, &stored, Intake::Record)
+                self.manager
+                    .store()
+                    .record_inbound(&key, &stored, Recorded::Record)
                     .map_err(store_error)?;
                 Ok(Accepted::nothing())
             }
             Addressed::Command(
                 command @ (Command::Help | Command::Status | Command::Stop | Command::Reload),
             ) => {
-                let session = self.live_session(&key);
+                let session = self.manager.live_session(&key);
                 let (text, cancel) = match command {
                     Command::Help => (self.help_text(), None),
                     Command::Status => (self.status_text(&key, session.as_deref()), None),
@@ -224,8 +238,9 @@ impl SessionManager {
         // A duplicate is waited for too: its first delivery may not be durable yet.
         let mut accepted = Accepted::durable();
         match self
+            .manager
             .store()
-            .record_inbound(key, stored, Intake::Reply(answer))
+            .record_inbound(key, stored, Recorded::Reply(answer))
             .map_err(store_error)?
         {
             Inbound::Duplicate => {
@@ -252,7 +267,7 @@ impl SessionManager {
         let key = message.chat.session_key();
         let private = message.kind == ChatKind::Private;
         // Operators are known from the config; chat admins are looked up by the worker.
-        let role = if policy::is_operator(self.config(), &message.sender.id) {
+        let role = if policy::is_operator(self.manager.config(), &message.sender.id) {
             Role::Operator
         } else {
             Role::Member
@@ -271,12 +286,12 @@ impl SessionManager {
             text: line,
             reply_to: Some(message.message_id.clone()),
             images: message.images.clone(),
-            received: self.now(),
+            received: self.manager.now(),
             private,
         };
         let mut item = QueueItem::from_pending(pending.clone());
 
-        let mut chats = self.chats();
+        let mut chats = self.manager.chats();
         let session = chats.session(&key);
         if !session.queue.can_take(&item) {
             drop(chats);
@@ -290,8 +305,9 @@ impl SessionManager {
             return self.record_and_answer(&key, stored, notice);
         }
         let id = match self
+            .manager
             .store()
-            .record_inbound(&key, stored, Intake::Pending(pending))
+            .record_inbound(&key, stored, Recorded::Pending(pending))
             .map_err(store_error)?
         {
             Inbound::Duplicate => {

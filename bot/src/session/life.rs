@@ -25,7 +25,7 @@
 use chrono::{DateTime, Utc};
 
 use super::inbox::Accepted;
-use super::manager::SessionManager;
+use super::inbox::Intake;
 use super::policy;
 use crate::platform::{ChatEvent, ChatRef, InboxError, IncomingMessage, Sender};
 use crate::store::{ChatRecord, Edited, KvWrite, OutboxEntry, Store, StoreError, StoredMessage};
@@ -143,13 +143,13 @@ fn same_chat(a: &ChatRef, b: &ChatRef) -> bool {
     a.platform == b.platform && a.chat_id == b.chat_id
 }
 
-impl SessionManager {
+impl Intake<'_> {
     /// The writing part of an event's intake, synchronous: nothing in it may wait.
     pub(super) fn event_intake(&self, event: ChatEvent) -> Result<Accepted, InboxError> {
-        if self.draining().is_cancelled() {
+        if self.manager.draining().is_cancelled() {
             return Err(InboxError::ShuttingDown);
         }
-        if !policy::chat_allowed(self.config(), event.chat()) {
+        if !policy::chat_allowed(self.manager.config(), event.chat()) {
             tracing::debug!(chat = %event.chat(), "event outside the allow-lists ignored");
             return Ok(Accepted::nothing());
         }
@@ -174,13 +174,13 @@ impl SessionManager {
         title: Option<String>,
         by: &Sender,
     ) -> Result<Accepted, InboxError> {
-        let store = self.store();
+        let store = self.manager.store();
         let record = ChatRecord {
             chat,
             title,
             present: true,
             status: "member".to_owned(),
-            since: self.now(),
+            since: self.manager.now(),
         };
         store
             .set_chat_status(&record, Vec::new(), Vec::new())
@@ -219,15 +219,15 @@ impl SessionManager {
         by: &Sender,
         time: DateTime<Utc>,
     ) -> Result<Accepted, StoreError> {
-        let store = self.store();
+        let store = self.manager.store();
         let mut writes = Vec::new();
         let mut notices = Vec::new();
-        for hook in self.hooks() {
+        for hook in self.manager.hooks() {
             let removal = hook.on_removed(store.as_ref(), chat, status)?;
             writes.extend(removal.writes);
             for (to, text) in removal.notices {
                 let reachable = !same_chat(&to, chat)
-                    && self.platform(&to).is_some()
+                    && self.manager.platform(&to).is_some()
                     && store
                         .chat_status(&to.session_key())?
                         .is_none_or(|record| record.present);
@@ -258,7 +258,7 @@ impl SessionManager {
     }
 
     fn migrated(&self, from: &ChatRef, to: &ChatRef) -> Result<Accepted, InboxError> {
-        let store = self.store();
+        let store = self.manager.store();
         let (old, new) = (from.session_key(), to.session_key());
         if old == new {
             return Ok(Accepted::nothing());
@@ -269,12 +269,12 @@ impl SessionManager {
             return Ok(Accepted::durable());
         }
         // Under the owner lock: no input can be queued on the old session meanwhile.
-        let mut chats = self.chats();
+        let mut chats = self.manager.chats();
         let mut attempt = 0;
         let moved = loop {
             attempt += 1;
             let mut writes = Vec::new();
-            for hook in self.hooks() {
+            for hook in self.manager.hooks() {
                 writes.extend(
                     hook.on_migrate(store.as_ref(), from, to)
                         .map_err(store_error)?,
@@ -314,7 +314,7 @@ impl SessionManager {
     }
 
     fn edited(&self, message: &IncomingMessage) -> Result<Accepted, InboxError> {
-        if !policy::allowed(self.config(), message) {
+        if !policy::allowed(self.manager.config(), message) {
             return Ok(Accepted::nothing());
         }
         let key = message.chat.session_key();
@@ -322,11 +322,12 @@ impl SessionManager {
         let line = policy::attribute(
             &message.sender,
             &message.text,
-            self.config().max_input_chars,
+            self.manager.config().max_input_chars,
         );
         // Under the owner lock, so the waiting item cannot be merged or taken in between.
-        let chats = self.chats();
+        let chats = self.manager.chats();
         let edited = self
+            .manager
             .store()
             .edit_message(&key, &stored, Some(&line))
             .map_err(store_error)?;

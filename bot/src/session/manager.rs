@@ -359,7 +359,8 @@ impl SessionManager {
             tracing::info!(session = %entry.session, outbox = entry.id, "resending a reply from before the restart");
             self.enqueue_reply(entry, Vec::new());
         }
-        let (pending, notices) = self.quarantine(self.inner.store.pending()?)?;
+        let (pending, notices) =
+            super::quarantine::set_aside(self.inner.store.as_ref(), self.inner.store.pending()?)?;
         if !notices.is_empty() {
             self.durable().await?;
             for notice in notices {
@@ -378,7 +379,7 @@ impl SessionManager {
             let session = chats.session(&item.session);
             if item.kind.rules().waits == Wait::Batch {
                 let id = item.id;
-                if !self.restore_overheard(&session, item) {
+                if !super::overheard::restore(&self.inner.config, &session, item) {
                     unheard.push(id);
                 }
                 continue;
@@ -569,5 +570,61 @@ impl SessionManager {
         if let Err(e) = self.inner.store.flush() {
             tracing::error!(error = %e, "could not flush the store on shutdown");
         }
+    }
+}
+
+/// What the operator's console and `/status` read, and what they do.
+impl SessionManager {
+    /// Every session in memory, by key.
+    pub fn live_chats(&self) -> Vec<super::LiveChat> {
+        let sessions: Vec<_> = self.dispatcher().all();
+        let mut chats: Vec<super::LiveChat> = sessions
+            .iter()
+            .map(|s| {
+                let state = s.state();
+                super::LiveChat {
+                    session: s.key.clone(),
+                    queued: s.queue.len(),
+                    turns: state.turns,
+                    current: state.current.clone(),
+                }
+            })
+            .collect();
+        chats.sort_by(|a, b| a.session.cmp(&b.session));
+        chats
+    }
+
+    /// Cancels `session`'s running turn, as `/stop` does; `false` when none runs.
+    pub fn stop_turn(&self, session: &str) -> bool {
+        let Some(live) = self.live_session(session) else {
+            return false;
+        };
+        let token = live.state().turn_cancel.clone();
+        match token {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The daily token budget per chat, if there is one.
+    pub fn daily_token_budget(&self) -> Option<u64> {
+        self.config().daily_tokens_per_chat
+    }
+
+    /// `session`'s tokens today and the daily limit, for `/status` and the console.
+    pub fn tokens_today(&self, session: &str) -> (u64, Option<u64>) {
+        let used = super::usage::day_usage(self.store().as_ref(), self.now().date_naive(), session)
+            .map_or(0, |d| d.total_tokens);
+        (used, self.config().daily_tokens_per_chat)
+    }
+
+    /// Re-reads what the toolsets load from outside the program (skill folders): `/reload`
+    /// and SIGHUP. Every session's tools share what they load, so this serves them all; a
+    /// line for each toolset that loads something.
+    pub fn reload(&self) -> Vec<String> {
+        self.template().tools().reload()
     }
 }

@@ -34,9 +34,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::inbox::Intake;
 use super::input::CallerRule;
 use super::manager::{Session, SessionConfig, SessionManager};
 use super::queue::{MAX_LINES_PER_ITEM, QueueItem};
+use super::worker::ChatWorker;
 use crate::platform::{ChatKind, ChatRef, IncomingMessage};
 use crate::store::{KvWrite, OutboxEntry, PendingItem, PendingKind, StoreError};
 use crate::tool::bridge::ToolError;
@@ -175,7 +177,7 @@ pub(super) fn input_text(lines: &[String]) -> String {
     )
 }
 
-impl SessionManager {
+impl Intake<'_> {
     /// Intake of an unaddressed message in an auto-chat group: recorded and made pending
     /// in one transaction, then added to the chat's batch, all under the owner lock (like
     /// addressed input), and waited for before the adapter acknowledges it.
@@ -189,7 +191,7 @@ impl SessionManager {
         let line = super::policy::attribute(
             &message.sender,
             &message.text,
-            self.config().max_input_chars,
+            self.manager.config().max_input_chars,
         );
         let pending = PendingItem {
             id: 0,
@@ -200,11 +202,11 @@ impl SessionManager {
             text: line.clone(),
             reply_to: None,
             images: Vec::new(),
-            received: self.now(),
+            received: self.manager.now(),
             private: false,
         };
         let store_error = |e: StoreError| crate::platform::InboxError::Store(e.to_string());
-        let mut chats = self.chats();
+        let mut chats = self.manager.chats();
         let session = chats.session(&key);
         let mut state = session.state();
         let intake = if state.overheard.has_room() {
@@ -215,6 +217,7 @@ impl SessionManager {
         };
         let only_logged = matches!(intake, crate::store::Intake::Record);
         match self
+            .manager
             .store()
             .record_inbound(&key, stored, intake)
             .map_err(store_error)?
@@ -240,34 +243,19 @@ impl SessionManager {
     /// Whether `message` is one auto-chat reads: unaddressed, in a group the config names,
     /// from a person (bots only when the config does not ignore them).
     pub(super) fn overhears<'a>(&'a self, message: &IncomingMessage) -> Option<&'a AutoChat> {
-        let config = self.config();
+        let config = self.manager.config();
         if message.kind == ChatKind::Private || (message.sender.is_bot && config.ignore_bots) {
             return None;
         }
         auto_chat_for(config, &message.chat)
     }
+}
 
+impl ChatWorker {
     /// The batch of `session` when it is due: the worker's next item when its queue is
     /// empty.
     pub(super) fn due_batch(&self, session: &Session) -> Option<QueueItem> {
         session.state().overheard.take_if_due(Instant::now())
-    }
-
-    /// An overheard input from before a restart: back into its chat's batch, due at once
-    /// (its wait may long be over). `false` when the chat is no longer an auto-chat one:
-    /// the caller drops it.
-    pub(super) fn restore_overheard(&self, session: &Session, item: PendingItem) -> bool {
-        if auto_chat_for(self.config(), &item.chat).is_none() {
-            return false;
-        }
-        let mut state = session.state();
-        if !state.overheard.has_room() {
-            return false;
-        }
-        state
-            .overheard
-            .push(&item.chat, item.text, item.id, 1, Duration::ZERO);
-        true
     }
 
     /// How `send_message` speaks in the turn of `item`: `Some` only for a quiet turn.
@@ -275,9 +263,9 @@ impl SessionManager {
         if item.kind.rules().caller != CallerRule::Quiet {
             return None;
         }
-        let limits = auto_chat_for(self.config(), &item.chat)?.clone();
+        let limits = auto_chat_for(self.manager.config(), &item.chat)?.clone();
         Some(Arc::new(QuietTurn {
-            manager: self.clone(),
+            manager: self.manager.clone(),
             session: item.chat.session_key(),
             chat: item.chat.clone(),
             batch: item.pending_ids.first().copied().unwrap_or_default(),
@@ -285,6 +273,23 @@ impl SessionManager {
             lock: tokio::sync::Mutex::new(()),
         }))
     }
+}
+
+/// An overheard input from before a restart: back into its chat's batch, due at once
+/// (its wait may long be over). `false` when the chat is no longer an auto-chat one:
+/// the caller drops it.
+pub(super) fn restore(config: &SessionConfig, session: &Session, item: PendingItem) -> bool {
+    if auto_chat_for(config, &item.chat).is_none() {
+        return false;
+    }
+    let mut state = session.state();
+    if !state.overheard.has_room() {
+        return false;
+    }
+    state
+        .overheard
+        .push(&item.chat, item.text, item.id, 1, Duration::ZERO);
+    true
 }
 
 /// A chat's sends as the store counts them (`auto_chat` space, keyed by session).

@@ -12,10 +12,10 @@
 //! answers a mention (an operator's `kill -9`, a host that reboots) must still answer it.
 //! A turn abandoned by a clean shutdown clears its marks, so only an unclean stop counts.
 
-use crate::store::{KvWrite, OutboxEntry, PendingItem, StoreError, TurnCommit};
+use crate::store::{KvWrite, OutboxEntry, PendingItem, Store, StoreError, TurnCommit};
 
-use super::manager::SessionManager;
 use super::queue::QueueItem;
+use super::worker::ChatWorker;
 
 /// The collection of start marks: pending id → starts without a commit.
 pub const STARTS: &str = "turn_starts";
@@ -44,13 +44,13 @@ fn notice(item: &PendingItem) -> String {
     )
 }
 
-impl SessionManager {
+impl ChatWorker {
     /// Marks `item`'s inputs started, durably, when it carries images.
     pub(super) async fn mark_started(&self, item: &QueueItem) {
         if item.images.is_empty() {
             return;
         }
-        let store = self.store();
+        let store = self.manager.store();
         for id in &item.pending_ids {
             let key = id.to_string();
             let starts = match store.kv_get(STARTS, &key) {
@@ -65,7 +65,7 @@ impl SessionManager {
                 return;
             }
         }
-        if let Err(e) = self.durable().await {
+        if let Err(e) = self.manager.durable().await {
             tracing::warn!(error = %e, "a start mark is not durable");
         }
     }
@@ -74,62 +74,61 @@ impl SessionManager {
     /// clean shutdown): only an unclean stop counts.
     pub(super) fn unmark_started(&self, ids: &[u64]) {
         for id in ids {
-            if let Err(e) = self.store().kv_delete(STARTS, &id.to_string()) {
+            if let Err(e) = self.manager.store().kv_delete(STARTS, &id.to_string()) {
                 tracing::warn!(pending = id, error = %e, "cannot clear a start mark");
             }
         }
     }
+}
 
-    /// Sets aside the inputs of `pending` that were started [`LIMIT`] times, each with its
-    /// chat's notice in one transaction; returns the others and the notices to send once
-    /// durable.
-    pub(super) fn quarantine(
-        &self,
-        pending: Vec<PendingItem>,
-    ) -> Result<(Vec<PendingItem>, Vec<OutboxEntry>), StoreError> {
-        let store = self.store();
-        let mut keep = Vec::with_capacity(pending.len());
-        let mut notices = Vec::new();
-        for item in pending {
-            let starts = store
-                .kv_get(STARTS, &item.id.to_string())?
-                .and_then(|v| v.parse::<u32>().ok())
-                .unwrap_or(0);
-            if starts < LIMIT {
-                keep.push(item);
-                continue;
-            }
-            tracing::error!(session = %item.session, pending = item.id, starts, kind = ?item.kind, "an input stopped the daemon {starts} times while its turn ran; set aside in the store's quarantine, not replayed");
-            let record = serde_json::to_string(&item).map_err(|e| StoreError::Corrupt {
-                key: item.id.to_string(),
-                reason: e.to_string(),
-            })?;
-            let mut also: Vec<KvWrite> = cleared(std::slice::from_ref(&item.id)).collect();
-            also.push(KvWrite {
-                space: QUARANTINE.to_owned(),
-                key: format!("{}|{}", item.session, item.id),
-                value: Some(record),
-                if_unchanged: None,
-            });
-            let mut reply = OutboxEntry::new(
-                &item.session,
-                &item.chat,
-                notice(&item),
-                item.reply_to.clone(),
-            );
-            let id = store.commit_turn(TurnCommit {
-                session: item.session.clone(),
-                history: None,
-                answered: vec![item.id],
-                reply: Some(reply.clone()),
-                also,
-                summary: None,
-            })?;
-            if let Some(id) = id {
-                reply.id = id;
-                notices.push(reply);
-            }
+/// Sets aside the inputs of `pending` that were started [`LIMIT`] times, each with its
+/// chat's notice in one transaction; returns the others and the notices to send once
+/// durable.
+pub(super) fn set_aside(
+    store: &dyn Store,
+    pending: Vec<PendingItem>,
+) -> Result<(Vec<PendingItem>, Vec<OutboxEntry>), StoreError> {
+    let mut keep = Vec::with_capacity(pending.len());
+    let mut notices = Vec::new();
+    for item in pending {
+        let starts = store
+            .kv_get(STARTS, &item.id.to_string())?
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0);
+        if starts < LIMIT {
+            keep.push(item);
+            continue;
         }
-        Ok((keep, notices))
+        tracing::error!(session = %item.session, pending = item.id, starts, kind = ?item.kind, "an input stopped the daemon {starts} times while its turn ran; set aside in the store's quarantine, not replayed");
+        let record = serde_json::to_string(&item).map_err(|e| StoreError::Corrupt {
+            key: item.id.to_string(),
+            reason: e.to_string(),
+        })?;
+        let mut also: Vec<KvWrite> = cleared(std::slice::from_ref(&item.id)).collect();
+        also.push(KvWrite {
+            space: QUARANTINE.to_owned(),
+            key: format!("{}|{}", item.session, item.id),
+            value: Some(record),
+            if_unchanged: None,
+        });
+        let mut reply = OutboxEntry::new(
+            &item.session,
+            &item.chat,
+            notice(&item),
+            item.reply_to.clone(),
+        );
+        let id = store.commit_turn(TurnCommit {
+            session: item.session.clone(),
+            history: None,
+            answered: vec![item.id],
+            reply: Some(reply.clone()),
+            also,
+            summary: None,
+        })?;
+        if let Some(id) = id {
+            reply.id = id;
+            notices.push(reply);
+        }
     }
+    Ok((keep, notices))
 }

@@ -20,13 +20,14 @@ use super::input::RoleLookup;
 use super::manager::SessionManager;
 use super::policy::is_operator;
 use super::queue::QueueItem;
+use super::worker::ChatWorker;
 use crate::platform::ChatRef;
 use crate::tool::{Role, RoleError, RoleResolver};
 
 /// How long reading a chat's administrators may take.
 const ADMINS_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl SessionManager {
+impl ChatWorker {
     /// The caller roles of a queued item, completed where they decide before a tool runs
     /// (see the module docs): intake only knows operators, so for `/reset` and merged
     /// input every other caller of a group chat is looked up here. A lookup that fails
@@ -42,14 +43,15 @@ impl SessionManager {
         for caller in &mut item.callers {
             // A stored role is from when the input arrived; after a restart the config may
             // have changed, so an operator is checked again.
-            if caller.role == Role::Operator && !is_operator(self.config(), &caller.user_id) {
+            if caller.role == Role::Operator && !is_operator(self.manager.config(), &caller.user_id)
+            {
                 caller.role = Role::Member;
             }
             if on_demand || caller.role != Role::Member || caller.user_id.is_empty() || item.private
             {
                 continue;
             }
-            match self.role_in(&caller.user_id, &item.chat).await {
+            match self.manager.role_in(&caller.user_id, &item.chat).await {
                 Ok(role) => caller.role = role,
                 Err(e) => {
                     tracing::warn!(chat = %item.chat, error = %e, "treating the sender as a member")
@@ -57,46 +59,49 @@ impl SessionManager {
             }
         }
     }
+}
 
-    /// The chat's administrators, from the cache or the platform.
-    async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, RoleError> {
-        // Admins are per chat, not per forum topic.
-        let key = format!("{}:{}", chat.platform, chat.chat_id);
-        let ttl = self.config().admin_cache_ttl;
-        let cached = self
-            .admin_cache()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .filter(|(at, _)| at.elapsed() < ttl)
-            .map(|(_, ids)| ids.clone());
-        if let Some(ids) = cached {
-            return Ok(ids);
-        }
-        let unavailable = |reason: String| RoleError::Unavailable {
-            chat: chat.to_string(),
-            reason,
-        };
-        let Some(platform) = self.platform(chat) else {
-            return Err(unavailable(format!("no adapter serves {}", chat.platform)));
-        };
-        let ids = match tokio::time::timeout(ADMINS_TIMEOUT, platform.chat_admins(chat)).await {
-            Ok(Ok(ids)) => ids,
-            Ok(Err(e)) => return Err(unavailable(e.to_string())),
-            Err(_) => return Err(unavailable("the lookup timed out".to_owned())),
-        };
-        let mut cache = self.admin_cache().lock().unwrap_or_else(|e| e.into_inner());
-        // Where the table would grow (a cost in proportion to its size anyway), the expired
-        // lookups go first: one of every chat ever seen would otherwise stay for good.
-        if cache.len() >= cache.capacity() {
-            cache.retain(|_, (at, _)| at.elapsed() < ttl);
-            if let Some(to) = super::dispatcher::shrunk_capacity(cache.len(), cache.capacity()) {
-                cache.shrink_to(to);
-            }
-        }
-        cache.insert(key, (Instant::now(), ids.clone()));
-        Ok(ids)
+/// The chat's administrators, from the cache or the platform.
+async fn chat_admins(manager: &SessionManager, chat: &ChatRef) -> Result<Vec<String>, RoleError> {
+    // Admins are per chat, not per forum topic.
+    let key = format!("{}:{}", chat.platform, chat.chat_id);
+    let ttl = manager.config().admin_cache_ttl;
+    let cached = manager
+        .admin_cache()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .filter(|(at, _)| at.elapsed() < ttl)
+        .map(|(_, ids)| ids.clone());
+    if let Some(ids) = cached {
+        return Ok(ids);
     }
+    let unavailable = |reason: String| RoleError::Unavailable {
+        chat: chat.to_string(),
+        reason,
+    };
+    let Some(platform) = manager.platform(chat) else {
+        return Err(unavailable(format!("no adapter serves {}", chat.platform)));
+    };
+    let ids = match tokio::time::timeout(ADMINS_TIMEOUT, platform.chat_admins(chat)).await {
+        Ok(Ok(ids)) => ids,
+        Ok(Err(e)) => return Err(unavailable(e.to_string())),
+        Err(_) => return Err(unavailable("the lookup timed out".to_owned())),
+    };
+    let mut cache = manager
+        .admin_cache()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    // Where the table would grow (a cost in proportion to its size anyway), the expired
+    // lookups go first: one of every chat ever seen would otherwise stay for good.
+    if cache.len() >= cache.capacity() {
+        cache.retain(|_, (at, _)| at.elapsed() < ttl);
+        if let Some(to) = super::dispatcher::shrunk_capacity(cache.len(), cache.capacity()) {
+            cache.shrink_to(to);
+        }
+    }
+    cache.insert(key, (Instant::now(), ids.clone()));
+    Ok(ids)
 }
 
 #[async_trait]
@@ -108,7 +113,7 @@ impl RoleResolver for SessionManager {
         if user_id.is_empty() {
             return Ok(Role::Member);
         }
-        let admins = self.chat_admins(chat).await?;
+        let admins = chat_admins(self, chat).await?;
         Ok(if admins.iter().any(|a| a == user_id) {
             Role::ChatAdmin
         } else {

@@ -10,9 +10,9 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::manager::SessionManager;
 use super::queue::QueueItem;
 use super::usage;
+use super::worker::ChatWorker;
 use crate::agent::{Turn, TurnEnd};
 use crate::llm::{Content, ContentPart, Message, Usage};
 use crate::store::{KvWrite, OutboxEntry, Store, StoreError};
@@ -259,7 +259,7 @@ pub fn recent(store: &dyn Store, session: &str) -> Result<Vec<TurnTrace>, StoreE
     Ok(traces)
 }
 
-impl SessionManager {
+impl ChatWorker {
     /// The records a turn commits besides its history: its day's usage and (for a turn that
     /// asked the model) its trace. Reserves the reply's outbox id so the trace can name it.
     /// `budget_told`: the reply is today's budget notice.
@@ -272,14 +272,14 @@ impl SessionManager {
         started: DateTime<Utc>,
         reply: Option<&mut OutboxEntry>,
     ) -> Result<Vec<KvWrite>, StoreError> {
-        let store = self.store().as_ref();
+        let store = self.manager.store().as_ref();
         let mut writes = Vec::new();
         if facts.is_none() && !budget_told {
             return Ok(writes);
         }
         writes.push(usage::add(
             store,
-            self.now().date_naive(),
+            self.manager.now().date_naive(),
             session,
             facts.map(|f| &f.usage),
             budget_told,
@@ -300,7 +300,7 @@ impl SessionManager {
             TraceHead::default()
         });
         let seq = head.next;
-        let now = self.now();
+        let now = self.manager.now();
         let trace = TurnTrace {
             v: 1,
             seq,

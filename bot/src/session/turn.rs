@@ -61,12 +61,12 @@ impl ChatWorker {
             state.current = Some((started, item.text()));
             state.turns += 1;
         }
-        self.manager.mark_started(&item).await;
+        self.mark_started(&item).await;
         let rules = item.kind.rules();
         let outcome = match rules.action {
             Action::Reset => self.reset(session, &item).await,
             Action::Compact => self.compact_command(session, &item, &cancel).await,
-            Action::Turn => match self.manager.budget(&session.key) {
+            Action::Turn => match self.budget(&session.key) {
                 Budget::Spent { told } => Some(over_budget(told)),
                 Budget::Open => self.turn(session, &item, &cancel).await,
             },
@@ -80,7 +80,7 @@ impl ChatWorker {
             // Abandoned (shutdown, store failure): the input stays pending; the waiter is
             // dropped and its submitter sees the turn cancelled. Not the input's fault.
             if !item.images.is_empty() {
-                self.manager.unmark_started(&item.pending_ids);
+                self.unmark_started(&item.pending_ids);
             }
             return;
         };
@@ -97,7 +97,7 @@ impl ChatWorker {
             .filter(|_| rules.posts)
             .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
         let compact_due = outcome.compact_due;
-        let also = self.manager.turn_records(
+        let also = self.turn_records(
             &session.key,
             &item,
             outcome.facts.as_ref(),
@@ -228,7 +228,7 @@ impl ChatWorker {
                 chat: item.chat.clone(),
                 private: item.private,
             }) as Arc<dyn RoleResolver>),
-            quiet: self.manager.quiet_speech(item),
+            quiet: self.quiet_speech(item),
             post: Some(Arc::new(super::outbox::TurnPost {
                 manager: self.manager.clone(),
                 chat: item.chat.clone(),

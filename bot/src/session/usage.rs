@@ -8,7 +8,7 @@
 use chrono::{NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::manager::SessionManager;
+use super::worker::ChatWorker;
 use crate::llm::Usage;
 use crate::store::{KvWrite, Store, StoreError};
 
@@ -145,14 +145,18 @@ pub(super) enum Budget {
     },
 }
 
-impl SessionManager {
+impl ChatWorker {
     /// Whether `session` may run a turn now. A store that cannot be read lets the turn run:
     /// the budget limits cost, it must not silence a chat over a read error.
     pub(super) fn budget(&self, session: &str) -> Budget {
-        let Some(limit) = self.config().daily_tokens_per_chat else {
+        let Some(limit) = self.manager.config().daily_tokens_per_chat else {
             return Budget::Open;
         };
-        match day_usage(self.store().as_ref(), self.now().date_naive(), session) {
+        match day_usage(
+            self.manager.store().as_ref(),
+            self.manager.now().date_naive(),
+            session,
+        ) {
             Ok(day) if day.total_tokens >= limit => Budget::Spent {
                 told: day.budget_told,
             },
@@ -162,17 +166,5 @@ impl SessionManager {
                 Budget::Open
             }
         }
-    }
-
-    /// The daily token budget per chat, if there is one.
-    pub fn daily_token_budget(&self) -> Option<u64> {
-        self.config().daily_tokens_per_chat
-    }
-
-    /// `session`'s tokens today and the daily limit, for `/status` and the console.
-    pub fn tokens_today(&self, session: &str) -> (u64, Option<u64>) {
-        let used = day_usage(self.store().as_ref(), self.now().date_naive(), session)
-            .map_or(0, |d| d.total_tokens);
-        (used, self.config().daily_tokens_per_chat)
     }
 }

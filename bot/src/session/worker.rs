@@ -69,7 +69,7 @@ impl ChatWorker {
             // meanwhile merges into it; a due batch is taken (it merges beside the queue).
             let next = match session.queue.front_kind() {
                 Some(kind) => Some(Next::Queued(kind)),
-                None => manager
+                None => self
                     .due_batch(&session)
                     .map(|item| Next::Batch(Box::new(item))),
             };
@@ -116,7 +116,7 @@ impl ChatWorker {
                     },
                     Next::Batch(item) => *item,
                 };
-                manager.resolve_roles(&mut item).await;
+                self.resolve_roles(&mut item).await;
                 self.run_item(&session, item).await;
                 true
             });
