@@ -404,6 +404,19 @@ impl SessionManager {
         Ok(())
     }
 
+    /// Hands a committed (durable) row to its chat's outbox lane; `done` learn what became
+    /// of it.
+    pub(super) fn enqueue_reply(&self, entry: crate::store::OutboxEntry, done: Vec<Waiter>) {
+        self.inner.lanes.enqueue(self, entry, done);
+    }
+
+    /// Serves system inputs until shutdown begins; call after [`SessionManager::resume`].
+    /// The loop is owned by the session layer's task tracker and ends with it; requests
+    /// still in the channel then get [`SubmitError::ShuttingDown`].
+    pub fn serve_system(&self, receiver: super::SystemReceiver) {
+        super::system::serve(self, receiver);
+    }
+
     /// Stores a system input for `chat` as pending (with `also`, in one transaction) and
     /// queues it, with `done` to be told its outcome; returns its pending id. Not yet
     /// durable: the caller waits for that, with no lock held. Both kinds go in even over

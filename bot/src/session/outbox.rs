@@ -59,6 +59,26 @@ impl Lanes {
         self.lock().is_empty()
     }
 
+    /// Hands a committed (durable) row to its chat's lane, starting the lane if it is idle;
+    /// `done` learn what became of it.
+    pub(super) fn enqueue(&self, manager: &SessionManager, entry: OutboxEntry, done: Vec<Waiter>) {
+        let key = entry.session.clone();
+        let start = {
+            let mut lanes = self.lock();
+            let lane = lanes.entry(key.clone()).or_default();
+            lane.push_back(Row { entry, done });
+            // A lane with one row was idle: the task of a busy lane pops only after a send.
+            lane.len() == 1
+        };
+        if start {
+            let lane = Lane {
+                manager: manager.clone(),
+                key,
+            };
+            manager.tracker().spawn(lane.run());
+        }
+    }
+
     /// Drops every waiter (shutdown): the rows stay unsent for the next start.
     pub(super) fn drop_waiters(&self) {
         for row in self.lock().values_mut().flatten() {
@@ -75,47 +95,37 @@ enum Sent {
     Abandoned,
 }
 
-impl SessionManager {
-    /// Hands a committed (durable) row to its chat's lane, starting the lane if it is idle;
-    /// `done` learn what became of it.
-    pub(super) fn enqueue_reply(&self, entry: OutboxEntry, done: Vec<Waiter>) {
-        let key = entry.session.clone();
-        let start = {
-            let mut lanes = self.lanes().lock();
-            let lane = lanes.entry(key.clone()).or_default();
-            lane.push_back(Row { entry, done });
-            // A lane with one row was idle: the task of a busy lane pops only after a send.
-            lane.len() == 1
-        };
-        if start {
-            let manager = self.clone();
-            self.tracker()
-                .spawn(async move { manager.run_lane(key).await });
-        }
-    }
+/// One chat's lane at work: the task that sends its rows.
+struct Lane {
+    manager: SessionManager,
+    key: String,
+}
 
+impl Lane {
     /// Sends the lane's rows in order until it is empty (then it is removed, under the
-    /// same lock that `enqueue_reply` takes) or shutdown aborts it.
-    async fn run_lane(self, key: String) {
+    /// same lock that [`Lanes::enqueue`] takes) or shutdown aborts it.
+    async fn run(self) {
+        let key = &self.key;
         loop {
             let next = self
+                .manager
                 .lanes()
                 .lock()
-                .get(&key)
+                .get(key)
                 .and_then(|lane| lane.front().map(|row| row.entry.clone()));
             let Some(entry) = next else { return };
             let outcome = match self.send_row(&entry).await {
                 Sent::Done(outcome) => outcome,
                 Sent::Abandoned => return,
             };
-            let mut lanes = self.lanes().lock();
-            if let Some(lane) = lanes.get_mut(&key) {
+            let mut lanes = self.manager.lanes().lock();
+            if let Some(lane) = lanes.get_mut(key) {
                 for waiter in lane.pop_front().into_iter().flat_map(|row| row.done) {
                     // The submitter may have given up waiting.
                     let _ = waiter.send(outcome.clone());
                 }
                 if lane.is_empty() {
-                    lanes.remove(&key);
+                    lanes.remove(key);
                     if let Some(to) =
                         super::dispatcher::shrunk_capacity(lanes.len(), lanes.capacity())
                     {
@@ -129,7 +139,7 @@ impl SessionManager {
 
     /// Sends one row, retrying until the platform takes it or refuses it for good.
     async fn send_row(&self, entry: &OutboxEntry) -> Sent {
-        let Some(platform) = self.platform(&entry.chat).cloned() else {
+        let Some(platform) = self.manager.platform(&entry.chat).cloned() else {
             tracing::error!(chat = %entry.chat, outbox = entry.id, "no adapter serves this reply's platform; it stays in the outbox");
             return Sent::Abandoned;
         };
@@ -147,7 +157,7 @@ impl SessionManager {
             );
             let result = tokio::select! {
                 biased;
-                () = self.abort().cancelled() => return Sent::Abandoned,
+                () = self.manager.abort().cancelled() => return Sent::Abandoned,
                 result = attempt => result,
             };
             let wait = match result {
@@ -178,7 +188,7 @@ impl SessionManager {
             failures = failures.saturating_add(1);
             tokio::select! {
                 biased;
-                () = self.abort().cancelled() => return Sent::Abandoned,
+                () = self.manager.abort().cancelled() => return Sent::Abandoned,
                 () = tokio::time::sleep(wait) => {}
             }
         }
@@ -190,28 +200,29 @@ impl SessionManager {
         let own = ids.first().map(|first| {
             StoredMessage::from_bot(
                 &entry.chat.platform,
-                &self.config().bot_name,
+                &self.manager.config().bot_name,
                 first,
                 &entry.text,
                 entry.reply_to.as_deref(),
             )
         });
-        let marked =
-            match self
-                .store()
-                .mark_sent_with_own(entry.id, ids, &entry.session, own.as_ref())
-            {
-                Ok(()) => self.durable().await,
-                Err(e) => Err(e),
-            };
+        let marked = match self.manager.store().mark_sent_with_own(
+            entry.id,
+            ids,
+            &entry.session,
+            own.as_ref(),
+        ) {
+            Ok(()) => self.manager.durable().await,
+            Err(e) => Err(e),
+        };
         if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
         }
     }
 
     async fn given_up(&self, entry: &OutboxEntry, why: &str) {
-        let marked = match self.store().mark_failed(entry.id, why) {
-            Ok(()) => self.durable().await,
+        let marked = match self.manager.store().mark_failed(entry.id, why) {
+            Ok(()) => self.manager.durable().await,
             Err(e) => Err(e),
         };
         if let Err(e) = marked {

@@ -132,57 +132,55 @@ impl SystemInputs {
     }
 }
 
-impl SessionManager {
-    /// Serves system inputs until shutdown begins; call after [`SessionManager::resume`].
-    /// The loop is owned by the session layer's task tracker and ends with it; requests
-    /// still in the channel then get [`SubmitError::ShuttingDown`].
-    pub fn serve_system(&self, receiver: SystemReceiver) {
-        let manager = self.clone();
-        let mut rx = receiver.rx;
-        self.tracker().spawn(async move {
-            loop {
-                let request = tokio::select! {
-                    request = rx.recv() => request,
-                    () = manager.draining().cancelled() => None,
-                };
-                let Some(request) = request else { break };
-                // One at a time, in order: each answer is durable before the next request
-                // is read, so a withdraw always sees the notice sent before it.
-                manager.serve_request(request).await;
-            }
-            rx.close();
-            while let Ok(request) = rx.try_recv() {
-                refuse(request);
-            }
-        });
-    }
+/// Serves system inputs until shutdown begins, on `manager`'s task tracker (see
+/// [`SessionManager::serve_system`]).
+pub(super) fn serve(manager: &SessionManager, receiver: SystemReceiver) {
+    let mut rx = receiver.rx;
+    let tracker = manager.tracker().clone();
+    let manager = manager.clone();
+    tracker.spawn(async move {
+        loop {
+            let request = tokio::select! {
+                request = rx.recv() => request,
+                () = manager.draining().cancelled() => None,
+            };
+            let Some(request) = request else { break };
+            // One at a time, in order: each answer is durable before the next request
+            // is read, so a withdraw always sees the notice sent before it.
+            serve_request(&manager, request).await;
+        }
+        rx.close();
+        while let Ok(request) = rx.try_recv() {
+            refuse(request);
+        }
+    });
+}
 
-    async fn serve_request(&self, request: Request) {
-        match request {
-            Request::Notice {
-                chat,
-                text,
-                caller,
-                also,
-                reply,
-            } => {
-                let _ = reply.send(self.submit_notice(&chat, text, caller, also).await);
-            }
-            Request::Withdraw {
-                chat,
-                pending_id,
-                reply,
-            } => {
-                let _ = reply.send(self.withdraw(&chat, pending_id));
-            }
-            Request::ClockFire {
-                chat,
-                text,
-                caller,
-                reply,
-            } => {
-                let _ = reply.send(self.submit_scheduled(&chat, text, caller).await);
-            }
+async fn serve_request(manager: &SessionManager, request: Request) {
+    match request {
+        Request::Notice {
+            chat,
+            text,
+            caller,
+            also,
+            reply,
+        } => {
+            let _ = reply.send(manager.submit_notice(&chat, text, caller, also).await);
+        }
+        Request::Withdraw {
+            chat,
+            pending_id,
+            reply,
+        } => {
+            let _ = reply.send(manager.withdraw(&chat, pending_id));
+        }
+        Request::ClockFire {
+            chat,
+            text,
+            caller,
+            reply,
+        } => {
+            let _ = reply.send(manager.submit_scheduled(&chat, text, caller).await);
         }
     }
 }
