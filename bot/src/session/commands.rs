@@ -67,8 +67,8 @@ impl Intake<'_> {
     pub(super) fn status_text(&self, key: &str, session: Option<&Session>) -> String {
         let (running, turns, queued) = match session {
             Some(s) => {
-                let state = s.state();
-                (state.turn_cancel.is_some(), state.turns, s.queue.len())
+                let seen = s.seen();
+                (seen.running, seen.turns, s.queue().len())
             }
             None => (false, 0, 0),
         };
@@ -127,7 +127,7 @@ impl Intake<'_> {
         &self,
         session: Option<&Session>,
     ) -> (String, Option<tokio_util::sync::CancellationToken>) {
-        match session.and_then(|s| s.state().turn_cancel.clone()) {
+        match session.and_then(|s| s.running()) {
             Some(token) => ("Stopped.".to_owned(), Some(token)),
             None => ("I am not working on anything.".to_owned(), None),
         }

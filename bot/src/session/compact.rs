@@ -81,8 +81,8 @@ impl ChatWorker {
         cancel: &CancellationToken,
     ) -> Result<Compaction, StoreError> {
         let store = self.manager.store();
-        let history = store.load_history(&session.key)?;
-        let previous = store.load_summary(&session.key)?;
+        let history = store.load_history(session.key())?;
+        let previous = store.load_summary(session.key())?;
         // The kept turns may take at most half the threshold, so that a compaction always
         // leaves room before the next one.
         let keep_tokens = self.compact_threshold().unwrap_or(usize::MAX) / 2;
@@ -103,8 +103,8 @@ impl ChatWorker {
             topic,
         };
         let mut usage = crate::llm::Usage::default();
-        let summarized = session.agent.summarize(input, &mut usage, cancel).await;
-        self.count_summary_tokens(&session.key, &usage);
+        let summarized = session.agent().summarize(input, &mut usage, cancel).await;
+        self.count_summary_tokens(session.key(), &usage);
         match summarized {
             Ok(text) => Ok(Compaction::Summarized {
                 dropped: from,
@@ -156,7 +156,7 @@ impl ChatWorker {
         let found = match self.summarize_older(session, topic, cancel).await {
             Ok(found) => found,
             Err(e) => {
-                tracing::error!(session = %session.key, error = %e, "cannot read the history to compact it");
+                tracing::error!(session = %session.key(), error = %e, "cannot read the history to compact it");
                 return Some(Outcome {
                     reply: Some(
                         "I could not read this conversation to summarize it; nothing was changed."
@@ -175,7 +175,7 @@ impl ChatWorker {
                 self.manager.config().compact_keep_turns
             ),
             Compaction::Failed(reason) => {
-                tracing::warn!(session = %session.key, %reason, "/compact: no summary");
+                tracing::warn!(session = %session.key(), %reason, "/compact: no summary");
                 "I could not summarize the conversation (the model did not answer usefully); \
                  nothing was changed."
                     .to_owned()
@@ -185,7 +185,7 @@ impl ChatWorker {
                 summary,
                 kept_turns,
             } => {
-                tracing::info!(session = %session.key, dropped, chars = summary.text.len(), "compacted on /compact");
+                tracing::info!(session = %session.key(), dropped, chars = summary.text.len(), "compacted on /compact");
                 let reply = format!(
                     "Done: I summarized {dropped} older messages into about {} tokens; the last \
                      {kept_turns} turn(s) stay word for word.",
@@ -218,14 +218,14 @@ impl ChatWorker {
     ) {
         let cancel = self.manager.abort().child_token();
         // `/stop` and `/status` see the compaction as the chat's current work.
-        session.state().turn_cancel = Some(cancel.clone());
+        session.compacting(&cancel);
         let found = self.summarize_older(session, None, &cancel).await;
-        session.state().turn_cancel = None;
+        session.item_ended();
         let (history, summary, notice) = match found {
             Ok(Compaction::Summarized {
                 dropped, summary, ..
             }) => {
-                tracing::info!(session = %session.key, dropped, chars = summary.text.len(), "compacted at the threshold");
+                tracing::info!(session = %session.key(), dropped, chars = summary.text.len(), "compacted at the threshold");
                 (
                     dropped,
                     Some(summary),
@@ -234,7 +234,7 @@ impl ChatWorker {
                 )
             }
             Ok(Compaction::Failed(reason)) => {
-                tracing::warn!(session = %session.key, %reason, "compaction failed; trimming instead");
+                tracing::warn!(session = %session.key(), %reason, "compaction failed; trimming instead");
                 let Some(dropped) = self.trim_for_room(session) else {
                     return;
                 };
@@ -249,11 +249,11 @@ impl ChatWorker {
             // requests within the context then.
             Ok(Compaction::Nothing { .. } | Compaction::Cancelled) => return,
             Err(e) => {
-                tracing::error!(session = %session.key, error = %e, "cannot read the history to compact it");
+                tracing::error!(session = %session.key(), error = %e, "cannot read the history to compact it");
                 return;
             }
         };
-        let reply = tell.then(|| OutboxEntry::new(&session.key, chat, notice.to_owned(), None));
+        let reply = tell.then(|| OutboxEntry::new(session.key(), chat, notice.to_owned(), None));
         self.commit_compaction(session, history, summary, reply)
             .await;
     }
@@ -266,7 +266,7 @@ impl ChatWorker {
         let Some(threshold) = self.compact_threshold() else {
             return;
         };
-        let worth = match self.manager.store().load_history(&session.key) {
+        let worth = match self.manager.store().load_history(session.key()) {
             Ok(history) => {
                 let tokens: usize = history.iter().map(estimate_tokens).sum();
                 tokens >= threshold / 4
@@ -282,23 +282,23 @@ impl ChatWorker {
             return;
         }
         let cancel = self.manager.abort().child_token();
-        session.state().turn_cancel = Some(cancel.clone());
+        session.compacting(&cancel);
         let found = self.summarize_older(session, None, &cancel).await;
-        session.state().turn_cancel = None;
+        session.item_ended();
         match found {
             Ok(Compaction::Summarized {
                 dropped, summary, ..
             }) => {
-                tracing::info!(session = %session.key, dropped, chars = summary.text.len(), "compacted before leaving memory");
+                tracing::info!(session = %session.key(), dropped, chars = summary.text.len(), "compacted before leaving memory");
                 self.commit_compaction(session, dropped, Some(summary), None)
                     .await;
             }
             Ok(Compaction::Failed(reason)) => {
-                tracing::warn!(session = %session.key, %reason, "compaction before leaving memory failed; the history stays");
+                tracing::warn!(session = %session.key(), %reason, "compaction before leaving memory failed; the history stays");
             }
             Ok(Compaction::Nothing { .. } | Compaction::Cancelled) => {}
             Err(e) => {
-                tracing::error!(session = %session.key, error = %e, "cannot read the history to compact it");
+                tracing::error!(session = %session.key(), error = %e, "cannot read the history to compact it");
             }
         }
     }
@@ -307,7 +307,7 @@ impl ChatWorker {
     /// threshold (whole turns; the newest one always stays); `None` when none would go.
     fn trim_for_room(&self, session: &Session) -> Option<usize> {
         let budget = self.compact_threshold()? / 2;
-        let mut history = self.manager.store().load_history(&session.key).ok()?;
+        let mut history = self.manager.store().load_history(session.key()).ok()?;
         let before = history.len();
         trim_to_budget(&mut history, budget);
         Some(before - history.len()).filter(|&n| n > 0)
@@ -323,7 +323,7 @@ impl ChatWorker {
         reply: Option<OutboxEntry>,
     ) {
         let commit = TurnCommit {
-            session: session.key.clone(),
+            session: session.key().to_owned(),
             history: Some(HistoryChange::Append {
                 dropped,
                 messages: Vec::new(),
@@ -337,7 +337,7 @@ impl ChatWorker {
             Ok(id) => self.manager.durable().await.map(|()| id),
             Err(e) => Err(e),
         };
-        session.state().history_changed();
+        session.history_changed();
         match (committed, reply) {
             (Ok(Some(id)), Some(mut entry)) => {
                 entry.id = id;
@@ -345,7 +345,7 @@ impl ChatWorker {
             }
             (Ok(_), _) => {}
             (Err(e), _) => {
-                tracing::error!(session = %session.key, error = %e, "cannot commit the compaction; the history stays");
+                tracing::error!(session = %session.key(), error = %e, "cannot commit the compaction; the history stays");
             }
         }
     }

@@ -81,7 +81,7 @@ impl Dispatcher {
     pub(super) fn queued(&self) -> usize {
         self.map()
             .values()
-            .map(|chat| chat.session.queue.len())
+            .map(|chat| chat.session.queue().len())
             .sum()
     }
 
@@ -102,12 +102,12 @@ impl Dispatcher {
             return false;
         }
         self.running.fetch_sub(1, Ordering::Relaxed);
-        let Some(chat) = map.get_mut(&session.key) else {
+        let Some(chat) = map.get_mut(session.key()) else {
             return true;
         };
         chat.worker = false;
-        if !session.agent.tools().holds_session_state() {
-            map.remove(&session.key);
+        if !session.agent().tools().holds_session_state() {
+            map.remove(session.key());
             if let Some(to) = shrunk_capacity(map.len(), map.capacity()) {
                 map.shrink_to(to);
             }
@@ -118,7 +118,7 @@ impl Dispatcher {
 
     /// The worker of `session` stopped for shutdown; its queued items stay pending.
     pub(super) fn stopped(&self, session: &Arc<Session>) {
-        if let Some(chat) = self.map().get_mut(&session.key) {
+        if let Some(chat) = self.map().get_mut(session.key()) {
             chat.worker = false;
         }
         self.running.fetch_sub(1, Ordering::Relaxed);
@@ -167,7 +167,7 @@ impl Chats<'_> {
         let Some(chat) = self.map.get(key) else {
             return Vec::new();
         };
-        let waiting = chat.session.queue.clear();
+        let waiting = chat.session.queue().clear();
         if !chat.worker {
             self.map.remove(key);
         }
@@ -178,7 +178,7 @@ impl Chats<'_> {
         if self.manager.draining().is_cancelled() || !session.has_work() {
             return;
         }
-        let Some(chat) = self.map.get_mut(&session.key) else {
+        let Some(chat) = self.map.get_mut(session.key()) else {
             return;
         };
         if chat.worker || !Arc::ptr_eq(&chat.session, session) {

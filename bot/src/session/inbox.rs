@@ -293,7 +293,7 @@ impl Intake<'_> {
 
         let mut chats = self.manager.chats();
         let session = chats.session(&key);
-        if !session.queue.can_take(&item) {
+        if !session.queue().can_take(&item) {
             drop(chats);
             let notice = OutboxEntry::new(
                 &key,
@@ -318,7 +318,7 @@ impl Intake<'_> {
             Inbound::Recorded(id) => id.unwrap_or_default(),
         };
         item.pending_ids = vec![id];
-        if let Err(full) = session.queue.push(item) {
+        if let Err(full) = session.queue().push(item) {
             // Checked above under the same lock; kept for the next start if it happens.
             tracing::error!(session = %key, ids = ?full.0.pending_ids, "queue refused a checked item; it stays pending");
         }

@@ -293,7 +293,7 @@ impl Intake<'_> {
         }
         // The old chat's history is now in front of the new one's.
         if let Some(session) = chats.get(&new) {
-            session.state().history_changed();
+            session.history_changed();
         }
         let waiting = chats.move_out(&old);
         tracing::info!(from = %old, to = %new, moved_inputs = waiting.len(), "chat moved to a new id");
@@ -308,7 +308,7 @@ impl Intake<'_> {
             };
             item.reply_to = None;
             // Inputs already accepted: they go in even over the capacity (they are pending).
-            session.queue.push_over_capacity(item);
+            session.queue().push_over_capacity(item);
         }
         Ok(Accepted::durable())
     }
@@ -334,7 +334,7 @@ impl Intake<'_> {
         if let Edited::Pending(id) = edited {
             let queued = chats.get(&key).is_some_and(|session| {
                 session
-                    .queue
+                    .queue()
                     .edit(id, &message.message_id, &line, &message.images)
             });
             tracing::debug!(session = %key, message = %message.message_id, queued, "pending input edited");

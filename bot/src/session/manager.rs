@@ -129,47 +129,119 @@ pub struct SessionStats {
     pub live_sessions: usize,
 }
 
-/// The live part of one session: its queue, its agent (with per-session toolset state) and
-/// the running turn's cancel token.
+/// The live part of one chat, shared by the stages that reach it: its queue (intake
+/// pushes, the worker takes), its overheard batch (the same, for auto-chat), its agent
+/// (with per-session toolset state), and what `/stop`, `/status` and the console see of
+/// its work. Each is reached through a method here.
 pub(super) struct Session {
-    pub(super) key: String,
-    pub(super) queue: SessionQueue,
-    pub(super) agent: Agent,
-    state: Mutex<SessionState>,
+    key: String,
+    queue: SessionQueue,
+    agent: Agent,
+    batch: Mutex<super::overheard::Batch>,
+    status: Mutex<Status>,
 }
 
+/// What others see of a chat's work, written by its worker.
 #[derive(Default)]
-pub(super) struct SessionState {
-    /// Cancels the running turn (`/stop`).
-    pub(super) turn_cancel: Option<CancellationToken>,
+struct Status {
+    /// Cancels the running turn or compaction (`/stop`).
+    cancel: Option<CancellationToken>,
     /// Turns run since the daemon started.
-    pub(super) turns: u64,
+    turns: u64,
     /// The running item's start and input, for the operator's console.
-    pub(super) current: Option<(chrono::DateTime<chrono::Utc>, String)>,
-    /// Overheard messages waiting for their quiet turn (auto-chat).
-    pub(super) overheard: super::overheard::Batch,
+    current: Option<(chrono::DateTime<chrono::Utc>, String)>,
     /// Bumped by every change to the stored history other than a turn's (a compaction, a
     /// chat moving in), so that the worker forgets the copy it keeps
     /// ([`ChatWorker`](super::worker)) and a turn running meanwhile does not keep one it
     /// read before.
-    pub(super) history_changes: u64,
+    history_changes: u64,
 }
 
-impl SessionState {
-    /// The stored history changed other than through a turn: forget the kept copy.
-    pub(super) fn history_changed(&mut self) {
-        self.history_changes = self.history_changes.wrapping_add(1);
-    }
+/// A chat's work as `/status` and the console see it.
+pub(super) struct Seen {
+    pub running: bool,
+    pub turns: u64,
+    pub current: Option<(chrono::DateTime<chrono::Utc>, String)>,
 }
 
 impl Session {
-    pub(super) fn state(&self) -> MutexGuard<'_, SessionState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    pub(super) fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(super) fn queue(&self) -> &SessionQueue {
+        &self.queue
+    }
+
+    pub(super) fn agent(&self) -> &Agent {
+        &self.agent
+    }
+
+    /// The overheard messages waiting for their quiet turn (auto-chat, `overheard.rs`).
+    pub(super) fn batch(&self) -> MutexGuard<'_, super::overheard::Batch> {
+        self.batch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn status(&self) -> MutexGuard<'_, Status> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether anything waits to run: a queued item or overheard messages.
     pub(super) fn has_work(&self) -> bool {
-        !self.queue.is_empty() || !self.state().overheard.is_empty()
+        !self.queue.is_empty() || !self.batch().is_empty()
+    }
+
+    /// The worker starts an item (`input` shown to the console); `cancel` stops it. Returns
+    /// the count of history changes so far.
+    pub(super) fn item_started(
+        &self,
+        cancel: &CancellationToken,
+        at: chrono::DateTime<chrono::Utc>,
+        input: String,
+    ) -> u64 {
+        let mut status = self.status();
+        status.cancel = Some(cancel.clone());
+        status.current = Some((at, input));
+        status.turns += 1;
+        status.history_changes
+    }
+
+    /// The worker's item (or compaction) ended.
+    pub(super) fn item_ended(&self) {
+        let mut status = self.status();
+        status.cancel = None;
+        status.current = None;
+    }
+
+    /// The worker compacts between items; `cancel` stops it (`/stop`).
+    pub(super) fn compacting(&self, cancel: &CancellationToken) {
+        self.status().cancel = Some(cancel.clone());
+    }
+
+    /// The token that stops the running item, if one runs.
+    pub(super) fn running(&self) -> Option<CancellationToken> {
+        self.status().cancel.clone()
+    }
+
+    /// The stored history changed other than through a turn: the kept copy is stale.
+    pub(super) fn history_changed(&self) {
+        let mut status = self.status();
+        status.history_changes = status.history_changes.wrapping_add(1);
+    }
+
+    /// How many times the stored history changed other than through a turn.
+    pub(super) fn history_changes(&self) -> u64 {
+        self.status().history_changes
+    }
+
+    /// What `/status` and the console show of its work.
+    pub(super) fn seen(&self) -> Seen {
+        let status = self.status();
+        Seen {
+            running: status.cancel.is_some(),
+            turns: status.turns,
+            current: status.current.clone(),
+        }
     }
 }
 
@@ -248,7 +320,8 @@ impl SessionManager {
             key: key.to_owned(),
             queue: SessionQueue::new(self.inner.config.queue_capacity),
             agent: self.inner.template.fork(),
-            state: Mutex::new(SessionState::default()),
+            batch: Mutex::default(),
+            status: Mutex::default(),
         }
     }
 
@@ -550,7 +623,7 @@ impl SessionManager {
             .dispatcher
             .all()
             .iter()
-            .any(|s| !s.queue.is_empty() || s.state().turn_cancel.is_some());
+            .any(|s| !s.queue.is_empty() || s.running().is_some());
         !busy
             && self.inner.lanes.is_empty()
             && self.inner.store.pending().is_ok_and(|p| p.is_empty())
@@ -594,12 +667,12 @@ impl SessionManager {
         let mut chats: Vec<super::LiveChat> = sessions
             .iter()
             .map(|s| {
-                let state = s.state();
+                let seen = s.seen();
                 super::LiveChat {
                     session: s.key.clone(),
                     queued: s.queue.len(),
-                    turns: state.turns,
-                    current: state.current.clone(),
+                    turns: seen.turns,
+                    current: seen.current,
                 }
             })
             .collect();
@@ -612,8 +685,7 @@ impl SessionManager {
         let Some(live) = self.live_session(session) else {
             return false;
         };
-        let token = live.state().turn_cancel.clone();
-        match token {
+        match live.running() {
             Some(token) => {
                 token.cancel();
                 true

@@ -208,8 +208,8 @@ impl Intake<'_> {
         let store_error = |e: StoreError| crate::platform::InboxError::Store(e.to_string());
         let mut chats = self.manager.chats();
         let session = chats.session(&key);
-        let mut state = session.state();
-        let intake = if state.overheard.has_room() {
+        let mut batch = session.batch();
+        let intake = if batch.has_room() {
             crate::store::Intake::Pending(pending)
         } else {
             tracing::debug!(session = %key, "overheard batch full; the message is only logged");
@@ -226,15 +226,15 @@ impl Intake<'_> {
             crate::store::Inbound::Duplicate => {}
             crate::store::Inbound::Recorded(_) if only_logged => {}
             crate::store::Inbound::Recorded(id) => {
-                state.overheard.push(
+                batch.push(
                     &message.chat,
                     line,
                     id.unwrap_or_default(),
                     auto.batch_messages,
                     auto.batch_wait,
                 );
-                drop(state);
-                session.queue.wake();
+                drop(batch);
+                session.queue().wake();
             }
         }
         Ok(super::inbox::Accepted::durable())
@@ -255,7 +255,7 @@ impl ChatWorker {
     /// The batch of `session` when it is due: the worker's next item when its queue is
     /// empty.
     pub(super) fn due_batch(&self, session: &Session) -> Option<QueueItem> {
-        session.state().overheard.take_if_due(Instant::now())
+        session.batch().take_if_due(Instant::now())
     }
 
     /// How `send_message` speaks in the turn of `item`: `Some` only for a quiet turn.
@@ -282,13 +282,11 @@ pub(super) fn restore(config: &SessionConfig, session: &Session, item: PendingIt
     if auto_chat_for(config, &item.chat).is_none() {
         return false;
     }
-    let mut state = session.state();
-    if !state.overheard.has_room() {
+    let mut batch = session.batch();
+    if !batch.has_room() {
         return false;
     }
-    state
-        .overheard
-        .push(&item.chat, item.text, item.id, 1, Duration::ZERO);
+    batch.push(&item.chat, item.text, item.id, 1, Duration::ZERO);
     true
 }
 

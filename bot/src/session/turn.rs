@@ -53,29 +53,18 @@ impl ChatWorker {
         let started = self.manager.now();
         // Before the turn reads the history: a change to it from here on is not in what
         // the turn commits on top of.
-        let changes_before;
-        {
-            let mut state = session.state();
-            changes_before = state.history_changes;
-            state.turn_cancel = Some(cancel.clone());
-            state.current = Some((started, item.text()));
-            state.turns += 1;
-        }
+        let changes_before = session.item_started(&cancel, started, item.text());
         self.mark_started(&item).await;
         let rules = item.kind.rules();
         let outcome = match rules.action {
             Action::Reset => self.reset(session, &item).await,
             Action::Compact => self.compact_command(session, &item, &cancel).await,
-            Action::Turn => match self.budget(&session.key) {
+            Action::Turn => match self.budget(session.key()) {
                 Budget::Spent { told } => Some(over_budget(told)),
                 Budget::Open => self.turn(session, &item, &cancel).await,
             },
         };
-        {
-            let mut state = session.state();
-            state.turn_cancel = None;
-            state.current = None;
-        }
+        session.item_ended();
         let Some(outcome) = outcome else {
             // Abandoned (shutdown, store failure): the input stays pending; the waiter is
             // dropped and its submitter sees the turn cancelled. Not the input's fault.
@@ -87,7 +76,7 @@ impl ChatWorker {
         let mut answered = item.pending_ids.clone();
         if rules.action == Action::Reset && outcome.history.is_some() {
             // Everything queued before the reset goes with the conversation.
-            for cleared in session.queue.clear() {
+            for cleared in session.queue().clear() {
                 answered.extend(cleared.pending_ids);
                 done.extend(cleared.done);
             }
@@ -95,10 +84,10 @@ impl ChatWorker {
         // A quiet turn's answer is never posted: it speaks only through `send_message`.
         let mut reply = (outcome.reply)
             .filter(|_| rules.posts)
-            .map(|text| OutboxEntry::new(&session.key, &item.chat, text, item.reply_to.clone()));
+            .map(|text| OutboxEntry::new(session.key(), &item.chat, text, item.reply_to.clone()));
         let compact_due = outcome.compact_due;
         let also = self.turn_records(
-            &session.key,
+            session.key(),
             &item,
             outcome.facts.as_ref(),
             outcome.budget_told,
@@ -116,7 +105,7 @@ impl ChatWorker {
         let changes_history = outcome.history.is_some();
         let history_after = outcome.history_after;
         let commit = also.map(|also| TurnCommit {
-            session: session.key.clone(),
+            session: session.key().to_owned(),
             history: outcome.history,
             answered: answered.clone(),
             reply: reply.clone(),
@@ -130,11 +119,11 @@ impl ChatWorker {
             Err(e) => Err(e),
         };
         if changes_history {
-            let changes_now = session.state().history_changes;
+            let changes_now = session.history_changes();
             // Only what this commit wrote, only when nothing else changed it meanwhile, and
             // only for a chat with more to answer: an idle session holds no copy.
             self.history = match &committed {
-                Ok(_) if changes_now == changes_before && !session.queue.is_empty() => {
+                Ok(_) if changes_now == changes_before && !session.queue().is_empty() => {
                     history_after.map(|history| (changes_before, history))
                 }
                 _ => None,
@@ -145,7 +134,7 @@ impl ChatWorker {
             Err(e) => {
                 // The input stays pending and runs again after a restart; replying now could
                 // answer twice after a crash.
-                tracing::error!(session = %session.key, error = %e, "cannot commit the turn");
+                tracing::error!(session = %session.key(), error = %e, "cannot commit the turn");
                 return;
             }
         };
@@ -182,7 +171,7 @@ impl ChatWorker {
                 ..Outcome::default()
             });
         }
-        session.agent.tools().reset(&session.key);
+        session.agent().tools().reset(session.key());
         // Replacing the history drops its summary too.
         Some(Outcome {
             history: Some(HistoryChange::Replace(Vec::new())),
@@ -203,22 +192,22 @@ impl ChatWorker {
         let kept = self.take_history();
         let store = self.manager.store();
         // An unreadable history is replaced by this turn's, not appended to.
-        let (history, readable) = match kept.map_or_else(|| store.load_history(&session.key), Ok) {
+        let (history, readable) = match kept.map_or_else(|| store.load_history(session.key()), Ok) {
             Ok(h) => (h, true),
             Err(e) => {
-                tracing::error!(session = %session.key, error = %e, "cannot load history; starting fresh for this turn");
+                tracing::error!(session = %session.key(), error = %e, "cannot load history; starting fresh for this turn");
                 (Vec::new(), false)
             }
         };
         // A summary that cannot be read is left out of this turn, not overwritten: a
         // compaction writes a new one only from one it read.
-        let summary = store.load_summary(&session.key).unwrap_or_else(|e| {
-            tracing::error!(session = %session.key, error = %e, "cannot load the summary; this turn goes without it");
+        let summary = store.load_summary(session.key()).unwrap_or_else(|e| {
+            tracing::error!(session = %session.key(), error = %e, "cannot load the summary; this turn goes without it");
             None
         });
         let platform = self.manager.platform(&item.chat).cloned();
         let input = TurnInput {
-            session: session.key.clone(),
+            session: session.key().to_owned(),
             caller: item.caller(),
             content: Self::input_content(item),
             chat: Some(item.chat.clone()),
@@ -248,7 +237,7 @@ impl ChatWorker {
             }
         };
         let result: Result<Turn, _> = tokio::select! {
-            result = session.agent.run_turn_in(&history, summary.as_ref(), input, cancel.clone()) => result,
+            result = session.agent().run_turn_in(&history, summary.as_ref(), input, cancel.clone()) => result,
             () = typing => return None,
         };
         let mut history = history;
@@ -260,7 +249,7 @@ impl ChatWorker {
         let mut context_tokens = None;
         let (new_messages, reply, model_failed) = match result {
             Ok(turn) if turn.end == TurnEnd::Cancelled && self.manager.abort().is_cancelled() => {
-                tracing::info!(session = %session.key, "turn cancelled by shutdown; it resumes after restart");
+                tracing::info!(session = %session.key(), "turn cancelled by shutdown; it resumes after restart");
                 return None;
             }
             Ok(turn) => {
@@ -276,7 +265,7 @@ impl ChatWorker {
                 // The model refused the older history as too long; it goes from the store
                 // too, or every later turn would pay for the same refusal.
                 if turn.history_dropped > 0 {
-                    tracing::warn!(session = %session.key, dropped = turn.history_dropped, summarized = turn.summary.is_some(), "history exceeded the model's context; its older part was dropped");
+                    tracing::warn!(session = %session.key(), dropped = turn.history_dropped, summarized = turn.summary.is_some(), "history exceeded the model's context; its older part was dropped");
                     refused = turn.history_dropped.min(history.len());
                     history.drain(..refused);
                 }
@@ -298,7 +287,7 @@ impl ChatWorker {
                 (turn.messages, reply, None)
             }
             Err(e) => {
-                tracing::error!(session = %session.key, error = %e, "turn failed");
+                tracing::error!(session = %session.key(), error = %e, "turn failed");
                 let reason = short_reason(&e.to_string());
                 facts = TurnFacts::failed(&reason);
                 (Vec::new(), Some(failure_notice(&e)), Some(reason))

@@ -67,7 +67,7 @@ impl ChatWorker {
             // Queued input first: a mention never waits for an overheard batch. A queued
             // item stays queued until the rate limit lets it run, so input arriving
             // meanwhile merges into it; a due batch is taken (it merges beside the queue).
-            let next = match session.queue.front_kind() {
+            let next = match session.queue().front_kind() {
                 Some(kind) => Some(Next::Queued(kind)),
                 None => self
                     .due_batch(&session)
@@ -75,7 +75,7 @@ impl ChatWorker {
             };
             let Some(next) = next else {
                 let idle = tokio::time::sleep(manager.config().idle_timeout);
-                let due = session.state().overheard.due();
+                let due = session.batch().due();
                 let batch_due = async move {
                     match due {
                         Some(at) => tokio::time::sleep_until(at).await,
@@ -83,7 +83,7 @@ impl ChatWorker {
                     }
                 };
                 tokio::select! {
-                    () = session.queue.notified() => continue,
+                    () = session.queue().notified() => continue,
                     () = batch_due => continue,
                     () = idle => {}
                     () = manager.draining().cancelled() => return false,
@@ -110,7 +110,7 @@ impl ChatWorker {
                     return false;
                 }
                 let mut item = match next {
-                    Next::Queued(_) => match session.queue.pop() {
+                    Next::Queued(_) => match session.queue().pop() {
                         Some(item) => item,
                         None => return true,
                     },
@@ -129,7 +129,7 @@ impl ChatWorker {
 
     /// The kept history, unless the stored one changed since it was kept.
     pub(super) fn take_history(&mut self) -> Option<Vec<crate::llm::Message>> {
-        let changes = self.session.state().history_changes;
+        let changes = self.session.history_changes();
         self.history
             .take()
             .and_then(|(kept_at, history)| (kept_at == changes).then_some(history))
@@ -147,7 +147,7 @@ impl ChatWorker {
                 Ok(()) => return true,
                 Err(wait) => wait,
             };
-            tracing::info!(session = %self.session.key, ?wait, "rate limit: waiting before the next turn");
+            tracing::info!(session = %self.session.key(), ?wait, "rate limit: waiting before the next turn");
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = self.manager.draining().cancelled() => return false,
