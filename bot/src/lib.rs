@@ -2,7 +2,7 @@
 //!
 //! Owns everything an agent session needs that is not tied to a chat platform: the
 //! OpenAI-compatible LLM client, the tool contract, the agent loop, sessions (intake, the
-//! per-chat actor, the outbox), the store and the platform traits. The toolsets themselves
+//! per-chat worker, the outbox), the store and the platform traits. The toolsets themselves
 //! live in `parlor-toolsets`.
 //!
 //! **Invariant:** this crate knows no platform SDK (no teloxide, no serenity) and no

@@ -146,10 +146,10 @@ pub enum PendingKind {
     /// A message overheard in an auto-chat group (not addressed to the bot): part of a
     /// batch that becomes one quiet turn.
     Overheard,
-    /// `/reset`: checked (chat admins only in groups) and carried out by the chat's actor.
+    /// `/reset`: checked (chat admins only in groups) and carried out by the chat's worker.
     Reset,
     /// `/compact [topic]`: checked (chat admins only in groups) and carried out by the
-    /// chat's actor, which summarizes the older turns (the text is the topic).
+    /// chat's worker, which summarizes the older turns (the text is the topic).
     Compact,
 }
 

@@ -38,7 +38,7 @@
 //! time; readers do not wait for them, and may see one half applied, in the order of its
 //! writes: each step writes what a reader looks up first last (a message's dedupe entry
 //! after the message, a head after the records it counts), and the session layer reads a
-//! chat's history only from the chat's own actor, which is also its only writer.
+//! chat's history only from the chat's own worker, which is also its only writer.
 //! Pending and outbox ids come from sled's `generate_id`, which is monotonic across
 //! restarts, so key order is arrival order.
 //!
