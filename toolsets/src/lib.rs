@@ -54,6 +54,7 @@
 //! options built in the binary's `config.rs` and registered in `wiring.rs`.
 
 pub mod clock;
+mod jobs;
 pub mod mcp;
 pub mod memory;
 pub mod message;

@@ -41,15 +41,13 @@ mod tasks;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::Store;
@@ -62,6 +60,7 @@ pub use output::xml_escape;
 pub use sys::process_alive;
 pub use tasks::{TaskRecord, TaskStatus, notice_block};
 
+use crate::jobs::Jobs;
 use crate::support::{Outcome, built, finish};
 use shell::{Groups, Interrupt, RunEnd, Shell, ShellHandle};
 
@@ -217,14 +216,9 @@ impl Default for TerminalConfig {
 
 /// Shared state of the terminal: configuration, the task watchers, live process groups.
 pub struct TerminalService {
-    store: Arc<dyn Store>,
-    notifier: Arc<dyn Notifier>,
     config: TerminalConfig,
-    tracker: TaskTracker,
-    shutting_down: CancellationToken,
-    running: Mutex<HashMap<String, tasks::Running>>,
-    /// Serializes row updates that race with notices (watcher end vs `task_output`).
-    rows: tokio::sync::Mutex<()>,
+    /// The background tasks (each live one's slot holds its process group).
+    jobs: Jobs<TaskRecord, u32>,
     shells: Arc<Groups>,
     next_handle: AtomicU64,
 }
@@ -252,13 +246,8 @@ impl TerminalService {
         }
         let _ = std::fs::remove_dir_all(config.data_dir.join("shell_state"));
         Arc::new(TerminalService {
-            store,
-            notifier,
             config,
-            tracker: TaskTracker::new(),
-            shutting_down: CancellationToken::new(),
-            running: Mutex::new(HashMap::new()),
-            rows: tokio::sync::Mutex::new(()),
+            jobs: Jobs::new(store, notifier),
             shells: Arc::new(Groups::default()),
             next_handle: AtomicU64::new(1),
         })
@@ -302,7 +291,7 @@ impl TerminalService {
                 "the terminal is not enabled on this bot ([terminal] enabled = false)",
             ));
         }
-        if self.shutting_down.is_cancelled() {
+        if self.jobs.shutting_down().is_cancelled() {
             return Err(ToolError::unavailable("the daemon is shutting down"));
         }
         match self.policy_for(&cx.session, cx.chat.as_ref()) {
