@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::notice::{self, NoticeRow, Notifier, Rows};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::{Store, StoreError};
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::{Caller, Grant, Role, ToolResult};
 
 /// Where a job stands, as far as the shared machinery cares.
@@ -91,11 +92,14 @@ pub(crate) struct Jobs<R, H> {
     running: Mutex<HashMap<String, Live<H>>>,
     /// Serializes row updates that race with notices (a job's end vs the model reading it).
     rows: tokio::sync::Mutex<()>,
+    /// What time it is (ids, start and end times).
+    wall_time: WallTime,
 }
 
 impl<R: JobRow, H: Clone> Jobs<R, H> {
-    /// The jobs of kind `R` stored in `store`, telling their chats through `notifier`.
-    pub fn new(store: Arc<dyn Store>, notifier: Arc<dyn Notifier>) -> Self {
+    /// The jobs of kind `R` stored in `store`, telling their chats through `notifier`,
+    /// reading the time from `wall_time`.
+    pub fn new(store: Arc<dyn Store>, notifier: Arc<dyn Notifier>, wall_time: WallTime) -> Self {
         Jobs {
             table: Rows::new(store),
             notifier,
@@ -103,7 +107,13 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
             shutting_down: CancellationToken::new(),
             running: Mutex::default(),
             rows: tokio::sync::Mutex::new(()),
+            wall_time,
         }
+    }
+
+    /// What time it is.
+    pub fn now(&self) -> DateTime<Utc> {
+        self.wall_time.now()
     }
 
     /// The stored rows.
@@ -283,12 +293,9 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
     /// `lost` sees each (to end what it left behind), then it becomes interrupted. Each
     /// chat is told once, in one notice, of those and of any job that ended during the last
     /// shutdown and was not told yet. Returns how many rows it marked interrupted.
-    pub async fn recover(
-        &self,
-        now: DateTime<Utc>,
-        mut lost: impl FnMut(&R),
-    ) -> Result<usize, StoreError> {
+    pub async fn recover(&self, mut lost: impl FnMut(&R)) -> Result<usize, StoreError> {
         let _rows = self.rows.lock().await;
+        let now = self.now();
         let live: Vec<String> = self.lock_running().keys().cloned().collect();
         let mut marked = 0;
         let mut to_tell: BTreeMap<String, (ChatRef, Vec<R>)> = BTreeMap::new();

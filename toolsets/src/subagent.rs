@@ -40,6 +40,7 @@ use parlor_bot::llm::{Content, Message, Usage};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
 use parlor_bot::store::{Store, StoreError};
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::{
     Bridged, Caller, Offer, Risk, Role, ToolContext, ToolResult, ToolSetBridge, codes as shared,
 };
@@ -67,7 +68,7 @@ pub mod codes {
 }
 
 /// Limits of the sub-agents.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct SubagentOptions {
     /// Most LLM calls of one sub-agent.
     pub max_iterations: usize,
@@ -83,6 +84,8 @@ pub struct SubagentOptions {
     pub answer_max_chars: usize,
     /// Longest result stored for a background sub-agent (what `subagent_output` returns).
     pub stored_max_chars: usize,
+    /// What time it is: ids, start and end times.
+    pub wall_time: WallTime,
 }
 
 impl Default for SubagentOptions {
@@ -95,6 +98,7 @@ impl Default for SubagentOptions {
             max_total: 8,
             answer_max_chars: 6000,
             stored_max_chars: 20_000,
+            wall_time: WallTime::system(),
         }
     }
 }
@@ -296,10 +300,11 @@ impl SubagentService {
         notifier: Arc<dyn Notifier>,
         options: SubagentOptions,
     ) -> Arc<SubagentService> {
+        let jobs = Jobs::new(store, notifier, options.wall_time.clone());
         Arc::new(SubagentService {
             agent: OnceLock::new(),
             options,
-            jobs: Jobs::new(store, notifier),
+            jobs,
         })
     }
 
@@ -483,7 +488,7 @@ impl SubagentService {
                 "subagent: `task` is empty; say what the sub-agent must do",
             );
         }
-        let id = new_id("sa", Utc::now());
+        let id = new_id("sa", self.jobs.now());
         let stop = match self.claim(&id, &cx.session) {
             Ok(stop) => stop,
             Err(refusal) => return refusal,
@@ -515,7 +520,7 @@ impl SubagentService {
             error: None,
             iterations: 0,
             usage: Usage::default(),
-            started: Utc::now(),
+            started: self.jobs.now(),
             ended: None,
             told: Told::default(),
         };
@@ -564,7 +569,7 @@ impl SubagentService {
                 row.error = end.error;
                 row.iterations = end.iterations;
                 row.usage = end.usage;
-                row.ended = Some(Utc::now());
+                row.ended = Some(self.jobs.now());
                 tracing::info!(
                     subagent = id,
                     status = row.status.as_str(),
@@ -620,7 +625,7 @@ impl SubagentService {
                 );
             }
             stopped.status = SubagentStatus::Stopped;
-            stopped.ended = Some(Utc::now());
+            stopped.ended = Some(self.jobs.now());
             stopped.told.notified = true;
             self.jobs.table().save_logged(&stopped);
         }
@@ -649,7 +654,7 @@ impl SubagentService {
     /// marked `interrupted`.
     pub async fn recover(&self) -> Result<usize, StoreError> {
         // Nothing of a run outlives its daemon: there is nothing to end.
-        self.jobs.recover(Utc::now(), |_| {}).await
+        self.jobs.recover(|_| {}).await
     }
 
     /// Stops every sub-agent (background rows become `interrupted`, told after the next

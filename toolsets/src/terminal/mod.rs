@@ -51,6 +51,7 @@ use serde_json::json;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::Store;
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::{
     Bridged, Offer, Risk, Role, ToolContext, ToolError, ToolResult, ToolSetBridge,
 };
@@ -180,6 +181,8 @@ pub struct TerminalConfig {
     pub env_allow: Vec<String>,
     /// Isolation of commands.
     pub sandbox: Sandbox,
+    /// What time it is: task ids, start and end times.
+    pub wall_time: WallTime,
     /// The bubblewrap program (searched in `PATH` when a bare name).
     pub bwrap_program: PathBuf,
     /// The shell (searched in `PATH` when a bare name).
@@ -208,6 +211,7 @@ impl Default for TerminalConfig {
             .map(str::to_owned)
             .to_vec(),
             sandbox: Sandbox::None,
+            wall_time: WallTime::system(),
             bwrap_program: PathBuf::from("bwrap"),
             bash_program: PathBuf::from("bash"),
         }
@@ -245,9 +249,10 @@ impl TerminalService {
             config.data_dir = dir;
         }
         let _ = std::fs::remove_dir_all(config.data_dir.join("shell_state"));
+        let jobs = Jobs::new(store, notifier, config.wall_time.clone());
         Arc::new(TerminalService {
             config,
-            jobs: Jobs::new(store, notifier),
+            jobs,
             shells: Arc::new(Groups::default()),
             next_handle: AtomicU64::new(1),
         })

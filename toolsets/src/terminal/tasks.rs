@@ -230,7 +230,7 @@ impl TerminalService {
         let workspace = self.ensure_workspace(&cx.session)?;
         let logs = self.config.data_dir.join("task_logs");
         create_dir(&logs, "the task log directory", "the task could not start")?;
-        let id = new_id("task", Utc::now());
+        let id = new_id("task", self.jobs.now());
         let log_path = logs.join(format!("{id}.log"));
         let mut command = self
             .command(&workspace, &[], &["-c", &args.command])
@@ -301,7 +301,7 @@ impl TerminalService {
             status: TaskStatus::Running,
             exit_code: None,
             signal: None,
-            started: Utc::now(),
+            started: self.jobs.now(),
             ended: None,
             log_path,
             pgid,
@@ -369,7 +369,7 @@ impl TerminalService {
                 row.status = status;
                 row.exit_code = exit.and_then(|s| s.code());
                 row.signal = exit.and_then(|s| s.signal());
-                row.ended = Some(Utc::now());
+                row.ended = Some(self.jobs.now());
                 tracing::info!(task = id.as_str(), status = status.as_str(), exit_code = ?row.exit_code, "background task ended");
                 true
             })
@@ -478,7 +478,7 @@ impl TerminalService {
     /// marked `interrupted`.
     pub async fn recover(&self) -> Result<usize, StoreError> {
         self.jobs
-            .recover(Utc::now(), |row| {
+            .recover(|row| {
                 if row.pgid > 1
                     && sys::process_has_env(row.pgid, &format!("PARLOR_TASK_ID={}", row.id))
                 {
