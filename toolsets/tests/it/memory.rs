@@ -529,11 +529,7 @@ async fn entries_are_stamped_with_the_wall_time_the_toolset_was_given() {
     let toolset = MemoryToolset::with_wall_time(
         Arc::new(MemoryStore::new()),
         MemoryOptions::default(),
-        parlor_bot::time::WallTime::from_fn(|| {
-            chrono::DateTime::parse_from_rfc3339("2031-02-03T04:05:06Z")
-                .unwrap()
-                .with_timezone(&chrono::Utc)
-        }),
+        crate::support::stopped_wall_time().1,
     );
     let h = Harness {
         registry: ToolRegistry::new(vec![Arc::new(toolset.clone())]).unwrap(),

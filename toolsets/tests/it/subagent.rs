@@ -630,22 +630,15 @@ fn a_notice_quotes_a_hostile_task_and_result_line_by_line() {
 
 #[tokio::test]
 async fn a_sub_agent_takes_its_id_and_times_from_the_wall_time_it_was_given() {
-    let at = chrono::DateTime::parse_from_rfc3339("2031-02-03T04:05:06Z")
-        .unwrap()
-        .with_timezone(&Utc);
+    let (at, wall_time) = crate::support::stopped_wall_time();
     let rig = rig(
         ScriptedLlm::new(vec![text("done")]),
         SubagentOptions {
-            wall_time: parlor_bot::time::WallTime::from_fn(move || at),
+            wall_time,
             ..SubagentOptions::default()
         },
     );
     let id = start_bg(&rig, "answer").await;
     let row = wait_status(&rig.service, &id, SubagentStatus::Completed).await;
-    assert_eq!(row.started, at);
-    assert_eq!(row.ended, Some(at));
-    assert!(
-        id.starts_with(&format!("sa-{:x}", at.timestamp_millis())),
-        "{id}"
-    );
+    crate::support::assert_stamped(&id, "sa", row.started, row.ended, at);
 }

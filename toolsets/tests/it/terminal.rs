@@ -1248,16 +1248,9 @@ async fn an_operators_job_reports_back_and_its_notice_turn_may_read_only_that_ta
 
 #[tokio::test]
 async fn a_task_takes_its_id_and_times_from_the_wall_time_it_was_given() {
-    let at = chrono::DateTime::parse_from_rfc3339("2031-02-03T04:05:06Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
-    let rig = rig_with(|c| c.wall_time = parlor_bot::time::WallTime::from_fn(move || at));
+    let (at, wall_time) = crate::support::stopped_wall_time();
+    let rig = rig_with(|c| c.wall_time = wall_time);
     let id = start_bg(&*rig.tools, "true", "nothing").await;
     let row = wait_status(&rig.service, &id, TaskStatus::Completed).await;
-    assert_eq!(row.started, at);
-    assert_eq!(row.ended, Some(at));
-    assert!(
-        id.starts_with(&format!("task-{:x}", at.timestamp_millis())),
-        "{id}"
-    );
+    crate::support::assert_stamped(&id, "task", row.started, row.ended, at);
 }
