@@ -12,6 +12,7 @@ use parlor_bot::llm::{LlmBackend, OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager, SystemReceiver, system_inputs};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::{ToolRegistry, ToolSet};
 use parlor_toolsets::clock::{ClockChatHook, ClockHandle, ClockOptions, ClockService};
 use parlor_toolsets::mcp::{McpOptions, McpService};
@@ -22,7 +23,9 @@ use parlor_toolsets::terminal::{
 };
 use parlor_toolsets::web::search::Provider;
 use parlor_toolsets::{MemoryChatHook, PromptToolset, TodoChatHook, TodoList, time};
-use parlor_toolsets::{MemoryOptions, MessageOptions, memory_toolset, message_toolset};
+use parlor_toolsets::{
+    MemoryOptions, MessageOptions, memory_toolset_with_wall_time, message_toolset,
+};
 use parlor_toolsets::{WebOptions, web_toolset};
 
 use tokio_util::sync::CancellationToken;
@@ -30,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, SandboxKind, TerminalPolicy, WebProvider};
 
 /// The services toolsets are built over, each present when its toolset is enabled.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Services {
     /// The terminal (`[terminal] enabled`).
     pub terminal: Option<Arc<TerminalService>>,
@@ -42,23 +45,47 @@ pub struct Services {
     pub skills: Option<Arc<SkillLibrary>>,
     /// The MCP servers' connections, started by [`mcp`] (async, before the sessions).
     pub mcp: Option<Arc<McpService>>,
+    /// Where the services and the toolsets built here read wall time: the sessions' in the
+    /// daemon, so that all of them agree.
+    pub wall_time: WallTime,
+}
+
+impl Default for Services {
+    fn default() -> Self {
+        Services {
+            terminal: None,
+            clock: None,
+            subagents: None,
+            skills: None,
+            mcp: None,
+            wall_time: WallTime::system(),
+        }
+    }
 }
 
 impl Services {
-    /// The services of `config` over `store`, posting notices through `notifier`; the
-    /// terminal works under `data_dir`.
+    /// The services of `config` over `store`, posting notices through `notifier`, reading
+    /// wall time from `wall_time`; the terminal works under `data_dir`.
     pub fn new(
         config: &Config,
         store: &Arc<dyn Store>,
         notifier: Arc<dyn Notifier>,
         data_dir: PathBuf,
+        wall_time: WallTime,
     ) -> anyhow::Result<Services> {
         Ok(Services {
-            terminal: terminal(config, Arc::clone(store), Arc::clone(&notifier), data_dir),
-            clock: clock_handle(config, Arc::clone(store))?,
-            subagents: subagents(config, Arc::clone(store), notifier),
+            terminal: terminal(
+                config,
+                Arc::clone(store),
+                Arc::clone(&notifier),
+                data_dir,
+                wall_time.clone(),
+            ),
+            clock: clock_handle(config, Arc::clone(store), wall_time.clone())?,
+            subagents: subagents(config, Arc::clone(store), notifier, wall_time.clone()),
             skills: skills(config),
             mcp: None,
+            wall_time,
         })
     }
 }
@@ -100,13 +127,14 @@ pub fn registry(
                     ));
                 }
             }
-            "memory" => toolsets.push(memory_toolset(
+            "memory" => toolsets.push(memory_toolset_with_wall_time(
                 Arc::clone(&store),
                 MemoryOptions {
                     max_entries: config.toolsets.memory.max_entries,
                     max_entry_chars: config.toolsets.memory.max_entry_chars,
                     ..MemoryOptions::default()
                 },
+                services.wall_time.clone(),
             )),
             "time" => {
                 let tz = time::parse_timezone(&config.toolsets.time.default_timezone)
@@ -212,17 +240,24 @@ pub fn catalog_registry(
     let scratch = std::env::temp_dir().join(format!("parlor-catalog-{}", std::process::id()));
     // Nobody serves this channel: a notice from the catalog's services is refused at once.
     let (inputs, _) = parlor_bot::session::system_inputs();
-    let mut services = Services::new(config, &store, Arc::new(inputs), scratch)?;
+    let mut services = Services::new(
+        config,
+        &store,
+        Arc::new(inputs),
+        scratch,
+        WallTime::system(),
+    )?;
     services.mcp = mcp;
     registry(config, store, &services)
 }
 
-/// The sub-agents when `toolsets.enabled` names `subagent`; their agent is set by
-/// [`agent`].
+/// The sub-agents when `toolsets.enabled` names `subagent`, on `wall_time`; their agent is
+/// set by [`agent`].
 pub fn subagents(
     config: &Config,
     store: Arc<dyn Store>,
     notifier: Arc<dyn Notifier>,
+    wall_time: WallTime,
 ) -> Option<Arc<SubagentService>> {
     if !config.toolset_enabled("subagent") {
         return None;
@@ -237,6 +272,7 @@ pub fn subagents(
             max_wall: Duration::from_secs(s.max_wall_secs),
             max_per_session: s.max_per_chat,
             max_total: s.max_total,
+            wall_time,
             ..SubagentOptions::default()
         },
     ))
@@ -255,8 +291,12 @@ pub fn skills(config: &Config) -> Option<Arc<SkillLibrary>> {
     }))
 }
 
-/// The clock tasks over `store`, when the `clock` toolset is enabled.
-pub fn clock_handle(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<Option<ClockHandle>> {
+/// The clock tasks over `store`, on `wall_time`, when the `clock` toolset is enabled.
+pub fn clock_handle(
+    config: &Config,
+    store: Arc<dyn Store>,
+    wall_time: WallTime,
+) -> anyhow::Result<Option<ClockHandle>> {
     if !config.toolsets.enabled.iter().any(|t| t == "clock") {
         return Ok(None);
     }
@@ -270,18 +310,20 @@ pub fn clock_handle(config: &Config, store: Arc<dyn Store>) -> anyhow::Result<Op
             max_tasks_per_chat: c.max_tasks_per_chat,
             min_interval: Duration::from_secs(c.min_interval_secs),
             run_timeout: Duration::from_secs(c.run_timeout_secs),
+            wall_time,
             ..ClockOptions::default()
         },
     )))
 }
 
 /// The terminal service when `[terminal] enabled`, working under `data_dir`, posting its
-/// completion notices through `notifier`.
+/// completion notices through `notifier`, on `wall_time`.
 pub fn terminal(
     config: &Config,
     store: Arc<dyn Store>,
     notifier: Arc<dyn Notifier>,
     data_dir: PathBuf,
+    wall_time: WallTime,
 ) -> Option<Arc<TerminalService>> {
     let t = &config.terminal;
     if !t.enabled {
@@ -321,6 +363,7 @@ pub fn terminal(
             max_task_runtime: Duration::from_secs(t.max_task_hours * 3600),
             env_allow,
             sandbox,
+            wall_time,
             ..defaults
         },
     ))
@@ -617,6 +660,7 @@ pub fn runtime(
         &store,
         Arc::new(inputs.clone()) as Arc<dyn Notifier>,
         config.data_dir(),
+        session_config.wall_time.clone(),
     )?;
     services.mcp = mcp;
     if services.terminal.is_some() && config.terminal.sandbox == Some(SandboxKind::None) {

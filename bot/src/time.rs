@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
-/// Where the clock, the sessions and the stores' callers read wall time. Waiting is always done with tokio's timer; this only
+/// Where the clock, the sessions, the stores' callers and the toolsets' background tasks,
+/// sub-agents and memory read wall time. Waiting is always done with tokio's timer; this only
 /// says what time it is.
 #[derive(Clone)]
 pub struct WallTime(Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>);

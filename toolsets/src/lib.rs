@@ -54,6 +54,7 @@
 //! options built in the binary's `config.rs` and registered in `wiring.rs`.
 
 pub mod clock;
+mod jobs;
 pub mod mcp;
 pub mod memory;
 pub mod message;
@@ -68,7 +69,9 @@ pub mod time;
 pub mod todo;
 pub mod web;
 
-pub use memory::{MemoryChatHook, MemoryOptions, MemoryToolset, memory_toolset};
+pub use memory::{
+    MemoryChatHook, MemoryOptions, MemoryToolset, memory_toolset, memory_toolset_with_wall_time,
+};
 pub use message::{MessageOptions, MessageToolset, MessageToolsetError, message_toolset};
 pub use prompt::PromptToolset;
 pub use todo::{TodoChatHook, TodoList};

@@ -42,6 +42,7 @@ use parlor_bot::quote;
 use parlor_bot::session::{ChatHook, move_records};
 use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::text::last_chars;
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{Bridged, Caller, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge};
 use schemars::JsonSchema;
@@ -175,6 +176,8 @@ pub struct MemoryToolset {
 struct Memory {
     store: Arc<dyn Store>,
     options: MemoryOptions,
+    /// What time it is: an entry's created and updated times.
+    wall_time: WallTime,
     /// Serializes writes, so that the entry-count check and the insert of concurrent
     /// `memory_write` calls (one batch runs several at once) cannot overshoot the cap.
     write_lock: Mutex<()>,
@@ -188,9 +191,19 @@ impl std::fmt::Debug for MemoryToolset {
     }
 }
 
-/// The `memory` toolset over `store`, as a shared [`ToolSet`].
+/// The `memory` toolset over `store`, as a shared [`ToolSet`], on the system clock.
 pub fn memory_toolset(store: Arc<dyn Store>, options: MemoryOptions) -> Arc<dyn ToolSet> {
     Arc::new(MemoryToolset::new(store, options))
+}
+
+/// The `memory` toolset over `store`, as a shared [`ToolSet`], reading the time from
+/// `wall_time`.
+pub fn memory_toolset_with_wall_time(
+    store: Arc<dyn Store>,
+    options: MemoryOptions,
+    wall_time: WallTime,
+) -> Arc<dyn ToolSet> {
+    Arc::new(MemoryToolset::with_wall_time(store, options, wall_time))
 }
 
 const WRITE: &str = "memory_write";
@@ -199,11 +212,22 @@ const SEARCH: &str = "memory_search";
 const DELETE: &str = "memory_delete";
 
 impl MemoryToolset {
-    /// The toolset over `store`.
+    /// The toolset over `store`, on the system clock.
     pub fn new(store: Arc<dyn Store>, options: MemoryOptions) -> Self {
+        Self::with_wall_time(store, options, WallTime::system())
+    }
+
+    /// The toolset over `store`, reading the time from `wall_time`. Not an option: the
+    /// options are plain limits that callers spell out in full.
+    pub fn with_wall_time(
+        store: Arc<dyn Store>,
+        options: MemoryOptions,
+        wall_time: WallTime,
+    ) -> Self {
         let memory = Arc::new(Memory {
             store,
             options,
+            wall_time,
             write_lock: Mutex::new(()),
         });
         let o = &memory.options;
@@ -427,7 +451,7 @@ impl Memory {
                 .with_data(json!({"entries": count, "max_entries": max})));
             }
         }
-        let now = Utc::now();
+        let now = self.wall_time.now();
         let entry = Entry {
             v: VERSION,
             content: content.to_owned(),

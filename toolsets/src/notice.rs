@@ -387,6 +387,28 @@ pub fn starters(callers: &[Caller], system_name: &str) -> Caller {
     }
 }
 
+/// Ends a notice block opened with `<tag>`: `notes`, then `note`, joined on one `<note>`
+/// line (escaped and kept on that line: a note may quote a provider's, a tool's or a
+/// program's words), then `</tag>`.
+pub fn end_block(
+    mut block: String,
+    mut notes: Vec<String>,
+    note: Option<&str>,
+    tag: &str,
+) -> String {
+    if let Some(note) = note {
+        notes.push(note.to_owned());
+    }
+    if !notes.is_empty() {
+        block.push_str(&format!(
+            "  <note>{}</note>\n",
+            parlor_bot::quote::one_line(&xml_escape(&notes.join("; ")), usize::MAX)
+        ));
+    }
+    block.push_str(&format!("</{tag}>"));
+    block
+}
+
 /// Escapes `&`, `<`, `>`, `"` and `'` for XML text and attribute values: what a notice block
 /// carries from its job (output, a model's answer) can never close the block or open another.
 pub fn xml_escape(text: &str) -> String {

@@ -25,9 +25,8 @@
 //!   posts later, and a quiet (auto-chat) turn's answer is not meant to be posted (a
 //!   `dry_run` group would get it all the same).
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -35,19 +34,19 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use parlor_bot::agent::{Agent, AgentEvent, AgentObserver, TracingObserver, TurnEnd, TurnInput};
 use parlor_bot::llm::{Content, Message, Usage};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
 use parlor_bot::store::{Store, StoreError};
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::{
-    Bridged, Caller, Grant, Offer, Risk, Role, ToolContext, ToolResult, ToolSetBridge,
-    codes as shared,
+    Bridged, Caller, Offer, Risk, Role, ToolContext, ToolResult, ToolSetBridge, codes as shared,
 };
 
-use crate::notice::{self, NoticeRow, Notifier, QUOTED, Rows, Told, xml_escape};
+use crate::jobs::{self, Jobs, Refusal, halt, job_row, new_id};
+use crate::notice::{self, Notifier, QUOTED, Told, xml_escape};
 use crate::support::{built, clip};
 
 /// The store space of background sub-agents (`<session>|<subagent_id>`).
@@ -69,7 +68,7 @@ pub mod codes {
 }
 
 /// Limits of the sub-agents.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct SubagentOptions {
     /// Most LLM calls of one sub-agent.
     pub max_iterations: usize,
@@ -85,6 +84,8 @@ pub struct SubagentOptions {
     pub answer_max_chars: usize,
     /// Longest result stored for a background sub-agent (what `subagent_output` returns).
     pub stored_max_chars: usize,
+    /// What time it is: ids, start and end times.
+    pub wall_time: WallTime,
 }
 
 impl Default for SubagentOptions {
@@ -97,6 +98,7 @@ impl Default for SubagentOptions {
             max_total: 8,
             answer_max_chars: 6000,
             stored_max_chars: 20_000,
+            wall_time: WallTime::system(),
         }
     }
 }
@@ -191,44 +193,30 @@ impl SubagentRecord {
     /// one sub-agent. The turn itself runs as the system with the least role (the session
     /// queue decides it): nobody watches it, and its input quotes what others wrote.
     pub fn starter(&self) -> Caller {
-        Caller {
-            user_id: self.started_by.clone(),
-            name: self.started_by_name.clone(),
-            role: self.started_by_role,
-            grants: vec![
-                Grant::new("subagent_output", "subagent_id", &self.id),
-                Grant::new("subagent_stop", "subagent_id", &self.id),
-            ],
-        }
+        jobs::starter(
+            &self.started_by,
+            &self.started_by_name,
+            self.started_by_role,
+            ["subagent_output", "subagent_stop"],
+            "subagent_id",
+            &self.id,
+        )
     }
 }
 
-impl NoticeRow for SubagentRecord {
-    const SPACE: &'static str = SPACE;
-    fn id(&self) -> &str {
-        &self.id
+job_row!(
+    SubagentRecord,
+    SubagentStatus {
+        space: SPACE,
+        system_name: "subagent",
+        lost_note: "the bot was restarted while this sub-agent worked; it was stopped and did \
+                not finish",
+        // Nothing will ever tell a chatless sub-agent's end: it counts as told when it ends.
+        told_without_chat: true,
+        notice: notice_block,
+        ended: [Completed, Failed, BudgetExhausted],
     }
-    fn session(&self) -> &str {
-        &self.session
-    }
-    fn started(&self) -> DateTime<Utc> {
-        self.started
-    }
-    fn told(&self) -> &Told {
-        &self.told
-    }
-    fn told_mut(&mut self) -> &mut Told {
-        &mut self.told
-    }
-}
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn new_id() -> String {
-    let millis = Utc::now().timestamp_millis().unsigned_abs();
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed) & 0xfff;
-    format!("sa-{millis:x}{n:03x}")
-}
+);
 
 /// Arguments of `subagent`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -253,13 +241,6 @@ pub struct SubagentIdArgs {
 /// Arguments of `subagent_list`.
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 pub struct SubagentListArgs {}
-
-/// A sub-agent this daemon runs.
-struct Running {
-    session: String,
-    stop: CancellationToken,
-    done: CancellationToken,
-}
 
 /// What one run came to.
 struct RunEnd {
@@ -298,14 +279,9 @@ impl AgentObserver for Budget {
 /// The sub-agents of the bot: their agent, limits, live runs and stored rows.
 pub struct SubagentService {
     agent: OnceLock<Agent>,
-    table: Rows<SubagentRecord>,
-    notifier: Arc<dyn Notifier>,
     options: SubagentOptions,
-    tracker: TaskTracker,
-    shutting_down: CancellationToken,
-    running: Mutex<HashMap<String, Running>>,
-    /// Serializes row updates that race with notices (a run's end vs `subagent_output`).
-    rows: tokio::sync::Mutex<()>,
+    /// Background rows and every live run (foreground ones included).
+    jobs: Jobs<SubagentRecord, ()>,
 }
 
 impl std::fmt::Debug for SubagentService {
@@ -324,15 +300,11 @@ impl SubagentService {
         notifier: Arc<dyn Notifier>,
         options: SubagentOptions,
     ) -> Arc<SubagentService> {
+        let jobs = Jobs::new(store, notifier, options.wall_time.clone());
         Arc::new(SubagentService {
             agent: OnceLock::new(),
-            table: Rows::new(store),
-            notifier,
             options,
-            tracker: TaskTracker::new(),
-            shutting_down: CancellationToken::new(),
-            running: Mutex::default(),
-            rows: tokio::sync::Mutex::new(()),
+            jobs,
         })
     }
 
@@ -349,76 +321,53 @@ impl SubagentService {
 
     /// Sub-agents running now, foreground ones included.
     pub fn running(&self) -> usize {
-        self.lock_running().len()
+        self.jobs.running()
     }
 
     /// A stored sub-agent of `session`.
     pub fn row(&self, session: &str, id: &str) -> Option<SubagentRecord> {
-        self.table.get(session, id)
+        self.jobs.table().get(session, id)
     }
 
     /// Every stored sub-agent of `session` (or of every session with `None`), oldest first.
     pub fn rows(&self, session: Option<&str>) -> Vec<SubagentRecord> {
-        self.table.list(session)
+        self.jobs.table().list(session)
     }
 
-    fn save(&self, row: &SubagentRecord) -> Result<(), StoreError> {
-        self.table.save(row)
-    }
-
-    fn save_logged(&self, row: &SubagentRecord) {
-        self.table.save_logged(row);
-    }
-
-    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Claims a place for a new run of `session` under the limits.
-    fn claim(&self, id: &str, session: &str) -> Result<Running, ToolResult> {
-        let mut running = self.lock_running();
-        if self.shutting_down.is_cancelled() {
+    /// Claims a place for a new run of `session` under the limits; its stop token, which
+    /// shutdown cancels too.
+    fn claim(&self, id: &str, session: &str) -> Result<CancellationToken, ToolResult> {
+        let shutting_down = self.jobs.shutting_down();
+        if shutting_down.is_cancelled() {
             return Err(ToolResult::err(
                 shared::UNAVAILABLE,
                 "the bot is shutting down; no sub-agent can start now",
             ));
         }
-        let here = running.values().filter(|r| r.session == session).count();
-        if here >= self.options.max_per_session {
-            return Err(ToolResult::err(
+        let stop = shutting_down.child_token();
+        let claimed = self.jobs.claim(
+            id,
+            session,
+            self.options.max_per_session,
+            self.options.max_total,
+            stop.clone(),
+            || Ok::<_, std::convert::Infallible>(((), ())),
+        );
+        match claimed {
+            Ok(()) => Ok(stop),
+            Err(Refusal::Session(here)) => Err(ToolResult::err(
                 codes::SUBAGENT_LIMIT,
                 format!(
                     "{here} sub-agents are already running in this chat (the limit); wait for \
                      one to end or stop one with subagent_stop"
                 ),
-            ));
-        }
-        if running.len() >= self.options.max_total {
-            return Err(ToolResult::err(
+            )),
+            Err(Refusal::Total) => Err(ToolResult::err(
                 codes::SUBAGENT_LIMIT,
                 "the bot is running as many sub-agents as it may; try again later, or do the \
                  work yourself",
-            ));
-        }
-        let claim = Running {
-            session: session.to_owned(),
-            stop: self.shutting_down.child_token(),
-            done: CancellationToken::new(),
-        };
-        running.insert(
-            id.to_owned(),
-            Running {
-                session: claim.session.clone(),
-                stop: claim.stop.clone(),
-                done: claim.done.clone(),
-            },
-        );
-        Ok(claim)
-    }
-
-    fn release(&self, id: &str) {
-        if let Some(r) = self.lock_running().remove(id) {
-            r.done.cancel();
+            )),
+            Err(Refusal::Start(never)) => match never {},
         }
     }
 
@@ -503,7 +452,7 @@ impl SubagentService {
                             self.options.max_wall.as_secs()
                         )),
                     ),
-                    TurnEnd::Cancelled if self.shutting_down.is_cancelled() => {
+                    TurnEnd::Cancelled if self.jobs.shutting_down().is_cancelled() => {
                         (SubagentStatus::Interrupted, None)
                     }
                     TurnEnd::Cancelled => (SubagentStatus::Stopped, None),
@@ -539,14 +488,13 @@ impl SubagentService {
                 "subagent: `task` is empty; say what the sub-agent must do",
             );
         }
-        let id = new_id();
-        let claim = match self.claim(&id, &cx.session) {
-            Ok(claim) => claim,
+        let id = new_id("sa", self.jobs.now());
+        let stop = match self.claim(&id, &cx.session) {
+            Ok(stop) => stop,
             Err(refusal) => return refusal,
         };
         if !args.run_in_background {
             // The parent's turn being stopped stops its sub-agent too.
-            let stop = claim.stop.clone();
             let parent = cx.cancel.clone();
             let end = tokio::select! {
                 end = self.run(&args, &cx, &stop) => end,
@@ -555,7 +503,7 @@ impl SubagentService {
                     RunEnd { status: SubagentStatus::Stopped, answer: String::new(), error: None, iterations: 0, usage: Usage::default() }
                 }
             };
-            self.release(&id);
+            self.jobs.release(&id);
             return foreground_result(&id, end, self.options.answer_max_chars);
         }
         let row = SubagentRecord {
@@ -572,13 +520,14 @@ impl SubagentService {
             error: None,
             iterations: 0,
             usage: Usage::default(),
-            started: Utc::now(),
+            started: self.jobs.now(),
             ended: None,
             told: Told::default(),
         };
-        if let Err(e) = self.save(&row).and_then(|()| self.table.flush()) {
+        let table = self.jobs.table();
+        if let Err(e) = table.save(&row).and_then(|()| table.flush()) {
             tracing::error!(subagent = %id, error = %e, "cannot store a new sub-agent");
-            self.release(&id);
+            self.jobs.release(&id);
             return ToolResult::err(
                 shared::UNAVAILABLE,
                 "the bot's storage could not be written; the sub-agent did not start",
@@ -592,10 +541,10 @@ impl SubagentService {
             cancel: CancellationToken::new(),
             ..cx
         };
-        self.tracker.spawn(async move {
-            let end = service.run(&args, &cx, &claim.stop).await;
+        self.jobs.spawn(async move {
+            let end = service.run(&args, &cx, &stop).await;
             service.finish(&cx.session, &run_id, end).await;
-            service.release(&run_id);
+            service.jobs.release(&run_id);
         });
         ToolResult::ok_with(
             format!(
@@ -609,62 +558,33 @@ impl SubagentService {
     /// Records a background run's end and, unless it was stopped or interrupted, queues
     /// its notice (unless the model already read the result).
     async fn finish(&self, session: &str, id: &str, end: RunEnd) {
-        let _rows = self.rows.lock().await;
-        let Some(mut row) = self.row(session, id) else {
-            tracing::error!(subagent = id, "the row of a finished sub-agent is missing");
-            return;
-        };
-        if row.status == SubagentStatus::Stopped {
-            return;
-        }
-        row.status = end.status;
-        row.result = clip(&end.answer, self.options.stored_max_chars);
-        row.error = end.error;
-        row.iterations = end.iterations;
-        row.usage = end.usage;
-        row.ended = Some(Utc::now());
-        tracing::info!(
-            subagent = id,
-            status = row.status.as_str(),
-            "background sub-agent ended"
-        );
-        match row.status {
-            SubagentStatus::Stopped => row.told.notified = true,
-            SubagentStatus::Interrupted | SubagentStatus::Running => {}
-            _ => {
-                if let Some(chat) = row.chat.clone() {
-                    // The final status is stored before the notice, so a slow notifier
-                    // never hides it.
-                    self.save_logged(&row);
-                    let text = notice_block(&row, None);
-                    let starter = row.starter();
-                    notice::tell_once(self.notifier.as_ref(), &chat, text, starter, &mut row).await;
-                } else {
-                    row.told.notified = true;
+        self.jobs
+            .finish(session, id, |row| {
+                // Stopped on request: `stop` recorded it and nobody is told.
+                if row.status == SubagentStatus::Stopped {
+                    return false;
                 }
-            }
-        }
-        self.save_logged(&row);
+                row.status = end.status;
+                row.result = clip(&end.answer, self.options.stored_max_chars);
+                row.error = end.error;
+                row.iterations = end.iterations;
+                row.usage = end.usage;
+                row.ended = Some(self.jobs.now());
+                tracing::info!(
+                    subagent = id,
+                    status = row.status.as_str(),
+                    "background sub-agent ended"
+                );
+                true
+            })
+            .await;
     }
 
     /// `subagent_output`.
     async fn output(&self, args: SubagentIdArgs, cx: &ToolContext) -> ToolResult {
-        let rows = self.rows.lock().await;
-        let Some(mut row) = self.row(&cx.session, &args.subagent_id) else {
+        let Some(row) = self.jobs.read(&cx.session, &args.subagent_id).await else {
             return not_found(&args.subagent_id);
         };
-        if row.status != SubagentStatus::Running {
-            let changed = match row.chat.clone() {
-                Some(chat) => {
-                    notice::read_before_told(self.notifier.as_ref(), &chat, &mut row).await
-                }
-                None => !std::mem::replace(&mut row.told.notified, true),
-            };
-            if changed {
-                self.save_logged(&row);
-            }
-        }
-        drop(rows);
         let mut data = row_json(&row);
         data["result"] = json!(row.result);
         let message = match row.status {
@@ -679,12 +599,7 @@ impl SubagentService {
         let Some(row) = self.row(&cx.session, &args.subagent_id) else {
             return not_found(&args.subagent_id);
         };
-        let running = self
-            .lock_running()
-            .get(&row.id)
-            .filter(|r| r.session == cx.session)
-            .map(|r| (r.stop.clone(), r.done.clone()));
-        let Some((stop, done)) = running else {
+        let Some(live) = self.jobs.live(&cx.session, &row.id) else {
             return ToolResult::ok_with(
                 format!(
                     "sub-agent {} had already ended: {}",
@@ -697,7 +612,7 @@ impl SubagentService {
         {
             // Marked first, under the rows lock: the run's end then records nothing and
             // sends no notice. A run that ended meanwhile keeps its end (and its notice).
-            let _rows = self.rows.lock().await;
+            let _rows = self.jobs.lock_rows().await;
             let mut stopped = self.row(&cx.session, &row.id).unwrap_or(row);
             if stopped.status != SubagentStatus::Running {
                 return ToolResult::ok_with(
@@ -710,15 +625,11 @@ impl SubagentService {
                 );
             }
             stopped.status = SubagentStatus::Stopped;
-            stopped.ended = Some(Utc::now());
+            stopped.ended = Some(self.jobs.now());
             stopped.told.notified = true;
-            self.save_logged(&stopped);
+            self.jobs.table().save_logged(&stopped);
         }
-        stop.cancel();
-        if tokio::time::timeout(Duration::from_secs(10), done.cancelled())
-            .await
-            .is_err()
-        {
+        if !halt(&live.stop, &live.done, Duration::from_secs(10)).await {
             tracing::warn!(subagent = %args.subagent_id, "the sub-agent did not end in time after a stop");
         }
         let row = self.row(&cx.session, &args.subagent_id);
@@ -733,18 +644,8 @@ impl SubagentService {
 
     /// `subagent_list`.
     fn list(&self, cx: &ToolContext) -> ToolResult {
-        let mut rows = self.rows(Some(&cx.session));
-        rows.reverse();
-        rows.truncate(50);
-        let running = rows
-            .iter()
-            .filter(|r| r.status == SubagentStatus::Running)
-            .count();
-        let list: Vec<_> = rows.iter().map(row_json).collect();
-        ToolResult::ok_with(
-            format!("{} sub-agents ({running} running)", list.len()),
-            json!({ "subagents": list }),
-        )
+        self.jobs
+            .list_result(&cx.session, "sub-agents", "subagents", row_json)
     }
 
     /// After a restart: rows still `running` belong to a previous daemon; they become
@@ -752,69 +653,17 @@ impl SubagentService {
     /// ended during the last shutdown and was not told yet). Returns how many rows it
     /// marked `interrupted`.
     pub async fn recover(&self) -> Result<usize, StoreError> {
-        let _rows = self.rows.lock().await;
-        let live: Vec<String> = self.lock_running().keys().cloned().collect();
-        let mut marked = 0;
-        let mut to_tell: BTreeMap<String, (ChatRef, Vec<SubagentRecord>)> = BTreeMap::new();
-        for mut row in self.rows(None) {
-            if live.contains(&row.id) {
-                continue;
-            }
-            if row.status == SubagentStatus::Running {
-                row.status = SubagentStatus::Interrupted;
-                row.ended = Some(Utc::now());
-                row.told.notified = false;
-                self.save(&row)?;
-                marked += 1;
-            }
-            if row.status == SubagentStatus::Stopped || row.told.notified {
-                continue;
-            }
-            match row.chat.clone() {
-                Some(chat) => to_tell
-                    .entry(chat.session_key())
-                    .or_insert_with(|| (chat, Vec::new()))
-                    .1
-                    .push(row),
-                None => {
-                    row.told.notified = true;
-                    self.save(&row)?;
-                }
-            }
-        }
-        self.table.flush()?;
-        self.table
-            .tell_chats(
-                self.notifier.as_ref(),
-                to_tell,
-                |row| {
-                    let note = (row.status == SubagentStatus::Interrupted).then_some(
-                        "the bot was restarted while this sub-agent worked; it was stopped \
-                         and did not finish",
-                    );
-                    notice_block(row, note)
-                },
-                SubagentRecord::starter,
-                "subagent",
-            )
-            .await?;
-        Ok(marked)
+        // Nothing of a run outlives its daemon: there is nothing to end.
+        self.jobs.recover(|_| {}).await
     }
 
     /// Stops every sub-agent (background rows become `interrupted`, told after the next
     /// start) and waits for their runs. New calls are refused.
     pub async fn shutdown(&self) {
-        self.shutting_down.cancel();
-        self.tracker.close();
-        if tokio::time::timeout(Duration::from_secs(10), self.tracker.wait())
-            .await
-            .is_err()
-        {
+        if !self.jobs.shutdown(Duration::from_secs(10)).await {
             tracing::warn!("sub-agents still running after shutdown");
         }
-        if let Err(e) = self.table.flush() {
-            tracing::error!(error = %e, "cannot flush the store on sub-agent shutdown");
-        }
+        self.jobs.flush_logged();
     }
 }
 
@@ -894,7 +743,7 @@ fn row_json(row: &SubagentRecord) -> serde_json::Value {
 /// line indented, so none can read as someone's message (`parlor_bot::quote`).
 pub fn notice_block(row: &SubagentRecord, note: Option<&str>) -> String {
     let result = clip(&row.result, NOTICE_RESULT_CHARS);
-    let mut block = format!(
+    let block = format!(
         "<SUBAGENT_RESULT>\n  <subagent_id>{}</subagent_id><status>{}</status>\n  <task>\n{}\n  </task>\n  <result>\n{}\n  </result>\n",
         xml_escape(&row.id),
         row.status.as_str(),
@@ -908,18 +757,7 @@ pub fn notice_block(row: &SubagentRecord, note: Option<&str>) -> String {
     if let Some(error) = &row.error {
         notes.push(error.clone());
     }
-    if let Some(note) = note {
-        notes.push(note.to_owned());
-    }
-    if !notes.is_empty() {
-        // An error may quote a provider's or a tool's words: kept on the tag's one line.
-        block.push_str(&format!(
-            "  <note>{}</note>\n",
-            quote::one_line(&xml_escape(&notes.join("; ")), usize::MAX)
-        ));
-    }
-    block.push_str("</SUBAGENT_RESULT>");
-    block
+    notice::end_block(block, notes, note, "SUBAGENT_RESULT")
 }
 
 fn not_found(id: &str) -> ToolResult {

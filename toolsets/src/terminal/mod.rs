@@ -41,18 +41,17 @@ mod tasks;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::Store;
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::{
     Bridged, Offer, Risk, Role, ToolContext, ToolError, ToolResult, ToolSetBridge,
 };
@@ -62,6 +61,7 @@ pub use output::xml_escape;
 pub use sys::process_alive;
 pub use tasks::{TaskRecord, TaskStatus, notice_block};
 
+use crate::jobs::Jobs;
 use crate::support::{Outcome, built, finish};
 use shell::{Groups, Interrupt, RunEnd, Shell, ShellHandle};
 
@@ -181,6 +181,8 @@ pub struct TerminalConfig {
     pub env_allow: Vec<String>,
     /// Isolation of commands.
     pub sandbox: Sandbox,
+    /// What time it is: task ids, start and end times.
+    pub wall_time: WallTime,
     /// The bubblewrap program (searched in `PATH` when a bare name).
     pub bwrap_program: PathBuf,
     /// The shell (searched in `PATH` when a bare name).
@@ -209,6 +211,7 @@ impl Default for TerminalConfig {
             .map(str::to_owned)
             .to_vec(),
             sandbox: Sandbox::None,
+            wall_time: WallTime::system(),
             bwrap_program: PathBuf::from("bwrap"),
             bash_program: PathBuf::from("bash"),
         }
@@ -217,14 +220,9 @@ impl Default for TerminalConfig {
 
 /// Shared state of the terminal: configuration, the task watchers, live process groups.
 pub struct TerminalService {
-    store: Arc<dyn Store>,
-    notifier: Arc<dyn Notifier>,
     config: TerminalConfig,
-    tracker: TaskTracker,
-    shutting_down: CancellationToken,
-    running: Mutex<HashMap<String, tasks::Running>>,
-    /// Serializes row updates that race with notices (watcher end vs `task_output`).
-    rows: tokio::sync::Mutex<()>,
+    /// The background tasks (each live one's slot holds its process group).
+    jobs: Jobs<TaskRecord, u32>,
     shells: Arc<Groups>,
     next_handle: AtomicU64,
 }
@@ -251,14 +249,10 @@ impl TerminalService {
             config.data_dir = dir;
         }
         let _ = std::fs::remove_dir_all(config.data_dir.join("shell_state"));
+        let jobs = Jobs::new(store, notifier, config.wall_time.clone());
         Arc::new(TerminalService {
-            store,
-            notifier,
             config,
-            tracker: TaskTracker::new(),
-            shutting_down: CancellationToken::new(),
-            running: Mutex::new(HashMap::new()),
-            rows: tokio::sync::Mutex::new(()),
+            jobs,
             shells: Arc::new(Groups::default()),
             next_handle: AtomicU64::new(1),
         })
@@ -302,7 +296,7 @@ impl TerminalService {
                 "the terminal is not enabled on this bot ([terminal] enabled = false)",
             ));
         }
-        if self.shutting_down.is_cancelled() {
+        if self.jobs.shutting_down().is_cancelled() {
             return Err(ToolError::unavailable("the daemon is shutting down"));
         }
         match self.policy_for(&cx.session, cx.chat.as_ref()) {

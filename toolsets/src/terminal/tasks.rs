@@ -1,13 +1,11 @@
 //! Background tasks: their rows in the store, the watcher of each, completion notices,
 //! `task_output` / `task_stop` / `task_list`, recovery after a restart and shutdown.
 
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -19,13 +17,13 @@ use super::output::{Capped, cap_middle, read_log_tail, tail_chars, xml_escape};
 use super::{
     ShellArgs, TASKS_SPACE, TaskOutputArgs, TaskStopArgs, TerminalService, codes, create_dir, sys,
 };
-use crate::notice::QUOTED;
-use crate::notice::{self, NoticeRow, Rows, Told};
+use crate::jobs::{self, Refusal, halt, job_row, new_id};
+use crate::notice::{self, QUOTED, Told};
 use crate::support::Outcome;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
 use parlor_bot::store::StoreError;
-use parlor_bot::tool::{Caller, Grant, Role, ToolContext, ToolError, ToolResult};
+use parlor_bot::tool::{Caller, Role, ToolContext, ToolError, ToolResult};
 
 /// Characters of output a completion notice carries.
 pub const NOTICE_OUTPUT_CHARS: usize = 2000;
@@ -112,40 +110,19 @@ pub struct TaskRecord {
     pub told: Told,
 }
 
-impl NoticeRow for TaskRecord {
-    const SPACE: &'static str = TASKS_SPACE;
-    fn id(&self) -> &str {
-        &self.id
+job_row!(
+    TaskRecord,
+    TaskStatus {
+        space: TASKS_SPACE,
+        system_name: "terminal",
+        lost_note: "the bot was restarted while this task ran; the task was stopped and did not \
+                finish",
+        // A chatless task is marked told when it is read or at the next start.
+        told_without_chat: false,
+        notice: notice_block,
+        ended: [Completed, Failed, TimedOut],
     }
-    fn session(&self) -> &str {
-        &self.session
-    }
-    fn started(&self) -> DateTime<Utc> {
-        self.started
-    }
-    fn told(&self) -> &Told {
-        &self.told
-    }
-    fn told_mut(&mut self) -> &mut Told {
-        &mut self.told
-    }
-}
-
-/// A task whose process this daemon runs.
-pub(crate) struct Running {
-    session: String,
-    pgid: u32,
-    stop: CancellationToken,
-    done: CancellationToken,
-}
-
-static TASK_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn new_task_id() -> String {
-    let millis = Utc::now().timestamp_millis().unsigned_abs();
-    let n = TASK_COUNTER.fetch_add(1, Ordering::Relaxed) & 0xfff;
-    format!("task-{millis:x}{n:03x}")
-}
+);
 
 /// The whole log, at most `max_chars` characters (its head and tail when longer).
 fn read_log_capped(path: &Path, max_chars: usize) -> std::io::Result<Capped> {
@@ -183,7 +160,7 @@ pub fn notice_block(row: &TaskRecord, note: Option<&str>) -> String {
     let (text, size) =
         read_log_tail(&row.log_path, (NOTICE_OUTPUT_CHARS as u64) * 4).unwrap_or_default();
     let (output, cut) = tail_chars(&text, NOTICE_OUTPUT_CHARS);
-    let mut block = format!(
+    let block = format!(
         "<TERMINAL_TASK_RESULT>\n  <task_id>{}</task_id><status>{}</status><exit_code>{}</exit_code>\n  <description>\n{}\n  </description>\n  <output>\n{}\n  </output>\n",
         xml_escape(&row.id),
         row.status.as_str(),
@@ -204,17 +181,7 @@ pub fn notice_block(row: &TaskRecord, note: Option<&str>) -> String {
     if let Some(sig) = row.signal {
         notes.push(format!("ended by signal {sig}"));
     }
-    if let Some(note) = note {
-        notes.push(note.to_owned());
-    }
-    if !notes.is_empty() {
-        block.push_str(&format!(
-            "  <note>{}</note>\n",
-            quote::one_line(&xml_escape(&notes.join("; ")), usize::MAX)
-        ));
-    }
-    block.push_str("</TERMINAL_TASK_RESULT>");
-    block
+    notice::end_block(block, notes, note, "TERMINAL_TASK_RESULT")
 }
 
 fn row_json(row: &TaskRecord) -> serde_json::Value {
@@ -238,33 +205,20 @@ enum End {
 }
 
 impl TerminalService {
-    /// The task rows in the store.
-    fn table(&self) -> Rows<TaskRecord> {
-        Rows::new(Arc::clone(&self.store))
-    }
-
     /// A task row of `session`.
     pub fn task(&self, session: &str, id: &str) -> Option<TaskRecord> {
-        self.table().get(session, id)
+        self.jobs.table().get(session, id)
     }
 
     /// Whether this daemon still runs the task or is still recording its end (its notice
     /// included).
     pub fn is_live(&self, task_id: &str) -> bool {
-        self.lock_running().contains_key(task_id)
+        self.jobs.is_live(task_id)
     }
 
     /// Every task row of `session` (or of every session with `None`), oldest first.
     pub fn tasks(&self, session: Option<&str>) -> Vec<TaskRecord> {
-        self.table().list(session)
-    }
-
-    fn save(&self, row: &TaskRecord) -> Result<(), StoreError> {
-        self.table().save(row)
-    }
-
-    fn save_logged(&self, row: &TaskRecord) {
-        self.table().save_logged(row);
+        self.jobs.table().list(session)
     }
 
     /// `shell(run_in_background=true)`: starts the task and its watcher.
@@ -276,7 +230,7 @@ impl TerminalService {
         let workspace = self.ensure_workspace(&cx.session)?;
         let logs = self.config.data_dir.join("task_logs");
         create_dir(&logs, "the task log directory", "the task could not start")?;
-        let id = new_task_id();
+        let id = new_id("task", self.jobs.now());
         let log_path = logs.join(format!("{id}.log"));
         let mut command = self
             .command(&workspace, &[], &["-c", &args.command])
@@ -297,12 +251,24 @@ impl TerminalService {
             .stderr(err)
             .process_group(0)
             .kill_on_drop(true);
+        // Its own stop token, not one under shutdown: the watcher tells a stop from a
+        // shutdown by which of the two fired.
         let stop = CancellationToken::new();
-        let done = CancellationToken::new();
-        let (child, pgid) = {
-            let mut running = self.lock_running();
-            let here = running.values().filter(|r| r.session == cx.session).count();
-            if here >= self.config.max_background_per_session {
+        let claimed = self.jobs.claim(
+            &id,
+            &cx.session,
+            self.config.max_background_per_session,
+            self.config.max_background_total,
+            stop.clone(),
+            || -> std::io::Result<_> {
+                let child = command.spawn()?;
+                let pgid = child.id().unwrap_or(0);
+                Ok((pgid, (child, pgid)))
+            },
+        );
+        let (child, pgid) = match claimed {
+            Ok(claimed) => claimed,
+            Err(Refusal::Session(here)) => {
                 return Err(ToolError::new(
                     codes::TASK_LIMIT,
                     format!(
@@ -311,30 +277,16 @@ impl TerminalService {
                     ),
                 ));
             }
-            if running.len() >= self.config.max_background_total {
+            Err(Refusal::Total) => {
                 return Err(ToolError::new(
                     codes::TASK_LIMIT,
                     "the bot is running as many background tasks as it may; try again later",
                 ));
             }
-            let child = match command.spawn() {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start a background task");
-                    return Err(ToolError::unavailable("the task could not be started"));
-                }
-            };
-            let pgid = child.id().unwrap_or(0);
-            running.insert(
-                id.clone(),
-                Running {
-                    session: cx.session.clone(),
-                    pgid,
-                    stop: stop.clone(),
-                    done: done.clone(),
-                },
-            );
-            (child, pgid)
+            Err(Refusal::Start(e)) => {
+                tracing::error!(error = %e, "cannot start a background task");
+                return Err(ToolError::unavailable("the task could not be started"));
+            }
         };
         let row = TaskRecord {
             v: 1,
@@ -349,21 +301,19 @@ impl TerminalService {
             status: TaskStatus::Running,
             exit_code: None,
             signal: None,
-            started: Utc::now(),
+            started: self.jobs.now(),
             ended: None,
             log_path,
             pgid,
             told: Told::default(),
         };
-        self.save_logged(&row);
+        self.jobs.table().save_logged(&row);
         tracing::info!(task = %id, session = %cx.session, pgid, "background task started");
         let service = Arc::clone(self);
         let watched = id.clone();
         let session = cx.session.clone();
-        self.tracker.spawn(async move {
-            service
-                .watch(watched, session, child, pgid, stop, done)
-                .await;
+        self.jobs.spawn(async move {
+            service.watch(watched, session, child, pgid, stop).await;
         });
         Ok(ToolResult::ok_with(
             format!(
@@ -374,12 +324,6 @@ impl TerminalService {
         ))
     }
 
-    fn lock_running(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Running>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Waits for a task's end (exit, maximum run time, stop, shutdown) and records it.
     async fn watch(
         self: Arc<Self>,
@@ -388,13 +332,12 @@ impl TerminalService {
         mut child: tokio::process::Child,
         pgid: u32,
         stop: CancellationToken,
-        done: CancellationToken,
     ) {
         let end = tokio::select! {
             status = child.wait() => End::Exited(status.ok()),
             () = tokio::time::sleep(self.config.max_task_runtime) => End::TimedOut,
             () = stop.cancelled() => End::Stopped,
-            () = self.shutting_down.cancelled() => End::Shutdown,
+            () = self.jobs.shutting_down().cancelled() => End::Shutdown,
         };
         let (status, exit) = match end {
             End::Exited(exit) => {
@@ -419,60 +362,26 @@ impl TerminalService {
                 (status, exit)
             }
         };
-        self.finish(&session, &id, status, exit).await;
-        self.lock_running().remove(&id);
-        done.cancel();
-    }
-
-    /// Records a task's end and, for completed, failed and timed-out tasks, queues its
-    /// notice (unless the model already read the output).
-    async fn finish(&self, session: &str, id: &str, status: TaskStatus, exit: Option<ExitStatus>) {
-        let _rows = self.rows.lock().await;
-        let Some(mut row) = self.task(session, id) else {
-            tracing::error!(task = id, "the row of a finished task is missing");
-            return;
-        };
-        row.status = status;
-        row.exit_code = exit.and_then(|s| s.code());
-        row.signal = exit.and_then(|s| s.signal());
-        row.ended = Some(Utc::now());
-        tracing::info!(task = id, status = status.as_str(), exit_code = ?row.exit_code, "background task ended");
-        match status {
-            TaskStatus::Stopped => row.told.notified = true,
-            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::TimedOut => {
-                if let Some(chat) = row.chat.clone() {
-                    // The final status is stored before the notice, so a slow notifier
-                    // never hides it.
-                    self.save_logged(&row);
-                    let text = notice_block(&row, None);
-                    let starter = row.starter();
-                    notice::tell_once(self.notifier.as_ref(), &chat, text, starter, &mut row).await;
-                }
-            }
-            // Interrupted by shutdown: told after the next start (`recover`).
-            _ => {}
-        }
-        self.save_logged(&row);
+        // Completed, failed and timed-out tasks tell their chat (unless the model already
+        // read the output); interrupted ones are told after the next start.
+        self.jobs
+            .finish(&session, &id, |row| {
+                row.status = status;
+                row.exit_code = exit.and_then(|s| s.code());
+                row.signal = exit.and_then(|s| s.signal());
+                row.ended = Some(self.jobs.now());
+                tracing::info!(task = id.as_str(), status = status.as_str(), exit_code = ?row.exit_code, "background task ended");
+                true
+            })
+            .await;
+        self.jobs.release(&id);
     }
 
     /// `task_output`.
     pub(crate) async fn task_output(&self, args: TaskOutputArgs, cx: &ToolContext) -> ToolResult {
-        let rows = self.rows.lock().await;
-        let Some(mut row) = self.task(&cx.session, &args.task_id) else {
+        let Some(row) = self.jobs.read(&cx.session, &args.task_id).await else {
             return not_found(&args.task_id);
         };
-        if row.status != TaskStatus::Running {
-            let changed = match row.chat.clone() {
-                Some(chat) => {
-                    notice::read_before_told(self.notifier.as_ref(), &chat, &mut row).await
-                }
-                None => !std::mem::replace(&mut row.told.notified, true),
-            };
-            if changed {
-                self.save_logged(&row);
-            }
-        }
-        drop(rows);
         let max = self.config.output_max_chars;
         let read = match args.tail_chars {
             Some(n) => {
@@ -538,20 +447,12 @@ impl TerminalService {
     /// has no such task.
     pub async fn stop_task(&self, session: &str, id: &str) -> Option<(TaskRecord, bool)> {
         let row = self.task(session, id)?;
-        let running = {
-            let running = self.lock_running();
-            running
-                .get(&row.id)
-                .filter(|r| r.session == session)
-                .map(|r| (r.stop.clone(), r.done.clone(), r.pgid))
-        };
-        let Some((stop, done, pgid)) = running else {
+        let Some(live) = self.jobs.live(session, &row.id) else {
             return Some((row, false));
         };
-        stop.cancel();
         let wait = self.config.kill_grace * 2 + Duration::from_secs(5);
-        if tokio::time::timeout(wait, done.cancelled()).await.is_err() {
-            sys::signal_group(pgid, sys::SIGKILL);
+        if !halt(&live.stop, &live.done, wait).await {
+            sys::signal_group(live.handle, sys::SIGKILL);
             tracing::warn!(task = %row.id, "the task's watcher did not finish in time");
         }
         Some((self.task(session, id).unwrap_or(row), true))
@@ -566,18 +467,8 @@ impl TerminalService {
 
     /// `task_list`.
     pub(crate) fn task_list(&self, cx: &ToolContext) -> ToolResult {
-        let mut rows = self.tasks(Some(&cx.session));
-        rows.reverse();
-        rows.truncate(50);
-        let running = rows
-            .iter()
-            .filter(|r| r.status == TaskStatus::Running)
-            .count();
-        let tasks: Vec<_> = rows.iter().map(row_json).collect();
-        ToolResult::ok_with(
-            format!("{} tasks ({running} running)", tasks.len()),
-            json!({ "tasks": tasks }),
-        )
+        self.jobs
+            .list_result(&cx.session, "tasks", "tasks", row_json)
     }
 
     /// After a restart: rows still `running` belong to a previous daemon; their leftover
@@ -586,87 +477,30 @@ impl TerminalService {
     /// ended during the last shutdown and was not told yet). Returns how many rows it
     /// marked `interrupted`.
     pub async fn recover(&self) -> Result<usize, StoreError> {
-        let _rows = self.rows.lock().await;
-        let live: Vec<String> = self.lock_running().keys().cloned().collect();
-        let mut marked = 0;
-        let mut to_tell: BTreeMap<String, (ChatRef, Vec<TaskRecord>)> = BTreeMap::new();
-        for mut row in self.tasks(None) {
-            if live.contains(&row.id) {
-                continue;
-            }
-            if row.status == TaskStatus::Running {
+        self.jobs
+            .recover(|row| {
                 if row.pgid > 1
                     && sys::process_has_env(row.pgid, &format!("PARLOR_TASK_ID={}", row.id))
                 {
                     tracing::warn!(task = %row.id, pgid = row.pgid, "killing a task left running by the previous daemon");
                     sys::signal_group(row.pgid, sys::SIGKILL);
                 }
-                row.status = TaskStatus::Interrupted;
-                row.ended = Some(Utc::now());
-                row.told.notified = false;
-                self.save(&row)?;
-                marked += 1;
-            }
-            let untold = matches!(
-                row.status,
-                TaskStatus::Interrupted
-                    | TaskStatus::Completed
-                    | TaskStatus::Failed
-                    | TaskStatus::TimedOut
-            ) && !row.told.notified;
-            if untold {
-                match row.chat.clone() {
-                    Some(chat) => to_tell
-                        .entry(chat.session_key())
-                        .or_insert_with(|| (chat, Vec::new()))
-                        .1
-                        .push(row),
-                    None => {
-                        row.told.notified = true;
-                        self.save(&row)?;
-                    }
-                }
-            }
-        }
-        let table = self.table();
-        table.flush()?;
-        table
-            .tell_chats(
-                self.notifier.as_ref(),
-                to_tell,
-                |row| {
-                    let note = (row.status == TaskStatus::Interrupted).then_some(
-                        "the bot was restarted while this task ran; the task was stopped and \
-                         did not finish",
-                    );
-                    notice_block(row, note)
-                },
-                TaskRecord::starter,
-                "terminal",
-            )
-            .await?;
-        Ok(marked)
+            })
+            .await
     }
 
     /// Kills every background task (their rows become `interrupted`, told after the next
     /// start) and every shell, and waits for the watchers. New calls are refused.
     pub async fn shutdown(&self) {
-        self.shutting_down.cancel();
-        self.tracker.close();
         let wait = self.config.kill_grace * 2 + Duration::from_secs(5);
-        if tokio::time::timeout(wait, self.tracker.wait())
-            .await
-            .is_err()
-        {
+        if !self.jobs.shutdown(wait).await {
             tracing::warn!("task watchers still running after shutdown; killing their groups");
         }
-        for running in self.lock_running().values() {
-            sys::signal_group(running.pgid, sys::SIGKILL);
+        for pgid in self.jobs.handles() {
+            sys::signal_group(pgid, sys::SIGKILL);
         }
         self.kill_shells();
-        if let Err(e) = self.store.flush() {
-            tracing::error!(error = %e, "cannot flush the store on terminal shutdown");
-        }
+        self.jobs.flush_logged();
     }
 }
 
@@ -693,15 +527,14 @@ impl TaskRecord {
     /// this one task. The turn itself runs as the system with the least role (the session
     /// queue decides it): nobody watches it, and its input quotes what others wrote.
     pub fn starter(&self) -> Caller {
-        Caller {
-            user_id: self.started_by.clone(),
-            name: self.started_by_name.clone(),
-            role: self.started_by_role,
-            grants: vec![
-                Grant::new("task_output", "task_id", &self.id),
-                Grant::new("task_stop", "task_id", &self.id),
-            ],
-        }
+        jobs::starter(
+            &self.started_by,
+            &self.started_by_name,
+            self.started_by_role,
+            ["task_output", "task_stop"],
+            "task_id",
+            &self.id,
+        )
     }
 }
 

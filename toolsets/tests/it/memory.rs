@@ -523,3 +523,24 @@ async fn hostile_keys_are_quoted_in_the_index_and_separators_refused() {
     .assert_eq(&index);
     assert!(!index.lines().any(parlor_bot::quote::looks_attributed));
 }
+
+#[tokio::test]
+async fn entries_are_stamped_with_the_wall_time_the_toolset_was_given() {
+    let toolset = MemoryToolset::with_wall_time(
+        Arc::new(MemoryStore::new()),
+        MemoryOptions::default(),
+        crate::support::stopped_wall_time().1,
+    );
+    let h = Harness {
+        registry: ToolRegistry::new(vec![Arc::new(toolset.clone())]).unwrap(),
+        toolset,
+    };
+    assert_ok(&h.write(GROUP_A, "standup", "at nine").await);
+    let r = h
+        .call(GROUP_A, "memory_read", json!({"key": "standup"}))
+        .await;
+    for field in ["created", "updated"] {
+        let stamp = r["data"][field].as_str().unwrap_or_default();
+        assert!(stamp.starts_with("2031-02-03T04:05:06"), "{r:#}");
+    }
+}

@@ -627,3 +627,18 @@ fn a_notice_quotes_a_hostile_task_and_result_line_by_line() {
     .assert_eq(&block);
     assert!(!block.lines().any(parlor_bot::quote::looks_attributed));
 }
+
+#[tokio::test]
+async fn a_sub_agent_takes_its_id_and_times_from_the_wall_time_it_was_given() {
+    let (at, wall_time) = crate::support::stopped_wall_time();
+    let rig = rig(
+        ScriptedLlm::new(vec![text("done")]),
+        SubagentOptions {
+            wall_time,
+            ..SubagentOptions::default()
+        },
+    );
+    let id = start_bg(&rig, "answer").await;
+    let row = wait_status(&rig.service, &id, SubagentStatus::Completed).await;
+    crate::support::assert_stamped(&id, "sa", row.started, row.ended, at);
+}

@@ -1245,3 +1245,12 @@ async fn an_operators_job_reports_back_and_its_notice_turn_may_read_only_that_ta
     manager.shutdown(Duration::from_secs(1)).await;
     service.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_task_takes_its_id_and_times_from_the_wall_time_it_was_given() {
+    let (at, wall_time) = crate::support::stopped_wall_time();
+    let rig = rig_with(|c| c.wall_time = wall_time);
+    let id = start_bg(&*rig.tools, "true", "nothing").await;
+    let row = wait_status(&rig.service, &id, TaskStatus::Completed).await;
+    crate::support::assert_stamped(&id, "task", row.started, row.ended, at);
+}

@@ -1,6 +1,7 @@
 //! Test doubles of the traits parlor-toolsets defines (the others are in
 //! `parlor_bot::testing`): one [`Notifier`] and one [`Lookup`] for every module that needs
-//! one; the clock task the clock tests create; and the clock tests' rig ([`clock`]).
+//! one; the clock task the clock tests create; a wall time stopped at one instant; and the
+//! clock tests' rig ([`clock`]).
 
 #![allow(dead_code)]
 
@@ -10,14 +11,40 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::store::KvWrite;
 use parlor_bot::testing::WAIT_LIMIT;
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::{Caller, Role};
 use parlor_toolsets::clock::{MissedPolicy, NewClock};
 use parlor_toolsets::net::Lookup;
 use parlor_toolsets::terminal::{Notifier, NotifyError};
 use tokio::sync::watch;
+
+/// An instant (2031-02-03T04:05:06Z) and a wall time stopped there: a service given it
+/// stamps everything with that instant.
+pub fn stopped_wall_time() -> (DateTime<Utc>, WallTime) {
+    let at = DateTime::parse_from_rfc3339("2031-02-03T04:05:06Z")
+        .unwrap()
+        .with_timezone(&Utc);
+    (at, WallTime::from_fn(move || at))
+}
+
+/// Asserts that a background job started and ended at `at` and that its id
+/// (`<prefix>-<milliseconds in hex><counter>`) was made at `at`.
+pub fn assert_stamped(
+    id: &str,
+    prefix: &str,
+    started: DateTime<Utc>,
+    ended: Option<DateTime<Utc>>,
+    at: DateTime<Utc>,
+) {
+    assert_eq!(started, at);
+    assert_eq!(ended, Some(at));
+    let made = format!("{prefix}-{:x}", at.timestamp_millis());
+    assert!(id.starts_with(&made), "{id} does not start with {made}");
+}
 
 /// One notice a [`TestNotifier`] took.
 #[derive(Debug, Clone, PartialEq)]
