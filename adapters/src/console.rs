@@ -18,6 +18,7 @@ use parlor_bot::platform::{
     ChatKind, ChatRef, ImageRef, Inbox, InboxError, IncomingMessage, Platform, PlatformError,
     Sender, SentMessage,
 };
+use parlor_bot::time::WallTime;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use tokio_util::sync::CancellationToken;
 
@@ -62,6 +63,9 @@ pub struct ConsolePlatform {
     /// Message ids are prefixed with the start time: a restarted console on the same store
     /// must not reuse ids that the inbound dedupe has already seen.
     run_id: i64,
+    /// Where a typed line's time is read: the console is its own platform, so the time a
+    /// line arrives is the message's time.
+    wall: WallTime,
 }
 
 impl std::fmt::Debug for ConsolePlatform {
@@ -80,8 +84,17 @@ impl ConsolePlatform {
             bot_name: bot_name.to_owned(),
             last_sent: Arc::default(),
             next_id: Arc::new(AtomicU64::new(1)),
+            // A run's id only needs to differ from earlier runs', so the system clock is
+            // right here whatever wall time the rest reads.
             run_id: Utc::now().timestamp_millis(),
+            wall: WallTime::system(),
         }
+    }
+
+    /// Stamps typed lines with `wall`'s time rather than the system clock's.
+    pub fn with_wall_time(mut self, wall: WallTime) -> Self {
+        self.wall = wall;
+        self
     }
 
     fn next_id(&self) -> String {
@@ -194,7 +207,7 @@ pub fn parse_line(
             is_bot: false,
         },
         text: text.to_owned(),
-        time: Utc::now(),
+        time: platform.wall.now(),
         reply_to_bot: reply_to.is_some(),
         reply_to,
         mentions_bot: text.to_lowercase().contains(&mention),

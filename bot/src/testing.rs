@@ -7,6 +7,10 @@
 //!   fails as told, knows chat admins.
 //! - [`CrashStore`]: a [`Store`] that "dies" after a number of writes, and whose flushes can
 //!   be watched or made to fail.
+//! - [`TestRoles`]: roles in any chat ([`RoleResolver`]): a table, optionally the
+//!   platform's admins, chats whose roles cannot be read; counts lookups.
+//! - [`TestInbox`]: the adapters' way in ([`Inbox`](crate::platform::Inbox)): records
+//!   deliveries and chat events, or holds, refuses or fails them.
 //! - [`TestSpeech`]: a quiet turn's speech ([`QuietSpeech`](crate::tool::QuietSpeech)),
 //!   recording what it says.
 //!
@@ -37,13 +41,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::llm::{ChatRequest, Completion, LlmBackend, LlmError, Message, ToolCall, Usage};
 use crate::platform::{
-    ChatKind, ChatRef, ImageRef, IncomingMessage, Platform, PlatformError, Sender, SentMessage,
+    ChatEvent, ChatKind, ChatRef, ImageRef, Inbox, InboxError, IncomingMessage, Platform,
+    PlatformError, Sender, SentMessage,
 };
 use crate::store::{
     ChatRecord, Edited, GroupCommit, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry,
     PendingItem, Store, StoreError, StoredMessage, TurnCommit,
 };
-use crate::tool::{Caller, Role, ToolContext};
+use crate::tool::{Caller, Role, RoleError, RoleResolver, ToolContext};
 
 /// How long a `wait_*` of these doubles waits (tokio time) before it fails the test.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
@@ -386,6 +391,7 @@ enum Image {
 }
 
 type WallClock = Box<dyn Fn() -> DateTime<Utc> + Send + Sync>;
+type SendHook = Box<dyn Fn(&ChatRef, &str) + Send + Sync>;
 
 /// A chat platform in memory.
 ///
@@ -403,6 +409,7 @@ pub struct TestPlatform {
     id_prefix: String,
     next_id: Mutex<u64>,
     wall: WallClock,
+    on_send: Option<SendHook>,
     sent: watch::Sender<Vec<Sent>>,
     attempts: watch::Sender<usize>,
     typing: AtomicUsize,
@@ -424,6 +431,7 @@ impl Default for TestPlatform {
             id_prefix: "bot-".into(),
             next_id: Mutex::new(1),
             wall: Box::new(Utc::now),
+            on_send: None,
             sent: watch::Sender::new(Vec::new()),
             attempts: watch::Sender::new(0),
             typing: AtomicUsize::new(0),
@@ -463,6 +471,13 @@ impl TestPlatform {
     /// Where [`Sent::wall`] is read (`Utc::now` unless set).
     pub fn wall_clock(mut self, now: impl Fn() -> DateTime<Utc> + Send + Sync + 'static) -> Self {
         self.wall = Box::new(now);
+        self
+    }
+
+    /// Runs `hook` on every send attempt, before the attempt is counted or recorded: the
+    /// bench renders each reply there as the real adapter would.
+    pub fn on_send(mut self, hook: impl Fn(&ChatRef, &str) + Send + Sync + 'static) -> Self {
+        self.on_send = Some(Box::new(hook));
         self
     }
 
@@ -567,6 +582,22 @@ impl TestPlatform {
         }
     }
 
+    /// How many messages were taken so far, without copying them.
+    pub fn taken(&self) -> usize {
+        self.sent.borrow().len()
+    }
+
+    /// Waits until `n` messages were taken, for at most `limit`; false when they were not.
+    /// Unlike [`wait_sent_within`](TestPlatform::wait_sent_within) it neither copies the
+    /// messages nor panics: the bench counts many replies and reports a shortfall.
+    pub async fn wait_taken(&self, n: usize, limit: Duration) -> bool {
+        let mut seen = self.sent.subscribe();
+        matches!(
+            tokio::time::timeout(limit, seen.wait_for(|sent| sent.len() >= n)).await,
+            Ok(Ok(_))
+        )
+    }
+
     /// Send attempts so far, taken or failed.
     pub fn attempts(&self) -> usize {
         *self.attempts.borrow()
@@ -607,6 +638,9 @@ impl Platform for TestPlatform {
         reply_to: Option<&str>,
         _key: Option<&str>,
     ) -> Result<SentMessage, PlatformError> {
+        if let Some(hook) = &self.on_send {
+            hook(chat, text);
+        }
         self.attempts.send_modify(|n| *n += 1);
         if let Some(error) = self.next_failures.lock().unwrap().pop_front() {
             return Err(error);
@@ -667,6 +701,266 @@ impl Platform for TestPlatform {
                 .clone()
                 .ok_or_else(|| PlatformError::NotFound(image.file_id.clone())),
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Roles in other chats
+
+/// Roles in any chat ([`RoleResolver`]), as a table the test fills.
+///
+/// A lookup is counted ([`lookups`](TestRoles::lookups)), then answered by the first that
+/// applies: a user's role everywhere ([`everywhere`](TestRoles::everywhere)); an error for a
+/// chat made unreadable ([`unreadable`](TestRoles::unreadable)); a role set for the user in
+/// that chat ([`set`](TestRoles::set)); chat admin when the chat is on the platform given
+/// to [`admins_from`](TestRoles::admins_from) and the platform names the user among its
+/// admins; else member.
+#[derive(Default)]
+pub struct TestRoles {
+    everywhere: Mutex<HashMap<String, Role>>,
+    in_chat: Mutex<HashMap<(String, String), Role>>,
+    unreadable: Mutex<Vec<String>>,
+    platform: Option<Arc<TestPlatform>>,
+    lookups: AtomicUsize,
+}
+
+impl TestRoles {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Chat admins as `platform` lists them ([`TestPlatform::set_admins`]), asked at each
+    /// lookup, so a later `set_admins` counts.
+    pub fn admins_from(mut self, platform: Arc<TestPlatform>) -> Self {
+        self.platform = Some(platform);
+        self
+    }
+
+    /// `user_id` holds `role` in every chat (an operator from the config).
+    pub fn everywhere(self, user_id: &str, role: Role) -> Self {
+        self.everywhere
+            .lock()
+            .unwrap()
+            .insert(user_id.to_owned(), role);
+        self
+    }
+
+    /// `user_id` holds `role` in `chat`.
+    pub fn set(&self, user_id: &str, chat: &ChatRef, role: Role) {
+        self.in_chat
+            .lock()
+            .unwrap()
+            .insert((user_id.to_owned(), chat.session_key()), role);
+    }
+
+    /// Whether the roles in `chat` cannot be read (`Unavailable`, "timed out"), for anyone
+    /// without a role everywhere.
+    pub fn unreadable(&self, chat: &ChatRef, unreadable: bool) {
+        let mut chats = self.unreadable.lock().unwrap();
+        chats.retain(|c| *c != chat.session_key());
+        if unreadable {
+            chats.push(chat.session_key());
+        }
+    }
+
+    /// Lookups so far.
+    pub fn lookups(&self) -> usize {
+        self.lookups.load(Ordering::SeqCst)
+    }
+
+    pub fn shared(self) -> Arc<Self> {
+        Arc::new(self)
+    }
+}
+
+#[async_trait]
+impl RoleResolver for TestRoles {
+    async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        if let Some(role) = self.everywhere.lock().unwrap().get(user_id) {
+            return Ok(*role);
+        }
+        let key = chat.session_key();
+        if self.unreadable.lock().unwrap().contains(&key) {
+            return Err(RoleError::Unavailable {
+                chat: key,
+                reason: "timed out".into(),
+            });
+        }
+        let set = self
+            .in_chat
+            .lock()
+            .unwrap()
+            .get(&(user_id.to_owned(), key.clone()))
+            .copied();
+        if let Some(role) = set {
+            return Ok(role);
+        }
+        let Some(platform) = self.platform.as_ref().filter(|p| chat.platform == p.name()) else {
+            return Ok(Role::Member);
+        };
+        let admins = platform
+            .chat_admins(chat)
+            .await
+            .map_err(|e| RoleError::Unavailable {
+                chat: key,
+                reason: e.to_string(),
+            })?;
+        Ok(if admins.iter().any(|a| a == user_id) {
+            Role::ChatAdmin
+        } else {
+            Role::Member
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The adapters' way in
+
+/// What a [`TestInbox`] does with a delivery (after any [`fail_next`](TestInbox::fail_next)
+/// failures are spent).
+pub enum InboxMode {
+    Accept,
+    /// Waits for a permit before accepting: lets a test look at the world mid-delivery.
+    Gate(Semaphore),
+    /// Fails every delivery as a store error ("disk full").
+    FailStore,
+    ShuttingDown,
+}
+
+/// An [`Inbox`] that records deliveries and chat events, in the mode the test picks.
+/// Its waits are woken by each delivery and bounded by [`WAIT_LIMIT`].
+pub struct TestInbox {
+    pub mode: InboxMode,
+    attempts: AtomicUsize,
+    failures_left: Mutex<usize>,
+    messages: Mutex<Vec<IncomingMessage>>,
+    events: Mutex<Vec<ChatEvent>>,
+    delivered: tokio::sync::Notify,
+}
+
+impl Default for TestInbox {
+    fn default() -> Self {
+        TestInbox {
+            mode: InboxMode::Accept,
+            attempts: AtomicUsize::new(0),
+            failures_left: Mutex::new(0),
+            messages: Mutex::new(Vec::new()),
+            events: Mutex::new(Vec::new()),
+            delivered: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl TestInbox {
+    pub fn new(mode: InboxMode) -> Arc<Self> {
+        Arc::new(TestInbox {
+            mode,
+            ..TestInbox::default()
+        })
+    }
+
+    /// The next `n` deliveries (messages or events) fail as a store error ("disk full"),
+    /// whatever the mode.
+    pub fn fail_next(self, n: usize) -> Self {
+        *self.failures_left.lock().unwrap() = n;
+        self
+    }
+
+    pub fn shared(self) -> Arc<Self> {
+        Arc::new(self)
+    }
+
+    /// How many of the [`fail_next`](TestInbox::fail_next) failures are still to come.
+    pub fn failures_left(&self) -> usize {
+        *self.failures_left.lock().unwrap()
+    }
+
+    pub fn messages(&self) -> Vec<IncomingMessage> {
+        self.messages.lock().unwrap().clone()
+    }
+
+    pub fn events(&self) -> Vec<ChatEvent> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// Delivery attempts so far (messages and events), taken or refused.
+    pub fn attempts(&self) -> usize {
+        self.attempts.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` messages were taken; every message so far.
+    pub async fn wait_for(&self, n: usize) -> Vec<IncomingMessage> {
+        self.until_delivered(&format!("{n} delivered message(s)"), || {
+            let messages = self.messages();
+            (messages.len() >= n).then_some(messages)
+        })
+        .await
+    }
+
+    /// Waits until `n` chat events were taken; every event so far.
+    pub async fn wait_for_events(&self, n: usize) -> Vec<ChatEvent> {
+        self.until_delivered(&format!("{n} delivered event(s)"), || {
+            let events = self.events();
+            (events.len() >= n).then_some(events)
+        })
+        .await
+    }
+
+    /// Waits, woken by each delivery, until `check` answers `Some`, for at most
+    /// [`WAIT_LIMIT`].
+    pub async fn until_delivered<T>(&self, what: &str, check: impl Fn() -> Option<T>) -> T {
+        let waiting = async {
+            loop {
+                // Registered before the check, so a delivery in between still wakes it.
+                let delivered = self.delivered.notified();
+                if let Some(value) = check() {
+                    return value;
+                }
+                delivered.await;
+            }
+        };
+        tokio::time::timeout(WAIT_LIMIT, waiting)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+    }
+
+    /// Counts an attempt and applies the failures to come, then the mode.
+    async fn admit(&self) -> Result<(), InboxError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut left = self.failures_left.lock().unwrap();
+            if *left > 0 {
+                *left -= 1;
+                return Err(InboxError::Store("disk full".to_owned()));
+            }
+        }
+        match &self.mode {
+            InboxMode::Accept => Ok(()),
+            InboxMode::Gate(gate) => {
+                gate.acquire().await.expect("the gate stays open").forget();
+                Ok(())
+            }
+            InboxMode::FailStore => Err(InboxError::Store("disk full".to_owned())),
+            InboxMode::ShuttingDown => Err(InboxError::ShuttingDown),
+        }
+    }
+}
+
+#[async_trait]
+impl Inbox for TestInbox {
+    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
+        self.admit().await?;
+        self.messages.lock().unwrap().push(message);
+        self.delivered.notify_waiters();
+        Ok(())
+    }
+
+    async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
+        self.admit().await?;
+        self.events.lock().unwrap().push(event);
+        self.delivered.notify_waiters();
+        Ok(())
     }
 }
 

@@ -101,6 +101,8 @@ impl<S: Subscriber> Layer<S> for RingLayer {
         let mut fields = Fields::default();
         event.record(&mut fields);
         global().push(Logged {
+            // When the line was logged, for the operator to read: diagnostics, not data a
+            // caller could supply.
             time: Utc::now(),
             level: level.to_string(),
             target: event.metadata().target().to_owned(),

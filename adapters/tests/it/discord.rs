@@ -1,27 +1,24 @@
 //! The Discord adapter against `parlor_testkit::FakeDiscord`: real serenity (gateway over a
 //! WebSocket on 127.0.0.1, REST through `api_url`) and, where it matters, the real
-//! `SessionManager` with a `MemoryStore` and an echoing model.
+//! `SessionManager` with a `MemoryStore` and an echoing model (`ScriptedLlm::echo`).
 //!
 //! Real time throughout (sockets and heartbeats need a running clock).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use parlor_adapters::Receiver;
 use parlor_adapters::discord::{DiscordAdapter, DiscordConfig, MAX_MESSAGE_CHARS};
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_bot::llm::{ChatRequest, Completion, LlmBackend, LlmError, Message};
-use parlor_bot::platform::{
-    ChatKind, ChatRef, ImageRef, Inbox, InboxError, IncomingMessage, Platform, PlatformError,
-};
+use parlor_bot::platform::{ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
+use parlor_bot::testing::{InboxMode, ScriptedLlm, TestInbox};
 use parlor_bot::tool::ToolRegistry;
 use parlor_testkit::{DiscordFailure, DiscordSent, DiscordUser, FakeDiscord};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Running, TestInbox, eventually};
+use crate::support::{Running, eventually};
 
 const TOKEN: &str = "MTEwMA.test.SECRET-token";
 const GUILD: u64 = 900_000_000_000_000_001;
@@ -79,27 +76,6 @@ async fn start(adapter: &DiscordAdapter, inbox: Arc<dyn Inbox>, fake: &FakeDisco
     running
 }
 
-/// A model that answers `echo: <last line of the user message>`.
-struct EchoLlm;
-
-#[async_trait]
-impl LlmBackend for EchoLlm {
-    async fn stream(
-        &self,
-        request: &ChatRequest,
-        _cancel: &CancellationToken,
-    ) -> Result<Completion, LlmError> {
-        let last = match request.messages.last() {
-            Some(Message::User { content }) => content.text(),
-            _ => String::new(),
-        };
-        Ok(Completion {
-            content: format!("echo: {}", last.lines().last().unwrap_or_default()),
-            ..Completion::default()
-        })
-    }
-}
-
 struct Rig {
     fake: FakeDiscord,
     adapter: DiscordAdapter,
@@ -113,7 +89,12 @@ async fn rig() -> Rig {
     let adapter = connect(&fake).await;
     let store = Arc::new(MemoryStore::new());
     let registry = ToolRegistry::new(Vec::new()).expect("an empty registry");
-    let agent = Agent::new(Arc::new(EchoLlm), registry, "test", AgentConfig::default());
+    let agent = Agent::new(
+        ScriptedLlm::echo().shared(),
+        registry,
+        "test",
+        AgentConfig::default(),
+    );
     let manager = SessionManager::new(
         store.clone() as Arc<dyn Store>,
         agent,
@@ -165,7 +146,7 @@ async fn a_mention_gets_a_reply_in_the_channel_and_chatter_is_only_recorded() {
     assert!(
         sent[0]
             .content
-            .starts_with("echo: Alice (discord:500000000000000001): @parlor"),
+            .starts_with("reply: Alice (discord:500000000000000001): @parlor"),
         "{:?}",
         sent[0].content
     );
@@ -649,53 +630,27 @@ async fn the_gateway_rejecting_the_token_ends_the_run() {
     assert_eq!(fake.identifies().len(), 1);
 }
 
-/// Fails to store the first `failures` deliveries, then records.
-struct FlakyInbox {
-    failures: Mutex<usize>,
-    inner: TestInbox,
-}
-
-#[async_trait]
-impl Inbox for FlakyInbox {
-    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        {
-            let mut failures = self.failures.lock().unwrap();
-            if *failures > 0 {
-                *failures -= 1;
-                return Err(InboxError::Store("disk full".to_owned()));
-            }
-        }
-        self.inner.deliver(message).await
-    }
-}
-
 #[tokio::test]
 async fn a_store_failure_is_retried_and_shutting_down_stops() {
     let fake = fake().await;
     let adapter = connect(&fake).await;
-    let inbox = Arc::new(FlakyInbox {
-        failures: Mutex::new(2),
-        inner: TestInbox::default(),
-    });
+    let inbox = TestInbox::default().fail_next(2).shared();
     let running = start(&adapter, inbox.clone(), &fake).await;
     let id = fake.message_create(CHANNEL, &alice(), "keep me");
-    let delivered = inbox.inner.wait_for(1).await;
+    let delivered = inbox.wait_for(1).await;
     assert_eq!(delivered[0].message_id, id);
-    assert_eq!(*inbox.failures.lock().unwrap(), 0);
+    assert_eq!(inbox.failures_left(), 0);
     running.stop(WAIT).await.expect("clean stop");
 
     // An inbox that is shutting down ends the run without an error.
-    struct Closing;
-    #[async_trait]
-    impl Inbox for Closing {
-        async fn deliver(&self, _message: IncomingMessage) -> Result<(), InboxError> {
-            Err(InboxError::ShuttingDown)
-        }
-    }
     let shutdown = CancellationToken::new();
     let run = tokio::spawn({
         let adapter = adapter.clone();
-        async move { adapter.run(Arc::new(Closing), shutdown).await }
+        async move {
+            adapter
+                .run(TestInbox::new(InboxMode::ShuttingDown), shutdown)
+                .await
+        }
     });
     // The second connection (the first one's close may still be in flight).
     eventually("a second ready connection", || {

@@ -14,11 +14,11 @@ use parlor_bot::platform::{
 };
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::testing::{PNG_1X1, ScriptedLlm};
+use parlor_bot::testing::{InboxMode, PNG_1X1, ScriptedLlm, TestInbox};
 use parlor_bot::tool::ToolRegistry;
 use parlor_testkit::{DialError, FakeOneBot, OneBotFailure};
 
-use crate::support::{Mode, Running, TestInbox, eventually};
+use crate::support::{Running, eventually};
 
 const TOKEN: &str = "onebot-TEST-token";
 const SELF_ID: i64 = 42;
@@ -556,7 +556,7 @@ async fn a_dropped_connection_reconnects_and_loses_no_reply() {
 async fn a_draining_runtime_still_sends_its_last_replies_over_the_connection() {
     // The runtime refuses new input while it drains; its last replies go out over this very
     // connection, so refusing must not close it (it closes at shutdown).
-    let inbox = TestInbox::new(Mode::ShuttingDown);
+    let inbox = TestInbox::new(InboxMode::ShuttingDown);
     let (fake, adapter, running) = connected(inbox.clone()).await;
     fake.group_message(GROUP, ALICE, "alice", "during the drain")
         .push();

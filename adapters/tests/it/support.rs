@@ -1,13 +1,11 @@
-//! What the adapters' integration tests share: waiting for a condition, an inbox that records
-//! (or refuses) deliveries, and an adapter running in a task.
+//! What the adapters' integration tests share: waiting for a condition and an adapter
+//! running in a task. The inbox double is `parlor_bot::testing::TestInbox`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use parlor_adapters::Receiver;
-use parlor_bot::platform::{ChatEvent, Inbox, InboxError, IncomingMessage, PlatformError};
+use parlor_bot::platform::{Inbox, PlatformError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -24,137 +22,6 @@ pub async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> 
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// What a [`TestInbox`] does with a delivery.
-pub enum Mode {
-    Accept,
-    /// Waits for a permit before accepting: lets a test look at the world mid-delivery.
-    Gate(tokio::sync::Semaphore),
-    FailStore,
-    ShuttingDown,
-}
-
-/// Records deliveries, in the mode the test picks.
-pub struct TestInbox {
-    pub mode: Mode,
-    attempts: AtomicUsize,
-    messages: Mutex<Vec<IncomingMessage>>,
-    events: Mutex<Vec<ChatEvent>>,
-    /// Woken at every delivery, for the waits.
-    delivered: tokio::sync::Notify,
-}
-
-impl Default for TestInbox {
-    fn default() -> Self {
-        TestInbox {
-            mode: Mode::Accept,
-            attempts: AtomicUsize::new(0),
-            messages: Mutex::new(Vec::new()),
-            events: Mutex::new(Vec::new()),
-            delivered: tokio::sync::Notify::new(),
-        }
-    }
-}
-
-impl TestInbox {
-    pub fn new(mode: Mode) -> Arc<Self> {
-        Arc::new(TestInbox {
-            mode,
-            ..TestInbox::default()
-        })
-    }
-
-    pub fn messages(&self) -> Vec<IncomingMessage> {
-        self.messages
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-
-    pub fn events(&self) -> Vec<ChatEvent> {
-        self.events
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-
-    pub async fn wait_for_events(&self, n: usize) -> Vec<ChatEvent> {
-        self.until_delivered(&format!("{n} delivered event(s)"), || {
-            let events = self.events();
-            (events.len() >= n).then_some(events)
-        })
-        .await
-    }
-
-    /// Waits, woken by each delivery, until `check` answers `Some`, for at most
-    /// [`EVENTUALLY`].
-    pub async fn until_delivered<T>(&self, what: &str, check: impl Fn() -> Option<T>) -> T {
-        let waiting = async {
-            loop {
-                // Registered before the check, so a delivery in between still wakes it.
-                let delivered = self.delivered.notified();
-                if let Some(value) = check() {
-                    return value;
-                }
-                delivered.await;
-            }
-        };
-        tokio::time::timeout(EVENTUALLY, waiting)
-            .await
-            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-    }
-
-    pub fn attempts(&self) -> usize {
-        self.attempts.load(Ordering::SeqCst)
-    }
-
-    pub async fn wait_for(&self, n: usize) -> Vec<IncomingMessage> {
-        self.until_delivered(&format!("{n} delivered message(s)"), || {
-            let messages = self.messages();
-            (messages.len() >= n).then_some(messages)
-        })
-        .await
-    }
-}
-
-#[async_trait]
-impl Inbox for TestInbox {
-    async fn deliver(&self, message: IncomingMessage) -> Result<(), InboxError> {
-        self.admit().await?;
-        self.messages
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(message);
-        self.delivered.notify_waiters();
-        Ok(())
-    }
-
-    async fn chat_event(&self, event: ChatEvent) -> Result<(), InboxError> {
-        self.admit().await?;
-        self.events
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(event);
-        self.delivered.notify_waiters();
-        Ok(())
-    }
-}
-
-impl TestInbox {
-    /// Counts an attempt and applies the mode.
-    async fn admit(&self) -> Result<(), InboxError> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        match &self.mode {
-            Mode::Accept => Ok(()),
-            Mode::Gate(gate) => {
-                gate.acquire().await.expect("the gate stays open").forget();
-                Ok(())
-            }
-            Mode::FailStore => Err(InboxError::Store("disk full".to_owned())),
-            Mode::ShuttingDown => Err(InboxError::ShuttingDown),
-        }
     }
 }
 

@@ -17,13 +17,13 @@ use parlor_bot::platform::{
 };
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
-use parlor_bot::testing::{CrashStore, ScriptedLlm};
+use parlor_bot::testing::{CrashStore, InboxMode, ScriptedLlm, TestInbox};
 use parlor_bot::tool::ToolRegistry;
 use parlor_testkit::{Failure, FakeTelegram, TgUser};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Mode, Running, TestInbox, eventually};
+use crate::support::{Running, eventually};
 
 const TOKEN: &str = "123456:TEST-secret-token";
 const GROUP: i64 = -100123;
@@ -169,7 +169,7 @@ async fn a_group_mention_is_delivered_and_acknowledged_only_afterwards() {
         .push();
     let update_id = first_pending_update(&fake);
 
-    let inbox = TestInbox::new(Mode::Gate(tokio::sync::Semaphore::new(0)));
+    let inbox = TestInbox::new(InboxMode::Gate(tokio::sync::Semaphore::new(0)));
     let ready = Arc::new(AtomicBool::new(false));
     let run = Running::spawn(&adapter, inbox.clone(), {
         let ready = ready.clone();
@@ -190,7 +190,7 @@ async fn a_group_mention_is_delivered_and_acknowledged_only_afterwards() {
         fake.acked_offset()
     );
 
-    let Mode::Gate(gate) = &inbox.mode else {
+    let InboxMode::Gate(gate) = &inbox.mode else {
         unreachable!()
     };
     gate.add_permits(1);
@@ -235,7 +235,7 @@ async fn a_failing_inbox_gets_no_acknowledgement_and_the_next_run_receives_it_ag
         .push();
     let update_id = first_pending_update(&fake);
 
-    let failing = TestInbox::new(Mode::FailStore);
+    let failing = TestInbox::new(InboxMode::FailStore);
     let run = start(&adapter, failing.clone());
     // Backs off and tries the same update again, without acknowledging it.
     eventually("three delivery attempts", || {
@@ -250,7 +250,7 @@ async fn a_failing_inbox_gets_no_acknowledgement_and_the_next_run_receives_it_ag
     );
     assert_eq!(fake.pending_updates().len(), 1);
 
-    let working = TestInbox::new(Mode::Accept);
+    let working = TestInbox::new(InboxMode::Accept);
     let run = start(&adapter, working.clone());
     let messages = working.wait_for(1).await;
     assert_eq!(messages[0].text, "@parlor_bot remember this");
@@ -266,7 +266,7 @@ async fn an_inbox_shutting_down_ends_the_run_without_acknowledging() {
     fake.private_message(alice(), "hello").push();
     let update_id = first_pending_update(&fake);
 
-    let inbox = TestInbox::new(Mode::ShuttingDown);
+    let inbox = TestInbox::new(InboxMode::ShuttingDown);
     let result = tokio::time::timeout(WAIT, adapter.run(inbox.clone(), CancellationToken::new()))
         .await
         .expect("run() ends by itself");
@@ -296,7 +296,7 @@ async fn what_cannot_be_represented_is_skipped_but_acknowledged() {
         .map(|u| u["update_id"].clone());
     let last_update = last_update.and_then(|id| id.as_i64()).expect("pending");
 
-    let inbox = TestInbox::new(Mode::Accept);
+    let inbox = TestInbox::new(InboxMode::Accept);
     let run = start(&adapter, inbox.clone());
     let messages = inbox.wait_for(1).await;
     assert_eq!(messages.len(), 1);
@@ -460,7 +460,7 @@ async fn commands_topics_replies_and_photos_arrive_normalized() {
         .photo("photo-1", 2048)
         .push();
 
-    let inbox = TestInbox::new(Mode::Accept);
+    let inbox = TestInbox::new(InboxMode::Accept);
     let run = start(&adapter, inbox.clone());
     let messages = inbox.wait_for(5).await;
     assert!(run.stop(STOP).await.is_ok());
@@ -514,7 +514,7 @@ async fn an_edited_message_arrives_as_an_edit_event() {
         .edit_message(GROUP, message_id, "@parlor_bot what is 2+2?")
         .unwrap();
 
-    let inbox = TestInbox::new(Mode::Accept);
+    let inbox = TestInbox::new(InboxMode::Accept);
     let run = start(&adapter, inbox.clone());
     let events = inbox.wait_for_events(1).await;
     fake.wait_for_ack(update, WAIT).await.unwrap();
@@ -545,7 +545,7 @@ async fn the_bot_added_and_removed_arrive_as_join_and_removal() {
         "new_chat_member": {"status": "member", "user": {"id": 77, "is_bot": true, "first_name": "other"}},
     }}));
 
-    let inbox = TestInbox::new(Mode::Accept);
+    let inbox = TestInbox::new(InboxMode::Accept);
     let run = start(&adapter, inbox.clone());
     let events = inbox.wait_for_events(4).await;
     fake.wait_for_ack(last + 1, WAIT).await.unwrap();
@@ -579,7 +579,7 @@ async fn a_group_upgrade_arrives_as_one_migration_from_either_side() {
     fake.basic_group(-5001, "book club");
     let (from_old, from_new) = fake.upgrade_group(-5001, -1005001, &alice());
 
-    let inbox = TestInbox::new(Mode::Accept);
+    let inbox = TestInbox::new(InboxMode::Accept);
     let run = start(&adapter, inbox.clone());
     let events = inbox.wait_for_events(2).await;
     fake.wait_for_ack(from_new, WAIT).await.unwrap();
@@ -603,7 +603,7 @@ async fn a_conflict_on_get_updates_is_logged_and_polling_continues() {
     fake.fail_next("getUpdates", Failure::Conflict);
     fake.private_message(alice(), "still polling?").push();
 
-    let inbox = TestInbox::new(Mode::Accept);
+    let inbox = TestInbox::new(InboxMode::Accept);
     let run = start(&adapter, inbox.clone());
     let messages = inbox.wait_for(1).await;
     assert_eq!(messages[0].text, "still polling?");
@@ -628,7 +628,7 @@ async fn retry_after_on_get_updates_is_waited_out() {
     fake.fail_next("getUpdates", Failure::RetryAfter(1));
     fake.private_message(alice(), "patience").push();
     let started = Instant::now();
-    let inbox = TestInbox::new(Mode::Accept);
+    let inbox = TestInbox::new(InboxMode::Accept);
     let run = start(&adapter, inbox.clone());
     inbox.wait_for(1).await;
     assert!(started.elapsed() >= Duration::from_secs(1));
@@ -641,7 +641,7 @@ async fn shutdown_ends_a_waiting_long_poll_within_a_second() {
     let mut config = config(&fake);
     config.poll_timeout_secs = 30;
     let adapter = TelegramAdapter::connect(config).await.expect("connects");
-    let run = start(&adapter, TestInbox::new(Mode::Accept));
+    let run = start(&adapter, TestInbox::new(InboxMode::Accept));
     fake.wait_for_calls("getUpdates", 1, WAIT)
         .await
         .expect("polling");
@@ -661,7 +661,7 @@ async fn a_token_revoked_while_polling_ends_the_run() {
     );
     let result = tokio::time::timeout(
         WAIT,
-        adapter.run(TestInbox::new(Mode::Accept), CancellationToken::new()),
+        adapter.run(TestInbox::new(InboxMode::Accept), CancellationToken::new()),
     )
     .await
     .expect("run() ends by itself");

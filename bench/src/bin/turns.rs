@@ -33,7 +33,7 @@ use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::{
     ChatRequest, Completion, LlmBackend, LlmError, OpenAiClient, OpenAiConfig, RetryPolicy,
 };
-use parlor_bot::platform::{ChatRef, ImageRef, Inbox, Platform, PlatformError, SentMessage};
+use parlor_bot::platform::{ChatRef, Inbox, Platform};
 use parlor_bot::session::{ATTRIBUTION_PROMPT, SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::testing::{TestPlatform, message};
@@ -45,7 +45,6 @@ use parlor_toolsets::{
     message_toolset, time,
 };
 use serde_json::{Value, json};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 // The daemon's allocator and options (src/memory.rs), so that the figures are the
@@ -191,7 +190,14 @@ async fn run(kind: StoreKind, args: &Args, llm_url: &str) -> Figures {
         ),
         StoreKind::Memory => Arc::new(MemoryStore::new()),
     };
-    let platform = Arc::new(CountingPlatform::new());
+    // Each reply is rendered as the Telegram adapter would before it is taken, so the
+    // figures include rendering.
+    let platform = TestPlatform::default()
+        .named("telegram")
+        .on_send(|_, text| {
+            std::hint::black_box(parlor_render::telegram::render(text));
+        })
+        .shared();
     let requests = Arc::new(AtomicU64::new(0));
     let (sessions, clock) = runtime(
         Arc::clone(&store),
@@ -234,10 +240,10 @@ async fn run(kind: StoreKind, args: &Args, llm_url: &str) -> Figures {
             }
         }
         sent += in_round;
-        if !platform.wait_sent(sent, ROUND_LIMIT).await {
+        if !platform.wait_taken(sent, ROUND_LIMIT).await {
             eprintln!(
                 "round {round}: only {} of {sent} replies after {ROUND_LIMIT:?}",
-                platform.sent()
+                platform.taken()
             );
             break;
         }
@@ -256,7 +262,7 @@ async fn run(kind: StoreKind, args: &Args, llm_url: &str) -> Figures {
     drop(sessions);
     drop(store);
     Figures {
-        turns: platform.sent().saturating_sub(args.chats),
+        turns: platform.taken().saturating_sub(args.chats),
         requests: counted_requests,
         wall,
         cpu,
@@ -343,69 +349,6 @@ impl<B: LlmBackend> LlmBackend for Counted<B> {
     ) -> Result<Completion, LlmError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.inner.stream(request, cancel).await
-    }
-}
-
-/// A `TestPlatform` named `telegram` that renders each reply as the Telegram adapter does
-/// before it takes it, and counts the replies in a watch channel (`TestPlatform`'s own waits
-/// clone every message sent so far, and time out after 10 s).
-struct CountingPlatform {
-    inner: TestPlatform,
-    sent: watch::Sender<usize>,
-}
-
-impl CountingPlatform {
-    fn new() -> Self {
-        CountingPlatform {
-            inner: TestPlatform::default().named("telegram"),
-            sent: watch::Sender::new(0),
-        }
-    }
-
-    fn sent(&self) -> usize {
-        *self.sent.borrow()
-    }
-
-    /// Waits until `n` replies were taken; false after `limit`.
-    async fn wait_sent(&self, n: usize, limit: Duration) -> bool {
-        let mut seen = self.sent.subscribe();
-        matches!(
-            tokio::time::timeout(limit, seen.wait_for(|&sent| sent >= n)).await,
-            Ok(Ok(_))
-        )
-    }
-}
-
-#[async_trait]
-impl Platform for CountingPlatform {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn send(
-        &self,
-        chat: &ChatRef,
-        text: &str,
-        reply_to: Option<&str>,
-        key: Option<&str>,
-    ) -> Result<SentMessage, PlatformError> {
-        let parts = parlor_render::telegram::render(text);
-        std::hint::black_box(&parts);
-        let sent = self.inner.send(chat, text, reply_to, key).await;
-        self.sent.send_modify(|n| *n += 1);
-        sent
-    }
-
-    async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError> {
-        self.inner.send_typing(chat).await
-    }
-
-    async fn chat_admins(&self, chat: &ChatRef) -> Result<Vec<String>, PlatformError> {
-        self.inner.chat_admins(chat).await
-    }
-
-    async fn download_image(&self, image: &ImageRef) -> Result<Vec<u8>, PlatformError> {
-        self.inner.download_image(image).await
     }
 }
 

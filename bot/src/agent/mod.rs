@@ -41,6 +41,7 @@ use crate::llm::{
 };
 use crate::platform::{ChatRef, Platform};
 use crate::store::Summary;
+use crate::time::WallTime;
 use crate::tool::{Caller, MessageAppender, ToolContext, ToolRegistry, ToolResult, codes};
 
 pub use compact::{CompactError, SummaryInput};
@@ -210,6 +211,8 @@ pub struct Agent {
     observer: Arc<dyn AgentObserver>,
     /// Who describes images when the model has no vision (`[[llm.vision_models]]`).
     vision_models: Arc<[VisionModel]>,
+    /// Where a summary made mid-turn reads its `made` time.
+    wall: WallTime,
 }
 
 /// The system prompt and the toolsets' prompt version it was built at.
@@ -247,7 +250,14 @@ impl Agent {
             system_prompt: Arc::new(Mutex::new(system_prompt)),
             observer: Arc::new(TracingObserver),
             vision_models: Arc::from(Vec::new()),
+            wall: WallTime::system(),
         }
+    }
+
+    /// Reads wall time (a summary's `made`) from `wall` rather than the system clock.
+    pub fn with_wall_time(mut self, wall: WallTime) -> Self {
+        self.wall = wall;
+        self
     }
 
     /// Has images described by `models` (tried in order) when the model has no vision.
@@ -435,7 +445,7 @@ impl Agent {
                         Ok(text) => {
                             let new = Summary {
                                 text,
-                                made: chrono::Utc::now(),
+                                made: self.wall.now(),
                                 messages: summary.map_or(0, |s| s.messages) + drop,
                             };
                             summary_text = Some(compact::summary_block(&new));

@@ -404,6 +404,8 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         return seconds(secs);
     }
     let date = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    // The server's date is real wall time, so it is compared with the real clock; only the
+    // seconds forms are tested, and they read no clock.
     let wait = date.with_timezone(&chrono::Utc) - chrono::Utc::now();
     Some(wait.to_std().unwrap_or(Duration::ZERO))
 }

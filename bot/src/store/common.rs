@@ -3,11 +3,14 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use super::{ChatRecord, PendingItem, PendingKind, StoreError};
 use crate::platform::ChatRef;
+use crate::time::WallTime;
 
 /// Tunables shared by both store backends.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// How many messages the log of one session keeps; the oldest are dropped first, from
     /// the log and from the dedupe index alike. Values below 1 are treated as 1.
@@ -19,6 +22,10 @@ pub struct StoreOptions {
     ///
     /// [`MemoryStore`]: super::MemoryStore
     pub lock_timeout: Duration,
+    /// Where the store reads the time it stamps itself: a done reply's `done_at` (and so
+    /// when it is pruned) and a migrated chat's `since`. Everything else it stores carries
+    /// the time its caller gave.
+    pub wall: WallTime,
 }
 
 impl Default for StoreOptions {
@@ -26,6 +33,7 @@ impl Default for StoreOptions {
         StoreOptions {
             max_messages_per_chat: 2000,
             lock_timeout: Duration::from_secs(2),
+            wall: WallTime::system(),
         }
     }
 }
@@ -48,13 +56,17 @@ pub(crate) fn check_session(session: &str) -> Result<(), StoreError> {
 }
 
 /// The chat record of the new chat after a migration: the old one's, moved.
-pub(super) fn migrated_record(to: &ChatRef, old: Option<ChatRecord>) -> ChatRecord {
+pub(super) fn migrated_record(
+    to: &ChatRef,
+    old: Option<ChatRecord>,
+    since: DateTime<Utc>,
+) -> ChatRecord {
     ChatRecord {
         chat: to.clone(),
         title: old.and_then(|record| record.title),
         present: true,
         status: "migrated".to_owned(),
-        since: chrono::Utc::now(),
+        since,
     }
 }
 

@@ -15,11 +15,13 @@ use super::{
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;
+use crate::time::WallTime;
 
 /// The [`Store`] in memory. One mutex guards everything, so every method is atomic.
 #[derive(Debug)]
 pub struct MemoryStore {
     bound: u64,
+    wall: WallTime,
     inner: Mutex<Inner>,
     /// Nothing to flush, but the waits are grouped and counted as sled's are, so that
     /// tests see how many flushes the session layer asks for. Never yields: waiting for
@@ -111,6 +113,7 @@ impl MemoryStore {
     pub fn with_options(options: StoreOptions) -> Self {
         MemoryStore {
             bound: options.bound(),
+            wall: options.wall,
             inner: Mutex::new(Inner::default()),
             commit: GroupCommit::immediate(),
         }
@@ -127,8 +130,9 @@ impl MemoryStore {
         let mut inner = self.lock();
         if let Some(mut entry) = inner.outbox.remove(&outbox_id) {
             finish(&mut entry);
-            entry.done_at = Some(chrono::Utc::now());
-            let cutoff = chrono::Utc::now() - chrono::Duration::days(super::SENT_KEEP_DAYS);
+            let now = self.wall.now();
+            entry.done_at = Some(now);
+            let cutoff = now - chrono::Duration::days(super::SENT_KEEP_DAYS);
             inner
                 .outbox_done
                 .retain(|_, e| e.done_at.is_some_and(|t| t >= cutoff));
@@ -436,7 +440,9 @@ impl Store for MemoryStore {
             }
         }
         let record = inner.chats.remove(&old);
-        inner.chats.insert(new.clone(), migrated_record(to, record));
+        inner
+            .chats
+            .insert(new.clone(), migrated_record(to, record, self.wall.now()));
         inner.apply_kv(also);
         inner.meta.insert(marker, new);
         Ok(true)

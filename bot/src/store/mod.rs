@@ -125,6 +125,8 @@ impl StoredMessage {
                 is_bot: true,
             },
             text: text.to_owned(),
+            // Not injected yet: its callers (the session layer's outbox lane, `record_own`
+            // for the message toolset) hold no wall time of their own to pass.
             time: Utc::now(),
             reply_to: reply_to.map(str::to_owned),
             images: Vec::new(),
@@ -218,6 +220,8 @@ impl OutboxEntry {
             chat: chat.clone(),
             text,
             reply_to,
+            // Not injected yet: every caller is in the session layer, which is being
+            // restructured; its `WallTime` should be passed here then.
             created: Utc::now(),
             sent_ids: Vec::new(),
             done_at: None,

@@ -67,6 +67,7 @@ use super::{
 };
 use crate::llm::Message;
 use crate::platform::ChatRef;
+use crate::time::WallTime;
 
 /// How often [`Store::migrate_session`] re-reads and retries when the sessions it moves
 /// changed between its read and its step.
@@ -106,6 +107,9 @@ pub struct SledStore {
     /// Unix seconds before which no done reply can be old enough to prune (the oldest one's
     /// `done_at` plus [`SENT_KEEP_DAYS`]); 0 until the first look. Shared by the clones.
     prune_due: Arc<AtomicI64>,
+    /// Where a done reply's `done_at`, the prune cutoff and a migrated chat's `since` are
+    /// read ([`StoreOptions::wall`]).
+    wall: WallTime,
 }
 
 impl fmt::Debug for SledStore {
@@ -166,6 +170,7 @@ impl SledStore {
             commit: Arc::new(GroupCommit::new()),
             steps,
             prune_due: Arc::new(AtomicI64::new(0)),
+            wall: options.wall,
         };
         tracing::debug!(path = %dir.display(), "store opened");
         Ok(store)
@@ -792,7 +797,10 @@ impl SledStore {
                 ),
                 None => None,
             };
-            chats.insert(new, encode_abort(&migrated_record(to, record))?)?;
+            chats.insert(
+                new,
+                encode_abort(&migrated_record(to, record, self.wall.now()))?,
+            )?;
             apply_kv(t, also, &index)?;
             meta.insert(marker.as_bytes(), marker_value.as_slice())?;
             Ok(Some(true))
@@ -920,7 +928,7 @@ impl SledStore {
             let mut entry: OutboxEntry = decode(&bytes, || format!("outbox[{outbox_id}]"))
                 .map_err(ConflictableTransactionError::Abort)?;
             finish(&mut entry);
-            entry.done_at = Some(chrono::Utc::now());
+            entry.done_at = Some(self.wall.now());
             // Done before it leaves the outbox: a reader in between sees it in both.
             done.insert(key, encode_abort(&entry)?)?;
             outbox.delete(key)?;
@@ -942,7 +950,7 @@ impl SledStore {
     /// (ids grow with time). Between looks it only compares the clock with `prune_due`: a
     /// turn's `mark_sent` would otherwise read and parse the oldest record every time.
     fn prune_done(&self) -> Result<(), StoreError> {
-        let now = chrono::Utc::now();
+        let now = self.wall.now();
         if now.timestamp() < self.prune_due.load(Ordering::Relaxed) {
             return Ok(());
         }

@@ -1,19 +1,18 @@
 //! Roles as data: the registry compares a tool's spec role with the caller's, checks the
-//! role again in a chat an argument names (through a fake `RoleResolver`), and refuses at
+//! role again in a chat an argument names (through `TestRoles`), and refuses at
 //! construction a dangerous tool that a non-operator could call. Also the session-key
 //! parser and what the catalog says about roles.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use async_trait::async_trait;
 use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::ChatRef;
-use parlor_bot::testing::{group, tool_context};
+use parlor_bot::testing::{TestRoles, group, tool_context};
 use parlor_bot::tool::bridge::ToolError;
 use parlor_bot::tool::{
-    Caller, Grant, RegistryError, Risk, Role, RoleError, RoleResolver, ToolContext, ToolRegistry,
-    ToolResult, ToolSetBridge, catalog, codes,
+    Caller, Grant, RegistryError, Risk, Role, RoleResolver, ToolContext, ToolRegistry, ToolResult,
+    ToolSetBridge, catalog, codes,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -34,28 +33,6 @@ struct Args {
 struct RehomeArgs {
     /// Which stored item.
     item: u32,
-}
-
-/// Roles in other chats: `test:alice` administers `test:-200`; `test:-666` cannot be read.
-/// Counts every lookup, so a test can tell that none was needed.
-#[derive(Default)]
-struct FakeRoles {
-    lookups: AtomicUsize,
-}
-
-#[async_trait]
-impl RoleResolver for FakeRoles {
-    async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError> {
-        self.lookups.fetch_add(1, Ordering::SeqCst);
-        match (user_id, chat.session_key().as_str()) {
-            (_, "test:-666") => Err(RoleError::Unavailable {
-                chat: chat.session_key(),
-                reason: "timed out".into(),
-            }),
-            ("test:alice", "test:-200") | ("test:carol", "test:-100") => Ok(Role::ChatAdmin),
-            _ => Ok(Role::Member),
-        }
-    }
 }
 
 /// `reboot` (operator, dangerous), `schedule` (chat admin, also in `target`'s chat),
@@ -103,9 +80,20 @@ fn toolset(runs: Arc<AtomicUsize>) -> ToolSetBridge {
         .expect("valid toolset")
 }
 
+/// Roles in other chats: `test:alice` administers `test:-200`, `test:carol` `test:-100`;
+/// `test:-666` cannot be read. The double counts every lookup, so a test can tell that none
+/// was needed.
+fn roles() -> Arc<TestRoles> {
+    let roles = TestRoles::new();
+    roles.set("test:alice", &ChatRef::new("test", "-200"), Role::ChatAdmin);
+    roles.set("test:carol", &group(), Role::ChatAdmin);
+    roles.unreadable(&ChatRef::new("test", "-666"), true);
+    roles.shared()
+}
+
 struct Rig {
     registry: ToolRegistry,
-    roles: Arc<FakeRoles>,
+    roles: Arc<TestRoles>,
     runs: Arc<AtomicUsize>,
 }
 
@@ -114,7 +102,7 @@ fn rig() -> Rig {
     let registry = ToolRegistry::new(vec![Arc::new(toolset(runs.clone()))]).unwrap();
     Rig {
         registry,
-        roles: Arc::new(FakeRoles::default()),
+        roles: roles(),
         runs,
     }
 }
@@ -138,7 +126,7 @@ impl Rig {
     }
 
     fn lookups(&self) -> usize {
-        self.roles.lookups.load(Ordering::SeqCst)
+        self.roles.lookups()
     }
 }
 

@@ -13,6 +13,7 @@ use parlor_bot::store::{
     PendingItem, PendingKind, SledStore, Store, StoreError, StoreOptions, StoredMessage, Summary,
     TurnCommit,
 };
+use parlor_bot::time::WallTime;
 use parlor_bot::tool::{Caller, Role};
 
 // ---- fixtures ----------------------------------------------------------------------------
@@ -180,6 +181,38 @@ fn each_store_with(options: StoreOptions, f: impl Fn(&str, &dyn Store)) {
     let dir = tempfile::tempdir().expect("tempdir");
     let sled = SledStore::open(dir.path(), options).expect("open sled store");
     f("sled", &sled);
+}
+
+/// The times a store stamps itself (a done reply's `done_at`, a migrated chat's `since`)
+/// come from `StoreOptions::wall`, not the system clock.
+#[test]
+fn the_times_a_store_stamps_come_from_its_wall_time() {
+    let options = StoreOptions {
+        wall: WallTime::from_fn(|| time(500)),
+        ..StoreOptions::default()
+    };
+    each_store_with(options, |name, store| {
+        let sent = store.queue_outbox_with(reply(A, "hi"), vec![]).unwrap();
+        store.mark_sent(sent, &["m-1".to_owned()]).unwrap();
+        let done = store.sent_reply(sent).unwrap().unwrap();
+        assert_eq!(done.done_at, Some(time(500)), "{name}");
+        let failed = store.queue_outbox_with(reply(A, "no"), vec![]).unwrap();
+        store.mark_failed(failed, "chat gone").unwrap();
+        assert_eq!(
+            store.sent_reply(failed).unwrap().unwrap().done_at,
+            Some(time(500)),
+            "{name}"
+        );
+
+        assert!(
+            store
+                .migrate_session(&old_chat(), &new_chat(), vec![])
+                .unwrap(),
+            "{name}"
+        );
+        let record = store.chat_status(NEW).unwrap().unwrap();
+        assert_eq!(record.since, time(500), "{name}");
+    });
 }
 
 fn each_store(f: impl Fn(&str, &dyn Store)) {

@@ -2,15 +2,14 @@
 //! model gets, and the end-to-end path (an operator asks in group A, the model calls
 //! `clock_create` for group B, the reply arrives in B).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use parlor_bot::llm::ToolCall;
 use parlor_bot::platform::{ChatRef, Platform, Sender};
 use parlor_bot::session::SessionConfig;
 use parlor_bot::store::{MemoryStore, Store, StoredMessage};
-use parlor_bot::testing::{TestPlatform, tool_context};
-use parlor_bot::tool::{Risk, Role, RoleError, RoleResolver, ToolContext, ToolResult, ToolSpec};
+use parlor_bot::testing::{TestRoles, tool_context};
+use parlor_bot::tool::{Risk, Role, RoleResolver, ToolContext, ToolResult, ToolSpec};
 use parlor_toolsets::clock::{ClockOptions, RunStatus, WallTime};
 use serde_json::{Value, json};
 
@@ -21,41 +20,10 @@ const START: &str = "2026-06-01T08:00:00Z";
 /// The operator of these tests (the session layer's `admins`).
 const OPERATOR: &str = "test:carol";
 
-/// Roles as the session layer resolves them: the operator everywhere, chat admins by the
-/// platform, and an error for the chat marked broken.
-struct FakeRoles {
-    platform: Arc<TestPlatform>,
-    broken: Mutex<Option<ChatRef>>,
-}
-
-#[async_trait]
-impl RoleResolver for FakeRoles {
-    async fn role_in(&self, user_id: &str, chat: &ChatRef) -> Result<Role, RoleError> {
-        if user_id == OPERATOR {
-            return Ok(Role::Operator);
-        }
-        if self.broken.lock().unwrap().as_ref() == Some(chat) {
-            return Err(RoleError::Unavailable {
-                chat: chat.session_key(),
-                reason: "timed out".into(),
-            });
-        }
-        if chat.platform != self.platform.name() {
-            return Ok(Role::Member);
-        }
-        let admins = self.platform.chat_admins(chat).await.unwrap();
-        Ok(if admins.iter().any(|a| a == user_id) {
-            Role::ChatAdmin
-        } else {
-            Role::Member
-        })
-    }
-}
-
 struct World {
     clock: WallTime,
     rig: Rig,
-    roles: Arc<FakeRoles>,
+    roles: Arc<TestRoles>,
 }
 
 async fn world_with(options: impl FnOnce(ClockOptions) -> ClockOptions) -> World {
@@ -63,10 +31,12 @@ async fn world_with(options: impl FnOnce(ClockOptions) -> ClockOptions) -> World
     let platform = crate::support::clock::platform(&clock, "m");
     platform.set_admins(&group_a(), &["test:alice"]);
     platform.set_admins(&group_b(), &["test:alice", "test:dora"]);
-    let roles = Arc::new(FakeRoles {
-        platform: platform.clone(),
-        broken: Mutex::default(),
-    });
+    // Roles as the session layer resolves them: the operator everywhere, chat admins by
+    // the platform.
+    let roles = TestRoles::new()
+        .everywhere(OPERATOR, Role::Operator)
+        .admins_from(platform.clone())
+        .shared();
     let rig = Rig::start_with(
         Arc::new(MemoryStore::new()),
         platform,
@@ -352,10 +322,10 @@ async fn another_chat_must_be_known_and_administered_by_the_creator() {
     assert!(r.success, "{r:?}");
 
     // When the roles in B cannot be read, the model is told to try later.
-    *w.roles.broken.lock().unwrap() = Some(group_b());
+    w.roles.unreadable(&group_b(), true);
     let r = create(&w, &alice, args("test:-200")).await;
     assert_eq!(code(&r), "UNAVAILABLE", "{r:?}");
-    *w.roles.broken.lock().unwrap() = None;
+    w.roles.unreadable(&group_b(), false);
 
     // Without a resolver only an operator may aim at another chat.
     let alone = |cx: ToolContext| ToolContext { roles: None, ..cx };
@@ -518,10 +488,10 @@ async fn a_chat_sees_and_changes_only_its_own_tasks() {
     assert_eq!(code(&r), "PERMISSION_DENIED");
     assert!(r.message.contains("test:-200"), "{}", r.message);
     // ...nor can Alice, who administers B, while B's roles cannot be read...
-    *w.roles.broken.lock().unwrap() = Some(group_b());
+    w.roles.unreadable(&group_b(), true);
     let r = update(&w, &alice_a, json!({"id": id, "content": "changed"})).await;
     assert_eq!(code(&r), "UNAVAILABLE", "{r:?}");
-    *w.roles.broken.lock().unwrap() = None;
+    w.roles.unreadable(&group_b(), false);
     assert_eq!(w.rig.handle.task(id).unwrap().unwrap().content, "hi B");
     // ...but may delete it from A, where it was created; an admin of B may change it.
     let dora_b = cx(&w, &group_b(), "dora", Role::ChatAdmin);
