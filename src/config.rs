@@ -126,12 +126,12 @@ pub struct BotConfig {
     pub compact_ratio: f64,
     /// Newest turns a compaction keeps word for word.
     pub compact_keep_turns: usize,
-    /// Groups the bot reads along in (`[[bot.auto_chat]]`): off unless listed.
+    /// Groups the bot runs auto-chat in (`[[bot.auto_chat]]`): off unless listed.
     pub auto_chat: Vec<AutoChatConfig>,
 }
 
 /// `[[bot.auto_chat]]`: a group where the bot also reads unaddressed messages, in batches,
-/// each one quiet turn that may speak only through `send_message`.
+/// each one auto-chat turn that may speak only through `send_message`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AutoChatConfig {

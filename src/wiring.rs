@@ -112,7 +112,7 @@ pub fn registry(
                         bot_name: config.bot.name.clone(),
                         context_scan_limit: config.bot.max_messages_per_chat,
                         url_guard: config.url_guard()?,
-                        quiet_turns: !config.bot.auto_chat.is_empty(),
+                        auto_chat_turns: !config.bot.auto_chat.is_empty(),
                         ..MessageOptions::default()
                     },
                 )

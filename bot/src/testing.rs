@@ -11,7 +11,7 @@
 //!   platform's admins, chats whose roles cannot be read; counts lookups.
 //! - [`TestInbox`]: the adapters' way in ([`Inbox`](crate::platform::Inbox)): records
 //!   deliveries and chat events, or holds, refuses or fails them.
-//! - [`TestSpeech`]: a quiet turn's speech ([`QuietSpeech`](crate::tool::QuietSpeech)),
+//! - [`TestSpeech`]: an auto-chat turn's speech ([`AutoChatSpeech`](crate::tool::AutoChatSpeech)),
 //!   recording what it says.
 //!
 //! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
@@ -1242,9 +1242,9 @@ impl Store for CrashStore {
 }
 
 // ---------------------------------------------------------------------------------------
-// A quiet turn's speech
+// An auto-chat turn's speech
 
-/// A [`QuietSpeech`](crate::tool::QuietSpeech) that records what it was asked to say and
+/// A [`AutoChatSpeech`](crate::tool::AutoChatSpeech) that records what it was asked to say and
 /// allows everything: for tests of a tool or the registry outside the session layer (which
 /// has the real one, with limits and the outbox).
 #[derive(Debug, Default)]
@@ -1264,7 +1264,7 @@ impl TestSpeech {
 }
 
 #[async_trait]
-impl crate::tool::QuietSpeech for TestSpeech {
+impl crate::tool::AutoChatSpeech for TestSpeech {
     async fn say(&self, text: &str) -> Result<crate::tool::Said, crate::tool::ToolError> {
         self.said.lock().unwrap().push(text.to_owned());
         Ok(crate::tool::Said {

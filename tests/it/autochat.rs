@@ -1,5 +1,5 @@
 //! Auto-chat through the real binary: in a group named in `[[bot.auto_chat]]`, messages
-//! nobody addressed to the bot become one quiet turn, whose `send_message` is posted to the
+//! nobody addressed to the bot become one auto-chat turn, whose `send_message` is posted to the
 //! fake Telegram once and whose final answer is not; a mention afterwards is answered as
 //! usual.
 
@@ -11,7 +11,7 @@ use crate::support::{self, TOKEN, WAIT, config, daemon_command};
 const GROUP: i64 = -100_123;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overheard_messages_lead_to_one_send_message_post() {
+async fn unaddressed_messages_lead_to_one_send_message_post() {
     let llm = FakeLlm::start().await;
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
@@ -60,8 +60,8 @@ async fn overheard_messages_lead_to_one_send_message_post() {
     assert!(tools.iter().any(|t| t == "send_message"), "{tools:?}");
     assert!(!tools.iter().any(|t| t == "send_markdown"), "{tools:?}");
 
-    // The mention is answered after the quiet turn (one actor per chat), so once its reply
-    // is in, the quiet turn's final answer would have been too.
+    // The mention is answered after the auto-chat turn (one actor per chat), so once its reply
+    // is in, the auto-chat turn's final answer would have been too.
     telegram
         .group_message(GROUP, TgUser::new(1001, "Alice"), "@parlor_bot thanks")
         .mention_bot()

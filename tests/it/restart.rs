@@ -88,8 +88,8 @@ fn prepare(dir: &Path) -> chrono::DateTime<chrono::Utc> {
             "<TASK_RESULT>notice-1</TASK_RESULT>",
         ),
         (PendingKind::ClockFire, "[Scheduled task] marker fire-0"),
-        (PendingKind::Overheard, "bob (telegram:1002): chatter-1"),
-        (PendingKind::Overheard, "bob (telegram:1002): chatter-2"),
+        (PendingKind::AutoChat, "bob (telegram:1002): chatter-1"),
+        (PendingKind::AutoChat, "bob (telegram:1002): chatter-2"),
     ] {
         store
             .add_pending_with(pending(kind, text), Vec::new())
@@ -165,7 +165,7 @@ async fn a_start_on_clock_due_times_posts_each_once_and_runs_each_pending_input_
         DaemonProcess::spawn_polling(support::daemon_command(&config, &llm), &telegram, WAIT).await;
 
     // The due times, the user messages, the notice and the old fire each post; the
-    // overheard batch is a quiet turn (its answer is not posted). Once all of them have,
+    // auto-chat batch is an auto-chat turn (its answer is not posted). Once all of them have,
     // a mention is sent: it is answered after anything the start queued twice.
     let mut expected: Vec<String> = (0..TASKS).map(|i| format!("due-{i}")).collect();
     expected.extend(["ping-1", "ping-2", "notice-1", "fire-0"].map(String::from));
@@ -203,7 +203,7 @@ async fn a_start_on_clock_due_times_posts_each_once_and_runs_each_pending_input_
         assert_eq!(
             posted.get(m),
             None,
-            "a quiet turn posts nothing: {posted:?}"
+            "an auto-chat turn posts nothing: {posted:?}"
         );
     }
     let store =

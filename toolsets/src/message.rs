@@ -5,7 +5,7 @@
 //! | `get_message {message_id}` | read | one recorded message of this chat, with what it replies to |
 //! | `get_group_context {limit?, before_message_id?, from_user?}` | read | recent messages, newest first, paged |
 //! | `send_markdown {text, reply_to_message_id?}` | write | posts Markdown into this chat now |
-//! | `send_message {text}` | write | with `[[bot.auto_chat]]`, offered in quiet turns only: a short plain message, within the chat's limits, through the outbox |
+//! | `send_message {text}` | write | with `[[bot.auto_chat]]`, offered in auto-chat turns only: a short plain message, within the chat's limits, through the outbox |
 //! | `load_image {message_id?, url?}` | read | an image as the next user message (only with vision or vision models) |
 //!
 //! **Scope.** Every lookup goes through the message log of the calling session
@@ -105,9 +105,9 @@ pub struct MessageOptions {
     pub context_scan_limit: usize,
     /// The bot's display name, for its own `send_markdown` messages in the chat log.
     pub bot_name: String,
-    /// Whether some chat has quiet turns (`[[bot.auto_chat]]`): only then is `send_message`
-    /// registered (quiet turns alone offer it) and the prompt says how to behave in one.
-    pub quiet_turns: bool,
+    /// Whether some chat has auto-chat turns (`[[bot.auto_chat]]`): only then is `send_message`
+    /// registered (auto-chat turns alone offer it) and the prompt says how to behave in one.
+    pub auto_chat_turns: bool,
 }
 
 impl Default for MessageOptions {
@@ -121,7 +121,7 @@ impl Default for MessageOptions {
             url_guard: Guard::default(),
             context_scan_limit: 2000,
             bot_name: "parlor".to_owned(),
-            quiet_turns: false,
+            auto_chat_turns: false,
         }
     }
 }
@@ -276,9 +276,9 @@ fn tools(messages: Arc<Messages>) -> ToolSetBridgeBuilder<Messages> {
          notes during long work, or to deliver a long result in parts. Your final answer \
          is posted automatically when your turn ends; never send it twice.",
     );
-    if options.quiet_turns {
+    if options.auto_chat_turns {
         prompt.push_str(
-            "\n- When you are only reading along (the input says the messages were \
+            "\n- When you are only auto-chat (the input says the messages were \
              overheard), nothing you answer is posted: `send_message` is then your one way \
              to speak, a few times an hour at most. Speak only when you really add something.",
         );
@@ -347,17 +347,17 @@ fn tools(messages: Arc<Messages>) -> ToolSetBridgeBuilder<Messages> {
             "`data.message_ids`: the platform ids of the posted message(s) (a long text \
              may become several).",
         )
-        // In a quiet turn it would speak past `send_message`'s limits.
+        // In an auto-chat turn it would speak past `send_message`'s limits.
         .offer(Offer::Addressed);
-    // Only with auto-chat configured: without quiet turns it would never be offered.
-    let builder = if !options.quiet_turns {
+    // Only with auto-chat configured: without auto-chat turns it would never be offered.
+    let builder = if !options.auto_chat_turns {
         builder
     } else {
         builder
             .add_function_with_context(
                 SEND_MESSAGE,
                 &format!(
-                    "Say something to this group while you are reading along (the messages \
+                    "Say something to this group while you are auto-chat (the messages \
                  were overheard, nobody asked you): a short plain-text message, at most \
                  {SEND_MESSAGE_MAX_CHARS} characters, posted as it is. Your final answer \
                  is not posted in this turn; this is the only way to speak. Limited per \
@@ -369,7 +369,7 @@ fn tools(messages: Arc<Messages>) -> ToolSetBridgeBuilder<Messages> {
                 },
             )
             .risk(Risk::Write)
-            .offer(Offer::Quiet)
+            .offer(Offer::AutoChat)
             .result_doc(
                 "`data`: `dry_run` (true: only logged, as the operator set it), \
              `left_in_batch`, `left_this_hour`.",
@@ -797,7 +797,7 @@ impl Messages {
 }
 
 /// A message id as the model may write it: `#123`, ` 123 `.
-/// `send_message`: the text through the quiet turn's [`QuietSpeech`], which owns the limits,
+/// `send_message`: the text through the auto-chat turn's [`QuietSpeech`], which owns the limits,
 /// the dry run and the outbox.
 async fn send_message(args: SendMessageArgs, cx: &ToolContext) -> Outcome {
     let text = args.text.trim();
@@ -806,11 +806,11 @@ async fn send_message(args: SendMessageArgs, cx: &ToolContext) -> Outcome {
             "send_message: `text` is empty; there is nothing to send",
         ));
     }
-    // The registry offers it only in quiet turns, which carry the speech; this is for a
+    // The registry offers it only in auto-chat turns, which carry the speech; this is for a
     // caller outside the registry.
-    let Some(speech) = &cx.quiet else {
+    let Some(speech) = &cx.auto_chat else {
         return Err(ToolError::unavailable(
-            "send_message: only for turns where you read along; answer normally instead",
+            "send_message: only for turns where you auto-chat; answer normally instead",
         ));
     };
     let said = speech.say(text).await?;

@@ -21,7 +21,7 @@
 //!   own. A notice's turn runs unattended: as the system with the least role, plus grants
 //!   of `subagent_output` and `subagent_stop` for that one sub-agent
 //!   ([`SubagentRecord::starter`]); its task and result are quoted (each line indented).
-//! - **Not in quiet turns:** every tool here is [`Offer::Addressed`]: a background result
+//! - **Not in auto-chat turns:** every tool here is [`Offer::Addressed`]: a background result
 //!   posts later, and a quiet (auto-chat) turn's answer is not meant to be posted (a
 //!   `dry_run` group would get it all the same).
 
@@ -403,9 +403,9 @@ impl SubagentService {
             chat: cx.chat.clone(),
             platform: cx.platform.clone(),
             roles: cx.roles.clone(),
-            // A sub-agent of a quiet turn is quiet too: else its tools would post past
+            // A sub-agent of an auto-chat turn is quiet too: else its tools would post past
             // `send_message`'s limits.
-            quiet: cx.quiet.clone(),
+            auto_chat: cx.auto_chat.clone(),
             // Posts straight through the platform: the chat log records them under the
             // sub-agent's own name (its message toolset's), which the outbox would not.
             post: None,

@@ -106,9 +106,9 @@ pub struct TurnInput {
     pub platform: Option<Arc<dyn Platform>>,
     /// Resolves roles in other chats, handed to tools; `None` outside the daemon.
     pub roles: Option<Arc<dyn crate::tool::RoleResolver>>,
-    /// Set for a quiet turn (auto-chat): how `send_message` speaks, handed to tools; it
-    /// also picks the quiet turn's tools ([`crate::tool::Offer`]).
-    pub quiet: Option<Arc<dyn crate::tool::QuietSpeech>>,
+    /// Set for an auto-chat turn: how `send_message` speaks, handed to tools; it
+    /// also picks the auto-chat turn's tools ([`crate::tool::Offer`]).
+    pub auto_chat: Option<Arc<dyn crate::tool::AutoChatSpeech>>,
     /// How tools post into the chat through its outbox, handed to tools; `None` outside a
     /// session.
     pub post: Option<Arc<dyn crate::tool::Post>>,
@@ -135,7 +135,7 @@ impl TurnInput {
             chat: None,
             platform: None,
             roles: None,
-            quiet: None,
+            auto_chat: None,
             post: None,
         }
     }
@@ -347,7 +347,7 @@ impl Agent {
         let mut seen_calls: HashMap<(String, String), usize> = HashMap::new();
         let tools = self
             .tools
-            .defs_for_caller(input.quiet.is_some(), &input.caller);
+            .defs_for_caller(input.auto_chat.is_some(), &input.caller);
         // One prompt for the whole turn, even if the skills are re-read meanwhile.
         let system_prompt = self.system_prompt();
         let mut summary_text = summary.map(compact::summary_block);
@@ -608,7 +608,7 @@ impl Agent {
             chat: input.chat.clone(),
             platform: input.platform.clone(),
             roles: input.roles.clone(),
-            quiet: input.quiet.clone(),
+            auto_chat: input.auto_chat.clone(),
             post: input.post.clone(),
         };
         self.observer.on_event(&AgentEvent::ToolStarted {

@@ -12,7 +12,7 @@
 //! **Nothing waits without a worker.** Intake, submissions, resume and a chat's move reach
 //! a session only through [`Chats`], the locked map: when it is let go, the session it
 //! handed out last is given a worker if it has work and none runs. A worker leaves only
-//! when its queue and its overheard batch are empty, checked under the same lock, so no
+//! when its queue and its auto-chat batch are empty, checked under the same lock, so no
 //! push lands on a chat that is leaving.
 
 use std::collections::HashMap;

@@ -183,8 +183,8 @@ impl Intake<'_> {
         }
         match addressed {
             Addressed::No => {
-                if let Some(auto) = self.overhears(&message) {
-                    return self.record_overheard(&message, &stored, auto);
+                if let Some(auto) = self.auto_chat_of(&message) {
+                    return self.record_auto_chat(&message, &stored, auto);
                 }
                 // Context only: not waited for (see `Accepted::durable`).
                 self.manager

@@ -21,7 +21,7 @@ pub struct InputRules {
     /// When the senders' chat roles are looked up on the platform.
     pub roles: RoleLookup,
     /// Whether the turn's answer is posted and the chat sees typing and notices from it. A
-    /// quiet turn (auto-chat) speaks only through `send_message`, within its limits.
+    /// auto-chat turn speaks only through `send_message`, within its limits.
     pub posts: bool,
     /// Whether starting its turn counts against the chat's turns per minute.
     pub rate_limited: bool,
@@ -60,8 +60,8 @@ pub enum CallerRule {
     /// Nobody is there to see it: no chat admin's or operator's rights, only what the work
     /// itself asked for (`queue::unattended_caller`).
     Unattended,
-    /// A member's, whoever wrote the messages (`overheard::overheard_caller`).
-    Quiet,
+    /// A member's, whoever wrote the messages (`auto_chat::auto_chat_caller`).
+    AutoChat,
 }
 
 /// How a turn's input text is made.
@@ -69,8 +69,8 @@ pub enum CallerRule {
 pub enum TextRule {
     /// Every line, in arrival order.
     Lines,
-    /// The lines quoted as overheard chatter (`overheard::input_text`).
-    Overheard,
+    /// The lines quoted as unaddressed chatter (`auto_chat::input_text`).
+    AutoChat,
 }
 
 /// When a turn's senders' chat roles are looked up.
@@ -114,10 +114,10 @@ impl PendingKind {
                 caller: CallerRule::Unattended,
                 ..TURN
             },
-            PendingKind::Overheard => InputRules {
+            PendingKind::AutoChat => InputRules {
                 waits: Wait::Batch,
-                caller: CallerRule::Quiet,
-                text: TextRule::Overheard,
+                caller: CallerRule::AutoChat,
+                text: TextRule::AutoChat,
                 roles: RoleLookup::Never,
                 posts: false,
                 ..TURN
@@ -143,13 +143,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unattended_inputs_never_hold_a_senders_rights_and_quiet_ones_never_post() {
+    fn unattended_inputs_never_hold_a_senders_rights_and_auto_chat_ones_never_post() {
         for kind in [PendingKind::TaskResult, PendingKind::ClockFire] {
             assert_eq!(kind.rules().caller, CallerRule::Unattended);
         }
-        let quiet = PendingKind::Overheard.rules();
+        let quiet = PendingKind::AutoChat.rules();
         assert!(!quiet.posts);
-        assert_eq!(quiet.caller, CallerRule::Quiet);
+        assert_eq!(quiet.caller, CallerRule::AutoChat);
         assert_eq!(quiet.roles, RoleLookup::Never);
     }
 }

@@ -61,7 +61,7 @@ pub struct SessionConfig {
     /// When set, a chat whose tokens today (UTC) reach this runs no more turns that day,
     /// and is told so once (`session/usage.rs`).
     pub daily_tokens_per_chat: Option<u64>,
-    /// The groups the bot reads along in (auto-chat, [`super::overheard`]); empty: none.
+    /// The groups the bot runs auto-chat in ([`super::auto_chat`]); empty: none.
     pub auto_chat: Vec<super::AutoChat>,
     /// Most commands (`/help`, `/status`...) one member may have answered per minute in a
     /// chat; past it, one notice, then they are only recorded. Operators are not limited.
@@ -130,14 +130,14 @@ pub struct SessionStats {
 }
 
 /// The live part of one chat, shared by the stages that reach it: its queue (intake
-/// pushes, the worker takes), its overheard batch (the same, for auto-chat), its agent
+/// pushes, the worker takes), its auto-chat batch (the same, for auto-chat), its agent
 /// (with per-session toolset state), and what `/stop`, `/status` and the console see of
 /// its work. Each is reached through a method here.
 pub(super) struct Session {
     key: String,
     queue: SessionQueue,
     agent: Agent,
-    batch: Mutex<super::overheard::Batch>,
+    batch: Mutex<super::auto_chat::Batch>,
     status: Mutex<Status>,
 }
 
@@ -177,8 +177,8 @@ impl Session {
         &self.agent
     }
 
-    /// The overheard messages waiting for their quiet turn (auto-chat, `overheard.rs`).
-    pub(super) fn batch(&self) -> MutexGuard<'_, super::overheard::Batch> {
+    /// The unaddressed messages waiting for their auto-chat turn (`auto_chat.rs`).
+    pub(super) fn batch(&self) -> MutexGuard<'_, super::auto_chat::Batch> {
         self.batch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -186,7 +186,7 @@ impl Session {
         self.status.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether anything waits to run: a queued item or overheard messages.
+    /// Whether anything waits to run: a queued item or unaddressed messages.
     pub(super) fn has_work(&self) -> bool {
         !self.queue.is_empty() || !self.batch().is_empty()
     }
@@ -452,7 +452,7 @@ impl SessionManager {
             let session = chats.session(&item.session);
             if item.kind.rules().waits == Wait::Batch {
                 let id = item.id;
-                if !super::overheard::restore(&self.inner.config, &session, item) {
+                if !super::auto_chat::restore(&self.inner.config, &session, item) {
                     unheard.push(id);
                 }
                 continue;
@@ -466,11 +466,11 @@ impl SessionManager {
         }
         drop(chats);
         if !unheard.is_empty() {
-            // The chat is no longer read along in (the config changed): they stay in the
+            // The chat is no longer an auto-chat group (the config changed): they stay in the
             // chat log only.
             tracing::info!(
                 count = unheard.len(),
-                "dropping overheard messages of chats no longer in bot.auto_chat"
+                "dropping unaddressed messages of chats no longer in bot.auto_chat"
             );
             self.inner.store.remove_pending(&unheard)?;
         }

@@ -46,8 +46,8 @@
 //! - [`roles`]: operators from the config, chat admins from the platform (cached, with a
 //!   timeout), and the [`RoleResolver`](crate::tool::RoleResolver) tools use.
 //! - [`turn`]: one item — the agent's turn or `/reset` — committed in one transaction.
-//! - [`overheard`]: auto-chat — unaddressed messages of chosen groups in batches, each one
-//!   quiet turn that may speak only through `send_message`, within its limits.
+//! - [`auto_chat`]: unaddressed messages of chosen groups in batches, each one
+//!   auto-chat turn that may speak only through `send_message`, within its limits.
 //! - [`outbox`]: one lane per chat sending committed replies in order, retrying until the
 //!   platform takes them or refuses them for good.
 //! - [`usage`]: tokens per chat per day and the daily budget; [`trace`]: each turn's trace
@@ -57,6 +57,7 @@
 //! committed) and hands every unsent reply to its lane; [`quarantine`] sets aside an input
 //! whose turn stopped the daemon twice instead of replaying it forever.
 
+pub mod auto_chat;
 mod commands;
 mod compact;
 mod dispatcher;
@@ -66,7 +67,6 @@ pub mod input;
 pub mod life;
 pub mod manager;
 mod outbox;
-pub mod overheard;
 pub mod policy;
 pub mod quarantine;
 pub mod queue;
@@ -78,9 +78,9 @@ pub mod usage;
 mod view;
 mod worker;
 
+pub use auto_chat::AutoChat;
 pub use life::{ChatHook, Removal, move_record, move_records};
 pub use manager::{SessionConfig, SessionManager, SessionStats, SubmitError};
-pub use overheard::AutoChat;
 pub use policy::{ATTRIBUTION_PROMPT, attribute};
 pub use queue::{QueueItem, ScheduledOutcome, SessionQueue};
 pub use system::{SystemInputs, SystemReceiver, system_inputs};

@@ -92,7 +92,7 @@ impl QueueItem {
     /// dangerous tool ([`crate::tool::ToolRegistry::defs_for_caller`]).
     pub fn caller(&self) -> Caller {
         match self.kind.rules().caller {
-            CallerRule::Quiet => return super::overheard::overheard_caller(),
+            CallerRule::AutoChat => return super::auto_chat::auto_chat_caller(),
             CallerRule::Unattended => return unattended_caller(&self.callers),
             CallerRule::Senders => {}
         }
@@ -118,7 +118,7 @@ impl QueueItem {
     /// The turn's input text: every line, in arrival order.
     pub fn text(&self) -> String {
         match self.kind.rules().text {
-            TextRule::Overheard => super::overheard::input_text(&self.lines),
+            TextRule::AutoChat => super::auto_chat::input_text(&self.lines),
             TextRule::Lines => self.lines.join("\n"),
         }
     }
@@ -284,8 +284,8 @@ impl SessionQueue {
         self.lock().waiting.front().map(|item| item.kind)
     }
 
-    /// Wakes the worker without an item: an overheard batch changed (see
-    /// [`super::overheard`]).
+    /// Wakes the worker without an item: an auto-chat batch changed (see
+    /// [`super::auto_chat`]).
     pub fn wake(&self) {
         self.notify.notify_one();
     }

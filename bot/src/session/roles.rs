@@ -34,7 +34,7 @@ impl ChatWorker {
     /// leaves a member.
     pub(super) async fn resolve_roles(&self, item: &mut QueueItem) {
         let on_demand = match item.kind.rules().roles {
-            // A quiet turn runs as a member whoever wrote the messages (`overheard.rs`).
+            // An auto-chat turn runs as a member whoever wrote the messages (`auto_chat.rs`).
             RoleLookup::Never => return,
             // `/reset` and `/compact` are refused to members: the role decides first.
             RoleLookup::First => false,

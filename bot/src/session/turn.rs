@@ -81,7 +81,7 @@ impl ChatWorker {
                 done.extend(cleared.done);
             }
         }
-        // A quiet turn's answer is never posted: it speaks only through `send_message`.
+        // An auto-chat turn's answer is never posted: it speaks only through `send_message`.
         let mut reply = (outcome.reply)
             .filter(|_| rules.posts)
             .map(|text| OutboxEntry::new(session.key(), &item.chat, text, item.reply_to.clone()));
@@ -155,7 +155,7 @@ impl ChatWorker {
             self.manager.enqueue_reply(entry, done);
         }
         if compact_due {
-            // After a quiet turn (auto-chat) nothing is posted, this notice neither.
+            // After an auto-chat turn nothing is posted, this notice neither.
             self.compact_after_turn(session, &item.chat, rules.posts)
                 .await;
         }
@@ -217,13 +217,13 @@ impl ChatWorker {
                 chat: item.chat.clone(),
                 private: item.private,
             }) as Arc<dyn RoleResolver>),
-            quiet: self.quiet_speech(item),
+            auto_chat: self.auto_chat_speech(item),
             post: Some(Arc::new(super::outbox::TurnPost {
                 manager: self.manager.clone(),
                 chat: item.chat.clone(),
             }) as Arc<dyn crate::tool::Post>),
         };
-        // A quiet turn (auto-chat) shows no typing: nobody waits for it.
+        // An auto-chat turn shows no typing: nobody waits for it.
         let platform = platform.filter(|_| item.kind.rules().posts);
         let chat = item.chat.clone();
         let typing = async move {

@@ -17,7 +17,7 @@ use crate::ratelimit::SlidingWindow;
 enum Next {
     /// The queue's front item, of this kind, taken once the rate limit allows.
     Queued(crate::store::PendingKind),
-    /// The overheard batch that came due, already taken.
+    /// The auto-chat batch that came due, already taken.
     Batch(Box<super::queue::QueueItem>),
 }
 
@@ -64,7 +64,7 @@ impl ChatWorker {
             if manager.draining().is_cancelled() {
                 return false;
             }
-            // Queued input first: a mention never waits for an overheard batch. A queued
+            // Queued input first: a mention never waits for an auto-chat batch. A queued
             // item stays queued until the rate limit lets it run, so input arriving
             // meanwhile merges into it; a due batch is taken (it merges beside the queue).
             let next = match session.queue().front_kind() {

@@ -145,9 +145,10 @@ pub enum PendingKind {
     TaskResult,
     /// A clock task fired.
     ClockFire,
-    /// A message overheard in an auto-chat group (not addressed to the bot): part of a
-    /// batch that becomes one quiet turn.
-    Overheard,
+    /// An unaddressed message in an auto-chat group: part of a batch that becomes one
+    /// auto-chat turn. Stored as `overheard`, its name before auto-chat had one name.
+    #[serde(rename = "overheard")]
+    AutoChat,
     /// `/reset`: checked (chat admins only in groups) and carried out by the chat's worker.
     Reset,
     /// `/compact [topic]`: checked (chat admins only in groups) and carried out by the
@@ -449,7 +450,7 @@ pub trait Store: Send + Sync + 'static {
     /// An id no pending item or reply has or will get: a reply's outbox id known before its
     /// commit, so that a record committed with it (the turn's trace) can name it.
     fn reserve_id(&self) -> Result<u64, StoreError>;
-    /// Queues a message for the outbox outside a turn's commit (a quiet turn's
+    /// Queues a message for the outbox outside a turn's commit (an auto-chat turn's
     /// `send_message`) together with toolset-style records (the chat's send counts), in one
     /// transaction; returns its outbox id.
     fn queue_outbox_with(&self, entry: OutboxEntry, also: Vec<KvWrite>) -> Result<u64, StoreError>;

@@ -114,7 +114,7 @@ fn policy(toolset: &str, spec: &ToolSpec) -> Value {
     let offered = match spec.offer {
         Offer::Always => None,
         Offer::Addressed => Some("addressed"),
-        Offer::Quiet => Some("quiet"),
+        Offer::AutoChat => Some("auto_chat"),
     };
     if let (Some(offered), Some(map)) = (offered, policy.as_object_mut()) {
         map.insert("offered_in".to_owned(), json!(offered));
@@ -126,8 +126,8 @@ fn policy(toolset: &str, spec: &ToolSpec) -> Value {
 fn offer_note(offer: Offer) -> &'static str {
     match offer {
         Offer::Always => "",
-        Offer::Addressed => " · not in quiet (auto-chat) turns",
-        Offer::Quiet => " · only in quiet (auto-chat) turns",
+        Offer::Addressed => " · not in auto-chat turns",
+        Offer::AutoChat => " · only in auto-chat turns",
     }
 }
 
@@ -135,8 +135,8 @@ fn offer_note(offer: Offer) -> &'static str {
 pub fn to_help(registry: &ToolRegistry) -> String {
     registry
         .specs()
-        // Nobody asks for these: only the bot's own quiet turns call them.
-        .filter(|(_, spec)| spec.offer != Offer::Quiet)
+        // Nobody asks for these: only the bot's own auto-chat turns call them.
+        .filter(|(_, spec)| spec.offer != Offer::AutoChat)
         .map(|(_, spec)| {
             let first_sentence = spec
                 .description

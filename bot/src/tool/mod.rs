@@ -87,7 +87,7 @@ pub struct ToolSpec {
     pub offer: Offer,
 }
 
-/// Which turns offer a tool. A quiet turn (auto-chat: the bot reading along in a group,
+/// Which turns offer a tool. An auto-chat turn (auto-chat: the bot reading unaddressed messages in a group,
 /// answering nobody) may speak only through `send_message`, within its limits; a tool that
 /// posts by itself would be a way around them, and `send_message` has no business in a
 /// turn whose answer is posted anyway.
@@ -98,26 +98,26 @@ pub enum Offer {
     Always,
     /// Only turns that answer someone (tools that post: `send_markdown`).
     Addressed,
-    /// Only quiet turns (`send_message`).
-    Quiet,
+    /// Only auto-chat turns (`send_message`).
+    AutoChat,
 }
 
 impl Offer {
-    /// Whether a turn that is `quiet` (or not) offers the tool.
-    pub fn includes(self, quiet: bool) -> bool {
+    /// Whether an auto-chat turn (or not) offers the tool.
+    pub fn includes(self, auto_chat: bool) -> bool {
         match self {
             Offer::Always => true,
-            Offer::Addressed => !quiet,
-            Offer::Quiet => quiet,
+            Offer::Addressed => !auto_chat,
+            Offer::AutoChat => auto_chat,
         }
     }
 }
 
-/// How a quiet turn speaks ([`ToolContext::quiet`]): implemented by the session layer,
+/// How an auto-chat turn speaks ([`ToolContext::auto_chat`]): implemented by the session layer,
 /// which owns the limits per batch and per hour, the dry run and the outbox, so the tool
 /// that calls it knows none of them.
 #[async_trait]
-pub trait QuietSpeech: Send + Sync {
+pub trait AutoChatSpeech: Send + Sync {
     /// Posts `text` in the turn's chat (through its outbox), or says why not: a limit is
     /// `RATE_LIMITED`, a store failure `UNAVAILABLE`.
     async fn say(&self, text: &str) -> Result<Said, bridge::ToolError>;
@@ -144,7 +144,7 @@ pub enum Posted {
     Queued,
 }
 
-/// What [`QuietSpeech::say`] did, for the model.
+/// What [`AutoChatSpeech::say`] did, for the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Said {
     /// Nothing was posted: the chat is in dry run and the text went to the log.
@@ -256,7 +256,7 @@ pub struct Caller {
 
 impl Caller {
     /// Whether this is the system rather than a person (no user id): a clock fire, a
-    /// background result, overheard chatter. Its role is never looked up on the platform,
+    /// background result, unaddressed chatter. Its role is never looked up on the platform,
     /// and it is offered only the tools its role and grants allow.
     pub fn is_system(&self) -> bool {
         self.user_id.is_empty()
@@ -340,9 +340,9 @@ pub struct ToolContext {
     /// Resolves the caller's role in other chats (a clock task firing elsewhere); `None`
     /// outside the daemon, where only the caller's own role is known.
     pub roles: Option<Arc<dyn RoleResolver>>,
-    /// Set only in a quiet turn (auto-chat): how `send_message` speaks. Its presence makes
-    /// the turn quiet for the registry (see [`Offer`]).
-    pub quiet: Option<Arc<dyn QuietSpeech>>,
+    /// Set only in an auto-chat turn: how `send_message` speaks. Its presence makes
+    /// it an auto-chat turn for the registry (see [`Offer`]).
+    pub auto_chat: Option<Arc<dyn AutoChatSpeech>>,
     /// How a tool posts into [`ToolContext::chat`] through the outbox; `None` outside a
     /// session (a toolset's own tests), where a tool posts through `platform` directly.
     pub post: Option<Arc<dyn Post>>,
@@ -446,7 +446,7 @@ impl std::fmt::Debug for ToolContext {
                 "platform",
                 &self.platform.as_ref().map(|p| p.name().to_owned()),
             )
-            .field("quiet", &self.quiet.is_some())
+            .field("quiet", &self.auto_chat.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -94,8 +94,8 @@ struct Built {
     /// What every request of a turn that answers someone offers the model: the same for
     /// every fork and turn until a toolset's generation moves.
     defs: ToolDefs,
-    /// The same for a quiet turn (auto-chat), by each spec's [`Offer`].
-    quiet_defs: ToolDefs,
+    /// The same for an auto-chat turn, by each spec's [`Offer`].
+    auto_chat_defs: ToolDefs,
     /// The sum of the toolsets' generations this was built at.
     generation: u64,
 }
@@ -129,21 +129,21 @@ impl Built {
                 }
             }
         }
-        let defs_for = |quiet: bool| {
+        let defs_for = |auto_chat: bool| {
             entries
                 .iter()
-                .filter(|e| e.spec.offer.includes(quiet))
+                .filter(|e| e.spec.offer.includes(auto_chat))
                 .map(|e| e.spec.to_def())
                 .collect::<Vec<_>>()
                 .into()
         };
         let defs = defs_for(false);
-        let quiet_defs = defs_for(true);
+        let auto_chat_defs = defs_for(true);
         Ok(Built {
             entries,
             by_name,
             defs,
-            quiet_defs,
+            auto_chat_defs,
             generation,
         })
     }
@@ -295,11 +295,11 @@ impl ToolRegistry {
         self.current().defs.clone()
     }
 
-    /// The `tools` array of a turn that is `quiet` (auto-chat) or not (see [`Offer`]).
-    pub fn defs_for(&self, quiet: bool) -> ToolDefs {
+    /// The `tools` array of an auto-chat turn (auto-chat) or not (see [`Offer`]).
+    pub fn defs_for(&self, auto_chat: bool) -> ToolDefs {
         let built = self.current();
-        if quiet {
-            built.quiet_defs.clone()
+        if auto_chat {
+            built.auto_chat_defs.clone()
         } else {
             built.defs.clone()
         }
@@ -310,15 +310,15 @@ impl ToolRegistry {
     /// allow, and the model can say why), the system's (a clock fire, a background
     /// notice: nobody watches it) only what its role and grants allow, never a dangerous
     /// tool.
-    pub fn defs_for_caller(&self, quiet: bool, caller: &Caller) -> ToolDefs {
+    pub fn defs_for_caller(&self, auto_chat: bool, caller: &Caller) -> ToolDefs {
         if !caller.is_system() {
-            return self.defs_for(quiet);
+            return self.defs_for(auto_chat);
         }
         let built = self.current();
         built
             .entries
             .iter()
-            .filter(|e| offered(&e.spec, quiet, caller))
+            .filter(|e| offered(&e.spec, auto_chat, caller))
             .map(|e| e.spec.to_def())
             .collect::<Vec<_>>()
             .into()
@@ -363,18 +363,18 @@ impl ToolRegistry {
     pub async fn call(&self, call: &ToolCall, mut cx: ToolContext) -> ToolResult {
         let name = &call.function.name;
         let built = self.current();
-        let quiet = cx.quiet.is_some();
+        let auto_chat = cx.auto_chat.is_some();
         // A tool this turn is not offered is as unknown as one that does not exist.
         let Some(entry) = built
             .by_name
             .get(name)
             .map(|&i| &built.entries[i])
-            .filter(|e| offered(&e.spec, quiet, &cx.caller))
+            .filter(|e| offered(&e.spec, auto_chat, &cx.caller))
         else {
             let offered: Vec<&str> = built
                 .entries
                 .iter()
-                .filter(|e| offered(&e.spec, quiet, &cx.caller))
+                .filter(|e| offered(&e.spec, auto_chat, &cx.caller))
                 .map(|e| e.spec.name.as_str())
                 .collect();
             return ToolResult::err(
@@ -514,12 +514,12 @@ fn chat_argument(arguments: &serde_json::Value, argument: &str) -> Result<Option
     })
 }
 
-/// Whether a turn of `caller` (`quiet` or not) is offered the tool of `spec`: by its
+/// Whether a turn of `caller` (`auto_chat` or not) is offered the tool of `spec`: by its
 /// [`Offer`](super::Offer), and for the system (an unattended turn) only within its role or
 /// a grant, never a dangerous tool. A person is offered everything of the turn's kind; the
 /// gate then tells them what their role does not allow.
-fn offered(spec: &ToolSpec, quiet: bool, caller: &Caller) -> bool {
-    if !spec.offer.includes(quiet) {
+fn offered(spec: &ToolSpec, auto_chat: bool, caller: &Caller) -> bool {
+    if !spec.offer.includes(auto_chat) {
         return false;
     }
     !caller.is_system()

@@ -121,7 +121,7 @@ fn input(content: Content, platform: &Arc<TestPlatform>) -> TurnInput {
         chat: Some(ChatRef::new("test", "-100")),
         platform: Some(Arc::clone(platform) as Arc<dyn Platform>),
         roles: None,
-        quiet: None,
+        auto_chat: None,
         post: None,
     }
 }

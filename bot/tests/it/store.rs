@@ -1111,7 +1111,7 @@ fn queue_outbox_with_writes_the_row_and_its_records_together() {
     each_store(|name, store| {
         let first = store
             .queue_outbox_with(
-                reply(A, "said in a quiet turn"),
+                reply(A, "said in an auto-chat turn"),
                 vec![kv("auto_chat", A, Some("{\"v\":1}"))],
             )
             .unwrap();
@@ -1121,7 +1121,7 @@ fn queue_outbox_with_writes_the_row_and_its_records_together() {
         let texts: Vec<(u64, &str)> = unsent.iter().map(|e| (e.id, e.text.as_str())).collect();
         assert_eq!(
             texts,
-            [(first, "said in a quiet turn"), (second, "again")],
+            [(first, "said in an auto-chat turn"), (second, "again")],
             "{name}"
         );
         assert_eq!(

@@ -133,7 +133,7 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
         .risk(Risk::Write)
         .role(CHANGE_ROLE)
         .role_in_chat_arg("target_chat")
-        // It posts later: never from a quiet turn, whose answer is not meant to be posted.
+        // It posts later: never from an auto-chat turn, whose answer is not meant to be posted.
         .offer(Offer::Addressed)
         .failure_codes(&[BAD_SCHEDULE, UNKNOWN_TIMEZONE, CLOCK_LIMIT, UNKNOWN_CHAT])
         .result_doc(
@@ -173,7 +173,7 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
         .risk(Risk::Write)
         .role(CHANGE_ROLE)
         .role_in_chat_arg("target_chat")
-        // It posts later: never from a quiet turn, whose answer is not meant to be posted.
+        // It posts later: never from an auto-chat turn, whose answer is not meant to be posted.
         .offer(Offer::Addressed)
         .failure_codes(&[
             CLOCK_NOT_FOUND,

@@ -694,7 +694,7 @@ pub fn terminal_toolset(service: Arc<TerminalService>) -> TerminalToolset {
             )
             .risk(Risk::Dangerous)
             .role(Role::Operator)
-            // A background task posts later: never from a quiet turn (whose caller, the
+            // A background task posts later: never from an auto-chat turn (whose caller, the
             // system, is refused a dangerous tool anyway).
             .offer(Offer::Addressed)
             .failure_codes(&[codes::TASK_LIMIT])

@@ -1,8 +1,8 @@
-//! Auto-chat through the session layer with the real `message` toolset: overheard messages
-//! batched by count and by time into one quiet turn, `send_message` offered only there and
+//! Auto-chat through the session layer with the real `message` toolset: unaddressed messages
+//! batched by count and by time into one auto-chat turn, `send_message` offered only there and
 //! limited per batch and per hour (also across a restart), the dry run, overheard commands
 //! and an admin's chatter lending no rights, no sub-agent (whose result would post later),
-//! the quiet turn's answer never posted, mentions first, and an unfinished batch surviving a
+//! the auto-chat turn's answer never posted, mentions first, and an unfinished batch surviving a
 //! restart. Paused time throughout: every wait is for an event.
 
 use std::io::Write;
@@ -39,16 +39,16 @@ fn auto(batch_messages: usize, batch_secs: u64, per_batch: u32, per_hour: u32) -
     }
 }
 
-/// Whether `request` is a quiet turn's first: its input is the overheard batch.
-fn overheard(request: &ChatRequest) -> bool {
+/// Whether `request` is an auto-chat turn's first: its input is the auto-chat batch.
+fn auto_chat_request(request: &ChatRequest) -> bool {
     last_text(request).contains("<overheard>")
 }
 
-/// A model that answers a quiet turn's first request with `quiet` (each answer once, in
+/// A model that answers an auto-chat turn's first request with `auto_chat` (each answer once, in
 /// order) and everything else with the echo.
-fn model(quiet: Vec<parlor_bot::llm::Completion>) -> Arc<ScriptedLlm> {
-    let llm = ScriptedLlm::answering(|r, _| Ok(echo(r))).script_when(overheard);
-    for answer in quiet {
+fn model(auto_chat: Vec<parlor_bot::llm::Completion>) -> Arc<ScriptedLlm> {
+    let llm = ScriptedLlm::answering(|r, _| Ok(echo(r))).script_when(auto_chat_request);
+    for answer in auto_chat {
         llm.push(Ok(answer));
     }
     llm.shared()
@@ -57,7 +57,7 @@ fn model(quiet: Vec<parlor_bot::llm::Completion>) -> Arc<ScriptedLlm> {
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct NoArgs {}
 
-/// A tool only a chat admin may call: proof of the role a quiet turn runs with.
+/// A tool only a chat admin may call: proof of the role an auto-chat turn runs with.
 fn admin_tool() -> Arc<dyn ToolSet> {
     Arc::new(
         ToolSetBridge::builder("admin_test")
@@ -88,7 +88,7 @@ fn rig_with(
     more: Vec<Arc<dyn ToolSet>>,
 ) -> Rig {
     let options = MessageOptions {
-        quiet_turns: true,
+        auto_chat_turns: true,
         ..MessageOptions::default()
     };
     let messages = MessageToolset::new(Arc::clone(&store), options).unwrap();
@@ -141,7 +141,7 @@ impl Rig {
         sent.into_iter().map(|s| s.text).collect()
     }
 
-    /// The tool results of the quiet turn whose first request was number `first`.
+    /// The tool results of the auto-chat turn whose first request was number `first`.
     fn results_after(&self, first: usize) -> Vec<Value> {
         let requests = self.llm.requests();
         let messages = &requests[first + 1].messages;
@@ -162,7 +162,7 @@ fn tool_names(request: &ChatRequest) -> String {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_batch_is_flushed_at_its_count_as_one_quiet_turn_offering_send_message() {
+async fn a_batch_is_flushed_at_its_count_as_one_auto_chat_turn_offering_send_message() {
     let rig = rig(model(vec![]), auto(3, 3600, 1, 6));
     let start = Instant::now();
     rig.say(1, "bob", "nice weather").await;
@@ -181,7 +181,7 @@ async fn a_batch_is_flushed_at_its_count_as_one_quiet_turn_offering_send_message
     let tools = tool_names(&requests[0]);
     assert!(tools.contains("\"send_message\""), "{tools}");
     assert!(!tools.contains("send_markdown"), "{tools}");
-    // The echo's answer is the quiet turn's final text: never posted.
+    // The echo's answer is the auto-chat turn's final text: never posted.
     let sent = rig.mention_and_wait(4).await;
     assert_eq!(sent, ["reply: alice (test:alice): @parlor ping"]);
     let mention = rig.llm.requests().last().cloned().unwrap();
@@ -191,7 +191,11 @@ async fn a_batch_is_flushed_at_its_count_as_one_quiet_turn_offering_send_message
         "{tools}"
     );
     assert_eq!(
-        rig.llm.requests().iter().filter(|r| overheard(r)).count(),
+        rig.llm
+            .requests()
+            .iter()
+            .filter(|r| auto_chat_request(r))
+            .count(),
         1
     );
 }
@@ -331,7 +335,7 @@ async fn a_dry_run_logs_what_it_would_say_and_sends_nothing() {
         },
     );
     rig.say(1, "bob", "hi all").await;
-    // The quiet turn's request and the one with its tool result.
+    // The auto-chat turn's request and the one with its tool result.
     rig.llm.wait_requests(2).await;
     let sent = rig.mention_and_wait(2).await;
     assert_eq!(sent, ["reply: alice (test:alice): @parlor ping"]);
@@ -350,7 +354,7 @@ async fn a_dry_run_logs_what_it_would_say_and_sends_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn overheard_commands_do_nothing_and_an_admins_chatter_lends_no_rights() {
+async fn unaddressed_commands_do_nothing_and_an_admins_chatter_lends_no_rights() {
     let llm = model(vec![calls(&[("c", "admin_only", json!({}))])]);
     let rig = rig(llm, auto(2, 60, 1, 6));
     // A conversation to lose, were anything reset.
@@ -366,7 +370,7 @@ async fn overheard_commands_do_nothing_and_an_admins_chatter_lends_no_rights() {
             "reply: alice (test:alice): @parlor ping"
         ]
     );
-    // The quiet turn ran as the system with a member's role, though an operator wrote one
+    // The auto-chat turn ran as the system with a member's role, though an operator wrote one
     // of its messages: an admin's tool is not even offered, and a call to it is unknown.
     let results = rig.results_after(1);
     assert_eq!(
@@ -374,7 +378,12 @@ async fn overheard_commands_do_nothing_and_an_admins_chatter_lends_no_rights() {
         codes::TOOL_NOT_FOUND,
         "{results:?}"
     );
-    let quiet = rig.llm.requests().into_iter().find(overheard).unwrap();
+    let quiet = rig
+        .llm
+        .requests()
+        .into_iter()
+        .find(auto_chat_request)
+        .unwrap();
     assert!(!tool_names(&quiet).contains("admin_only"));
     // Nothing was reset: the last mention's request still carries the first one.
     let last = rig.llm.requests().last().cloned().unwrap();
@@ -383,7 +392,7 @@ async fn overheard_commands_do_nothing_and_an_admins_chatter_lends_no_rights() {
         .iter()
         .filter(|m| matches!(m, Message::User { .. }))
         .count();
-    assert_eq!(users, 3, "first mention, the overheard batch and this one");
+    assert_eq!(users, 3, "first mention, the auto-chat batch and this one");
 }
 
 #[tokio::test(start_paused = true)]
@@ -394,10 +403,10 @@ async fn a_mention_during_a_batch_is_answered_first_and_normally() {
     let sent = rig.mention_and_wait(2).await;
     assert_eq!(sent, ["reply: alice (test:alice): @parlor ping"]);
     assert!(Instant::now() - start < Duration::from_secs(5));
-    assert!(!overheard(&rig.llm.requests()[0]));
+    assert!(!auto_chat_request(&rig.llm.requests()[0]));
     // The batch keeps its own turn, at its time.
     let requests = rig.llm.wait_requests(2).await;
-    assert!(overheard(&requests[1]));
+    assert!(auto_chat_request(&requests[1]));
     assert!(!last_text(&requests[1]).contains("ping"));
     assert!(rig.llm.request_times()[1] - start >= Duration::from_secs(5));
 }
@@ -434,12 +443,12 @@ async fn an_unfinished_batch_survives_a_restart() {
 }
 
 #[tokio::test]
-async fn send_message_is_offered_only_in_quiet_turns_and_send_markdown_only_outside() {
+async fn send_message_is_offered_only_in_auto_chat_turns_and_send_markdown_only_outside() {
     let store = Arc::new(MemoryStore::new()) as Arc<dyn Store>;
     let without = MessageToolset::new(Arc::clone(&store), MessageOptions::default()).unwrap();
     assert!(!without.tools().iter().any(|t| t.name == "send_message"));
     let options = MessageOptions {
-        quiet_turns: true,
+        auto_chat_turns: true,
         ..MessageOptions::default()
     };
     let messages = MessageToolset::new(store, options).unwrap();
@@ -454,9 +463,9 @@ async fn send_message_is_offered_only_in_quiet_turns_and_send_markdown_only_outs
     let call =
         |name: &str, args: Value| parlor_bot::llm::ToolCall::new("c", name, args.to_string());
     let speech = TestSpeech::new();
-    let quiet_cx = ToolContext {
+    let auto_chat_cx = ToolContext {
         chat: Some(group()),
-        quiet: Some(speech.clone() as Arc<dyn parlor_bot::tool::QuietSpeech>),
+        auto_chat: Some(speech.clone() as Arc<dyn parlor_bot::tool::AutoChatSpeech>),
         ..ToolContext::default()
     };
     let addressed_cx = ToolContext {
@@ -469,26 +478,28 @@ async fn send_message_is_offered_only_in_quiet_turns_and_send_markdown_only_outs
         .await;
     assert_eq!(refused.code(), Some(codes::TOOL_NOT_FOUND), "{refused:?}");
     let refused = registry
-        .call(&call("send_markdown", hello.clone()), quiet_cx.clone())
+        .call(&call("send_markdown", hello.clone()), auto_chat_cx.clone())
         .await;
     assert_eq!(refused.code(), Some(codes::TOOL_NOT_FOUND), "{refused:?}");
     let long = json!({"text": "x".repeat(501)});
     let refused = registry
-        .call(&call("send_message", long), quiet_cx.clone())
+        .call(&call("send_message", long), auto_chat_cx.clone())
         .await;
     assert_eq!(
         refused.code(),
         Some(codes::INVALID_ARGUMENTS),
         "{refused:?}"
     );
-    let said = registry.call(&call("send_message", hello), quiet_cx).await;
+    let said = registry
+        .call(&call("send_message", hello), auto_chat_cx)
+        .await;
     assert!(said.success, "{said:?}");
     assert_eq!(speech.said(), ["hello"]);
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_quiet_turn_is_not_offered_a_sub_agent_and_a_call_to_one_is_unknown() {
-    // A background sub-agent's result posts later, into the group: a quiet turn (here in a
+async fn a_auto_chat_turn_is_not_offered_a_sub_agent_and_a_call_to_one_is_unknown() {
+    // A background sub-agent's result posts later, into the group: an auto-chat turn (here in a
     // dry run, which must post nothing) cannot start one.
     let store = Arc::new(MemoryStore::new());
     let notifier = Arc::new(support::TestNotifier::default());
@@ -519,7 +530,7 @@ async fn a_quiet_turn_is_not_offered_a_sub_agent_and_a_call_to_one_is_unknown() 
 
     let requests = rig.llm.requests();
     let quiet = tool_names(&requests[0]);
-    assert!(overheard(&requests[0]));
+    assert!(auto_chat_request(&requests[0]));
     assert!(!quiet.contains("\"subagent"), "{quiet}");
     let results = rig.results_after(0);
     assert_eq!(

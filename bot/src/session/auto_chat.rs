@@ -1,24 +1,24 @@
 //! Auto-chat: in the groups the config names (`[[bot.auto_chat]]`) the bot also reads the
 //! messages nobody addressed to it, and now and then says something.
 //!
-//! **Intake.** An overheard message is recorded in the chat log and made pending
-//! ([`PendingKind::Overheard`]) in the one transaction intake uses for every message, then
+//! **Intake.** An unaddressed message is recorded in the chat log and made pending
+//! ([`PendingKind::AutoChat`]) in the one transaction intake uses for every message, then
 //! added to its session's [`Batch`], which waits beside the queue (not in it: a mention
-//! never waits behind overheard chatter, and chatter never fills the queue mentions need).
+//! never waits behind unaddressed chatter, and chatter never fills the queue mentions need).
 //!
-//! **Flush.** The chat's worker runs the batch as one quiet turn when it holds
+//! **Flush.** The chat's worker runs the batch as one auto-chat turn when it holds
 //! `batch_messages` messages or `batch_seconds` after its first one, whichever comes first,
 //! and only when the queue is empty: mentions take precedence and are answered as usual,
-//! without absorbing the batch (the overheard messages keep their own turn, after it). The
+//! without absorbing the batch (the unaddressed messages keep their own turn, after it). The
 //! timer is the worker's wait, so it ends with the worker on shutdown; the batch stays pending
 //! in the store, and [`SessionManager::resume`] flushes it at once after a restart.
 //!
-//! **The quiet turn.** Its input says plainly that these are overheard messages, not
+//! **The auto-chat turn.** Its input says plainly that these are unaddressed messages, not
 //! requests, each quoted with its sender; it runs as nobody in particular with the least
 //! role (a member), whoever wrote the messages, so no privileged tool runs because of
-//! overheard text; its text is never parsed as a command; its final answer is never posted.
-//! It speaks only through `send_message`, offered in quiet turns only
-//! ([`crate::tool::Offer`]), which calls the turn's [`QuietTurn`] here.
+//! unaddressed text; its text is never parsed as a command; its final answer is never posted.
+//! It speaks only through `send_message`, offered in auto-chat turns only
+//! ([`crate::tool::Offer`]), which calls the turn's [`AutoChatTurn`] here.
 //!
 //! **Limits.** At most `max_sends_per_batch` sends per batch and `max_sends_per_hour` per
 //! chat. They are counted in the store (one small record per chat in the `auto_chat`
@@ -42,12 +42,12 @@ use super::worker::ChatWorker;
 use crate::platform::{ChatKind, ChatRef, IncomingMessage};
 use crate::store::{KvWrite, OutboxEntry, PendingItem, PendingKind, StoreError};
 use crate::tool::bridge::ToolError;
-use crate::tool::{Caller, QuietSpeech, Role, Said, codes};
+use crate::tool::{AutoChatSpeech, Caller, Role, Said, codes};
 
 /// The store space of the per-chat send counts.
 pub const SEND_COUNTS_SPACE: &str = "auto_chat";
 
-/// How a group the bot reads along in is configured (`[[bot.auto_chat]]`).
+/// How a group the bot runs auto-chat in is configured (`[[bot.auto_chat]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AutoChat {
     /// The chat: a session key (`telegram:-100123`, `telegram:-100123/topic:7` for a topic) or
@@ -90,7 +90,7 @@ pub(super) fn auto_chat_for<'a>(config: &'a SessionConfig, chat: &ChatRef) -> Op
         .find(|a| a.chat == key || a.chat == plain)
 }
 
-/// The overheard messages of one chat waiting for their quiet turn. Bounded: past
+/// The unaddressed messages of one chat waiting for their auto-chat turn. Bounded: past
 /// [`MAX_LINES_PER_ITEM`] (a busy worker, a flood) messages are only logged, as without
 /// auto-chat.
 #[derive(Debug, Default)]
@@ -140,12 +140,12 @@ impl Batch {
         }
         let batch = std::mem::take(self);
         Some(QueueItem {
-            kind: PendingKind::Overheard,
+            kind: PendingKind::AutoChat,
             chat,
             lines: batch.lines,
             pending_ids: batch.pending_ids,
             reply_to: None,
-            callers: vec![overheard_caller()],
+            callers: vec![auto_chat_caller()],
             images: Vec::new(),
             private: false,
             done: Vec::new(),
@@ -153,9 +153,9 @@ impl Batch {
     }
 }
 
-/// Who a quiet turn runs as: nobody in particular, a member. Never a sender of the
+/// Who an auto-chat turn runs as: nobody in particular, a member. Never a sender of the
 /// batch: an admin's chatter must not lend its rights to a turn others' words steer.
-pub(super) fn overheard_caller() -> Caller {
+pub(super) fn auto_chat_caller() -> Caller {
     Caller {
         user_id: String::new(),
         name: "overheard chat".to_owned(),
@@ -164,7 +164,7 @@ pub(super) fn overheard_caller() -> Caller {
     }
 }
 
-/// The quiet turn's input: what the lines are, then the lines (each already attributed by
+/// The auto-chat turn's input: what the lines are, then the lines (each already attributed by
 /// [`super::policy::attribute`], so none can pose as the closing tag).
 pub(super) fn input_text(lines: &[String]) -> String {
     format!(
@@ -181,7 +181,7 @@ impl Intake<'_> {
     /// Intake of an unaddressed message in an auto-chat group: recorded and made pending
     /// in one transaction, then added to the chat's batch, all under the owner lock (like
     /// addressed input), and waited for before the adapter acknowledges it.
-    pub(super) fn record_overheard(
+    pub(super) fn record_auto_chat(
         &self,
         message: &IncomingMessage,
         stored: &crate::store::StoredMessage,
@@ -197,8 +197,8 @@ impl Intake<'_> {
             id: 0,
             session: key.clone(),
             chat: message.chat.clone(),
-            kind: PendingKind::Overheard,
-            caller: overheard_caller(),
+            kind: PendingKind::AutoChat,
+            caller: auto_chat_caller(),
             text: line.clone(),
             reply_to: None,
             images: Vec::new(),
@@ -212,7 +212,7 @@ impl Intake<'_> {
         let intake = if batch.has_room() {
             crate::store::Intake::Pending(pending)
         } else {
-            tracing::debug!(session = %key, "overheard batch full; the message is only logged");
+            tracing::debug!(session = %key, "auto-chat batch full; the message is only logged");
             crate::store::Intake::Record
         };
         let only_logged = matches!(intake, crate::store::Intake::Record);
@@ -242,7 +242,7 @@ impl Intake<'_> {
 
     /// Whether `message` is one auto-chat reads: unaddressed, in a group the config names,
     /// from a person (bots only when the config does not ignore them).
-    pub(super) fn overhears<'a>(&'a self, message: &IncomingMessage) -> Option<&'a AutoChat> {
+    pub(super) fn auto_chat_of<'a>(&'a self, message: &IncomingMessage) -> Option<&'a AutoChat> {
         let config = self.manager.config();
         if message.kind == ChatKind::Private || (message.sender.is_bot && config.ignore_bots) {
             return None;
@@ -258,13 +258,13 @@ impl ChatWorker {
         session.batch().take_if_due(Instant::now())
     }
 
-    /// How `send_message` speaks in the turn of `item`: `Some` only for a quiet turn.
-    pub(super) fn quiet_speech(&self, item: &QueueItem) -> Option<Arc<dyn QuietSpeech>> {
-        if item.kind.rules().caller != CallerRule::Quiet {
+    /// How `send_message` speaks in the turn of `item`: `Some` only for an auto-chat turn.
+    pub(super) fn auto_chat_speech(&self, item: &QueueItem) -> Option<Arc<dyn AutoChatSpeech>> {
+        if item.kind.rules().caller != CallerRule::AutoChat {
             return None;
         }
         let limits = auto_chat_for(self.manager.config(), &item.chat)?.clone();
-        Some(Arc::new(QuietTurn {
+        Some(Arc::new(AutoChatTurn {
             manager: self.manager.clone(),
             session: item.chat.session_key(),
             chat: item.chat.clone(),
@@ -275,7 +275,7 @@ impl ChatWorker {
     }
 }
 
-/// An overheard input from before a restart: back into its chat's batch, due at once
+/// An auto-chat input from before a restart: back into its chat's batch, due at once
 /// (its wait may long be over). `false` when the chat is no longer an auto-chat one:
 /// the caller drops it.
 pub(super) fn restore(config: &SessionConfig, session: &Session, item: PendingItem) -> bool {
@@ -306,8 +306,8 @@ struct SendCounts {
     sent: Vec<DateTime<Utc>>,
 }
 
-/// One quiet turn's way to speak: the limits, the dry run and the outbox.
-struct QuietTurn {
+/// One auto-chat turn's way to speak: the limits, the dry run and the outbox.
+struct AutoChatTurn {
     manager: SessionManager,
     session: String,
     chat: ChatRef,
@@ -325,7 +325,7 @@ fn unavailable(e: StoreError) -> ToolError {
 }
 
 #[async_trait]
-impl QuietSpeech for QuietTurn {
+impl AutoChatSpeech for AutoChatTurn {
     async fn say(&self, text: &str) -> Result<Said, ToolError> {
         let _one_at_a_time = self.lock.lock().await;
         let store = &self.manager.store();
