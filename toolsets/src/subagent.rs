@@ -406,9 +406,10 @@ impl SubagentService {
             // A sub-agent of an auto-chat turn is quiet too: else its tools would post past
             // `send_message`'s limits.
             auto_chat: cx.auto_chat.clone(),
-            // Posts straight through the platform: the chat log records them under the
-            // sub-agent's own name (its message toolset's), which the outbox would not.
-            post: None,
+            // Its posts go through the chat's outbox like the parent's: durable, in order,
+            // retried, recorded as the bot's messages (its message toolset has the bot's
+            // name too).
+            post: cx.post.clone(),
         };
         let turn = agent.run_turn(&[], input, cancel.clone());
         tokio::pin!(turn);

@@ -642,3 +642,58 @@ async fn a_sub_agent_takes_its_id_and_times_from_the_wall_time_it_was_given() {
     let row = wait_status(&rig.service, &id, SubagentStatus::Completed).await;
     crate::support::assert_stamped(&id, "sa", row.started, row.ended, at);
 }
+
+#[tokio::test]
+async fn a_sub_agents_send_markdown_posts_through_the_chats_outbox_and_is_retried() {
+    use parlor_bot::platform::PlatformError;
+    use parlor_toolsets::message::{MessageOptions, MessageToolset};
+
+    let store = Arc::new(MemoryStore::new());
+    let platform = TestPlatform::new();
+    let parent = ScriptedLlm::new(vec![
+        calls(&[("p1", "subagent", json!({"task": "post a progress note"}))]),
+        text("all done"),
+    ]);
+    let sub = ScriptedLlm::new(vec![
+        calls(&[("s1", "send_markdown", json!({"text": "**halfway**"}))]),
+        text("posted"),
+    ]);
+    let (inputs, receiver) = parlor_bot::session::system_inputs();
+    let service = SubagentService::new(store.clone(), Arc::new(inputs), SubagentOptions::default());
+    let messages = MessageToolset::new(store.clone(), MessageOptions::default()).unwrap();
+    service.set_agent(Agent::new(
+        sub.clone(),
+        ToolRegistry::new(vec![Arc::new(messages)]).unwrap(),
+        SUBAGENT_PROMPT,
+        AgentConfig::default(),
+    ));
+    let registry = ToolRegistry::new(vec![Arc::new(subagent_toolset(service.clone()))]).unwrap();
+    let agent = Agent::new(parent.clone(), registry, "test", AgentConfig::default());
+    let manager = SessionManager::new(
+        store.clone() as Arc<dyn Store>,
+        agent,
+        vec![platform.clone() as Arc<dyn Platform>],
+        SessionConfig::default(),
+    );
+    manager.serve_system(receiver);
+    // The sub-agent's post meets a platform blip: the chat's lane retries it.
+    platform.fail_next(PlatformError::Unavailable("a blip".to_owned()));
+    manager
+        .deliver(message(&group(), 1, "alice", "@parlor go"))
+        .await
+        .unwrap();
+    let sent = platform.wait_sent(2).await;
+    assert_eq!(sent[0].text, "**halfway**");
+    assert_eq!(sent[1].text, "all done");
+    assert!(platform.attempts() >= 3, "the failed send was retried");
+    let results = tool_results(&sub.requests()[1].messages);
+    assert_eq!(results[0].1["data"]["message_ids"], json!([sent[0].id]));
+    let own = store
+        .get_message(&group().session_key(), &sent[0].id)
+        .unwrap()
+        .expect("recorded in the chat log");
+    assert!(own.from_self);
+    assert!(store.unsent_outbox().unwrap().is_empty());
+    manager.shutdown(Duration::from_secs(1)).await;
+    service.shutdown().await;
+}
