@@ -403,7 +403,13 @@ impl AutoChatSpeech for AutoChatTurn {
                 .map_err(unavailable)?;
             return Ok(said);
         }
-        let mut entry = OutboxEntry::new(&self.session, &self.chat, text.to_owned(), None);
+        let mut entry = OutboxEntry::new(
+            &self.session,
+            &self.chat,
+            text.to_owned(),
+            None,
+            self.manager.now(),
+        );
         let counted = KvWrite {
             space: SEND_COUNTS_SPACE.to_owned(),
             key: self.session.clone(),

@@ -253,7 +253,15 @@ impl ChatWorker {
                 return;
             }
         };
-        let reply = tell.then(|| OutboxEntry::new(session.key(), chat, notice.to_owned(), None));
+        let reply = tell.then(|| {
+            OutboxEntry::new(
+                session.key(),
+                chat,
+                notice.to_owned(),
+                None,
+                self.manager.now(),
+            )
+        });
         self.commit_compaction(session, history, summary, reply)
             .await;
     }

@@ -169,7 +169,8 @@ impl Intake<'_> {
                 Admit::Yes => {}
                 Admit::Notice(text) => {
                     tracing::info!(session = %key, sender = %message.sender.id, "too many commands; told once, the rest only recorded");
-                    let notice = OutboxEntry::new(&key, &message.chat, text, reply_to);
+                    let notice =
+                        OutboxEntry::new(&key, &message.chat, text, reply_to, self.manager.now());
                     return self.record_and_answer(&key, &stored, notice);
                 }
                 Admit::Quiet => {
@@ -203,7 +204,8 @@ impl Intake<'_> {
                     Command::Reload => (self.reload_text(&message.sender.id), None),
                     _ => self.stop(session.as_deref()),
                 };
-                let answer = OutboxEntry::new(&key, &message.chat, text, reply_to);
+                let answer =
+                    OutboxEntry::new(&key, &message.chat, text, reply_to, self.manager.now());
                 let accepted = self.record_and_answer(&key, &stored, answer)?;
                 if let (false, Some(cancel)) = (accepted.replies.is_empty(), cancel) {
                     cancel.cancel();
@@ -300,6 +302,7 @@ impl Intake<'_> {
                 &message.chat,
                 OVERFLOW_NOTICE.to_owned(),
                 Some(message.message_id.clone()),
+                self.manager.now(),
             );
             tracing::warn!(session = %key, message = %message.message_id, "queue full; the sender is told to ask again");
             return self.record_and_answer(&key, stored, notice);

@@ -232,7 +232,13 @@ impl Intake<'_> {
                         .chat_status(&to.session_key())?
                         .is_none_or(|record| record.present);
                 if reachable {
-                    notices.push(OutboxEntry::new(&to.session_key(), &to, text, None));
+                    notices.push(OutboxEntry::new(
+                        &to.session_key(),
+                        &to,
+                        text,
+                        None,
+                        self.manager.now(),
+                    ));
                 } else {
                     tracing::warn!(removed_from = %chat, creator_chat = %to, notice = %text, "cannot tell the creator in their chat; logged only");
                 }

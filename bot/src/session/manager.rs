@@ -432,8 +432,11 @@ impl SessionManager {
             tracing::info!(session = %entry.session, outbox = entry.id, "resending a reply from before the restart");
             self.enqueue_reply(entry, Vec::new());
         }
-        let (pending, notices) =
-            super::quarantine::set_aside(self.inner.store.as_ref(), self.inner.store.pending()?)?;
+        let (pending, notices) = super::quarantine::set_aside(
+            self.inner.store.as_ref(),
+            self.inner.store.pending()?,
+            self.now(),
+        )?;
         if !notices.is_empty() {
             self.durable().await?;
             for notice in notices {

@@ -204,6 +204,7 @@ impl Lane {
                 first,
                 &entry.text,
                 entry.reply_to.as_deref(),
+                self.manager.now(),
             )
         });
         let marked = match self.manager.store().mark_sent_with_own(
@@ -247,6 +248,7 @@ impl Post for TurnPost {
             &self.chat,
             text.to_owned(),
             reply_to.map(str::to_owned),
+            self.manager.now(),
         );
         let failed = |e: crate::store::StoreError| {
             tracing::error!(session = %session, error = %e, "cannot queue a post");

@@ -87,6 +87,7 @@ impl ChatWorker {
 pub(super) fn set_aside(
     store: &dyn Store,
     pending: Vec<PendingItem>,
+    now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(Vec<PendingItem>, Vec<OutboxEntry>), StoreError> {
     let mut keep = Vec::with_capacity(pending.len());
     let mut notices = Vec::new();
@@ -116,6 +117,7 @@ pub(super) fn set_aside(
             &item.chat,
             notice(&item),
             item.reply_to.clone(),
+            now,
         );
         let id = store.commit_turn(TurnCommit {
             session: item.session.clone(),

@@ -82,9 +82,15 @@ impl ChatWorker {
             }
         }
         // An auto-chat turn's answer is never posted: it speaks only through `send_message`.
-        let mut reply = (outcome.reply)
-            .filter(|_| rules.posts)
-            .map(|text| OutboxEntry::new(session.key(), &item.chat, text, item.reply_to.clone()));
+        let mut reply = (outcome.reply).filter(|_| rules.posts).map(|text| {
+            OutboxEntry::new(
+                session.key(),
+                &item.chat,
+                text,
+                item.reply_to.clone(),
+                self.manager.now(),
+            )
+        });
         let compact_due = outcome.compact_due;
         let also = self.turn_records(
             session.key(),

@@ -115,6 +115,7 @@ impl StoredMessage {
         message_id: &str,
         text: &str,
         reply_to: Option<&str>,
+        time: DateTime<Utc>,
     ) -> Self {
         StoredMessage {
             message_id: message_id.to_owned(),
@@ -125,9 +126,7 @@ impl StoredMessage {
                 is_bot: true,
             },
             text: text.to_owned(),
-            // Not injected yet: its callers (the session layer's outbox lane, `record_own`
-            // for the message toolset) hold no wall time of their own to pass.
-            time: Utc::now(),
+            time,
             reply_to: reply_to.map(str::to_owned),
             images: Vec::new(),
             from_self: true,
@@ -214,16 +213,21 @@ pub struct OutboxEntry {
 
 impl OutboxEntry {
     /// A reply to `chat` (session `session`), to be given an id by the store.
-    pub fn new(session: &str, chat: &ChatRef, text: String, reply_to: Option<String>) -> Self {
+    /// `created`: the session layer's wall time, when it was made.
+    pub fn new(
+        session: &str,
+        chat: &ChatRef,
+        text: String,
+        reply_to: Option<String>,
+        created: DateTime<Utc>,
+    ) -> Self {
         OutboxEntry {
             id: 0,
             session: session.to_owned(),
             chat: chat.clone(),
             text,
             reply_to,
-            // Not injected yet: every caller is in the session layer, which is being
-            // restructured; its `WallTime` should be passed here then.
-            created: Utc::now(),
+            created,
             sent_ids: Vec::new(),
             done_at: None,
             failed: None,
@@ -390,7 +394,10 @@ pub trait Store: Send + Sync + 'static {
         let Some(first) = ids.first() else {
             return Ok(());
         };
-        let message = StoredMessage::from_bot(platform, bot_name, first, text, reply_to);
+        // Not injected yet: the message toolset, its one caller (outside a session),
+        // holds no wall time.
+        let message =
+            StoredMessage::from_bot(platform, bot_name, first, text, reply_to, Utc::now());
         self.record_message(session, &message).map(drop)
     }
 

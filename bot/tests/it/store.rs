@@ -890,7 +890,14 @@ fn a_reply_marked_sent_with_its_own_message_is_in_the_log_and_done_together() {
         let id = store
             .queue_outbox_with(reply(A, "hello there"), Vec::new())
             .unwrap();
-        let own = StoredMessage::from_bot("telegram", "parlor", "901", "hello there", Some("7"));
+        let own = StoredMessage::from_bot(
+            "telegram",
+            "parlor",
+            "901",
+            "hello there",
+            Some("7"),
+            chrono::Utc::now(),
+        );
         store
             .mark_sent_with_own(id, &["901".to_owned()], A, Some(&own))
             .unwrap();
