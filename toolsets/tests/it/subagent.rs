@@ -97,6 +97,36 @@ fn rig_service(
     service
 }
 
+/// A session manager whose agent (`parent`) has the subagent toolset, sub-agents running
+/// `sub` with `sub_tools`. The session manager needs the agent, the agent the toolset, the
+/// toolset the notifier: the system-input channel comes first, as in the daemon's wiring.
+fn in_a_session(
+    store: &Arc<MemoryStore>,
+    platform: &Arc<TestPlatform>,
+    parent: Arc<ScriptedLlm>,
+    sub: Arc<ScriptedLlm>,
+    sub_tools: ToolRegistry,
+) -> (Arc<SubagentService>, SessionManager) {
+    let (inputs, receiver) = parlor_bot::session::system_inputs();
+    let service = SubagentService::new(store.clone(), Arc::new(inputs), SubagentOptions::default());
+    service.set_agent(Agent::new(
+        sub,
+        sub_tools,
+        SUBAGENT_PROMPT,
+        AgentConfig::default(),
+    ));
+    let registry = ToolRegistry::new(vec![Arc::new(subagent_toolset(service.clone()))]).unwrap();
+    let agent = Agent::new(parent, registry, "test", AgentConfig::default());
+    let manager = SessionManager::new(
+        store.clone() as Arc<dyn Store>,
+        agent,
+        vec![platform.clone() as Arc<dyn Platform>],
+        SessionConfig::default(),
+    );
+    manager.serve_system(receiver);
+    (service, manager)
+}
+
 async fn call(tools: &dyn ToolSet, cx: &ToolContext, name: &str, args: Value) -> ToolResult {
     tools
         .invoke(
@@ -548,25 +578,7 @@ async fn with_a_session_manager_a_background_result_starts_a_reply_in_its_group(
     })
     .shared();
     let sub = ScriptedLlm::new(vec![text("the answer is 42")]);
-    // The session manager needs the agent, the agent the toolset, the toolset the
-    // notifier: the system-input channel comes first, as in the daemon's wiring.
-    let (inputs, receiver) = parlor_bot::session::system_inputs();
-    let service = SubagentService::new(store.clone(), Arc::new(inputs), SubagentOptions::default());
-    service.set_agent(Agent::new(
-        sub,
-        sub_tools(),
-        SUBAGENT_PROMPT,
-        AgentConfig::default(),
-    ));
-    let registry = ToolRegistry::new(vec![Arc::new(subagent_toolset(service.clone()))]).unwrap();
-    let agent = Agent::new(parent.clone(), registry, "test", AgentConfig::default());
-    let manager = SessionManager::new(
-        store.clone() as Arc<dyn Store>,
-        agent,
-        vec![platform.clone() as Arc<dyn Platform>],
-        SessionConfig::default(),
-    );
-    manager.serve_system(receiver);
+    let (service, manager) = in_a_session(&store, &platform, parent.clone(), sub, sub_tools());
     manager
         .deliver(message(&group(), 1, "alice", "@parlor find the answer"))
         .await
@@ -658,24 +670,9 @@ async fn a_sub_agents_send_markdown_posts_through_the_chats_outbox_and_is_retrie
         calls(&[("s1", "send_markdown", json!({"text": "**halfway**"}))]),
         text("posted"),
     ]);
-    let (inputs, receiver) = parlor_bot::session::system_inputs();
-    let service = SubagentService::new(store.clone(), Arc::new(inputs), SubagentOptions::default());
     let messages = MessageToolset::new(store.clone(), MessageOptions::default()).unwrap();
-    service.set_agent(Agent::new(
-        sub.clone(),
-        ToolRegistry::new(vec![Arc::new(messages)]).unwrap(),
-        SUBAGENT_PROMPT,
-        AgentConfig::default(),
-    ));
-    let registry = ToolRegistry::new(vec![Arc::new(subagent_toolset(service.clone()))]).unwrap();
-    let agent = Agent::new(parent.clone(), registry, "test", AgentConfig::default());
-    let manager = SessionManager::new(
-        store.clone() as Arc<dyn Store>,
-        agent,
-        vec![platform.clone() as Arc<dyn Platform>],
-        SessionConfig::default(),
-    );
-    manager.serve_system(receiver);
+    let sub_tools = ToolRegistry::new(vec![Arc::new(messages)]).unwrap();
+    let (service, manager) = in_a_session(&store, &platform, parent, sub.clone(), sub_tools);
     // The sub-agent's post meets a platform blip: the chat's lane retries it.
     platform.fail_next(PlatformError::Unavailable("a blip".to_owned()));
     manager
