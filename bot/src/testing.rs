@@ -13,6 +13,8 @@
 //!   deliveries and chat events, or holds, refuses or fails them.
 //! - [`TestSpeech`]: an auto-chat turn's speech ([`AutoChatSpeech`](crate::tool::AutoChatSpeech)),
 //!   recording what it says.
+//! - [`TestPost`]: a turn's way to post ([`Post`](crate::tool::Post)), recording what it
+//!   posts.
 //!
 //! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
 //! a request ([`chat_request`]), an incoming group message ([`message`]), an image
@@ -1272,6 +1274,40 @@ impl crate::tool::AutoChatSpeech for TestSpeech {
             left_in_batch: 1,
             left_this_hour: 1,
         })
+    }
+}
+
+/// A [`Post`](crate::tool::Post) that records what it was asked to post and answers with
+/// made-up message ids (`post-1`, `post-2`...), as a platform that took it would.
+#[derive(Default)]
+pub struct TestPost {
+    posted: Mutex<Vec<String>>,
+}
+
+impl TestPost {
+    pub fn new() -> Arc<Self> {
+        Arc::new(TestPost::default())
+    }
+
+    /// Everything posted so far.
+    pub fn posted(&self) -> Vec<String> {
+        self.posted.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl crate::tool::Post for TestPost {
+    async fn post(
+        &self,
+        text: &str,
+        _reply_to: Option<&str>,
+    ) -> Result<crate::tool::Posted, crate::tool::ToolError> {
+        let mut posted = self.posted.lock().unwrap();
+        posted.push(text.to_owned());
+        Ok(crate::tool::Posted::Sent(vec![format!(
+            "post-{}",
+            posted.len()
+        )]))
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::manager::Session;
+use super::manager::{Session, SessionConfig};
 use super::queue::QueueItem;
 use super::turn::Outcome;
 use super::worker::ChatWorker;
@@ -44,33 +44,42 @@ enum Compaction {
     Cancelled,
 }
 
+/// The compaction threshold in tokens of `config`; `None` when compaction is off.
+pub(super) fn compact_threshold(config: &SessionConfig) -> Option<usize> {
+    if config.compact_ratio <= 0.0 || config.context_window == 0 {
+        return None;
+    }
+    // The ratio is checked at load (0 < ratio ≤ 1) and the window is a token count.
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    Some((config.context_window as f64 * config.compact_ratio) as usize)
+}
+
+/// Whether a turn left the model's context full enough to compact (`threshold` from
+/// [`compact_threshold`]): the provider's count of its last request when it sent one, else
+/// the estimate of the history.
+pub(super) fn context_full(
+    threshold: Option<usize>,
+    reported: Option<u64>,
+    history: &[Message],
+) -> bool {
+    let Some(threshold) = threshold else {
+        return false;
+    };
+    let used = match reported {
+        Some(tokens) => usize::try_from(tokens).unwrap_or(usize::MAX),
+        None => history.iter().map(estimate_tokens).sum(),
+    };
+    used >= threshold
+}
+
 impl ChatWorker {
     /// The compaction threshold in tokens; `None` when compaction is off.
     fn compact_threshold(&self) -> Option<usize> {
-        let config = self.manager.config();
-        if config.compact_ratio <= 0.0 || config.context_window == 0 {
-            return None;
-        }
-        // The ratio is checked at load (0 < ratio ≤ 1) and the window is a token count.
-        #[allow(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss
-        )]
-        Some((config.context_window as f64 * config.compact_ratio) as usize)
-    }
-
-    /// Whether a turn left the model's context full enough to compact: the provider's count
-    /// of its last request when it sent one, else the estimate of the history.
-    pub(super) fn context_full(&self, reported: Option<u64>, history: &[Message]) -> bool {
-        let Some(threshold) = self.compact_threshold() else {
-            return false;
-        };
-        let used = match reported {
-            Some(tokens) => usize::try_from(tokens).unwrap_or(usize::MAX),
-            None => history.iter().map(estimate_tokens).sum(),
-        };
-        used >= threshold
+        compact_threshold(self.manager.config())
     }
 
     /// Summarizes the older turns of `session`; changes nothing.

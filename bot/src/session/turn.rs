@@ -44,6 +44,28 @@ pub(super) struct Outcome {
     pub(super) history_after: Option<Vec<Message>>,
 }
 
+/// What [`run`] needs, named: a turn runs over these and nothing else (no manager), so it
+/// can be run and tested on its own.
+pub(super) struct TurnDeps<'a> {
+    pub(super) store: &'a dyn crate::store::Store,
+    pub(super) agent: &'a crate::agent::Agent,
+    /// The session key.
+    pub(super) session: &'a str,
+    /// The chat's platform, for the typing indicator and the tools.
+    pub(super) platform: Option<Arc<dyn crate::platform::Platform>>,
+    pub(super) roles: Arc<dyn RoleResolver>,
+    /// How `send_markdown` posts: the chat's outbox lane.
+    pub(super) post: Arc<dyn crate::tool::Post>,
+    /// Set for an auto-chat turn: how `send_message` speaks.
+    pub(super) auto_chat: Option<Arc<dyn crate::tool::AutoChatSpeech>>,
+    /// The history budget in estimated tokens.
+    pub(super) history_tokens: usize,
+    /// The compaction threshold in tokens; `None`: compaction is off.
+    pub(super) compact_at: Option<usize>,
+    /// Cancelled when the grace period of a shutdown is over.
+    pub(super) shutdown: &'a CancellationToken,
+}
+
 impl ChatWorker {
     /// Runs one item and commits it; hands the reply to the outbox and tells any waiter.
     pub(super) async fn run_item(&mut self, session: &Arc<Session>, mut item: QueueItem) {
@@ -188,7 +210,7 @@ impl ChatWorker {
         })
     }
 
-    /// Runs the agent on one item; `None` when it was abandoned by shutdown.
+    /// Runs the agent on one item ([`run`]); `None` when it was abandoned by shutdown.
     async fn turn(
         &mut self,
         session: &Session,
@@ -196,177 +218,202 @@ impl ChatWorker {
         cancel: &CancellationToken,
     ) -> Option<Outcome> {
         let kept = self.take_history();
-        let store = self.manager.store();
-        // An unreadable history is replaced by this turn's, not appended to.
-        let (history, readable) = match kept.map_or_else(|| store.load_history(session.key()), Ok) {
-            Ok(h) => (h, true),
-            Err(e) => {
-                tracing::error!(session = %session.key(), error = %e, "cannot load history; starting fresh for this turn");
-                (Vec::new(), false)
-            }
-        };
-        // A summary that cannot be read is left out of this turn, not overwritten: a
-        // compaction writes a new one only from one it read.
-        let summary = store.load_summary(session.key()).unwrap_or_else(|e| {
-            tracing::error!(session = %session.key(), error = %e, "cannot load the summary; this turn goes without it");
-            None
-        });
-        let platform = self.manager.platform(&item.chat).cloned();
-        let input = TurnInput {
-            session: session.key().to_owned(),
-            caller: item.caller(),
-            content: Self::input_content(item),
-            chat: Some(item.chat.clone()),
-            platform: platform.clone(),
-            roles: Some(Arc::new(super::roles::TurnRoles {
-                manager: self.manager.clone(),
+        let manager = &self.manager;
+        let deps = TurnDeps {
+            store: manager.store().as_ref(),
+            agent: session.agent(),
+            session: session.key(),
+            platform: manager.platform(&item.chat).cloned(),
+            roles: Arc::new(super::roles::TurnRoles {
+                manager: manager.clone(),
                 chat: item.chat.clone(),
                 private: item.private,
-            }) as Arc<dyn RoleResolver>),
-            auto_chat: self.auto_chat_speech(item),
-            post: Some(Arc::new(super::outbox::TurnPost {
-                manager: self.manager.clone(),
+            }),
+            post: Arc::new(super::outbox::TurnPost {
+                manager: manager.clone(),
                 chat: item.chat.clone(),
-            }) as Arc<dyn crate::tool::Post>),
+            }),
+            auto_chat: self.auto_chat_speech(item),
+            history_tokens: manager.config().history_tokens,
+            compact_at: super::compact::compact_threshold(manager.config()),
+            shutdown: manager.abort(),
         };
-        // An auto-chat turn shows no typing: nobody waits for it.
-        let platform = platform.filter(|_| item.kind.rules().posts);
-        let chat = item.chat.clone();
-        let typing = async move {
-            let Some(platform) = platform else {
-                return std::future::pending::<()>().await;
-            };
-            loop {
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), platform.send_typing(&chat)).await;
-                tokio::time::sleep(Duration::from_secs(4)).await;
-            }
-        };
-        let result: Result<Turn, _> = tokio::select! {
-            result = session.agent().run_turn_in(&history, summary.as_ref(), input, cancel.clone()) => result,
-            () = typing => return None,
-        };
-        let mut history = history;
-        let loaded = history.len();
-        // How many of the loaded messages the model's context refused.
-        let mut refused = 0;
-        let facts;
-        let mut new_summary = None;
-        let mut context_tokens = None;
-        let (new_messages, reply, model_failed) = match result {
-            Ok(turn) if turn.end == TurnEnd::Cancelled && self.manager.abort().is_cancelled() => {
-                tracing::info!(session = %session.key(), "turn cancelled by shutdown; it resumes after restart");
-                return None;
-            }
-            Ok(turn) => {
-                facts = TurnFacts::of(&turn);
-                let reply = match turn.end {
-                    TurnEnd::Cancelled => None,
-                    _ if turn.reply.trim().is_empty() => Some(
-                        "The model sent an empty answer. Please ask again, perhaps in other words."
-                            .to_owned(),
-                    ),
-                    _ => Some(turn.reply),
-                };
-                // The model refused the older history as too long; it goes from the store
-                // too, or every later turn would pay for the same refusal.
-                if turn.history_dropped > 0 {
-                    tracing::warn!(session = %session.key(), dropped = turn.history_dropped, summarized = turn.summary.is_some(), "history exceeded the model's context; its older part was dropped");
-                    refused = turn.history_dropped.min(history.len());
-                    history.drain(..refused);
-                }
-                let note = match (&turn.summary, turn.history_dropped) {
-                    (_, 0) => None,
-                    (Some(_), _) => Some(
-                        "(This conversation had grown too long for the model, so I summarized its older part.)",
-                    ),
-                    (None, _) => Some(
-                        "(This conversation had grown too long for the model, so I forgot its older part.)",
-                    ),
-                };
-                let reply = reply.map(|text| match note {
-                    Some(note) => format!("{text}\n\n{note}"),
-                    None => text,
-                });
-                new_summary = turn.summary;
-                context_tokens = turn.context_tokens;
-                (turn.messages, reply, None)
-            }
-            Err(e) => {
-                tracing::error!(session = %session.key(), error = %e, "turn failed");
-                let reason = short_reason(&e.to_string());
-                facts = TurnFacts::failed(&reason);
-                (Vec::new(), Some(failure_notice(&e)), Some(reason))
-            }
-        };
-        // The loaded messages still in front of this turn's.
-        let kept = loaded - refused;
-        history.extend(new_messages);
-        // `load_image`'s pictures were for this turn only. Stored messages hold none, unless
-        // an older release wrote them: such a history is stripped and rewritten whole.
-        let rewrite = !readable || holds_image_data(&history[..kept]);
-        if rewrite {
-            strip_image_data(&mut history);
-        } else {
-            strip_image_data(&mut history[kept..]);
-        }
-        let compact_due = reply.is_some()
-            && model_failed.is_none()
-            && self.context_full(context_tokens, &history);
-        let before = history.len();
-        trim_to_budget(&mut history, self.manager.config().history_tokens);
-        let trimmed = before - history.len();
-        let (change, after) = if rewrite {
-            let after = history.clone();
-            (HistoryChange::Replace(history), after)
-        } else {
-            // The trim cuts the front: the loaded messages first, then (when the newest turn
-            // alone is over the budget, or the loaded ones held no turn start) this turn's.
-            let from_loaded = trimmed.min(kept);
-            let messages = history.split_off(kept - from_loaded);
-            // What the store holds after the append: the loaded messages it kept, then these.
-            let mut after = history;
-            after.extend(messages.iter().cloned());
-            (
-                HistoryChange::Append {
-                    dropped: refused + from_loaded,
-                    messages,
-                },
-                after,
-            )
-        };
-        Some(Outcome {
-            history: Some(change),
-            reply,
-            model_failed,
-            // A rewritten history would drop the summary the turn ran with.
-            summary: new_summary.or(if rewrite { summary } else { None }),
-            compact_due,
-            facts: Some(facts),
-            budget_told: false,
-            history_after: Some(after),
-        })
+        run(deps, kept, item, cancel).await
     }
+}
 
-    /// The turn's input content: the text, and a reference to each attached image. The
-    /// images are not downloaded here: the agent shows them in this turn's requests, and
-    /// history (which this content becomes part of) keeps only the references.
-    fn input_content(item: &QueueItem) -> Content {
-        let text = item.text();
-        if item.images.is_empty() {
-            return Content::Text(text);
+/// Runs the agent on one item over `deps`, on `kept` (the history as the last commit
+/// left it, when the worker kept it) or the stored history; `None` when it was
+/// abandoned by shutdown. Writes nothing: the caller commits the [`Outcome`].
+pub(super) async fn run(
+    deps: TurnDeps<'_>,
+    kept: Option<Vec<Message>>,
+    item: &QueueItem,
+    cancel: &CancellationToken,
+) -> Option<Outcome> {
+    let store = deps.store;
+    let key = deps.session;
+    // An unreadable history is replaced by this turn's, not appended to.
+    let (history, readable) = match kept.map_or_else(|| store.load_history(key), Ok) {
+        Ok(h) => (h, true),
+        Err(e) => {
+            tracing::error!(session = %key, error = %e, "cannot load history; starting fresh for this turn");
+            (Vec::new(), false)
         }
-        let mut parts = vec![ContentPart::Text { text }];
-        parts.extend(
-            item.images
-                .iter()
-                .map(|(image, message_id)| ContentPart::ImageRef {
-                    image: image.clone(),
-                    message_id: message_id.clone(),
-                }),
-        );
-        Content::Parts(parts)
+    };
+    // A summary that cannot be read is left out of this turn, not overwritten: a
+    // compaction writes a new one only from one it read.
+    let summary = store.load_summary(key).unwrap_or_else(|e| {
+        tracing::error!(session = %key, error = %e, "cannot load the summary; this turn goes without it");
+        None
+    });
+    let platform = deps.platform;
+    let input = TurnInput {
+        session: key.to_owned(),
+        caller: item.caller(),
+        content: input_content(item),
+        chat: Some(item.chat.clone()),
+        platform: platform.clone(),
+        roles: Some(deps.roles),
+        auto_chat: deps.auto_chat,
+        post: Some(deps.post),
+    };
+    // An auto-chat turn shows no typing: nobody waits for it.
+    let platform = platform.filter(|_| item.kind.rules().posts);
+    let chat = item.chat.clone();
+    let typing = async move {
+        let Some(platform) = platform else {
+            return std::future::pending::<()>().await;
+        };
+        loop {
+            let _ = tokio::time::timeout(Duration::from_secs(5), platform.send_typing(&chat)).await;
+            tokio::time::sleep(Duration::from_secs(4)).await;
+        }
+    };
+    let result: Result<Turn, _> = tokio::select! {
+        result = deps.agent.run_turn_in(&history, summary.as_ref(), input, cancel.clone()) => result,
+        () = typing => return None,
+    };
+    let mut history = history;
+    let loaded = history.len();
+    // How many of the loaded messages the model's context refused.
+    let mut refused = 0;
+    let facts;
+    let mut new_summary = None;
+    let mut context_tokens = None;
+    let (new_messages, reply, model_failed) = match result {
+        Ok(turn) if turn.end == TurnEnd::Cancelled && deps.shutdown.is_cancelled() => {
+            tracing::info!(session = %key, "turn cancelled by shutdown; it resumes after restart");
+            return None;
+        }
+        Ok(turn) => {
+            facts = TurnFacts::of(&turn);
+            let reply = match turn.end {
+                TurnEnd::Cancelled => None,
+                _ if turn.reply.trim().is_empty() => Some(
+                    "The model sent an empty answer. Please ask again, perhaps in other words."
+                        .to_owned(),
+                ),
+                _ => Some(turn.reply),
+            };
+            // The model refused the older history as too long; it goes from the store
+            // too, or every later turn would pay for the same refusal.
+            if turn.history_dropped > 0 {
+                tracing::warn!(session = %key, dropped = turn.history_dropped, summarized = turn.summary.is_some(), "history exceeded the model's context; its older part was dropped");
+                refused = turn.history_dropped.min(history.len());
+                history.drain(..refused);
+            }
+            let note = match (&turn.summary, turn.history_dropped) {
+                (_, 0) => None,
+                (Some(_), _) => Some(
+                    "(This conversation had grown too long for the model, so I summarized its older part.)",
+                ),
+                (None, _) => Some(
+                    "(This conversation had grown too long for the model, so I forgot its older part.)",
+                ),
+            };
+            let reply = reply.map(|text| match note {
+                Some(note) => format!("{text}\n\n{note}"),
+                None => text,
+            });
+            new_summary = turn.summary;
+            context_tokens = turn.context_tokens;
+            (turn.messages, reply, None)
+        }
+        Err(e) => {
+            tracing::error!(session = %key, error = %e, "turn failed");
+            let reason = short_reason(&e.to_string());
+            facts = TurnFacts::failed(&reason);
+            (Vec::new(), Some(failure_notice(&e)), Some(reason))
+        }
+    };
+    // The loaded messages still in front of this turn's.
+    let kept = loaded - refused;
+    history.extend(new_messages);
+    // `load_image`'s pictures were for this turn only. Stored messages hold none, unless
+    // an older release wrote them: such a history is stripped and rewritten whole.
+    let rewrite = !readable || holds_image_data(&history[..kept]);
+    if rewrite {
+        strip_image_data(&mut history);
+    } else {
+        strip_image_data(&mut history[kept..]);
     }
+    let compact_due = reply.is_some()
+        && model_failed.is_none()
+        && super::compact::context_full(deps.compact_at, context_tokens, &history);
+    let before = history.len();
+    trim_to_budget(&mut history, deps.history_tokens);
+    let trimmed = before - history.len();
+    let (change, after) = if rewrite {
+        let after = history.clone();
+        (HistoryChange::Replace(history), after)
+    } else {
+        // The trim cuts the front: the loaded messages first, then (when the newest turn
+        // alone is over the budget, or the loaded ones held no turn start) this turn's.
+        let from_loaded = trimmed.min(kept);
+        let messages = history.split_off(kept - from_loaded);
+        // What the store holds after the append: the loaded messages it kept, then these.
+        let mut after = history;
+        after.extend(messages.iter().cloned());
+        (
+            HistoryChange::Append {
+                dropped: refused + from_loaded,
+                messages,
+            },
+            after,
+        )
+    };
+    Some(Outcome {
+        history: Some(change),
+        reply,
+        model_failed,
+        // A rewritten history would drop the summary the turn ran with.
+        summary: new_summary.or(if rewrite { summary } else { None }),
+        compact_due,
+        facts: Some(facts),
+        budget_told: false,
+        history_after: Some(after),
+    })
+}
+
+/// The turn's input content: the text, and a reference to each attached image. The
+/// images are not downloaded here: the agent shows them in this turn's requests, and
+/// history (which this content becomes part of) keeps only the references.
+fn input_content(item: &QueueItem) -> Content {
+    let text = item.text();
+    if item.images.is_empty() {
+        return Content::Text(text);
+    }
+    let mut parts = vec![ContentPart::Text { text }];
+    parts.extend(
+        item.images
+            .iter()
+            .map(|(image, message_id)| ContentPart::ImageRef {
+                image: image.clone(),
+                message_id: message_id.clone(),
+            }),
+    );
+    Content::Parts(parts)
 }
 
 /// A turn not run: the chat's daily token budget is used up. The input is answered
@@ -452,4 +499,86 @@ fn short_reason(error: &str) -> String {
         out.push('…');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::{TurnDeps, run};
+    use crate::agent::{Agent, AgentConfig};
+    use crate::session::QueueItem;
+    use crate::store::{HistoryChange, MemoryStore, PendingItem, PendingKind, Store};
+    use crate::testing::{ScriptedLlm, TestPost, TestRoles, group, text};
+    use crate::tool::{Caller, Role, ToolRegistry};
+
+    fn item(text: &str) -> QueueItem {
+        let chat = group();
+        let mut item = QueueItem::from_pending(PendingItem {
+            id: 7,
+            session: chat.session_key(),
+            chat,
+            kind: PendingKind::UserMessage,
+            caller: Caller {
+                user_id: "test:alice".to_owned(),
+                name: "alice".to_owned(),
+                role: Role::Member,
+                grants: Vec::new(),
+            },
+            text: text.to_owned(),
+            reply_to: Some("1".to_owned()),
+            images: Vec::new(),
+            received: chrono::Utc::now(),
+            private: false,
+        });
+        item.pending_ids = vec![7];
+        item
+    }
+
+    /// A turn runs over its named dependencies alone, and writes nothing: what it wants
+    /// committed comes back as its outcome.
+    #[tokio::test]
+    async fn a_turn_runs_without_a_manager_and_only_reports_what_to_commit() {
+        let store = MemoryStore::new();
+        let agent = Agent::new(
+            ScriptedLlm::new(vec![text("hello alice")]),
+            ToolRegistry::new(Vec::new()).unwrap(),
+            "test",
+            AgentConfig::default(),
+        );
+        let shutdown = CancellationToken::new();
+        let key = group().session_key();
+        let deps = TurnDeps {
+            store: &store,
+            agent: &agent,
+            session: &key,
+            platform: None,
+            roles: Arc::new(TestRoles::new()),
+            post: TestPost::new(),
+            auto_chat: None,
+            history_tokens: 24_000,
+            compact_at: None,
+            shutdown: &shutdown,
+        };
+        let outcome = run(deps, None, &item("alice: hi"), &CancellationToken::new())
+            .await
+            .expect("not abandoned");
+        assert_eq!(outcome.reply.as_deref(), Some("hello alice"));
+        assert!(outcome.model_failed.is_none());
+        assert!(!outcome.compact_due);
+        match outcome.history {
+            Some(HistoryChange::Append { dropped, messages }) => {
+                assert_eq!(dropped, 0);
+                assert_eq!(messages.len(), 2, "the input and the answer: {messages:?}");
+            }
+            other => panic!("expected an append, got {other:?}"),
+        }
+        assert_eq!(outcome.history_after.map(|h| h.len()), Some(2));
+        assert!(
+            store.load_history(&key).unwrap().is_empty(),
+            "nothing written"
+        );
+    }
 }
