@@ -343,7 +343,12 @@ async fn chats(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
         }
         Err(e) => tracing::warn!(error = %e, "console: cannot read the trace heads"),
     }
-    match usage::all_on(store, usage::today()) {
+    // The sessions' clock when they run here, so the console counts the day they count in.
+    let today = console
+        .sessions
+        .as_ref()
+        .map_or_else(usage::today, SessionManager::today);
+    match usage::all_on(store, today) {
         Ok(days) => {
             for (session, day) in days {
                 let row = rows.entry(session).or_default();

@@ -697,6 +697,11 @@ impl SessionManager {
         }
     }
 
+    /// Today as the sessions count usage ([`SessionConfig::wall_time`]), for the console.
+    pub fn today(&self) -> chrono::NaiveDate {
+        self.now().date_naive()
+    }
+
     /// The daily token budget per chat, if there is one.
     pub fn daily_token_budget(&self) -> Option<u64> {
         self.config().daily_tokens_per_chat

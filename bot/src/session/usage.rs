@@ -43,8 +43,11 @@ pub fn usage_key(day: NaiveDate, session: &str) -> String {
     format!("{day}|{session}")
 }
 
-/// Today by the system clock, as usage counts it (the console's view); the sessions count
-/// by their [`SessionConfig::wall_time`](super::SessionConfig::wall_time).
+/// Today by the system clock, for a reader without sessions (the console of a daemon whose
+/// sessions are not running, tests); the sessions count by their
+/// [`SessionConfig::wall_time`](super::SessionConfig::wall_time) ([`SessionManager::today`]).
+///
+/// [`SessionManager::today`]: super::SessionManager::today
 pub fn today() -> NaiveDate {
     Utc::now().date_naive()
 }
