@@ -1038,6 +1038,16 @@ pub fn toolless_manager(
     let registry = crate::tool::ToolRegistry::new(Vec::new())
         .unwrap_or_else(|e| panic!("an empty registry is valid: {e}"));
     let agent = crate::agent::Agent::new(llm, registry, "test", agent);
+    manager_with(store, agent, platform, config)
+}
+
+/// A session manager over `store` and `platform` running `agent`.
+pub fn manager_with(
+    store: Arc<dyn Store>,
+    agent: crate::agent::Agent,
+    platform: &Arc<TestPlatform>,
+    config: crate::session::SessionConfig,
+) -> crate::session::SessionManager {
     crate::session::SessionManager::new(
         store,
         agent,

@@ -914,7 +914,7 @@ async fn load_image_fetches_an_image_url_within_the_limits() {
 async fn in_a_session_send_markdown_posts_through_the_outbox_and_is_retried() {
     use parlor_bot::agent::{Agent, AgentConfig};
     use parlor_bot::platform::Inbox as _;
-    use parlor_bot::session::{SessionConfig, SessionManager};
+    use parlor_bot::session::SessionConfig;
     use parlor_bot::testing::{ScriptedLlm, calls, text, tool_results};
 
     let store = Arc::new(MemoryStore::new());
@@ -926,10 +926,10 @@ async fn in_a_session_send_markdown_posts_through_the_outbox_and_is_retried() {
         text("done"),
     ]);
     let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
-    let manager = SessionManager::new(
-        store.clone() as Arc<dyn Store>,
+    let manager = parlor_bot::testing::manager_with(
+        store.clone(),
         agent,
-        vec![platform.clone() as Arc<dyn Platform>],
+        &platform,
         SessionConfig::default(),
     );
     platform.fail_next(PlatformError::Unavailable("a blip".to_owned()));

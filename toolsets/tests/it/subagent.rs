@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::{Completion, Message, Usage};
-use parlor_bot::platform::{Inbox, Platform};
+use parlor_bot::platform::Inbox;
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{
@@ -117,12 +117,8 @@ fn in_a_session(
     ));
     let registry = ToolRegistry::new(vec![Arc::new(subagent_toolset(service.clone()))]).unwrap();
     let agent = Agent::new(parent, registry, "test", AgentConfig::default());
-    let manager = SessionManager::new(
-        store.clone() as Arc<dyn Store>,
-        agent,
-        vec![platform.clone() as Arc<dyn Platform>],
-        SessionConfig::default(),
-    );
+    let manager =
+        parlor_bot::testing::manager_with(store.clone(), agent, platform, SessionConfig::default());
     manager.serve_system(receiver);
     (service, manager)
 }

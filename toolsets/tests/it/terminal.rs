@@ -1058,10 +1058,10 @@ async fn with_a_session_manager_completions_during_a_busy_turn_merge_and_read_on
     let platform = TestPlatform::new();
     let registry = ToolRegistry::new(vec![Arc::new(TodoList::new())]).unwrap();
     let agent = Agent::new(llm.clone(), registry, "test", AgentConfig::default());
-    let manager = SessionManager::new(
-        store.clone() as Arc<dyn Store>,
+    let manager = parlor_bot::testing::manager_with(
+        store.clone(),
         agent,
-        vec![platform.clone() as Arc<dyn Platform>],
+        &platform,
         SessionConfig::default(),
     );
     let (inputs, receiver) = parlor_bot::session::system_inputs();
