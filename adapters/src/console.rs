@@ -125,14 +125,22 @@ impl Platform for ConsolePlatform {
         text: &str,
         _reply_to: Option<&str>,
         _key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
+        if !sent.is_empty() {
+            // One part only: a retry of a printed line prints nothing more.
+            return Ok(SentMessage {
+                message_ids: sent.clone(),
+            });
+        }
         let id = self.next_id();
         // Markdown as a terminal shows it best: bullets, aligned tables, links with URLs.
         let rendered = parlor_render::plain::render(text);
         self.print(&format!("{}: {}", self.bot_name, rendered.trim_end()));
         *self.last_sent.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.clone());
+        sent.push(id);
         Ok(SentMessage {
-            message_ids: vec![id],
+            message_ids: sent.clone(),
         })
     }
 
@@ -276,7 +284,13 @@ mod tests {
     async fn a_quote_line_replies_to_the_last_bot_message() {
         let p = platform();
         let sent = p
-            .send(&ChatRef::new(PLATFORM, "local"), "hello", None, None)
+            .send(
+                &ChatRef::new(PLATFORM, "local"),
+                "hello",
+                None,
+                None,
+                &mut Vec::new(),
+            )
             .await
             .unwrap();
         let m = parse_line("bob: > and then?", &ConsoleOptions::default(), &p).unwrap();

@@ -233,17 +233,23 @@ pub trait Platform: Send + Sync {
     /// Sends `text` (Markdown as the model wrote it; the adapter renders it for the
     /// platform and splits it as needed) to `chat`, threaded to `reply_to` when given.
     ///
-    /// `key`, when given, is unique to this message (its outbox id): a retry with the same
-    /// key skips the parts of a long text already sent, and a platform with idempotent
-    /// sends (Discord's `nonce` with `enforce_nonce`) turns a retry of a part it already
-    /// accepted into a no-op. Without such support (Telegram) a timed-out send retried may
-    /// show twice. Without a key every call posts.
+    /// One attempt per part, no retries: the caller retries (the outbox, which owns a
+    /// reply's progress). `sent` holds the ids of the parts an earlier attempt sent; the
+    /// adapter skips that many parts and adds the id of each part it sends, so after an
+    /// error `sent` says how far the reply got, and a retry with it sends only the rest.
+    /// On success the returned ids are those of every part (as `sent` then holds).
+    ///
+    /// `key`, when given, is unique to this message (its outbox id): a platform with
+    /// idempotent sends (Discord's `nonce` with `enforce_nonce`) turns a retry of a part it
+    /// already accepted into a no-op. Without such support (Telegram, OneBot) a part whose
+    /// answer was lost may show twice.
     async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
         key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError>;
 
     /// Shows "typing..." in `chat` for a few seconds.

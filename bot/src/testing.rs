@@ -398,7 +398,8 @@ type SendHook = Box<dyn Fn(&ChatRef, &str) + Send + Sync>;
 /// A chat platform in memory.
 ///
 /// Sends are recorded ([`sent`](TestPlatform::sent), [`wait_sent`](TestPlatform::wait_sent))
-/// with ids `bot-1`, `bot-2`, ... (see [`ids`](TestPlatform::ids)); an attempt may be made
+/// with ids `bot-1`, `bot-2`, ... (see [`ids`](TestPlatform::ids)), a text whole or in parts
+/// ([`parts_at`](TestPlatform::parts_at)); an attempt may be made
 /// to fail: the next ones ([`fail_next`](TestPlatform::fail_next)), every one
 /// ([`fail_sends`](TestPlatform::fail_sends)) or those into one chat
 /// ([`fail_sends_in`](TestPlatform::fail_sends_in)), checked in that order. Images are
@@ -411,11 +412,12 @@ pub struct TestPlatform {
     id_prefix: String,
     next_id: Mutex<u64>,
     wall: WallClock,
+    parts_at: Option<String>,
     on_send: Option<SendHook>,
     sent: watch::Sender<Vec<Sent>>,
     attempts: watch::Sender<usize>,
     typing: AtomicUsize,
-    next_failures: Mutex<VecDeque<PlatformError>>,
+    next_failures: Mutex<VecDeque<Option<PlatformError>>>,
     failure: Mutex<Option<PlatformError>>,
     chat_failures: Mutex<HashMap<String, PlatformError>>,
     admins: Mutex<HashMap<String, Vec<String>>>,
@@ -433,6 +435,7 @@ impl Default for TestPlatform {
             id_prefix: "bot-".into(),
             next_id: Mutex::new(1),
             wall: Box::new(Utc::now),
+            parts_at: None,
             on_send: None,
             sent: watch::Sender::new(Vec::new()),
             attempts: watch::Sender::new(0),
@@ -476,6 +479,14 @@ impl TestPlatform {
         self
     }
 
+    /// Sends a text in parts split at `separator`, as an adapter splits a long reply: each
+    /// part is one attempt (a failure cuts the reply there, with the parts before it in the
+    /// caller's `sent`), and a retry skips the parts in `sent`.
+    pub fn parts_at(mut self, separator: &str) -> Self {
+        self.parts_at = Some(separator.to_owned());
+        self
+    }
+
     /// Runs `hook` on every send attempt, before the attempt is counted or recorded: the
     /// bench renders each reply there as the real adapter would.
     pub fn on_send(mut self, hook: impl Fn(&ChatRef, &str) + Send + Sync + 'static) -> Self {
@@ -489,7 +500,16 @@ impl TestPlatform {
 
     /// Fails the next send attempt with `error` (each call one more attempt).
     pub fn fail_next(&self, error: PlatformError) {
-        self.next_failures.lock().unwrap().push_back(error);
+        self.next_failures.lock().unwrap().push_back(Some(error));
+    }
+
+    /// Lets the next `parts` send attempts through (even while [`fail_sends`](Self::fail_sends)
+    /// fails the rest) and fails the one after with `error`: with
+    /// [`parts_at`](Self::parts_at), a long reply cut after `parts` parts.
+    pub fn fail_after(&self, parts: usize, error: PlatformError) {
+        let mut next = self.next_failures.lock().unwrap();
+        next.extend((0..parts).map(|_| None));
+        next.push_back(Some(error));
     }
 
     /// Fails every send attempt with `error`; `None` takes sends again.
@@ -639,37 +659,51 @@ impl Platform for TestPlatform {
         text: &str,
         reply_to: Option<&str>,
         _key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
         if let Some(hook) = &self.on_send {
             hook(chat, text);
         }
-        self.attempts.send_modify(|n| *n += 1);
-        if let Some(error) = self.next_failures.lock().unwrap().pop_front() {
-            return Err(error);
-        }
-        if let Some(error) = self.failure.lock().unwrap().as_ref() {
-            return Err(copy_platform_error(error));
-        }
-        if let Some(error) = self.chat_failures.lock().unwrap().get(&chat.session_key()) {
-            return Err(copy_platform_error(error));
-        }
-        let id = {
-            let mut next = self.next_id.lock().unwrap();
-            let id = format!("{}{next}", self.id_prefix);
-            *next += 1;
-            id
+        let parts: Vec<&str> = match &self.parts_at {
+            Some(separator) => text.split(separator.as_str()).collect(),
+            None => vec![text],
         };
-        let sent = Sent {
-            chat: chat.clone(),
-            text: text.to_owned(),
-            reply_to: reply_to.map(str::to_owned),
-            id: id.clone(),
-            at: Instant::now(),
-            wall: (self.wall)(),
-        };
-        self.sent.send_modify(|all| all.push(sent));
+        for part in parts.into_iter().skip(sent.len()) {
+            self.attempts.send_modify(|n| *n += 1);
+            let next = self.next_failures.lock().unwrap().pop_front();
+            match next {
+                Some(Some(error)) => return Err(error),
+                // Let through by `fail_after`, whatever else fails.
+                Some(None) => {}
+                None => {
+                    if let Some(error) = self.failure.lock().unwrap().as_ref() {
+                        return Err(copy_platform_error(error));
+                    }
+                    let failures = self.chat_failures.lock().unwrap();
+                    if let Some(error) = failures.get(&chat.session_key()) {
+                        return Err(copy_platform_error(error));
+                    }
+                }
+            }
+            let id = {
+                let mut next = self.next_id.lock().unwrap();
+                let id = format!("{}{next}", self.id_prefix);
+                *next += 1;
+                id
+            };
+            let record = Sent {
+                chat: chat.clone(),
+                text: part.to_owned(),
+                reply_to: reply_to.filter(|_| sent.is_empty()).map(str::to_owned),
+                id: id.clone(),
+                at: Instant::now(),
+                wall: (self.wall)(),
+            };
+            self.sent.send_modify(|all| all.push(record));
+            sent.push(id);
+        }
         Ok(SentMessage {
-            message_ids: vec![id],
+            message_ids: sent.clone(),
         })
     }
 
@@ -1174,6 +1208,10 @@ impl Store for CrashStore {
     fn mark_sent(&self, id: u64, ids: &[String]) -> Result<(), StoreError> {
         self.write()?;
         self.inner.mark_sent(id, ids)
+    }
+    fn record_sent_parts(&self, id: u64, ids: &[String]) -> Result<(), StoreError> {
+        self.write()?;
+        self.inner.record_sent_parts(id, ids)
     }
     fn mark_failed(&self, id: u64, why: &str) -> Result<(), StoreError> {
         self.write()?;

@@ -595,7 +595,7 @@ impl Messages {
             },
             None => {
                 let sent = platform
-                    .send(chat, &args.text, reply_to, None)
+                    .send(chat, &args.text, reply_to, None, &mut Vec::new())
                     .await
                     .map_err(|e| platform_failure(SEND_MARKDOWN, "post the message", e))?;
                 self.record_own(

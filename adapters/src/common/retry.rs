@@ -61,6 +61,12 @@ impl RetryPolicy {
         }
     }
 
+    /// This policy's platform and timeout with one attempt: for sends, which the outbox
+    /// retries with the reply's progress.
+    pub(crate) fn single(self) -> Self {
+        RetryPolicy::once(self.platform, self.attempt_timeout)
+    }
+
     /// For best-effort calls ("typing..."): one try; the next turn shows typing again anyway.
     pub(crate) fn once(platform: &'static str, attempt_timeout: Duration) -> Self {
         RetryPolicy {

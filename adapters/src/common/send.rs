@@ -1,5 +1,4 @@
-//! The checks a send starts with, worded alike on every platform, and the progress of long
-//! replies sent in parts ([`SendProgress`]).
+//! The checks a send starts with, worded alike on every platform.
 
 use std::str::FromStr;
 
@@ -79,53 +78,5 @@ mod tests {
         assert_eq!(reply_target::<u64>(&chat, Some("42"), "Discord"), Some(42));
         assert_eq!(reply_target::<u64>(&chat, Some("x"), "Discord"), None);
         assert_eq!(reply_target::<u64>(&chat, None, "Discord"), None);
-    }
-}
-
-/// Most replies whose sent parts are remembered at once.
-const MAX_PROGRESS: usize = 1024;
-
-/// The parts of long replies already sent, by outbox key, while a retry may follow: a reply
-/// split into parts that fails after some of them resumes with the first missing part
-/// instead of posting the sent ones again. In memory: a restart sends a cut reply whole.
-#[derive(Debug, Default)]
-pub(crate) struct SendProgress {
-    sent: std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
-}
-
-impl SendProgress {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<String>>> {
-        // Every update leaves the map consistent; a poisoned lock is still usable.
-        self.sent.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The message ids of the parts of `key` sent so far.
-    pub(crate) fn sent(&self, key: &str) -> Vec<String> {
-        self.lock().get(key).cloned().unwrap_or_default()
-    }
-
-    /// `key` was sent whole: nothing more to remember.
-    pub(crate) fn done(&self, key: &str) {
-        self.lock().remove(key);
-    }
-
-    /// Remembers the parts of `key` sent before `error`, when a retry may follow (the
-    /// outbox retries rate limits and outages).
-    pub(crate) fn failed(&self, key: &str, sent: &[String], error: &PlatformError) {
-        let mut progress = self.lock();
-        let retried = matches!(
-            error,
-            PlatformError::RateLimited(_) | PlatformError::Unavailable(_)
-        );
-        if !retried || sent.is_empty() {
-            progress.remove(key);
-            return;
-        }
-        // Only replies that are failing right now are here; a bound keeps a long outage of
-        // many chats from growing it without end.
-        if progress.len() >= MAX_PROGRESS && !progress.contains_key(key) {
-            progress.clear();
-        }
-        progress.insert(key.to_owned(), sent.to_vec());
     }
 }

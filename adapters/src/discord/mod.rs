@@ -300,14 +300,15 @@ impl DiscordAdapter {
 }
 
 impl DiscordAdapter {
-    /// The sending behind [`Platform::send_message`] and [`Platform::send_reply`]: with a
-    /// `key`, every part is idempotent (see [`nonce`]).
+    /// The sending behind [`Platform::send`], one attempt per part, skipping the parts in
+    /// `sent`; with a `key`, every part is idempotent (see [`nonce`]).
     async fn send_parts(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
         key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
         let channel = channel_of(chat)?;
         let reply_to: Option<u64> = reply_target(chat, reply_to, NAME);
@@ -316,9 +317,8 @@ impl DiscordAdapter {
             return Err(nothing_to_send(NAME));
         }
         let path = format!("/channels/{channel}/messages");
-        let policy = self.policy();
-        let mut message_ids = Vec::with_capacity(parts.len());
-        for (index, part) in parts.iter().enumerate() {
+        let policy = self.policy().single();
+        for (index, part) in parts.iter().enumerate().skip(sent.len()) {
             let reference = reply_to.filter(|_| index == 0);
             let mut body = json!({
                 "content": part,
@@ -335,27 +335,29 @@ impl DiscordAdapter {
                     "fail_if_not_exists": false,
                 });
             }
-            let sent = with_retries("POST /channels/{id}/messages", &policy, || async {
+            let answer = with_retries("POST /channels/{id}/messages", &policy, || async {
                 self.inner.limiter.acquire(channel).await;
                 self.inner.rest.call(Method::POST, &path, Some(&body)).await
             })
             .await;
-            match sent {
+            match answer {
                 Ok(answer) => {
                     let id = answer.get("id").and_then(snowflake).ok_or_else(|| {
                         PlatformError::Unavailable("Discord answered without a message id".into())
                     })?;
-                    message_ids.push(id.to_string());
+                    sent.push(id.to_string());
                 }
                 Err(error) => {
                     if index > 0 {
-                        tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off");
+                        tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off; a retry sends the rest");
                     }
                     return Err(error);
                 }
             }
         }
-        Ok(SentMessage { message_ids })
+        Ok(SentMessage {
+            message_ids: sent.clone(),
+        })
     }
 }
 
@@ -407,8 +409,9 @@ impl Platform for DiscordAdapter {
         text: &str,
         reply_to: Option<&str>,
         key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, key).await
+        self.send_parts(chat, text, reply_to, key, sent).await
     }
 
     /// One `POST /channels/{id}/typing` (lasts ~10 s on Discord), not retried.

@@ -63,8 +63,8 @@ use link::Links;
 use pace::Pacer;
 
 use crate::common::{
-    Failure, RetryPolicy, SendProgress, SizeLimit, Token, ensure_platform, nothing_to_send,
-    parse_id, with_retries,
+    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
+    with_retries,
 };
 
 /// The platform as logs and error texts name it.
@@ -96,7 +96,6 @@ struct Inner {
     pacer: Pacer,
     /// Parts of a long reply already sent, by the reply's key, while the rest still fails:
     /// OneBot has no idempotency key, so this keeps a retried reply from repeating them.
-    progress: SendProgress,
     /// For image downloads from QQ's servers.
     http: reqwest::Client,
 }
@@ -212,7 +211,6 @@ impl OneBotAdapter {
                 links: Links::new(),
                 me: Mutex::new(BotIdentity::default()),
                 known: Mutex::new(Known::default()),
-                progress: SendProgress::default(),
                 http,
             }),
         })
@@ -262,7 +260,17 @@ impl OneBotAdapter {
         action: &'static str,
         params: &Value,
     ) -> Result<Value, PlatformError> {
-        with_retries(action, &self.policy(), || async {
+        self.call_with(&self.policy(), action, params).await
+    }
+
+    /// [`call`](Self::call) as `policy` retries it.
+    async fn call_with(
+        &self,
+        policy: &RetryPolicy,
+        action: &'static str,
+        params: &Value,
+    ) -> Result<Value, PlatformError> {
+        with_retries(action, policy, || async {
             self.call(action, params.clone()).await.map_err(|error| {
                 if error.is_transient() {
                     Failure::Transient(error.to_string())
@@ -385,14 +393,14 @@ impl OneBotAdapter {
 }
 
 impl OneBotAdapter {
-    /// Renders, splits, paces and sends `text`; with a `key`, parts a failed earlier
-    /// attempt already sent are skipped.
+    /// Renders, splits, paces and sends `text`, one attempt per part, skipping the parts
+    /// in `sent` (see [`Platform::send`]).
     async fn send_parts(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
-        key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
         let target = Target::parse(chat)?;
         let parts = parlor_render::plain::render_parts(text, self.inner.config.max_message_chars);
@@ -408,11 +416,8 @@ impl OneBotAdapter {
                 .copied(),
             _ => None,
         };
-        let mut message_ids = key.map(|k| self.inner.progress.sent(k)).unwrap_or_default();
-        if message_ids.len() > parts.len() {
-            message_ids.clear();
-        }
-        for (index, part) in parts.iter().enumerate().skip(message_ids.len()) {
+        let policy = self.policy().single();
+        for (index, part) in parts.iter().enumerate().skip(sent.len()) {
             let mut segments = Vec::new();
             if index == 0
                 && let Some(reply_to) = reply_to
@@ -435,35 +440,34 @@ impl OneBotAdapter {
                 ),
             };
             self.inner.pacer.wait(&chat.session_key()).await;
-            let sent = self.call_retried(action, &params).await.and_then(|data| {
-                event::int(data.get("message_id"))
-                    .map(|id| id.to_string())
-                    .ok_or_else(|| {
-                        PlatformError::Unavailable(format!(
-                            "`{action}` answered without a message_id"
-                        ))
-                    })
-            });
-            match sent {
+            let answer = self
+                .call_with(&policy, action, &params)
+                .await
+                .and_then(|data| {
+                    event::int(data.get("message_id"))
+                        .map(|id| id.to_string())
+                        .ok_or_else(|| {
+                            PlatformError::Unavailable(format!(
+                                "`{action}` answered without a message_id"
+                            ))
+                        })
+                });
+            match answer {
                 Ok(id) => {
                     self.known().own.insert(id.clone());
-                    message_ids.push(id);
+                    sent.push(id);
                 }
                 Err(error) => {
                     if index > 0 {
                         tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off; a retry sends the rest");
                     }
-                    if let Some(key) = key {
-                        self.inner.progress.failed(key, &message_ids, &error);
-                    }
                     return Err(error);
                 }
             }
         }
-        if let Some(key) = key {
-            self.inner.progress.done(key);
-        }
-        Ok(SentMessage { message_ids })
+        Ok(SentMessage {
+            message_ids: sent.clone(),
+        })
     }
 
     /// Downloads `url` (http or https), never more than `max_image_bytes`.
@@ -510,16 +514,17 @@ impl Platform for OneBotAdapter {
 
     /// Sends `text` as plain text in parts; the first part replies to `reply_to` (and, in a
     /// group, `at`s whoever wrote it, when the adapter saw that message). Returns the ids
-    /// of all parts; an empty text is refused.
-    /// A retry with the same `key` skips the parts already sent.
+    /// of all parts; an empty text is refused. OneBot has no idempotency key: `key` is not
+    /// used.
     async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
-        key: Option<&str>,
+        _key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, key).await
+        self.send_parts(chat, text, reply_to, sent).await
     }
 
     /// OneBot v11 has no typing indicator: nothing to do.

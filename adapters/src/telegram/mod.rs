@@ -67,8 +67,8 @@ use convert::PLATFORM;
 use error::classify;
 
 use crate::common::{
-    Failure, RetryPolicy, SendProgress, SizeLimit, Token, ensure_platform, nothing_to_send,
-    parse_id, reply_target, with_retries,
+    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
+    reply_target, with_retries,
 };
 
 /// The platform as logs and error texts name it.
@@ -91,10 +91,6 @@ struct Inner {
     me: BotIdentity,
     /// `config.allowed_updates`, parsed once at connect.
     allowed_updates: Vec<AllowedUpdate>,
-    /// Parts of a long reply already sent, by the reply's key, while the rest still fails:
-    /// a retry of the reply sends only what is missing. Telegram has no idempotency key, so
-    /// this is what keeps a retried reply from repeating its first parts (within a run).
-    progress: SendProgress,
 }
 
 impl fmt::Debug for TelegramAdapter {
@@ -171,7 +167,6 @@ impl TelegramAdapter {
                 token,
                 me,
                 allowed_updates,
-                progress: SendProgress::default(),
             }),
         })
     }
@@ -253,14 +248,14 @@ struct SentId {
 }
 
 impl TelegramAdapter {
-    /// Renders, splits and sends `text`; with a `key`, parts a failed earlier attempt
-    /// already sent are skipped (see `Inner::progress`).
+    /// Renders, splits and sends `text`, one attempt per part, skipping the parts in `sent`
+    /// (see [`Platform::send`]).
     async fn send_parts(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
-        key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
         let target = Target::parse(chat)?;
         let reply_to = reply_target(chat, reply_to, NAME).map(MessageId);
@@ -268,14 +263,9 @@ impl TelegramAdapter {
         if parts.is_empty() {
             return Err(nothing_to_send(NAME));
         }
-        let policy = self.policy();
-        let mut message_ids = key.map(|k| self.inner.progress.sent(k)).unwrap_or_default();
-        if message_ids.len() > parts.len() {
-            // Not the reply we started (a different text under the same key): start over.
-            message_ids.clear();
-        }
-        for (index, part) in parts.iter().enumerate().skip(message_ids.len()) {
-            let sent = with_retries("sendMessage", &policy, || {
+        let policy = self.policy().single();
+        for (index, part) in parts.iter().enumerate().skip(sent.len()) {
+            let answer = with_retries("sendMessage", &policy, || {
                 let mut payload = SendMessage::new(target.chat, part.text.as_str())
                     .entities(part.entities.clone());
                 if let Some(thread) = target.thread {
@@ -292,23 +282,19 @@ impl TelegramAdapter {
                 async move { request.await.map_err(|error| self.fail(&error)) }
             })
             .await;
-            match sent {
-                Ok(sent) => message_ids.push(sent.message_id.to_string()),
+            match answer {
+                Ok(answer) => sent.push(answer.message_id.to_string()),
                 Err(error) => {
                     if index > 0 {
                         tracing::warn!(%chat, sent = index, total = parts.len(), %error, "a long reply was cut off; a retry sends the rest");
-                    }
-                    if let Some(key) = key {
-                        self.inner.progress.failed(key, &message_ids, &error);
                     }
                     return Err(error);
                 }
             }
         }
-        if let Some(key) = key {
-            self.inner.progress.done(key);
-        }
-        Ok(SentMessage { message_ids })
+        Ok(SentMessage {
+            message_ids: sent.clone(),
+        })
     }
 }
 
@@ -321,16 +307,16 @@ impl Platform for TelegramAdapter {
     /// Sends `text` (Markdown) as [`render()`] renders and splits it; the first part replies
     /// to `reply_to` (and is still sent if that message is gone), every part goes to the
     /// chat's topic. Returns the ids of all parts. An empty text is refused (Telegram would
-    /// refuse it too).
-    /// A retry with the same `key` skips the parts already sent.
+    /// refuse it too). Telegram has no idempotency key: `key` is not used.
     async fn send(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
-        key: Option<&str>,
+        _key: Option<&str>,
+        sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, key).await
+        self.send_parts(chat, text, reply_to, sent).await
     }
 
     /// One `sendChatAction(typing)`, not retried: it is cosmetic and repeated by the caller.

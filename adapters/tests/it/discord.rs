@@ -254,7 +254,7 @@ async fn messages_are_normalized() {
     let in_thread = fake.message_create(THREAD, &bob(), "in a thread");
     let direct = fake.message(DM, &alice(), "hello in private").dm().push();
     let reply = adapter
-        .send(&channel(), "an answer", None, None)
+        .send(&channel(), "an answer", None, None, &mut Vec::new())
         .await
         .expect("sent");
     let answer_id = reply.message_ids[0].clone();
@@ -347,7 +347,7 @@ async fn a_long_reply_arrives_in_parts_of_at_most_2000_characters() {
         .join("\n\n");
     assert!(text.chars().count() > 5000);
     let sent = adapter
-        .send(&channel(), &text, Some(&asked), None)
+        .send(&channel(), &text, Some(&asked), None, &mut Vec::new())
         .await
         .expect("sent");
     assert!(sent.message_ids.len() >= 3, "{sent:?}");
@@ -378,7 +378,10 @@ async fn a_long_reply_arrives_in_parts_of_at_most_2000_characters() {
     assert_eq!(words(&joined), words(&text), "nothing lost");
     assert_safe_mentions(&parts);
     assert!(
-        adapter.send(&channel(), "  ", None, None).await.is_err(),
+        adapter
+            .send(&channel(), "  ", None, None, &mut Vec::new())
+            .await
+            .is_err(),
         "empty text is refused"
     );
 }
@@ -388,7 +391,13 @@ async fn everyone_in_a_reply_does_not_ping() {
     let fake = fake().await;
     let adapter = connect(&fake).await;
     adapter
-        .send(&channel(), "@everyone @here look, <@&123> too", None, None)
+        .send(
+            &channel(),
+            "@everyone @here look, <@&123> too",
+            None,
+            None,
+            &mut Vec::new(),
+        )
         .await
         .expect("sent");
     let sent = fake.sent_messages();
@@ -408,7 +417,7 @@ async fn everyone_in_a_reply_does_not_ping() {
     let mut config = config(&fake);
     config.allow_mass_mentions = true;
     let loud = DiscordAdapter::connect(config).await.expect("connects");
-    loud.send(&channel(), "@everyone meeting", None, None)
+    loud.send(&channel(), "@everyone meeting", None, None, &mut Vec::new())
         .await
         .expect("sent");
     let sent = fake.sent_messages();
@@ -422,7 +431,13 @@ async fn a_reply_sent_twice_with_one_key_is_created_once() {
     let asked = fake.message_create(CHANNEL, &alice(), "tell me everything");
     let text = "All work and no play makes Jack a dull boy. ".repeat(60);
     let first = adapter
-        .send(&channel(), &text, Some(&asked), Some("outbox-7"))
+        .send(
+            &channel(),
+            &text,
+            Some(&asked),
+            Some("outbox-7"),
+            &mut Vec::new(),
+        )
         .await
         .expect("sent");
     assert!(first.message_ids.len() >= 2, "{first:?}");
@@ -439,7 +454,13 @@ async fn a_reply_sent_twice_with_one_key_is_created_once() {
     // The outbox sends again (its answer was lost, or the daemon restarted): Discord hands
     // back the messages it made the first time.
     let again = adapter
-        .send(&channel(), &text, Some(&asked), Some("outbox-7"))
+        .send(
+            &channel(),
+            &text,
+            Some(&asked),
+            Some("outbox-7"),
+            &mut Vec::new(),
+        )
         .await
         .expect("sent");
     assert_eq!(again.message_ids, first.message_ids);
@@ -451,7 +472,13 @@ async fn a_reply_sent_twice_with_one_key_is_created_once() {
 
     // Another reply, even with the same text, is new.
     let other = adapter
-        .send(&channel(), &text, Some(&asked), Some("outbox-8"))
+        .send(
+            &channel(),
+            &text,
+            Some(&asked),
+            Some("outbox-8"),
+            &mut Vec::new(),
+        )
         .await
         .expect("sent");
     assert!(
@@ -462,8 +489,14 @@ async fn a_reply_sent_twice_with_one_key_is_created_once() {
     );
     assert_eq!(fake.sent_messages().len(), 2 * parts.len());
     // Plain sends carry no nonce and are never deduplicated.
-    adapter.send(&channel(), "hi", None, None).await.unwrap();
-    adapter.send(&channel(), "hi", None, None).await.unwrap();
+    adapter
+        .send(&channel(), "hi", None, None, &mut Vec::new())
+        .await
+        .unwrap();
+    adapter
+        .send(&channel(), "hi", None, None, &mut Vec::new())
+        .await
+        .unwrap();
     let sent = fake.sent_messages();
     assert_eq!(sent.len(), 2 * parts.len() + 2);
     assert!(sent.last().unwrap().body.get("nonce").is_none());
@@ -474,12 +507,18 @@ async fn rate_limits_are_honoured() {
     let fake = fake().await;
     let adapter = connect(&fake).await;
     fake.fail_next("create_message", DiscordFailure::rate_limited(0.3));
-    let start = Instant::now();
+    // A send is one attempt: the 429's wait is reported for the outbox lane to honour.
+    let refused = adapter
+        .send(&channel(), "after the wait", None, None, &mut Vec::new())
+        .await;
+    assert!(
+        matches!(refused, Err(PlatformError::RateLimited(wait)) if wait >= Duration::from_millis(300)),
+        "{refused:?}"
+    );
     adapter
-        .send(&channel(), "after the wait", None, None)
+        .send(&channel(), "after the wait", None, None, &mut Vec::new())
         .await
         .expect("sent after the 429");
-    assert!(start.elapsed() >= Duration::from_millis(300));
     assert_eq!(fake.sent_messages().len(), 1);
     let posts = fake
         .requests()
@@ -488,14 +527,24 @@ async fn rate_limits_are_honoured() {
         .count();
     assert_eq!(posts, 2, "one refused, one accepted");
 
-    // A server error is retried; an unknown channel is not.
+    // A server error is reported as an outage (the outbox retries it); an unknown channel
+    // as not found (the outbox gives the reply up).
     fake.fail_next("create_message", DiscordFailure::server_error());
-    adapter
-        .send(&channel(), "after a 500", None, None)
-        .await
-        .expect("retried");
+    let outage = adapter
+        .send(&channel(), "after a 500", None, None, &mut Vec::new())
+        .await;
+    assert!(
+        matches!(outage, Err(PlatformError::Unavailable(_))),
+        "{outage:?}"
+    );
     let missing = adapter
-        .send(&ChatRef::new("discord", "123"), "x", None, None)
+        .send(
+            &ChatRef::new("discord", "123"),
+            "x",
+            None,
+            None,
+            &mut Vec::new(),
+        )
         .await;
     assert!(
         matches!(missing, Err(PlatformError::NotFound(ref m)) if m.contains("Unknown Channel")),
@@ -513,7 +562,7 @@ async fn sends_to_one_channel_are_paced() {
     let start = Instant::now();
     for i in 0..3 {
         adapter
-            .send(&channel(), &format!("n{i}"), None, None)
+            .send(&channel(), &format!("n{i}"), None, None, &mut Vec::new())
             .await
             .expect("sent");
     }

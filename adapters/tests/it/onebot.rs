@@ -148,7 +148,7 @@ async fn a_wrong_token_is_refused_both_ways() {
     let messages = inbox.wait_for(1).await;
     assert_eq!(messages[0].text, "@parlor over the reverse link");
     let sent = adapter
-        .send(&group(), "back the same way", None, None)
+        .send(&group(), "back the same way", None, None, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(fake.sent()[0].message_id.to_string(), sent.message_ids[0]);
@@ -227,7 +227,7 @@ async fn a_reverse_listener_needs_the_token_refuses_browsers_and_keeps_its_first
         .push();
     assert_eq!(inbox.wait_for(1).await[0].text, "@parlor still here");
     adapter
-        .send(&group(), "to the first", None, None)
+        .send(&group(), "to the first", None, None, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(first.sent()[0].text(), "to the first");
@@ -243,7 +243,7 @@ async fn a_reverse_listener_needs_the_token_refuses_browsers_and_keeps_its_first
         .push();
     assert_eq!(inbox.wait_for(2).await[1].text, "@parlor from the second");
     adapter
-        .send(&group(), "to the second", None, None)
+        .send(&group(), "to the second", None, None, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(second.sent()[0].text(), "to the second");
@@ -266,6 +266,7 @@ async fn a_reply_threads_to_the_question_and_ats_the_asker_and_an_answer_to_it_i
             "**answer**",
             Some(&question.to_string()),
             Some("o1"),
+            &mut Vec::new(),
         )
         .await
         .unwrap();
@@ -293,6 +294,7 @@ async fn a_reply_threads_to_the_question_and_ats_the_asker_and_an_answer_to_it_i
             "psst",
             Some("77"),
             None,
+            &mut Vec::new(),
         )
         .await
         .unwrap();
@@ -502,7 +504,9 @@ async fn a_retcode_is_a_typed_error() {
         "send_group_msg",
         OneBotFailure::Retcode(100, "bad group".to_owned()),
     );
-    let refused = adapter.send(&group(), "hi", None, None).await;
+    let refused = adapter
+        .send(&group(), "hi", None, None, &mut Vec::new())
+        .await;
     assert!(
         matches!(&refused, Err(PlatformError::Refused(m)) if m.contains("retcode 100") && m.contains("bad group")),
         "{refused:?}"
@@ -517,7 +521,13 @@ async fn a_retcode_is_a_typed_error() {
         PlatformError::NotFound(_)
     ));
     let bad_chat = adapter
-        .send(&ChatRef::new("qq", "channel:1"), "hi", None, None)
+        .send(
+            &ChatRef::new("qq", "channel:1"),
+            "hi",
+            None,
+            None,
+            &mut Vec::new(),
+        )
         .await;
     assert!(
         matches!(bad_chat, Err(PlatformError::NotFound(_))),
@@ -531,10 +541,19 @@ async fn a_retcode_is_a_typed_error() {
 async fn a_dropped_connection_reconnects_and_loses_no_reply() {
     let inbox = Arc::new(TestInbox::default());
     let (fake, adapter, running) = connected(inbox.clone()).await;
-    // The connection drops while the reply is in flight, before it was done.
+    // The connection drops while the reply is in flight, before it was done: the attempt
+    // fails as an outage, and the outbox's retry goes over the new connection.
     fake.fail_next("send_group_msg", OneBotFailure::Drop);
+    let dropped = adapter
+        .send(&group(), "still here", None, Some("o7"), &mut Vec::new())
+        .await;
+    assert!(
+        matches!(dropped, Err(PlatformError::Unavailable(_))),
+        "{dropped:?}"
+    );
+    fake.wait_for_connections(2, WAIT).await.unwrap();
     let sent = adapter
-        .send(&group(), "still here", None, Some("o7"))
+        .send(&group(), "still here", None, Some("o7"), &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(fake.connections(), 2, "dialled again");
@@ -565,7 +584,13 @@ async fn a_draining_runtime_still_sends_its_last_replies_over_the_connection() {
     })
     .await;
     let sent = adapter
-        .send(&group(), "the last reply", None, Some("o9"))
+        .send(
+            &group(),
+            "the last reply",
+            None,
+            Some("o9"),
+            &mut Vec::new(),
+        )
         .await
         .unwrap();
     let posted = fake.sent();
@@ -604,12 +629,18 @@ async fn long_replies_are_split_and_posts_into_a_group_are_paced() {
     let text = "word ".repeat(50);
     let other = ChatRef::new("qq", "group:556");
     let chat = group();
-    let (long, quick) = tokio::join!(adapter.send(&chat, &text, Some("9"), Some("o1")), async {
-        // Another group is not held up by the first one's pacing: posted once the first part
-        // is out, it goes before the second.
-        fake.wait_for_sent(1, WAIT).await.unwrap();
-        adapter.send(&other, "elsewhere", None, None).await
-    });
+    let mut progress = Vec::new();
+    let (long, quick) = tokio::join!(
+        adapter.send(&chat, &text, Some("9"), Some("o1"), &mut progress),
+        async {
+            // Another group is not held up by the first one's pacing: posted once the first part
+            // is out, it goes before the second.
+            fake.wait_for_sent(1, WAIT).await.unwrap();
+            adapter
+                .send(&other, "elsewhere", None, None, &mut Vec::new())
+                .await
+        }
+    );
     let long = long.unwrap();
     quick.unwrap();
     assert!(long.message_ids.len() >= 3, "{long:?}");

@@ -680,7 +680,13 @@ async fn a_long_answer_is_split_and_threaded_to_the_question() {
     let text = "all work and no play makes a long answer ".repeat(225); // 9225 chars
 
     let sent = adapter
-        .send(&group(), &text, Some(&asked.to_string()), None)
+        .send(
+            &group(),
+            &text,
+            Some(&asked.to_string()),
+            None,
+            &mut Vec::new(),
+        )
         .await
         .expect("sent");
     assert_eq!(sent.message_ids.len(), 3);
@@ -717,19 +723,23 @@ async fn a_retried_long_reply_sends_only_the_parts_that_are_missing() {
         .mention_bot()
         .push();
     let text = "all work and no play makes a long answer ".repeat(225); // 3 parts
-    // The second part is held by a retry_after longer than the adapter waits itself.
+    // The second part is held by flood control: one attempt, reported with the part sent.
     fake.fail_after("sendMessage", 1, Failure::RetryAfter(3600));
-    let first = adapter.send(&group(), &text, None, Some("o7")).await;
+    let mut progress = Vec::new();
+    let first = adapter
+        .send(&group(), &text, None, Some("o7"), &mut progress)
+        .await;
     assert!(
         matches!(first, Err(PlatformError::RateLimited(_))),
         "{first:?}"
     );
     let before: Vec<_> = fake.sent_messages();
     assert_eq!(before.len(), 1, "the first part went out");
+    assert_eq!(progress, [before[0].message_id.to_string()]);
 
-    // The outbox retries the same reply: only parts two and three are sent now.
+    // The outbox retries the same reply with that progress: only parts two and three now.
     let sent = adapter
-        .send(&group(), &text, None, Some("o7"))
+        .send(&group(), &text, None, Some("o7"), &mut progress)
         .await
         .expect("sent");
     let recorded = fake.sent_messages();
@@ -748,7 +758,7 @@ async fn a_retried_long_reply_sends_only_the_parts_that_are_missing() {
 
     // Another reply starts from its own first part.
     adapter
-        .send(&group(), "short", None, Some("o8"))
+        .send(&group(), "short", None, Some("o8"), &mut Vec::new())
         .await
         .expect("sent");
     assert_eq!(fake.sent_messages().len(), 4);
@@ -761,7 +771,7 @@ async fn answers_go_to_the_topic_and_survive_a_deleted_original() {
     let topic = group().in_thread("7");
     // Message 999 does not exist (deleted): the answer still goes out.
     adapter
-        .send(&topic, "here you go", Some("999"), None)
+        .send(&topic, "here you go", Some("999"), None, &mut Vec::new())
         .await
         .expect("sent without the reply");
     let sent = fake.sent_messages();
@@ -786,18 +796,24 @@ async fn answers_go_to_the_topic_and_survive_a_deleted_original() {
 }
 
 #[tokio::test]
-async fn retry_after_on_send_message_is_honoured() {
+async fn retry_after_on_send_message_is_reported_for_the_outbox_to_wait() {
     let (fake, adapter) = connected().await;
     fake.group_chat(GROUP, "Parlor test");
     fake.fail_next("sendMessage", Failure::RetryAfter(1));
-    let started = Instant::now();
+    // One attempt: the wait is the caller's (the outbox lane's), not the adapter's.
+    let refused = adapter
+        .send(&group(), "after the flood", None, None, &mut Vec::new())
+        .await;
+    assert!(
+        matches!(refused, Err(PlatformError::RateLimited(wait)) if wait == Duration::from_secs(1)),
+        "{refused:?}"
+    );
+    assert_eq!(fake.calls("sendMessage"), 1);
     let sent = adapter
-        .send(&group(), "after the flood", None, None)
+        .send(&group(), "after the flood", None, None, &mut Vec::new())
         .await
         .expect("sent on the second try");
-    assert!(started.elapsed() >= Duration::from_secs(1));
     assert_eq!(sent.message_ids.len(), 1);
-    assert_eq!(fake.calls("sendMessage"), 2);
     assert_eq!(fake.sent_messages().len(), 1);
 }
 
@@ -807,7 +823,9 @@ async fn send_errors_map_to_platform_errors() {
     // Never seen: Telegram answers "chat not found".
     let unknown = ChatRef::new("telegram", "-100999");
     assert!(matches!(
-        adapter.send(&unknown, "hello?", None, None).await,
+        adapter
+            .send(&unknown, "hello?", None, None, &mut Vec::new())
+            .await,
         Err(PlatformError::NotFound(_))
     ));
     fake.group_chat(GROUP, "Parlor test");
@@ -816,22 +834,36 @@ async fn send_errors_map_to_platform_errors() {
         Failure::BadRequest("not enough rights to send text messages to the chat".to_owned()),
     );
     assert!(matches!(
-        adapter.send(&group(), "hello?", None, None).await,
+        adapter.send(&group(), "hello?", None, None, &mut Vec::new()).await,
         Err(PlatformError::Refused(message)) if message.contains("not enough rights")
     ));
     assert!(matches!(
-        adapter.send(&group(), " \n ", None, None).await,
-        Err(PlatformError::Refused(_))
-    ));
-    assert!(matches!(
         adapter
-            .send(&ChatRef::new("discord", "1"), "hi", None, None)
+            .send(&group(), " \n ", None, None, &mut Vec::new())
             .await,
         Err(PlatformError::Refused(_))
     ));
     assert!(matches!(
         adapter
-            .send(&ChatRef::new("telegram", "abc"), "hi", None, None)
+            .send(
+                &ChatRef::new("discord", "1"),
+                "hi",
+                None,
+                None,
+                &mut Vec::new()
+            )
+            .await,
+        Err(PlatformError::Refused(_))
+    ));
+    assert!(matches!(
+        adapter
+            .send(
+                &ChatRef::new("telegram", "abc"),
+                "hi",
+                None,
+                None,
+                &mut Vec::new()
+            )
             .await,
         Err(PlatformError::NotFound(_))
     ));

@@ -4,12 +4,17 @@
 //! only when the platform refuses it for good (chat gone, bot removed: logged as an error
 //! for the operator). One chat's rate limit or outage holds only its own lane.
 //!
-//! Each send carries the row's id as an idempotency key ([`Platform::send`]), so
-//! where the platform supports it a retried send that was in fact accepted is not doubled.
+//! The adapter makes one attempt per part of a reply and says which parts it sent; the lane
+//! owns the retries and the reply's progress: the parts sent before a failure are recorded
+//! on the row ([`Store::record_sent_parts`]), so a retry, in this run or after a restart,
+//! sends only the rest. Each send carries the row's id as an idempotency key
+//! ([`Platform::send`]), so where the platform supports it a retried part that was in fact
+//! accepted is not doubled.
 //! On shutdown a lane stops at the end of the grace period; its rows stay unsent and are
 //! sent after the next start.
 //!
 //! [`Platform::send`]: crate::platform::Platform::send
+//! [`Store::record_sent_parts`]: crate::store::Store::record_sent_parts
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
@@ -25,7 +30,7 @@ use crate::platform::{ChatRef, PlatformError};
 use crate::store::{OutboxEntry, StoredMessage};
 use crate::tool::{Post, Posted, ToolError};
 
-/// The longest a single send may take; the adapters retry inside it.
+/// The longest a single attempt at a reply may take (every part of it once).
 const SEND_TIMEOUT: Duration = Duration::from_secs(300);
 /// Waits between failed sends: up to five minutes, for outages of hours.
 const BACKOFF: Backoff = Backoff {
@@ -145,7 +150,10 @@ impl Lane {
         };
         let key = format!("o{}", entry.id);
         let mut failures: u32 = 0;
+        // The parts sent so far, as recorded on the row.
+        let mut parts = entry.sent_ids.clone();
         loop {
+            let before = parts.len();
             let attempt = tokio::time::timeout(
                 SEND_TIMEOUT,
                 platform.send(
@@ -153,12 +161,20 @@ impl Lane {
                     &entry.text,
                     entry.reply_to.as_deref(),
                     Some(&key),
+                    &mut parts,
                 ),
             );
             let result = tokio::select! {
                 biased;
-                () = self.manager.abort().cancelled() => return Sent::Abandoned,
-                result = attempt => result,
+                () = self.manager.abort().cancelled() => None,
+                result = attempt => Some(result),
+            };
+            let failed = !matches!(result, Some(Ok(Ok(_))));
+            if failed && parts.len() > before {
+                self.cut(entry, &parts).await;
+            }
+            let Some(result) = result else {
+                return Sent::Abandoned;
             };
             let wait = match result {
                 Ok(Ok(sent)) => {
@@ -218,6 +234,18 @@ impl Lane {
         };
         if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
+        }
+    }
+
+    /// A long reply was cut after some parts: record them on the row, so that no retry,
+    /// here or after a restart, sends them again.
+    async fn cut(&self, entry: &OutboxEntry, parts: &[String]) {
+        let recorded = match self.manager.store().record_sent_parts(entry.id, parts) {
+            Ok(()) => self.manager.durable().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = recorded {
+            tracing::error!(outbox = entry.id, error = %e, "cannot record the parts of a reply already sent; a retry after a restart may send them again");
         }
     }
 

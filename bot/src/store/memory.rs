@@ -299,6 +299,13 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn record_sent_parts(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
+        if let Some(entry) = self.lock().outbox.get_mut(&outbox_id) {
+            entry.sent_ids = platform_ids.to_vec();
+        }
+        Ok(())
+    }
+
     fn mark_failed(&self, outbox_id: u64, reason: &str) -> Result<(), StoreError> {
         self.finish_outbox(outbox_id, |e| e.failed = Some(reason.to_owned()));
         Ok(())

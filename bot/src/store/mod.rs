@@ -200,7 +200,8 @@ pub struct OutboxEntry {
     pub reply_to: Option<String>,
     /// When the turn committed.
     pub created: DateTime<Utc>,
-    /// The platform's ids of the messages the reply became, once sent.
+    /// The platform's ids of the messages the reply became, once sent; while unsent, those
+    /// of the parts of a long reply already sent ([`Store::record_sent_parts`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sent_ids: Vec<String>,
     /// When it was sent or given up on.
@@ -486,6 +487,11 @@ pub trait Store: Send + Sync + 'static {
             None => Ok(()),
         }
     }
+
+    /// Records the platform's ids of the parts of an unsent long reply that were sent before
+    /// a send failed (kept in its `sent_ids`), so that a retry, in this process or after a
+    /// restart, sends only the rest. A reply no longer unsent is left as it is.
+    fn record_sent_parts(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError>;
 
     /// Gives a reply up for good (the platform refused it: chat gone, bot removed), with
     /// the reason, kept on its record like a sent one.

@@ -443,6 +443,20 @@ impl Store for SledStore {
         )
     }
 
+    fn record_sent_parts(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
+        let key = outbox_id.to_be_bytes();
+        self.steps.run(&[&self.outbox], |t| {
+            let Some(bytes) = t[0].get(key)? else {
+                return Ok(());
+            };
+            let mut entry: OutboxEntry = decode(&bytes, || format!("outbox[{outbox_id}]"))
+                .map_err(ConflictableTransactionError::Abort)?;
+            entry.sent_ids = platform_ids.to_vec();
+            t[0].insert(key, encode_abort(&entry)?)?;
+            Ok(())
+        })
+    }
+
     fn mark_failed(&self, outbox_id: u64, reason: &str) -> Result<(), StoreError> {
         self.finish_outbox(
             outbox_id,

@@ -492,6 +492,48 @@ async fn a_reply_the_platform_could_not_take_is_sent_after_restart() {
     );
 }
 
+/// The outbox owns a long reply's progress: the parts sent before an outage are recorded
+/// on its row, and the retry, after a restart too, sends only the rest.
+#[tokio::test]
+async fn a_long_reply_cut_by_an_outage_sends_only_its_missing_parts_after_a_restart() {
+    let store = Arc::new(MemoryStore::new());
+    // The reply `reply: alice (test:alice): @parlor hi` goes out in three parts.
+    let cut = TestPlatform::default().parts_at(": ").shared();
+    cut.fail_sends(Some(network_down()));
+    cut.fail_after(1, network_down());
+    let first = rig_with(store.clone(), model(true), cut, SessionConfig::default());
+    first.say(1, "alice", "@parlor hi").await;
+    first.platform.wait_attempts(2).await;
+    wait_until("the sent part recorded on the row", WAIT_LIMIT, || {
+        let unsent = store.unsent_outbox().unwrap();
+        unsent.first().is_some_and(|row| row.sent_ids == ["bot-1"])
+    })
+    .await;
+    let id = store.unsent_outbox().unwrap()[0].id;
+    assert_eq!(first.platform.sent().len(), 1);
+    drop(first);
+
+    let up = TestPlatform::default()
+        .parts_at(": ")
+        .ids("new-", 1)
+        .shared();
+    let second = rig_with(store.clone(), model(true), up, SessionConfig::default());
+    second.manager.resume().await.unwrap();
+    let sent = second.platform.wait_sent(2).await;
+    let texts: Vec<&str> = sent.iter().map(|s| s.text.as_str()).collect();
+    assert_eq!(texts, ["alice (test:alice)", "@parlor hi"], "no part twice");
+    assert!(
+        sent.iter().all(|s| s.reply_to.is_none()),
+        "only the first part replies"
+    );
+    wait_until("the reply marked sent", WAIT_LIMIT, || {
+        store.unsent_outbox().unwrap().is_empty()
+    })
+    .await;
+    let record = store.sent_reply(id).unwrap().expect("kept");
+    assert_eq!(record.sent_ids, ["bot-1", "new-1", "new-2"]);
+}
+
 /// The waiter of a scheduled input travels with it; at shutdown, whether the input was
 /// running or waiting, it learns at once that nothing will be posted now.
 #[tokio::test(start_paused = true)]

@@ -885,6 +885,34 @@ fn unsent_outbox_is_oldest_first_and_mark_sent_removes() {
 }
 
 #[test]
+fn the_parts_of_a_cut_reply_stay_on_its_unsent_row_until_it_is_sent() {
+    each_store(|name, store| {
+        let id = store
+            .queue_outbox_with(reply(A, "one two three"), Vec::new())
+            .unwrap();
+        store.record_sent_parts(id, &["901".to_owned()]).unwrap();
+        let unsent = store.unsent_outbox().unwrap();
+        assert_eq!(unsent.len(), 1, "{name}: still unsent");
+        assert_eq!(unsent[0].sent_ids, ["901"], "{name}");
+        let all: Vec<String> = ["901", "902", "903"].map(str::to_owned).to_vec();
+        store.mark_sent(id, &all).unwrap();
+        assert_eq!(
+            store.sent_reply(id).unwrap().unwrap().sent_ids,
+            all,
+            "{name}"
+        );
+        // A row no longer unsent is left as it is.
+        store.record_sent_parts(id, &["x".to_owned()]).unwrap();
+        assert!(store.unsent_outbox().unwrap().is_empty(), "{name}");
+        assert_eq!(
+            store.sent_reply(id).unwrap().unwrap().sent_ids,
+            all,
+            "{name}"
+        );
+    });
+}
+
+#[test]
 fn a_reply_marked_sent_with_its_own_message_is_in_the_log_and_done_together() {
     each_store(|name, store| {
         let id = store
