@@ -15,7 +15,10 @@
 //!                              worker.rs       rate limit, roles (roles.rs), next item
 //!                                  │
 //!                                  ▼
-//!                                turn.rs       the agent's turn; one commit; durable
+//!                                turn.rs       the agent's turn; an Outcome, nothing written
+//!                                  │
+//!                                  ▼
+//!                              commit.rs       one transaction, durable; the reply row out
 //!                                  │
 //!                                  ▼
 //!                              outbox.rs       the chat's lane: Platform::send, retried
@@ -45,7 +48,8 @@
 //!   when idle.
 //! - [`roles`]: operators from the config, chat admins from the platform (cached, with a
 //!   timeout), and the [`RoleResolver`](crate::tool::RoleResolver) tools use.
-//! - [`turn`]: one item — the agent's turn or `/reset` — committed in one transaction.
+//! - [`turn`]: one item — the agent's turn or `/reset` — run to an outcome that writes
+//!   nothing; [`commit`] writes it in one transaction and hands the reply to the outbox.
 //! - [`auto_chat`]: unaddressed messages of chosen groups in batches, each one
 //!   auto-chat turn that may speak only through `send_message`, within its limits.
 //! - [`outbox`]: one lane per chat sending committed replies in order, retrying until the
@@ -59,6 +63,7 @@
 
 pub mod auto_chat;
 mod commands;
+mod commit;
 mod compact;
 mod dispatcher;
 mod flood;

@@ -1,26 +1,24 @@
 //! One queued item, carried out by the chat's worker: a turn of the agent (input content,
-//! typing indicator, the agent loop, history trim), or `/reset`. Either ends in one
-//! [`Store::commit_turn`](crate::store::Store::commit_turn) — the turn's messages appended
-//! to the history, the removal of the pending records and the reply in the outbox together
-//! — made durable, after which the reply is handed to the outbox lane of the chat. A turn
-//! that filled the model's context past `compact_ratio` is followed by a compaction
-//! ([`super::compact`]), its own step with its own commit.
+//! typing indicator, the agent loop, history trim), or `/reset`. Either ends in an
+//! [`Outcome`] that writes nothing; [`super::commit`] writes it in one transaction and
+//! hands the reply to the chat's outbox lane.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::commit::Finished;
 use super::input::Action;
 use super::manager::Session;
-use super::queue::{QueueItem, ScheduledOutcome};
+use super::queue::QueueItem;
 use super::trace::TurnFacts;
 use super::usage::{BUDGET_NOTICE, Budget};
 use super::worker::ChatWorker;
 use crate::agent::history::trim_to_budget;
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
 use crate::llm::{Content, ContentPart, LlmError, Message};
-use crate::store::{HistoryChange, OutboxEntry, Summary, TurnCommit};
+use crate::store::{HistoryChange, Summary};
 use crate::tool::{Role, RoleResolver};
 
 /// What a turn wants committed.
@@ -67,10 +65,10 @@ pub(super) struct TurnDeps<'a> {
 }
 
 impl ChatWorker {
-    /// Runs one item and commits it; hands the reply to the outbox and tells any waiter.
+    /// Runs one item and hands what it left to the commit stage ([`super::commit`]).
     pub(super) async fn run_item(&mut self, session: &Arc<Session>, mut item: QueueItem) {
         // Dropped unanswered wherever the turn is abandoned: its submitter learns that.
-        let mut done = std::mem::take(&mut item.done);
+        let done = std::mem::take(&mut item.done);
         let cancel = self.manager.abort().child_token();
         let started = self.manager.now();
         // Before the turn reads the history: a change to it from here on is not in what
@@ -95,98 +93,17 @@ impl ChatWorker {
             }
             return;
         };
-        let mut answered = item.pending_ids.clone();
-        if rules.action == Action::Reset && outcome.history.is_some() {
-            // Everything queued before the reset goes with the conversation.
-            for cleared in session.queue().clear() {
-                answered.extend(cleared.pending_ids);
-                done.extend(cleared.done);
-            }
-        }
-        // An auto-chat turn's answer is never posted: it speaks only through `send_message`.
-        let mut reply = (outcome.reply).filter(|_| rules.posts).map(|text| {
-            OutboxEntry::new(
-                session.key(),
-                &item.chat,
-                text,
-                item.reply_to.clone(),
-                self.manager.now(),
-            )
-        });
-        let compact_due = outcome.compact_due;
-        let also = self.turn_records(
-            session.key(),
-            &item,
-            outcome.facts.as_ref(),
-            outcome.budget_told,
-            started,
-            reply.as_mut(),
-        );
-        // Only a turn with images marked its inputs (`quarantine.rs`): a text turn's commit
-        // carries no extra write.
-        let also = also.map(|mut also| {
-            if !item.images.is_empty() {
-                also.extend(super::quarantine::cleared(&item.pending_ids));
-            }
-            also
-        });
-        let changes_history = outcome.history.is_some();
-        let history_after = outcome.history_after;
-        let commit = also.map(|also| TurnCommit {
-            session: session.key().to_owned(),
-            history: outcome.history,
-            answered: answered.clone(),
-            reply: reply.clone(),
-            summary: outcome.summary,
-            also,
-        });
-        // The wait is shared with every other chat committing or taking input meanwhile, and
-        // covers this chat's intake writes before it.
-        let committed = match commit.and_then(|commit| self.manager.store().commit_turn(commit)) {
-            Ok(id) => self.manager.durable().await.map(|()| id),
-            Err(e) => Err(e),
-        };
-        if changes_history {
-            let changes_now = session.history_changes();
-            // Only what this commit wrote, only when nothing else changed it meanwhile, and
-            // only for a chat with more to answer: an idle session holds no copy.
-            self.history = match &committed {
-                Ok(_) if changes_now == changes_before && !session.queue().is_empty() => {
-                    history_after.map(|history| (changes_before, history))
-                }
-                _ => None,
-            };
-        }
-        let outbox_id = match committed {
-            Ok(id) => id,
-            Err(e) => {
-                // The input stays pending and runs again after a restart; replying now could
-                // answer twice after a crash.
-                tracing::error!(session = %session.key(), error = %e, "cannot commit the turn");
-                return;
-            }
-        };
-        let report = match (&outcome.model_failed, outbox_id) {
-            (Some(reason), _) => Some(ScheduledOutcome::Failed(reason.clone())),
-            (None, None) => Some(ScheduledOutcome::NoReply),
-            // Told by the outbox lane once the platform took it (or refused it).
-            (None, Some(_)) => None,
-        };
-        if let Some(report) = report {
-            for waiter in done.drain(..) {
-                // The submitter may have given up waiting; nothing to do then.
-                let _ = waiter.send(report.clone());
-            }
-        }
-        if let (Some(mut entry), Some(id)) = (reply, outbox_id) {
-            entry.id = id;
-            self.manager.enqueue_reply(entry, done);
-        }
-        if compact_due {
-            // After an auto-chat turn nothing is posted, this notice neither.
-            self.compact_after_turn(session, &item.chat, rules.posts)
-                .await;
-        }
+        self.commit(
+            session,
+            Finished {
+                item,
+                done,
+                outcome,
+                started,
+                changes_before,
+            },
+        )
+        .await;
     }
 
     /// `/reset`: a chat admin (anyone in a DM) clears the conversation, the queue and the
