@@ -47,6 +47,8 @@ pub struct Metrics {
     pub send_retries: Family<Labels, Counter>,
     /// Clock task fires by `status`.
     pub clock_fires: Family<Labels, Counter>,
+    /// Requests a fallback provider answered, by provider.
+    pub llm_failovers: Family<Labels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -121,6 +123,12 @@ impl Default for Metrics {
             "Clock task fires by status",
             clock_fires.clone(),
         );
+        let llm_failovers = Family::<Labels, Counter>::default();
+        registry.register(
+            "llm_failovers",
+            "LLM requests a fallback provider answered, by provider",
+            llm_failovers.clone(),
+        );
         Metrics {
             registry,
             turns,
@@ -134,6 +142,7 @@ impl Default for Metrics {
             send_errors,
             send_retries,
             clock_fires,
+            llm_failovers,
         }
     }
 }
@@ -181,6 +190,13 @@ impl Metrics {
                 .get_or_create(&vec![("status", (*status).to_owned())])
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Counts a request that fallback provider `name` answered.
+    pub fn llm_failover(&self, name: &str) {
+        self.llm_failovers
+            .get_or_create(&vec![("provider", label(name))])
+            .inc();
     }
 
     /// Counts a clock task fire by how it ended.

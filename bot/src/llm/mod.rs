@@ -5,8 +5,11 @@
 //!   into one [`Completion`].
 //! - [`openai`]: [`OpenAiClient`], the reqwest implementation of [`LlmBackend`], with SSE
 //!   framing, timeouts and retries; `body.rs` writes its request bodies.
+//! - [`failover`]: [`Failover`], the primary and its fallbacks as one backend, each with a
+//!   circuit breaker.
 
 mod body;
+pub mod failover;
 pub mod openai;
 pub mod retry;
 pub mod stream;
@@ -17,6 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+pub use failover::{Failover, Link};
 pub use openai::{OpenAiClient, OpenAiConfig, RetryPolicy};
 pub use retry::Retrying;
 pub use stream::{StreamAssembler, assemble};
