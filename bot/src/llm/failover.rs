@@ -173,7 +173,7 @@ pub fn fails_over(error: &LlmError) -> bool {
                 // Rate limited after the link's own retries, overloaded, or down.
                 429 | 500.. => true,
                 // The key is refused or has no rights: this provider cannot answer anyone.
-                401 | 402 | 403 => true,
+                401..=403 => true,
                 404 => true,
                 400 | 422 => no_model || quota,
                 _ => false,
