@@ -67,6 +67,8 @@ struct Secrets {
     onebot_token: Option<Secret>,
     /// Per `[[llm.vision_models]]` entry (in order): its own key, when it names one.
     vision_keys: Vec<Option<Secret>>,
+    /// Per `[[llm.fallbacks]]` entry (in order): its own key, when it names one.
+    fallback_keys: Vec<Option<Secret>>,
     /// The console's token (`http.token_env`).
     http_token: Option<Secret>,
 }
@@ -306,13 +308,17 @@ pub struct LlmConfig {
     pub max_retries: u32,
     /// `[[llm.vision_models]]`: models that describe images when `vision` is off, tried in
     /// order.
-    pub vision_models: Vec<VisionModelConfig>,
+    pub vision_models: Vec<ModelEndpoint>,
+    /// `[[llm.fallbacks]]`: providers tried in order when the main one fails after its
+    /// retries (down, overloaded, rate limited, model gone, key refused, quota spent).
+    pub fallbacks: Vec<ModelEndpoint>,
 }
 
-/// `[[llm.vision_models]]`: a model that can see, asked to describe images for the main one.
+/// A model at an endpoint with its own key: an entry of `[[llm.vision_models]]` (a model
+/// that can see, asked to describe images for the main one) or of `[[llm.fallbacks]]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct VisionModelConfig {
+pub struct ModelEndpoint {
     /// Model name as its provider spells it.
     pub model: String,
     /// Its endpoint; the main model's (`llm.base_url`) when unset.
@@ -324,6 +330,38 @@ pub struct VisionModelConfig {
     /// File holding its API key (a systemd credential's path, say); read before
     /// `api_key_env`.
     pub api_key_file: Option<PathBuf>,
+}
+
+impl LlmConfig {
+    /// The lists of models at their own endpoints, with their section names.
+    fn endpoints(&self) -> [(&'static str, &[ModelEndpoint]); 2] {
+        [
+            ("vision_models", &self.vision_models),
+            ("fallbacks", &self.fallbacks),
+        ]
+    }
+}
+
+/// The keys `entries` (of `[[llm.{section}]]`) name themselves, in order; `None` for an
+/// entry that names none.
+fn endpoint_keys(entries: &[ModelEndpoint], section: &str) -> anyhow::Result<Vec<Option<Secret>>> {
+    let mut keys = Vec::new();
+    for entry in entries {
+        keys.push(match (&entry.api_key_file, &entry.api_key_env) {
+            (Some(path), _) => Some(secrets::read_file(
+                path,
+                &format!("llm.{section}.api_key_file"),
+            )?),
+            (None, Some(name)) => Some(secrets::from_env(name).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "llm.{section} ({}) reads its API key from {name}, which is not set",
+                    entry.model
+                )
+            })?),
+            (None, None) => None,
+        });
+    }
+    Ok(keys)
 }
 
 impl Default for LlmConfig {
@@ -352,6 +390,7 @@ impl Default for LlmConfig {
             idle_timeout_secs: client.idle_timeout.as_secs(),
             max_retries: client.retry.max_retries,
             vision_models: Vec::new(),
+            fallbacks: Vec::new(),
         }
     }
 }
@@ -934,18 +973,20 @@ impl Config {
         if self.model().trim().is_empty() {
             bail!("llm.model must not be empty");
         }
-        for (i, vision) in self.llm.vision_models.iter().enumerate() {
-            if vision.model.trim().is_empty() {
-                bail!("llm.vision_models[{i}]: model must be set");
-            }
-            if let Some(url) = &vision.base_url
-                && !url.starts_with("http://")
-                && !url.starts_with("https://")
-            {
-                bail!(
-                    "llm.vision_models[{i}] ({}): base_url must start with http:// or https://, got {url:?}",
-                    vision.model
-                );
+        for (section, entries) in self.llm.endpoints() {
+            for (i, entry) in entries.iter().enumerate() {
+                if entry.model.trim().is_empty() {
+                    bail!("llm.{section}[{i}]: model must be set");
+                }
+                if let Some(url) = &entry.base_url
+                    && !url.starts_with("http://")
+                    && !url.starts_with("https://")
+                {
+                    bail!(
+                        "llm.{section}[{i}] ({}): base_url must start with http:// or https://, got {url:?}",
+                        entry.model
+                    );
+                }
             }
         }
         let api_url = &self.telegram.api_url;
@@ -1333,21 +1374,8 @@ impl Config {
                  same token in the implementation's WebSocket client settings)"
             );
         }
-        let mut vision_keys = Vec::new();
-        for vision in &self.llm.vision_models {
-            vision_keys.push(match (&vision.api_key_file, &vision.api_key_env) {
-                (Some(path), _) => {
-                    Some(secrets::read_file(path, "llm.vision_models.api_key_file")?)
-                }
-                (None, Some(name)) => Some(secrets::from_env(name).ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "llm.vision_models ({}) reads its API key from {name}, which is not set",
-                        vision.model
-                    )
-                })?),
-                (None, None) => None,
-            });
-        }
+        let vision_keys = endpoint_keys(&self.llm.vision_models, "vision_models")?;
+        let fallback_keys = endpoint_keys(&self.llm.fallbacks, "fallbacks")?;
         let http_token = match &self.http.token_env {
             Some(name) => {
                 let token = secrets::from_env(name).ok_or_else(|| {
@@ -1372,6 +1400,7 @@ impl Config {
             brave_api_key,
             onebot_token,
             vision_keys,
+            fallback_keys,
         };
         Ok(())
     }
@@ -1393,8 +1422,9 @@ impl Config {
         }
         for name in self
             .llm
-            .vision_models
-            .iter()
+            .endpoints()
+            .into_iter()
+            .flat_map(|(_, entries)| entries)
             .filter_map(|v| v.api_key_env.as_ref())
         {
             if !names.contains(name) {
@@ -1441,8 +1471,9 @@ impl Config {
         );
         paths.extend(
             self.llm
-                .vision_models
-                .iter()
+                .endpoints()
+                .into_iter()
+                .flat_map(|(_, entries)| entries)
                 .filter_map(|v| v.api_key_file.clone()),
         );
         paths
@@ -1458,13 +1489,34 @@ impl Config {
     /// the main model's when it uses the main endpoint; else none, so that naming another
     /// `base_url` never sends the main key there.
     pub fn vision_api_key(&self, index: usize) -> Option<&Secret> {
-        if let Some(Some(key)) = self.secrets.vision_keys.get(index) {
+        self.endpoint_key(
+            self.llm.vision_models.get(index)?,
+            self.secrets.vision_keys.get(index),
+        )
+    }
+
+    /// The API key of `[[llm.fallbacks]]` entry `index`, by the rule of
+    /// [`Config::vision_api_key`].
+    pub fn fallback_api_key(&self, index: usize) -> Option<&Secret> {
+        self.endpoint_key(
+            self.llm.fallbacks.get(index)?,
+            self.secrets.fallback_keys.get(index),
+        )
+    }
+
+    /// The key of `entry`: `own` when it named one; else the main key when it uses the
+    /// main endpoint; else none.
+    fn endpoint_key<'a>(
+        &'a self,
+        entry: &ModelEndpoint,
+        own: Option<&'a Option<Secret>>,
+    ) -> Option<&'a Secret> {
+        if let Some(Some(key)) = own {
             return Some(key);
         }
-        let vision = self.llm.vision_models.get(index)?;
         let main = self.base_url();
         let same = |url: &str| url.trim_end_matches('/') == main.trim_end_matches('/');
-        if vision.base_url.as_deref().is_none_or(same) {
+        if entry.base_url.as_deref().is_none_or(same) {
             self.api_key()
         } else {
             None
@@ -1876,6 +1928,44 @@ api_key_file = "{}"
             [Some("sk-main"), Some("sk-main"), None, Some("sk-eyes-file")]
         );
         assert!(config.secret_paths().contains(&key_file));
+    }
+
+    #[test]
+    fn a_fallback_gets_its_own_key_or_the_main_one_on_the_main_endpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = dir.path().join("backup_key");
+        std::fs::write(&key_file, "sk-backup-file\n").unwrap();
+        let mut config = Config::parse(&format!(
+            r#"
+[llm]
+base_url = "https://llm.example/v1"
+api_key = "sk-main"
+[[llm.fallbacks]]
+model = "smaller-model"
+[[llm.fallbacks]]
+model = "elsewhere"
+base_url = "https://backup.example/v1"
+[[llm.fallbacks]]
+model = "elsewhere-with-its-key"
+base_url = "https://backup.example/v1"
+api_key_file = "{}"
+"#,
+            key_file.display()
+        ))
+        .unwrap();
+        config.resolve_secrets().unwrap();
+        let keys: Vec<Option<&str>> = (0..3)
+            .map(|i| config.fallback_api_key(i).map(Secret::expose))
+            .collect();
+        assert_eq!(keys, [Some("sk-main"), None, Some("sk-backup-file")]);
+        assert!(config.secret_paths().contains(&key_file));
+        let error = Config::parse("[[llm.fallbacks]]\nmodel = \" \"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("llm.fallbacks[0]: model must be set"),
+            "{error}"
+        );
     }
 
     #[test]

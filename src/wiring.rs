@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, VisionModel};
-use parlor_bot::llm::{LlmBackend, OpenAiClient, OpenAiConfig, RetryPolicy};
+use parlor_bot::llm::{Failover, Link, LlmBackend, OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager, SystemReceiver, system_inputs};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
@@ -398,14 +398,44 @@ fn llm_client(
     Ok(Arc::new(client))
 }
 
+/// The main endpoint's client, or, with `[[llm.fallbacks]]`, the chain of it and them
+/// ([`Failover`]): whatever asks the agent's model (turns, clock fires, sub-agents,
+/// summaries) fails over alike.
+fn llm_chain(config: &Config) -> anyhow::Result<Arc<dyn LlmBackend>> {
+    let primary = llm_client(config, config.base_url(), config.api_key())
+        .context("cannot build the LLM client")?;
+    if config.llm.fallbacks.is_empty() {
+        return Ok(primary);
+    }
+    let mut links = vec![Link {
+        name: config.model(),
+        model: None,
+        llm: primary,
+    }];
+    for (i, fallback) in config.llm.fallbacks.iter().enumerate() {
+        let model = fallback.model.trim().to_owned();
+        let base_url = fallback
+            .base_url
+            .clone()
+            .unwrap_or_else(|| config.base_url());
+        links.push(Link {
+            name: model.clone(),
+            model: Some(model),
+            llm: llm_client(config, base_url, config.fallback_api_key(i)).with_context(|| {
+                format!("cannot build the client of fallback {}", fallback.model)
+            })?,
+        });
+    }
+    Ok(Arc::new(Failover::new(links)))
+}
+
 /// The agent this configuration describes, talking to the configured endpoint.
 ///
 /// With sub-agents, their agent is built here too and handed to the service: the same
 /// client and toolsets, without `subagent` (no nesting), under their own model and step
 /// limit, and with the message toolset naming what they post as theirs in the chat log.
 pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> anyhow::Result<Agent> {
-    let llm = llm_client(config, config.base_url(), config.api_key())
-        .context("cannot build the LLM client")?;
+    let llm = llm_chain(config)?;
     let mut vision_models = Vec::new();
     for (i, vision) in config.llm.vision_models.iter().enumerate() {
         let base_url = vision.base_url.clone().unwrap_or_else(|| config.base_url());

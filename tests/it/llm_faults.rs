@@ -477,3 +477,43 @@ async fn a_context_length_error_that_persists_tells_the_chat_to_reset() {
     assert_eq!(rig.llm().request_count(), 5, "one retry, not more");
     rig.recovers().await;
 }
+
+// Failover -----------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_is_down_hands_the_mention_to_the_fallback() {
+    let backup = FakeLlm::start().await;
+    backup.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        Reply::text(format!("backup: {last}"))
+    });
+    let rig = rig(&format!(
+        "[[llm.fallbacks]]\nmodel = \"backup-model\"\nbase_url = \"{}\"\n",
+        backup.base_url()
+    ))
+    .await;
+    rig.llm().respond_with(|_| Reply::status(503));
+
+    let reply = rig.ask("anyone?").await;
+    assert_eq!(
+        reply,
+        "backup: Alice (telegram:1001): @parlor_bot anyone?",
+        "{}",
+        rig.log()
+    );
+    assert_eq!(rig.llm().request_count(), 1, "the primary was asked first");
+    let asked = backup.requests();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].model(), Some("backup-model"));
+    assert_eq!(
+        asked[0].authorization(),
+        None,
+        "the main key never goes to another host"
+    );
+
+    // A request the provider refuses as such is not sent elsewhere.
+    rig.llm().respond_with(|_| Reply::status(400));
+    let reply = rig.ask("too long?").await;
+    assert_notice(&reply, "refused the request (HTTP 400)");
+    assert_eq!(backup.requests().len(), 1, "no failover on a 400");
+}
