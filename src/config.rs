@@ -122,6 +122,9 @@ pub struct BotConfig {
     /// When set, a chat that used this many tokens today (UTC) gets no more turns that
     /// day; it is told once.
     pub daily_tokens_per_chat: Option<u64>,
+    /// When set, a member who used this many tokens today (UTC, in every chat) is not
+    /// answered again that day; told once per chat.
+    pub daily_tokens_per_member: Option<u64>,
     /// When a turn's last request (prompt + completion) reaches this share of
     /// `llm.context_window`, the older turns are summarized; 0 turns compaction off (the
     /// history is then only trimmed).
@@ -254,6 +257,7 @@ impl Default for BotConfig {
             shutdown_grace_secs: 20,
             max_messages_per_chat: store.max_messages_per_chat,
             daily_tokens_per_chat: session.daily_tokens_per_chat,
+            daily_tokens_per_member: session.daily_tokens_per_member,
             compact_ratio: session.compact_ratio,
             compact_keep_turns: session.compact_keep_turns,
             auto_chat: Vec::new(),
@@ -1060,6 +1064,10 @@ impl Config {
             (
                 "bot.daily_tokens_per_chat",
                 self.bot.daily_tokens_per_chat.unwrap_or(1),
+            ),
+            (
+                "bot.daily_tokens_per_member",
+                self.bot.daily_tokens_per_member.unwrap_or(1),
             ),
             (
                 "telegram.poll_timeout_secs",

@@ -674,6 +674,7 @@ pub fn runtime(
         compact_keep_turns: config.bot.compact_keep_turns,
         idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
         daily_tokens_per_chat: config.bot.daily_tokens_per_chat,
+        daily_tokens_per_member: config.bot.daily_tokens_per_member,
         auto_chat: config
             .bot
             .auto_chat

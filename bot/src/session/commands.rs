@@ -63,8 +63,9 @@ impl Intake<'_> {
         )
     }
 
-    /// The answer to `/status` for the chat of `key` (its live session, if any).
-    pub(super) fn status_text(&self, key: &str, session: Option<&Session>) -> String {
+    /// The answer to `/status` for the chat of `key` (its live session, if any), asked by
+    /// `member`.
+    pub(super) fn status_text(&self, key: &str, session: Option<&Session>, member: &str) -> String {
         let (running, turns, queued) = match session {
             Some(s) => {
                 let seen = s.seen();
@@ -93,10 +94,15 @@ impl Intake<'_> {
             (used, Some(limit)) => format!("{used} of {limit}"),
             (used, None) => used.to_string(),
         };
+        let yours = match self.manager.member_tokens_today(member, key) {
+            (used, Some(limit)) => format!("{used} of {limit}"),
+            (used, None) => used.to_string(),
+        };
         format!(
             "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
              Summary: {summary}\n\
-             Turns since start: {turns}\nTokens today (UTC): {tokens}\nModel: {}\nTools: {}\nUp for {} min",
+             Turns since start: {turns}\nTokens today (UTC): {tokens}\n\
+             Your tokens today, in every chat: {yours}\nModel: {}\nTools: {}\nUp for {} min",
             if running {
                 "Working on an answer."
             } else {

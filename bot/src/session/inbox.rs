@@ -200,7 +200,10 @@ impl Intake<'_> {
                 let session = self.manager.live_session(&key);
                 let (text, cancel) = match command {
                     Command::Help => (self.help_text(), None),
-                    Command::Status => (self.status_text(&key, session.as_deref()), None),
+                    Command::Status => (
+                        self.status_text(&key, session.as_deref(), &message.sender.id),
+                        None,
+                    ),
                     Command::Reload => (self.reload_text(&message.sender.id), None),
                     _ => self.stop(session.as_deref()),
                 };

@@ -61,6 +61,9 @@ pub struct SessionConfig {
     /// When set, a chat whose tokens today (UTC) reach this runs no more turns that day,
     /// and is told so once (`session/usage.rs`).
     pub daily_tokens_per_chat: Option<u64>,
+    /// When set, a member whose tokens today (UTC, across chats) reach this is not answered
+    /// again that day, and is told so once in each chat (`session/usage.rs`).
+    pub daily_tokens_per_member: Option<u64>,
     /// The groups the bot runs auto-chat in ([`super::auto_chat`]); empty: none.
     pub auto_chat: Vec<super::AutoChat>,
     /// Most commands (`/help`, `/status`...) one member may have answered per minute in a
@@ -91,6 +94,7 @@ impl Default for SessionConfig {
             admin_cache_ttl: Duration::from_secs(600),
             max_input_chars: 4000,
             daily_tokens_per_chat: None,
+            daily_tokens_per_member: None,
             auto_chat: Vec::new(),
             commands_per_member_per_minute: 3,
             commands_per_chat_per_minute: 10,
@@ -712,6 +716,19 @@ impl SessionManager {
         let used = super::usage::day_usage(self.store().as_ref(), self.now().date_naive(), session)
             .map_or(0, |d| d.total_tokens);
         (used, self.config().daily_tokens_per_chat)
+    }
+
+    /// `member`'s tokens today across chats and the daily limit per member, for `/status`
+    /// in `session`.
+    pub fn member_tokens_today(&self, member: &str, session: &str) -> (u64, Option<u64>) {
+        let used = super::usage::member_today(
+            self.store().as_ref(),
+            self.now().date_naive(),
+            member,
+            session,
+        )
+        .map_or(0, |(used, _)| used);
+        (used, self.config().daily_tokens_per_member)
     }
 
     /// Re-reads what the toolsets load from outside the program (skill folders): `/reload`

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::queue::QueueItem;
+use super::turn::Told;
 use super::usage;
 use super::worker::ChatWorker;
 use crate::agent::{Turn, TurnEnd};
@@ -262,27 +263,37 @@ pub fn recent(store: &dyn Store, session: &str) -> Result<Vec<TurnTrace>, StoreE
 impl ChatWorker {
     /// The records a turn commits besides its history: its day's usage and (for a turn that
     /// asked the model) its trace. Reserves the reply's outbox id so the trace can name it.
-    /// `budget_told`: the reply is today's budget notice.
+    /// `budget_told`: who the reply told their budget is used up.
     pub(super) fn turn_records(
         &self,
         session: &str,
         item: &QueueItem,
         facts: Option<&TurnFacts>,
-        budget_told: bool,
+        budget_told: Told,
         started: DateTime<Utc>,
         reply: Option<&mut OutboxEntry>,
     ) -> Result<Vec<KvWrite>, StoreError> {
         let store = self.manager.store().as_ref();
         let mut writes = Vec::new();
-        if facts.is_none() && !budget_told {
+        if facts.is_none() && budget_told == Told::Nobody {
             return Ok(writes);
         }
+        let day = self.manager.now().date_naive();
+        let usage = facts.map(|f| &f.usage);
         writes.push(usage::add(
             store,
-            self.manager.now().date_naive(),
+            day,
             session,
-            facts.map(|f| &f.usage),
-            budget_told,
+            usage,
+            budget_told == Told::Chat,
+        )?);
+        writes.extend(usage::add_members(
+            store,
+            day,
+            session,
+            &usage::members(item),
+            usage,
+            budget_told == Told::Members,
         )?);
         let Some(facts) = facts else {
             return Ok(writes);

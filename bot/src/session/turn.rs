@@ -13,7 +13,7 @@ use super::input::Action;
 use super::manager::Session;
 use super::queue::QueueItem;
 use super::trace::TurnFacts;
-use super::usage::{BUDGET_NOTICE, Budget};
+use super::usage::{BUDGET_NOTICE, Budget, MEMBER_BUDGET_NOTICE};
 use super::worker::ChatWorker;
 use crate::agent::history::trim_to_budget;
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
@@ -35,8 +35,8 @@ pub(super) struct Outcome {
     pub(super) compact_due: bool,
     /// What the model did, for the day's usage and the trace; `None` when it was not asked.
     pub(super) facts: Option<TurnFacts>,
-    /// The reply is today's budget notice (`usage.rs`).
-    pub(super) budget_told: bool,
+    /// The reply is today's budget notice (`usage.rs`): the chat's, or its members'.
+    pub(super) budget_told: Told,
     /// The whole history once `history` is committed, kept for the next turn; `None`
     /// when there is none to keep (the next turn reads the store).
     pub(super) history_after: Option<Vec<Message>>,
@@ -79,8 +79,9 @@ impl ChatWorker {
         let outcome = match rules.action {
             Action::Reset => self.reset(session, &item).await,
             Action::Compact => self.compact_command(session, &item, &cancel).await,
-            Action::Turn => match self.budget(session.key()) {
+            Action::Turn => match self.budget(session.key(), &item) {
                 Budget::Spent { told } => Some(over_budget(told)),
+                Budget::MembersSpent { told, names } => Some(members_over_budget(told, &names)),
                 Budget::Open => self.turn(session, &item, &cancel).await,
             },
         };
@@ -308,7 +309,7 @@ pub(super) async fn run(
         summary: new_summary.or(if rewrite { summary } else { None }),
         compact_due,
         facts: Some(facts),
-        budget_told: false,
+        budget_told: Told::Nobody,
         history_after: Some(after),
     })
 }
@@ -340,9 +341,31 @@ fn over_budget(told: bool) -> Outcome {
         reply: (!told).then(|| BUDGET_NOTICE.to_owned()),
         // A clock fire's run log says why nothing was posted.
         model_failed: Some("the chat's daily token budget is used up".to_owned()),
-        budget_told: !told,
+        budget_told: if told { Told::Nobody } else { Told::Chat },
         ..Outcome::default()
     }
+}
+
+/// Every member the turn would answer has used up their budget: told once a day per chat.
+fn members_over_budget(told: bool, names: &[String]) -> Outcome {
+    Outcome {
+        reply: (!told).then(|| format!("{} {MEMBER_BUDGET_NOTICE}", names.join(", "))),
+        model_failed: Some("the members' daily token budget is used up".to_owned()),
+        budget_told: if told { Told::Nobody } else { Told::Members },
+        ..Outcome::default()
+    }
+}
+
+/// Who a budget notice told.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Told {
+    /// No notice.
+    #[default]
+    Nobody,
+    /// The chat's budget is used up.
+    Chat,
+    /// The members' budgets are used up.
+    Members,
 }
 
 /// Whether `messages` hold image bytes (a `data:` URL).

@@ -1,9 +1,16 @@
-//! Tokens per chat per day (`usage` collection): what `/status` and the operator's console
-//! show, and what the optional daily budget (`SessionConfig::daily_tokens_per_chat`) is
-//! checked against. A day's record is rewritten by each turn's commit, in the same
-//! transaction (docs/contract.md, "Storage"): a kill never counts a turn without its
-//! history, nor the reverse. Only the chat's worker writes its records, one turn at a time,
-//! so reading, adding and writing back needs no lock. Days are UTC days.
+//! Tokens per chat per day (`usage` collection) and per member per chat per day
+//! (`usage_member`): what `/status`, `parlor usage` and the operator's console show, and what
+//! the optional daily budgets (`SessionConfig::daily_tokens_per_chat`,
+//! `SessionConfig::daily_tokens_per_member`) are checked against, before the model is asked.
+//! A day's records are rewritten by each turn's commit, in the same transaction
+//! (docs/contract.md, "Storage"): a kill never counts a turn without its history, nor the
+//! reverse. Only the chat's worker writes its chat's records (a member's are kept per chat
+//! for that reason), one turn at a time, so reading, adding and writing back needs no lock.
+//! Days are UTC days.
+//!
+//! A turn's tokens are shared evenly among the members whose messages it answered; a clock
+//! fire, a task notice or an auto-chat turn is charged to the chat only. A turn is refused
+//! for the member budget only when every member it would answer has used theirs.
 
 use chrono::{NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
@@ -36,6 +43,141 @@ pub struct DayUsage {
     /// Whether the chat was told its budget was used up, so it is told once a day.
     #[serde(default)]
     pub budget_told: bool,
+}
+
+/// The collection of member day records, keyed `<YYYY-MM-DD>|<member>|<session>` so that
+/// one prefix scan reads a member's day across chats, and a longer one a whole day.
+pub const MEMBER_USAGE_SPACE: &str = "usage_member";
+
+/// What a member is told, once a day in each chat, when their budget is used up.
+pub const MEMBER_BUDGET_NOTICE: &str = "has used up today's token budget, so I will not answer until tomorrow (UTC). The bot's operator can raise the limit.";
+
+/// One member's use of the model in one chat on one day.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberDay {
+    /// Schema version (1).
+    pub v: u32,
+    /// The member's name when last seen.
+    #[serde(default)]
+    pub name: String,
+    /// Turns that answered the member (shared turns count whole).
+    pub turns: u64,
+    /// The member's share of those turns' tokens.
+    pub total_tokens: u64,
+    /// Whether the member was told in this chat that their budget was used up.
+    #[serde(default)]
+    pub budget_told: bool,
+}
+
+/// The key of `member`'s record in `session` for `day`.
+pub fn member_key(day: NaiveDate, member: &str, session: &str) -> String {
+    format!("{day}|{member}|{session}")
+}
+
+/// Every member record of `day` (or, with `member`, only theirs): (member, session, record).
+pub fn members_on(
+    store: &dyn Store,
+    day: NaiveDate,
+    member: Option<&str>,
+) -> Result<Vec<(String, String, MemberDay)>, StoreError> {
+    let prefix = match member {
+        Some(member) => format!("{day}|{member}|"),
+        None => format!("{day}|"),
+    };
+    let mut out = Vec::new();
+    for (key, json) in store.kv_scan(MEMBER_USAGE_SPACE, &prefix)? {
+        let Some(rest) = key.strip_prefix(&format!("{day}|")) else {
+            continue;
+        };
+        // Member ids are platform-qualified (`telegram:42`) and never hold `|`.
+        let Some((member, session)) = rest.split_once('|') else {
+            continue;
+        };
+        match serde_json::from_str(&json) {
+            Ok(record) => out.push((member.to_owned(), session.to_owned(), record)),
+            Err(e) => tracing::warn!(key, error = %e, "unreadable member usage record skipped"),
+        }
+    }
+    Ok(out)
+}
+
+/// `member`'s tokens on `day` across chats, and whether they were told in `session`.
+pub fn member_today(
+    store: &dyn Store,
+    day: NaiveDate,
+    member: &str,
+    session: &str,
+) -> Result<(u64, bool), StoreError> {
+    let records = members_on(store, day, Some(member))?;
+    let used = records.iter().map(|(_, _, r)| r.total_tokens).sum();
+    let told = records
+        .iter()
+        .any(|(_, s, r)| s == session && r.budget_told);
+    Ok((used, told))
+}
+
+/// The members a turn of `item` answers, each once, in order: (id, name). None for a turn
+/// that answers no member (a clock fire, a task notice, auto-chat).
+pub(super) fn members(item: &super::queue::QueueItem) -> Vec<(String, String)> {
+    if item.kind.rules().caller != super::input::CallerRule::Senders {
+        return Vec::new();
+    }
+    let mut out: Vec<(String, String)> = Vec::new();
+    for caller in &item.callers {
+        if !caller.user_id.is_empty() && !out.iter().any(|(id, _)| *id == caller.user_id) {
+            out.push((caller.user_id.clone(), caller.name.clone()));
+        }
+    }
+    out
+}
+
+/// The writes that add a turn's `usage` to its `members`, shared evenly (the first ones
+/// take the remainder), and mark them `told` when the turn's reply told them their budget
+/// was used up.
+pub(super) fn add_members(
+    store: &dyn Store,
+    day: NaiveDate,
+    session: &str,
+    members: &[(String, String)],
+    usage: Option<&Usage>,
+    told: bool,
+) -> Result<Vec<KvWrite>, StoreError> {
+    if usage.is_none() && !told {
+        return Ok(Vec::new());
+    }
+    let total = usage.map_or(0, |u| {
+        u.total_tokens.max(u.prompt_tokens + u.completion_tokens)
+    });
+    let count = u64::try_from(members.len()).unwrap_or(u64::MAX).max(1);
+    let (share, mut rest) = (total / count, total % count);
+    let mut writes = Vec::new();
+    for (member, name) in members {
+        let key = member_key(day, member, session);
+        // An unreadable record must not keep the turn from committing: it counts afresh.
+        let mut record: MemberDay = match store.kv_get(MEMBER_USAGE_SPACE, &key) {
+            Ok(Some(json)) => serde_json::from_str(&json).unwrap_or_default(),
+            Ok(None) => MemberDay::default(),
+            Err(e) => {
+                tracing::warn!(session, error = %e, "unreadable member usage; it counts afresh");
+                MemberDay::default()
+            }
+        };
+        record.v = 1;
+        record.name.clone_from(name);
+        if usage.is_some() {
+            record.turns += 1;
+            record.total_tokens += share + u64::from(rest > 0);
+            rest = rest.saturating_sub(1);
+        }
+        record.budget_told |= told;
+        writes.push(KvWrite {
+            space: MEMBER_USAGE_SPACE.to_owned(),
+            key,
+            value: Some(serde_json::to_string(&record).map_err(|e| StoreError::Io(e.to_string()))?),
+            if_unchanged: None,
+        });
+    }
+    Ok(writes)
 }
 
 /// The key of `session`'s record for `day`.
@@ -136,38 +278,66 @@ fn add_to(
     })
 }
 
-/// Where a chat stands with its daily budget before a turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a chat stands with its daily budgets before a turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Budget {
     /// Run the turn.
     Open,
-    /// Used up; `told` when the chat already heard so today.
+    /// The chat's is used up; `told` when the chat already heard so today.
     Spent {
         /// The notice went out earlier today.
         told: bool,
     },
+    /// Every member the turn would answer has used theirs up.
+    MembersSpent {
+        /// Each of them was already told in this chat today.
+        told: bool,
+        /// Their names, for the notice.
+        names: Vec<String>,
+    },
 }
 
 impl ChatWorker {
-    /// Whether `session` may run a turn now. A store that cannot be read lets the turn run:
-    /// the budget limits cost, it must not silence a chat over a read error.
-    pub(super) fn budget(&self, session: &str) -> Budget {
-        let Some(limit) = self.manager.config().daily_tokens_per_chat else {
+    /// Whether a turn of `item` may run in `session` now. A store that cannot be read lets
+    /// the turn run: the budgets limit cost, they must not silence a chat over a read error.
+    pub(super) fn budget(&self, session: &str, item: &super::queue::QueueItem) -> Budget {
+        let store = self.manager.store().as_ref();
+        let day = self.manager.now().date_naive();
+        let config = self.manager.config();
+        if let Some(limit) = config.daily_tokens_per_chat {
+            match day_usage(store, day, session) {
+                Ok(day) if day.total_tokens >= limit => {
+                    return Budget::Spent {
+                        told: day.budget_told,
+                    };
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(session, error = %e, "cannot read today's usage; the turn runs");
+                }
+            }
+        }
+        let Some(limit) = config.daily_tokens_per_member else {
             return Budget::Open;
         };
-        match day_usage(
-            self.manager.store().as_ref(),
-            self.manager.now().date_naive(),
-            session,
-        ) {
-            Ok(day) if day.total_tokens >= limit => Budget::Spent {
-                told: day.budget_told,
-            },
-            Ok(_) => Budget::Open,
-            Err(e) => {
-                tracing::warn!(session, error = %e, "cannot read today's usage; the turn runs");
-                Budget::Open
+        let members = members(item);
+        if members.is_empty() {
+            return Budget::Open;
+        }
+        let mut told_all = true;
+        for (member, _) in &members {
+            match member_today(store, day, member, session) {
+                Ok((used, told)) if used >= limit => told_all &= told,
+                Ok(_) => return Budget::Open,
+                Err(e) => {
+                    tracing::warn!(session, error = %e, "cannot read a member's usage; the turn runs");
+                    return Budget::Open;
+                }
             }
+        }
+        Budget::MembersSpent {
+            told: told_all,
+            names: members.into_iter().map(|(_, name)| name).collect(),
         }
     }
 }

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use parlor_bot::agent::AgentConfig;
-use parlor_bot::platform::Inbox;
+use parlor_bot::platform::{ChatRef, Inbox};
 use parlor_bot::session::trace::{self, KEEP_TRACES};
-use parlor_bot::session::usage::{self, BUDGET_NOTICE};
+use parlor_bot::session::usage::{self, BUDGET_NOTICE, MEMBER_BUDGET_NOTICE};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{
@@ -19,6 +19,7 @@ struct Rig {
     manager: SessionManager,
     store: Arc<MemoryStore>,
     platform: Arc<TestPlatform>,
+    llm: Arc<ScriptedLlm>,
 }
 
 /// Every request answered `text("fine")` (12 tokens), except a user message containing
@@ -41,7 +42,7 @@ fn rig(config: SessionConfig) -> Rig {
     let platform = TestPlatform::new();
     let manager = toolless_manager(
         store.clone() as Arc<dyn Store>,
-        llm,
+        llm.clone(),
         &platform,
         config,
         AgentConfig::default(),
@@ -50,13 +51,18 @@ fn rig(config: SessionConfig) -> Rig {
         manager,
         store,
         platform,
+        llm,
     }
 }
 
 impl Rig {
     async fn say(&self, id: u32, text: &str) {
+        self.say_as(&group(), id, "alice", text).await;
+    }
+
+    async fn say_as(&self, chat: &ChatRef, id: u32, who: &str, text: &str) {
         self.manager
-            .deliver(message(&group(), id, "alice", text))
+            .deliver(message(chat, id, who, text))
             .await
             .unwrap();
     }
@@ -184,4 +190,66 @@ async fn a_spent_budget_opens_again_the_next_day_of_the_sessions_clock() {
     let second = usage::day_usage(rig.store.as_ref(), next, &key).unwrap();
     assert_eq!((first.turns, first.budget_told), (1, true));
     assert_eq!((second.turns, second.budget_told), (1, false));
+}
+
+#[tokio::test]
+async fn a_member_over_budget_is_refused_before_the_model_is_asked_and_told_once_per_chat() {
+    let rig = rig(SessionConfig {
+        daily_tokens_per_member: Some(20),
+        ..SessionConfig::default()
+    });
+    let key = group().session_key();
+    rig.say(1, "@parlor one").await;
+    rig.platform.wait_sent(1).await;
+    // 12 of 20: alice's next turn still runs, and reaches her budget.
+    rig.say(2, "@parlor two").await;
+    rig.platform.wait_sent(2).await;
+    assert_eq!(rig.llm.requests().len(), 2);
+    rig.say(3, "@parlor three").await;
+    let sent = rig.platform.wait_sent(3).await;
+    assert_eq!(sent[2].text, format!("alice {MEMBER_BUDGET_NOTICE}"));
+    assert_eq!(rig.llm.requests().len(), 2, "the model was not asked");
+    // Told already: her next mention is answered without a word; bob still has his budget.
+    rig.say(4, "@parlor four").await;
+    parlor_bot::testing::wait_until(
+        "alice's input done",
+        parlor_bot::testing::WAIT_LIMIT,
+        || rig.store.pending().unwrap().is_empty(),
+    )
+    .await;
+    rig.say_as(&group(), 5, "bob", "@parlor hi").await;
+    let sent = rig.platform.wait_sent(4).await;
+    assert_eq!(sent[3].text, "fine");
+    assert_eq!(rig.llm.requests().len(), 3);
+
+    let day = usage::today();
+    assert_eq!(
+        usage::member_today(rig.store.as_ref(), day, "test:alice", &key).unwrap(),
+        (24, true)
+    );
+    assert_eq!(
+        usage::member_today(rig.store.as_ref(), day, "test:bob", &key).unwrap(),
+        (12, false)
+    );
+    // The chat's own count has every turn.
+    let chat = usage::day_usage(rig.store.as_ref(), day, &key).unwrap();
+    assert_eq!((chat.turns, chat.total_tokens), (3, 36));
+
+    // Her budget holds in every chat; each chat is told once.
+    let other = ChatRef::new("test", "-200");
+    rig.say_as(&other, 6, "alice", "@parlor over here?").await;
+    let sent = rig.platform.wait_sent(5).await;
+    assert_eq!(sent[4].chat, other);
+    assert_eq!(sent[4].text, format!("alice {MEMBER_BUDGET_NOTICE}"));
+    assert_eq!(rig.llm.requests().len(), 3);
+
+    rig.say(7, "/status").await;
+    let status = rig.platform.wait_sent(6).await;
+    assert!(
+        status[5]
+            .text
+            .contains("Your tokens today, in every chat: 24 of 20"),
+        "{}",
+        status[5].text
+    );
 }
