@@ -6,7 +6,9 @@
 //! its own.
 //!
 //! ## Layout
-//! - `main.rs` — the command line: `run`, `chat`, `ask`, `tools`, `check-config`, `mcp`.
+//! - `main.rs` — the command line: `run`, `chat`, `ask`, `tools`, `check-config`, `mcp`,
+//!   `skills`, `usage`.
+//! - `usage.rs` — `parlor usage`'s tables.
 //! - `config.rs` — the TOML file, then the environment, then defaults; every option checked
 //!   at load with a message naming it.
 //! - `secrets.rs` — secrets resolved once (`*_file`, file value, systemd credential,
@@ -25,6 +27,7 @@ mod http;
 mod memory;
 mod secrets;
 mod systemd;
+mod usage;
 mod wiring;
 
 use std::io::Write;
@@ -78,6 +81,19 @@ enum Command {
     Run,
     /// Check the configuration file (and the skill folders it names) and exit.
     CheckConfig,
+    /// Print the tokens each chat and each member used per UTC day, from the store (stop
+    /// the daemon first, or read the console's usage page while it runs).
+    Usage {
+        /// Only this chat, by its session key (`telegram:-100123`).
+        #[arg(long)]
+        chat: Option<String>,
+        /// Only this member (`telegram:42`).
+        #[arg(long)]
+        member: Option<String>,
+        /// How many days, today (UTC) included.
+        #[arg(long, default_value_t = 7)]
+        days: u32,
+    },
     /// Connect to every configured MCP server and report what each offers: its status,
     /// and each tool's wire name, risk and role.
     Mcp,
@@ -250,6 +266,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Skills => {
             print_skills(&config).context("cannot write to stdout")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Usage { chat, member, days } => {
+            let store = wiring::store(&config)?;
+            let filter = usage::Filter { chat, member, days };
+            let table = usage::report(store.as_ref(), chrono::Utc::now().date_naive(), &filter)?;
+            print!("{table}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp => {

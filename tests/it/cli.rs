@@ -734,3 +734,59 @@ async fn an_unreachable_endpoint_is_explained_without_a_warn_stack() {
     assert_contains(&err, "Connection refused");
     assert!(stdout(&out).is_empty(), "{}", stdout(&out));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_prints_each_chat_and_member_by_day_from_the_store() {
+    let fake = FakeLlm::start().await;
+    support::echo(&fake);
+    let data = tempfile::tempdir().unwrap();
+    // One run each, so that no two mentions merge into one turn.
+    for line in [
+        "alice: hi @parlor\n",
+        "bob: and me @parlor\n",
+        "alice: again @parlor\n",
+    ] {
+        let out = chat(&fake, data.path(), &[], line).await;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    assert_eq!(fake.request_count(), 3);
+
+    let usage = |args: &[&str]| {
+        let mut cmd = parlor();
+        cmd.arg("usage")
+            .args(args)
+            .env("PARLOR_DATA_DIR", data.path());
+        cmd
+    };
+    let out = run(&mut usage(&[])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let today = chrono::Utc::now().date_naive().to_string();
+    // Each reply of the fake reports 10 + 5 tokens.
+    let has = |text: &str, cells: &[&str]| {
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == cells)
+    };
+    let line = |cells: &[&str]| has(&text, cells);
+    assert!(line(&[&today, "console:local", "3", "45"]), "{text}");
+    assert!(
+        line(&[
+            &today,
+            "alice",
+            "(console:alice)",
+            "console:local",
+            "2",
+            "30"
+        ]),
+        "{text}"
+    );
+    assert!(
+        line(&[&today, "bob", "(console:bob)", "console:local", "1", "15"]),
+        "{text}"
+    );
+
+    let out = run(&mut usage(&["--member", "console:bob", "--days", "1"])).await;
+    let text = stdout(&out);
+    assert!(!text.contains("alice"), "{text}");
+    assert!(has(&text, &["Total", "1", "15"]), "{text}");
+}
