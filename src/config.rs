@@ -125,9 +125,10 @@ pub struct BotConfig {
     /// When set, a member who used this many tokens today (UTC, in every chat) is not
     /// answered again that day; told once per chat.
     pub daily_tokens_per_member: Option<u64>,
-    /// When a turn's last request (prompt + completion) reaches this share of
-    /// `llm.context_window`, the older turns are summarized; 0 turns compaction off (the
-    /// history is then only trimmed).
+    /// When a turn's last request (prompt + completion) reaches the fixed part of every
+    /// request (system prompt, tool schemas) plus this share of what `llm.context_window`
+    /// leaves after it, the older turns are summarized; 0 turns compaction off (the history
+    /// is then only trimmed).
     pub compact_ratio: f64,
     /// Newest turns a compaction keeps word for word.
     pub compact_keep_turns: usize,
@@ -288,7 +289,7 @@ pub struct LlmConfig {
     /// Longest tool result kept, in characters.
     pub tool_result_max_chars: usize,
     /// The model's context window in tokens: compaction starts at `bot.compact_ratio` of
-    /// it, and history is trimmed to about 85% of it (60% with compaction off).
+    /// what the fixed prompt leaves of it, and history is trimmed to about 85% of it (60% with compaction off).
     #[serde(alias = "context_tokens")]
     pub context_window: usize,
     /// Most model calls in one turn.

@@ -135,6 +135,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// Why compaction cannot work well with a fixed part of `fixed` tokens, if it cannot: that
+/// part alone reaches the window's share `bot.compact_ratio` (a summary after nearly every
+/// turn before, and little room for the conversation now).
+fn compaction_warning(config: &Config, fixed: usize) -> Option<String> {
+    let ratio = config.bot.compact_ratio;
+    if ratio <= 0.0 {
+        return None;
+    }
+    // A token count and a ratio in (0, 0.95].
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let share = (config.llm.context_window as f64 * ratio) as usize;
+    (fixed >= share).then(|| {
+        format!(
+            "the system prompt and tool schemas alone (about {fixed} tokens) reach \
+             llm.context_window x bot.compact_ratio ({share} tokens): the conversation has \
+             little room before each compaction; raise llm.context_window if the model allows, \
+             or enable fewer toolsets"
+        )
+    })
+}
+
 /// Takes the secrets out of the process environment once the config has read them, and
 /// for the long-running commands (`run`, `chat`: the ones with a terminal) makes the
 /// process non-dumpable. Runs on the main thread before any runtime exists: removing
@@ -241,7 +266,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::CheckConfig => {
             // The secrets were resolved (files and credentials read) before this.
-            wiring::catalog_registry(&config, None)?;
+            let registry = wiring::catalog_registry(&config, None)?;
+            let tools = registry.defs().len();
+            let size = wiring::prompt_size(&config, registry)?;
+            println!(
+                "every request starts with about {} tokens before the conversation: the system \
+                 prompt {}, the schemas of {tools} tools {}",
+                size.total(),
+                size.system,
+                size.tools
+            );
+            if let Some(warning) = compaction_warning(&config, size.total()) {
+                println!("warning: {warning}");
+            }
             let problems = skill_problems(&config);
             if let Some(listen) = &config.http.listen {
                 println!(

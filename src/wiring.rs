@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, VisionModel};
+use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, PromptSize, VisionModel};
 use parlor_bot::llm::{Failover, Link, LlmBackend, OpenAiClient, OpenAiConfig, RetryPolicy};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager, SystemReceiver, system_inputs};
@@ -249,6 +249,19 @@ pub fn catalog_registry(
     )?;
     services.mcp = mcp;
     registry(config, store, &services)
+}
+
+/// The fixed part of every request of this configuration (its system prompt with the
+/// toolsets' prompts, and the tools' schemas), as `registry` offers them: what
+/// `check-config` prints. Builds the agent, which connects to nothing.
+pub fn prompt_size(config: &Config, registry: ToolRegistry) -> anyhow::Result<PromptSize> {
+    let llm = llm_client(config, config.base_url(), None)?;
+    let prompt = format!(
+        "{}\n\n{}",
+        config.bot.system_prompt.trim_end(),
+        parlor_bot::session::ATTRIBUTION_PROMPT
+    );
+    Ok(Agent::new(llm, registry, &prompt, AgentConfig::default()).prompt_size())
 }
 
 /// The sub-agents when `toolsets.enabled` names `subagent`, on `wall_time`; their agent is

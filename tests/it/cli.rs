@@ -790,3 +790,26 @@ async fn usage_prints_each_chat_and_member_by_day_from_the_store() {
     assert!(!text.contains("alice"), "{text}");
     assert!(has(&text, &["Total", "1", "15"]), "{text}");
 }
+
+#[tokio::test]
+async fn check_config_prints_the_fixed_prompt_and_warns_when_it_fills_the_compaction_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let roomy = write_config(dir.path(), "[llm]\ncontext_window = 128000\n");
+    let out = run(parlor().arg("--config").arg(&roomy).arg("check-config")).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_contains(&text, "every request starts with about ");
+    assert!(!text.contains("warning:"), "{text}");
+
+    // A 4,000-token window at 0.5: the default prompt and tools alone fill the share.
+    let small = write_config(
+        dir.path(),
+        "[bot]\ncompact_ratio = 0.5\n[llm]\ncontext_window = 4000\n",
+    );
+    let out = run(parlor().arg("--config").arg(&small).arg("check-config")).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_contains(
+        &stdout(&out),
+        "warning: the system prompt and tool schemas alone (about ",
+    );
+}

@@ -293,6 +293,14 @@ impl Agent {
         Arc::clone(&prompt.text)
     }
 
+    /// About how many tokens every request starts with before any conversation (see
+    /// [`PromptSize`]).
+    pub fn prompt_size(&self) -> PromptSize {
+        let system = self.system_prompt().chars().count().div_ceil(4);
+        let tools = self.tools.defs().wire_json().len().div_ceil(4);
+        PromptSize { system, tools }
+    }
+
     /// This agent's tools.
     pub fn tools(&self) -> &ToolRegistry {
         &self.tools
@@ -755,6 +763,24 @@ fn with_injections(content: Content, injections: &[String]) -> Content {
             }
             Content::Parts(parts)
         }
+    }
+}
+
+/// The fixed part of every request, in estimated tokens (four characters a token, as for
+/// the history): compaction sizes its threshold against what the window leaves after it,
+/// and `check-config` prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptSize {
+    /// The system prompt.
+    pub system: usize,
+    /// The tools' schemas, as sent.
+    pub tools: usize,
+}
+
+impl PromptSize {
+    /// Both together.
+    pub fn total(&self) -> usize {
+        self.system + self.tools
     }
 }
 

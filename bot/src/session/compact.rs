@@ -44,42 +44,78 @@ enum Compaction {
     Cancelled,
 }
 
-/// The compaction threshold in tokens of `config`; `None` when compaction is off.
-pub(super) fn compact_threshold(config: &SessionConfig) -> Option<usize> {
+/// When a chat's context is full enough to compact, sized against what is left after the
+/// fixed part of every request (the system prompt and the tools' schemas): with a small
+/// window that part alone may be most of it, and a threshold on the whole request would
+/// then summarize after nearly every turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Threshold {
+    /// Tokens of a whole request at which to compact.
+    pub(super) at: usize,
+    /// The estimated fixed part of every request.
+    pub(super) fixed: usize,
+    /// Turns a compaction keeps: a history of no more turns is never summarized again.
+    pub(super) keep_turns: usize,
+}
+
+impl Threshold {
+    /// The tokens the conversation itself may take before a compaction.
+    pub(super) fn conversation(&self) -> usize {
+        self.at.saturating_sub(self.fixed)
+    }
+}
+
+/// The compaction threshold of `config` with a fixed part of `fixed` tokens: the fixed
+/// part plus `compact_ratio` of the room the window leaves after it; `None` when
+/// compaction is off.
+pub(super) fn compact_threshold(config: &SessionConfig, fixed: usize) -> Option<Threshold> {
     if config.compact_ratio <= 0.0 || config.context_window == 0 {
         return None;
     }
+    let room = config.context_window.saturating_sub(fixed);
     // The ratio is checked at load (0 < ratio ≤ 1) and the window is a token count.
     #[allow(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
         clippy::cast_precision_loss
     )]
-    Some((config.context_window as f64 * config.compact_ratio) as usize)
+    let conversation = (room as f64 * config.compact_ratio) as usize;
+    Some(Threshold {
+        at: fixed + conversation,
+        fixed,
+        keep_turns: config.compact_keep_turns,
+    })
 }
 
-/// Whether a turn left the model's context full enough to compact (`threshold` from
-/// [`compact_threshold`]): the provider's count of its last request when it sent one, else
-/// the estimate of the history.
+/// Whether a turn left the model's context full enough to compact: the provider's count
+/// of its last request when it sent one, else the fixed part and the estimate of the
+/// history, reaching the threshold. A history of no more turns than a compaction keeps is
+/// never full: a chat is not summarized twice without new turns in between.
 pub(super) fn context_full(
-    threshold: Option<usize>,
+    threshold: Option<Threshold>,
     reported: Option<u64>,
     history: &[Message],
 ) -> bool {
     let Some(threshold) = threshold else {
         return false;
     };
+    if crate::agent::history::turn_starts(history).len() <= threshold.keep_turns {
+        return false;
+    }
     let used = match reported {
         Some(tokens) => usize::try_from(tokens).unwrap_or(usize::MAX),
-        None => history.iter().map(estimate_tokens).sum(),
+        None => threshold.fixed + history.iter().map(estimate_tokens).sum::<usize>(),
     };
-    used >= threshold
+    used >= threshold.at
 }
 
 impl ChatWorker {
-    /// The compaction threshold in tokens; `None` when compaction is off.
-    fn compact_threshold(&self) -> Option<usize> {
-        compact_threshold(self.manager.config())
+    /// The compaction threshold; `None` when compaction is off.
+    fn compact_threshold(&self) -> Option<Threshold> {
+        compact_threshold(
+            self.manager.config(),
+            self.manager.template().prompt_size().total(),
+        )
     }
 
     /// Summarizes the older turns of `session`; changes nothing.
@@ -94,7 +130,9 @@ impl ChatWorker {
         let previous = store.load_summary(session.key())?;
         // The kept turns may take at most half the threshold, so that a compaction always
         // leaves room before the next one.
-        let keep_tokens = self.compact_threshold().unwrap_or(usize::MAX) / 2;
+        let keep_tokens = self
+            .compact_threshold()
+            .map_or(usize::MAX, |t| t.conversation() / 2);
         let from = keep_from(
             &history,
             self.manager.config().compact_keep_turns,
@@ -280,7 +318,7 @@ impl ChatWorker {
     /// next turn starts small. Silent: nobody asked, and a notice would wake an idle group;
     /// `/status` shows the summary. A failure changes nothing.
     pub(super) async fn compact_before_eviction(&self, session: &Arc<Session>) {
-        let Some(threshold) = self.compact_threshold() else {
+        let Some(threshold) = self.compact_threshold().map(|t| t.conversation()) else {
             return;
         };
         let worth = match self.manager.store().load_history(session.key()) {
@@ -323,7 +361,7 @@ impl ChatWorker {
     /// How many of the oldest messages to drop so the history is down to half the
     /// threshold (whole turns; the newest one always stays); `None` when none would go.
     fn trim_for_room(&self, session: &Session) -> Option<usize> {
-        let budget = self.compact_threshold()? / 2;
+        let budget = self.compact_threshold()?.conversation() / 2;
         let mut history = self.manager.store().load_history(session.key()).ok()?;
         let before = history.len();
         trim_to_budget(&mut history, budget);

@@ -47,8 +47,9 @@ pub struct SessionConfig {
     pub history_tokens: usize,
     /// The model's context window in tokens (`llm.context_window`).
     pub context_window: usize,
-    /// Compaction starts when a turn's last request (prompt + completion) reaches this
-    /// share of `context_window`; 0 turns compaction off.
+    /// Compaction starts when a turn's last request (prompt + completion) reaches the
+    /// agent's fixed prompt plus this share of what `context_window` leaves after it
+    /// (`session/compact.rs`); 0 turns compaction off.
     pub compact_ratio: f64,
     /// Newest turns a compaction keeps word for word.
     pub compact_keep_turns: usize,

@@ -58,8 +58,8 @@ pub(super) struct TurnDeps<'a> {
     pub(super) auto_chat: Option<Arc<dyn crate::tool::AutoChatSpeech>>,
     /// The history budget in estimated tokens.
     pub(super) history_tokens: usize,
-    /// The compaction threshold in tokens; `None`: compaction is off.
-    pub(super) compact_at: Option<usize>,
+    /// The compaction threshold; `None`: compaction is off.
+    pub(super) compact_at: Option<super::compact::Threshold>,
     /// Cancelled when the grace period of a shutdown is over.
     pub(super) shutdown: &'a CancellationToken,
 }
@@ -153,7 +153,10 @@ impl ChatWorker {
             }),
             auto_chat: self.auto_chat_speech(item),
             history_tokens: manager.config().history_tokens,
-            compact_at: super::compact::compact_threshold(manager.config()),
+            compact_at: super::compact::compact_threshold(
+                manager.config(),
+                manager.template().prompt_size().total(),
+            ),
             shutdown: manager.abort(),
         };
         run(deps, kept, item, cancel).await

@@ -443,3 +443,75 @@ async fn the_summary_survives_a_restart() {
     rig.platform.wait_sent(2).await;
     assert!(rig.store.load_summary(KEY).unwrap().is_none());
 }
+
+/// A small window whose fixed part (here a system prompt of about 5,000 tokens) takes a third
+/// of it: the threshold is sized against what is left, so 19 turns are not each followed by
+/// a summary, and no chat is summarized twice without new turns in between.
+#[tokio::test]
+async fn a_large_fixed_prompt_in_a_small_window_does_not_summarize_every_turn() {
+    use parlor_bot::agent::history::estimate_tokens;
+    let llm = ScriptedLlm::answering(|request, _| {
+        // The provider's real count: every message the request holds, system prompt
+        // included.
+        let prompt: usize = request.messages.iter().map(estimate_tokens).sum();
+        let prompt = u64::try_from(prompt).unwrap();
+        let usage = Some(Usage {
+            prompt_tokens: prompt,
+            completion_tokens: 400,
+            total_tokens: prompt + 400,
+        });
+        if is_summary_request(request) {
+            return Ok(Completion {
+                usage,
+                ..text("- The group talked about the weather.")
+            });
+        }
+        Ok(Completion {
+            usage,
+            ..echo(request)
+        })
+    })
+    .shared();
+    let registry = parlor_bot::tool::ToolRegistry::new(Vec::new()).unwrap();
+    let prompt = "Answer kindly and briefly. ".repeat(760);
+    let agent =
+        parlor_bot::agent::Agent::new(llm.clone(), registry, &prompt, AgentConfig::default());
+    assert!((5_000..5_300).contains(&agent.prompt_size().total()));
+    let platform = TestPlatform::new();
+    let manager = parlor_bot::testing::manager_with(
+        Arc::new(MemoryStore::new()),
+        agent,
+        &platform,
+        SessionConfig {
+            context_window: 16_000,
+            compact_ratio: 0.5,
+            compact_keep_turns: 2,
+            history_tokens: 1_000_000,
+            turns_per_minute: 1000,
+            ..SessionConfig::default()
+        },
+    );
+    let words = "the weather is fine today and tomorrow ".repeat(40);
+    for id in 1..=19u32 {
+        manager
+            .deliver(msg(id, "alice", &format!("@parlor {id} {words}")))
+            .await
+            .unwrap();
+        platform
+            .wait_sent_where(|s| {
+                s.text
+                    .starts_with(&format!("reply: alice (test:alice): @parlor {id} "))
+            })
+            .await;
+    }
+    let summaries = llm
+        .requests()
+        .iter()
+        .filter(|r| is_summary_request(r))
+        .count();
+    // About 800 tokens a turn against ~5,400 of room: a summary every five turns or so.
+    assert!(
+        (1..=4).contains(&summaries),
+        "{summaries} summaries in 19 turns"
+    );
+}
