@@ -303,8 +303,12 @@ pub struct LlmConfig {
     pub parallel_tool_calls: bool,
     /// Sampling temperature; the provider's default when unset.
     pub temperature: Option<f32>,
-    /// Whole-request limit, stream included.
+    /// Limit for the answer once it has begun, stream included.
     pub request_timeout_secs: u64,
+    /// Longest wait for the answer to begin (the model reads the prompt first). Unset: 600 s
+    /// for a server on this machine or network, `idle_timeout_secs` for others. A local
+    /// server that has not begun is not asked again (that would start its reading over).
+    pub first_token_timeout_secs: Option<u64>,
     /// TCP/TLS connect limit.
     pub connect_timeout_secs: u64,
     /// Longest silence inside a stream.
@@ -391,6 +395,7 @@ impl Default for LlmConfig {
             parallel_tool_calls: agent.parallel_tool_calls,
             temperature: agent.temperature,
             request_timeout_secs: client.request_timeout.as_secs(),
+            first_token_timeout_secs: client.first_byte_timeout.map(|t| t.as_secs()),
             connect_timeout_secs: client.connect_timeout.as_secs(),
             idle_timeout_secs: client.idle_timeout.as_secs(),
             max_retries: client.retry.max_retries,
@@ -1034,6 +1039,10 @@ impl Config {
                 self.onebot.max_message_chars as u64,
             ),
             ("llm.request_timeout_secs", self.llm.request_timeout_secs),
+            (
+                "llm.first_token_timeout_secs",
+                self.llm.first_token_timeout_secs.unwrap_or(1),
+            ),
             ("llm.connect_timeout_secs", self.llm.connect_timeout_secs),
             ("llm.idle_timeout_secs", self.llm.idle_timeout_secs),
             ("llm.tool_timeout_secs", self.llm.tool_timeout_secs),

@@ -400,6 +400,7 @@ fn llm_client(
         base_url,
         api_key: api_key.map(|k| k.expose().into()),
         request_timeout: config.request_timeout(),
+        first_byte_timeout: config.llm.first_token_timeout_secs.map(Duration::from_secs),
         connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
         idle_timeout: Duration::from_secs(config.llm.idle_timeout_secs),
         retry: RetryPolicy {

@@ -1410,8 +1410,9 @@ async fn a_long_conversation_is_compacted_and_its_beginning_answered_from_the_su
                 "I do not know."
             });
         }
-        // The fourth turn reports a context filled past 0.7 of 4,000 tokens.
-        let prompt = if last.contains("fourth") { 3_000 } else { 100 };
+        // The fourth turn reports the whole 12,000-token window filled: past the fixed
+        // prompt (~4,000 tokens) plus 0.7 of what it leaves.
+        let prompt = if last.contains("fourth") { 12_000 } else { 100 };
         Reply::text("noted").usage(prompt, 10)
     });
     let telegram = FakeTelegram::start(TOKEN).await;
@@ -1419,7 +1420,7 @@ async fn a_long_conversation_is_compacted_and_its_beginning_answered_from_the_su
     let path = config(dir.path(), &telegram, "compact_keep_turns = 2\n");
     let text = std::fs::read_to_string(&path)
         .unwrap()
-        .replace("[llm]\n", "[llm]\ncontext_window = 4000\n");
+        .replace("[llm]\n", "[llm]\ncontext_window = 12000\n");
     std::fs::write(&path, text).unwrap();
     let daemon = start(&path, &llm, &telegram).await;
     let says = [

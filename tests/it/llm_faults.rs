@@ -517,3 +517,24 @@ async fn a_provider_that_is_down_hands_the_mention_to_the_fallback() {
     assert_notice(&reply, "refused the request (HTTP 400)");
     assert_eq!(backup.requests().len(), 1, "no failover on a 400");
 }
+
+// A local model ----------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_model_slower_to_begin_than_every_other_limit_answers_the_first_turn() {
+    // The fake is on 127.0.0.1, a local server: it may read the prompt for minutes. Here it
+    // takes 3 s, three times the idle and request limits, and is asked once.
+    let rig = rig("max_retries = 3\nidle_timeout_secs = 1\nrequest_timeout_secs = 1").await;
+    rig.llm().respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        Reply::text(format!("fine: {last}")).delay(std::time::Duration::from_secs(3))
+    });
+    let reply = rig.ask("slowly").await;
+    assert_eq!(
+        reply,
+        "fine: Alice (telegram:1001): @parlor_bot slowly",
+        "{}",
+        rig.log()
+    );
+    assert_eq!(rig.llm().request_count(), 1, "not sent again while it read");
+}

@@ -157,6 +157,7 @@ pub fn fails_over(error: &LlmError) -> bool {
     match error {
         LlmError::Connect(_)
         | LlmError::Timeout(_)
+        | LlmError::NoAnswerYet(_)
         | LlmError::Interrupted(_)
         | LlmError::Stream(_)
         | LlmError::Malformed(_) => true,

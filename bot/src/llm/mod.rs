@@ -39,6 +39,11 @@ pub enum LlmError {
     /// The request (or a pause inside the stream) took longer than the configured timeout.
     #[error("the LLM request timed out after {0:?}")]
     Timeout(Duration),
+    /// A model server on this machine or network had not begun to answer after this long.
+    /// It may still be reading the prompt: sending the request again would start that over,
+    /// so it is not retried.
+    #[error("the local model server had not begun to answer after {0:?}")]
+    NoAnswerYet(Duration),
     /// The server answered with a non-success HTTP status.
     #[error("the LLM server answered HTTP {status}: {body}")]
     Status {
@@ -71,7 +76,10 @@ impl LlmError {
         match self {
             LlmError::Connect(_) | LlmError::Timeout(_) | LlmError::Interrupted(_) => true,
             LlmError::Status { status, .. } => *status == 429 || *status >= 500,
-            LlmError::Stream(_) | LlmError::Malformed(_) | LlmError::Cancelled => false,
+            LlmError::Stream(_)
+            | LlmError::Malformed(_)
+            | LlmError::NoAnswerYet(_)
+            | LlmError::Cancelled => false,
         }
     }
 

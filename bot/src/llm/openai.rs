@@ -38,8 +38,12 @@ pub struct OpenAiConfig {
     pub base_url: String,
     /// Sent as `Authorization: Bearer ...` when set (and not empty). Never logged.
     pub api_key: Option<SecretString>,
-    /// Limit for one whole attempt: connecting, waiting, and reading the entire stream.
+    /// Limit for one whole attempt once the answer has begun (connecting and waiting for
+    /// the first byte fall under `first_byte_timeout`, on top of this).
     pub request_timeout: Duration,
+    /// Longest wait for the answer to begin (the model reads the whole prompt first).
+    /// `None`: sized for the endpoint ([`first_byte_timeout`]).
+    pub first_byte_timeout: Option<Duration>,
     /// Limit for establishing the TCP/TLS connection.
     pub connect_timeout: Duration,
     /// Longest silence tolerated between two pieces of the response body.
@@ -57,6 +61,7 @@ impl Default for OpenAiConfig {
             base_url: "https://api.openai.com/v1".to_owned(),
             api_key: None,
             request_timeout: Duration::from_secs(120),
+            first_byte_timeout: None,
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             retry: RetryPolicy::default(),
@@ -72,6 +77,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
             .field("request_timeout", &self.request_timeout)
+            .field("first_byte_timeout", &self.first_byte_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("idle_timeout", &self.idle_timeout)
             .field("retry", &self.retry)
@@ -88,6 +94,48 @@ pub struct OpenAiClient {
     // Shared with every body stream in flight, which needs it to describe errors.
     config: Arc<OpenAiConfig>,
     url: String,
+    /// The wait for the answer to begin, as configured or sized for the endpoint.
+    first_byte: Duration,
+    /// The endpoint is on this machine or network (see [`is_local_endpoint`]).
+    local: bool,
+}
+
+/// The wait for a local model server's answer to begin when none is configured: a small
+/// model on two CPU cores reads a prompt of 5,000 tokens in one to two minutes, a larger one
+/// in several.
+pub const LOCAL_FIRST_BYTE: Duration = Duration::from_secs(600);
+
+/// Whether `base_url` names a server on this machine or its network (loopback, a private,
+/// link-local or shared address, `localhost`, a `.local`, `.lan`, `.internal` or dotless
+/// name): a slow answer there is a model still reading the prompt, not a provider in
+/// trouble.
+pub fn is_local_endpoint(base_url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(base_url) else {
+        return false;
+    };
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(ip)) => {
+            ip.is_loopback()
+                || ip.is_private()
+                || ip.is_link_local()
+                // 100.64.0.0/10: carrier-grade NAT, and the addresses of VPN meshes.
+                || (ip.octets()[0] == 100 && (ip.octets()[1] & 0xc0) == 64)
+        }
+        Ok(std::net::IpAddr::V6(ip)) => {
+            ip.is_loopback() || ip.is_unique_local() || ip.is_unicast_link_local()
+        }
+        Err(_) => {
+            let name = host.trim_end_matches('.').to_ascii_lowercase();
+            !name.contains('.')
+                || [".localhost", ".local", ".lan", ".internal", ".home.arpa"]
+                    .iter()
+                    .any(|suffix| name.ends_with(suffix))
+        }
+    }
 }
 
 impl fmt::Debug for OpenAiClient {
@@ -135,10 +183,18 @@ impl OpenAiClient {
             .build()
             .map_err(|e| LlmError::Connect(format!("cannot build the HTTP client: {e}")))?;
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let local = is_local_endpoint(&config.base_url);
+        let first_byte = config.first_byte_timeout.unwrap_or(if local {
+            LOCAL_FIRST_BYTE
+        } else {
+            config.idle_timeout
+        });
         Ok(OpenAiClient {
             http,
             config: Arc::new(config),
             url,
+            first_byte,
+            local,
         })
     }
 
@@ -206,17 +262,30 @@ impl OpenAiClient {
         })
     }
 
+    /// The error of an answer that did not begin within `first_byte`: on a local server
+    /// one that is not retried (see [`LlmError::NoAnswerYet`]).
+    fn no_answer(&self) -> LlmError {
+        if self.local {
+            LlmError::NoAnswerYet(self.first_byte)
+        } else {
+            LlmError::Timeout(self.first_byte)
+        }
+    }
+
     /// One attempt, without the overall timeout and cancellation (see `stream`).
     async fn attempt(&self, request: &ChatRequest) -> Result<Completion, LlmError> {
         let body = Self::request_bytes(request);
-        let response = self
+        let sent = tokio::time::Instant::now();
+        let send = self
             .http
             .post(&self.url)
             .header(header::ACCEPT, "text/event-stream")
             .header(header::CONTENT_TYPE, "application/json")
             .body(body)
-            .send()
+            .send();
+        let response = tokio::time::timeout(self.first_byte, send)
             .await
+            .map_err(|_| self.no_answer())?
             .map_err(|e| transport_error(&self.config, e))?;
         let status = response.status();
         if !status.is_success() {
@@ -231,7 +300,9 @@ impl OpenAiClient {
                     .to_ascii_lowercase()
                     .starts_with("application/json")
             });
-        let bytes = self.body_stream(response);
+        // Some servers send the headers at once and the first token when it is ready.
+        let first = self.first_byte.saturating_sub(sent.elapsed());
+        let bytes = self.body_stream(response, first);
         if is_json {
             return self.json_completion(bytes).await;
         }
@@ -251,23 +322,41 @@ impl OpenAiClient {
         Ok(assembler.finish())
     }
 
-    /// The response body, failing with [`LlmError::Timeout`] when it falls silent for
-    /// longer than `idle_timeout`.
+    /// The response body, failing when its first piece takes longer than `first` (see
+    /// [`OpenAiClient::no_answer`]), or it falls silent for longer than `idle_timeout`
+    /// ([`LlmError::Timeout`]).
     fn body_stream(
         &self,
         response: reqwest::Response,
+        first: Duration,
     ) -> impl Stream<Item = Result<Bytes, LlmError>> + Send + use<> {
         let idle = self.config.idle_timeout;
         let config = Arc::clone(&self.config);
+        let (local, first_byte) = (self.local, self.first_byte);
+        let no_answer = move || {
+            if local {
+                LlmError::NoAnswerYet(first_byte)
+            } else {
+                LlmError::Timeout(first_byte)
+            }
+        };
         let inner = Box::pin(response.bytes_stream());
-        futures::stream::unfold(Some(inner), move |inner| {
+        futures::stream::unfold(Some((inner, true)), move |state| {
             let config = Arc::clone(&config);
             async move {
-                let mut inner = inner?;
-                match tokio::time::timeout(idle, inner.next()).await {
+                let (mut inner, waiting) = state?;
+                // A remote server that sent its headers still gets a whole idle window
+                // for the first token, as before the first-byte limit existed.
+                let limit = match (waiting, local) {
+                    (true, true) => first,
+                    (true, false) => first.max(idle),
+                    (false, _) => idle,
+                };
+                match tokio::time::timeout(limit, inner.next()).await {
+                    Err(_elapsed) if waiting => Some((Err(no_answer()), None)),
                     Err(_elapsed) => Some((Err(LlmError::Timeout(idle)), None)),
                     Ok(None) => None,
-                    Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some(inner))),
+                    Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((inner, false)))),
                     // The response had begun: whatever broke, the answer is incomplete.
                     Ok(Some(Err(e))) => {
                         let error = match transport_error(&config, e) {
@@ -359,7 +448,7 @@ impl LlmBackend for OpenAiClient {
             return Err(LlmError::Cancelled);
         }
         let started = tokio::time::Instant::now();
-        let timeout = self.config.request_timeout;
+        let timeout = self.config.request_timeout + self.first_byte;
         let result = tokio::select! {
             biased;
             () = cancel.cancelled() => Err(LlmError::Cancelled),
@@ -443,4 +532,37 @@ fn redact(config: &OpenAiConfig, text: &str) -> String {
         text = text.replace(secret, "[redacted]");
     }
     text
+}
+
+#[cfg(test)]
+mod local_tests {
+    use super::is_local_endpoint;
+
+    #[test]
+    fn endpoints_on_this_machine_or_network_are_local() {
+        for url in [
+            "http://127.0.0.1:8080/v1",
+            "http://localhost:11434/v1",
+            "http://[::1]:8000/v1",
+            "http://192.168.1.20:8080/v1",
+            "http://10.0.0.5/v1",
+            "http://172.20.0.2:8000/v1",
+            "http://100.101.102.103:11434/v1",
+            "http://gpu-box:8080/v1",
+            "http://ollama.local:11434/v1",
+            "http://llm.internal/v1",
+            "http://[fd00::5]/v1",
+        ] {
+            assert!(is_local_endpoint(url), "{url}");
+        }
+        for url in [
+            "https://api.openai.com/v1",
+            "https://openrouter.ai/api/v1",
+            "http://8.8.8.8/v1",
+            "http://172.32.0.1/v1",
+            "not a url",
+        ] {
+            assert!(!is_local_endpoint(url), "{url}");
+        }
+    }
 }

@@ -397,6 +397,11 @@ fn failure_notice(error: &AgentError) -> String {
             "the language model did not answer in time ({}s). Please try again.",
             after.as_secs().max(1)
         ),
+        LlmError::NoAnswerYet(after) => format!(
+            "the local language model had not begun to answer after {} minutes. The operator \
+             can raise llm.first_token_timeout_secs or use a smaller model.",
+            after.as_secs().div_ceil(60)
+        ),
         LlmError::Interrupted(_) => {
             "the connection to the language model broke off mid-answer. Please try again."
                 .to_owned()

@@ -37,6 +37,8 @@ enum Reply {
     Stall(String),
     /// 200 SSE: a chunk every `Duration`, forever.
     Trickle(Duration),
+    /// 200 SSE at once, then this body after `Duration` (a local model reading the prompt).
+    Late(Duration, String),
 }
 
 #[derive(Clone, Default)]
@@ -91,6 +93,12 @@ async fn chat(State(fake): State<Fake>, headers: HeaderMap, body: Bytes) -> Resp
                 ))
             },
         ))),
+        Some(Reply::Late(after, text)) => {
+            sse(Body::from_stream(futures::stream::once(async move {
+                tokio::time::sleep(after).await;
+                Ok::<_, Infallible>(Bytes::from(text))
+            })))
+        }
         None => Response::builder()
             .status(StatusCode::INTERNAL_SERVER_ERROR)
             .body(Body::from("script exhausted"))
@@ -116,6 +124,7 @@ fn config(addr: SocketAddr) -> OpenAiConfig {
         base_url: format!("http://{addr}/v1/"),
         api_key: Some(KEY.into()),
         request_timeout: Duration::from_secs(10),
+        first_byte_timeout: Some(Duration::from_secs(5)),
         connect_timeout: Duration::from_secs(2),
         idle_timeout: Duration::from_secs(5),
         retry: RetryPolicy {
@@ -371,9 +380,13 @@ async fn a_stalled_stream_hits_the_idle_timeout() {
 #[tokio::test]
 async fn a_stream_that_never_ends_hits_the_request_timeout() {
     let (_fake, addr) = serve(vec![Reply::Trickle(Duration::from_millis(20))]).await;
-    let total = Duration::from_millis(300);
+    // The answer begins at once; the whole attempt may take the wait for its first byte
+    // and then the request timeout.
+    let first_byte = Duration::from_millis(100);
+    let total = Duration::from_millis(300) + first_byte;
     let client = OpenAiClient::new(OpenAiConfig {
-        request_timeout: total,
+        request_timeout: Duration::from_millis(300),
+        first_byte_timeout: Some(first_byte),
         idle_timeout: Duration::from_secs(5),
         ..config(addr)
     })
@@ -493,4 +506,53 @@ fn defaults_and_bad_configuration() {
         let err = OpenAiClient::new(config).unwrap_err();
         assert!(!err.to_string().contains("sk-bad"), "{err}");
     }
+}
+
+/// A whole answer: one chunk, a finish reason, `[DONE]`.
+fn whole_answer() -> String {
+    format!(
+        "data: {CHUNK}\n\ndata: {}\n\ndata: [DONE]\n\n",
+        r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#
+    )
+}
+
+#[tokio::test]
+async fn a_local_server_reading_the_prompt_past_every_other_limit_is_waited_for_once() {
+    // 127.0.0.1 is local: without a configured wait the first byte may take minutes.
+    let (fake, addr) = serve(vec![Reply::Late(
+        Duration::from_millis(800),
+        whole_answer(),
+    )])
+    .await;
+    let client = OpenAiClient::with_retries(OpenAiConfig {
+        request_timeout: Duration::from_millis(200),
+        first_byte_timeout: None,
+        idle_timeout: Duration::from_millis(200),
+        ..config(addr)
+    })
+    .unwrap();
+    let answer = ask(&client).await.unwrap();
+    assert_eq!(answer.content, "tick ");
+    assert_eq!(fake.hits(), 1);
+}
+
+#[tokio::test]
+async fn a_local_server_that_has_not_begun_is_not_asked_again() {
+    let (fake, addr) = serve(vec![Reply::Late(Duration::from_secs(3600), whole_answer())]).await;
+    let first_byte = Duration::from_millis(300);
+    let client = OpenAiClient::with_retries(OpenAiConfig {
+        first_byte_timeout: Some(first_byte),
+        ..config(addr)
+    })
+    .unwrap();
+    let err = ask(&client).await.unwrap_err();
+    assert!(
+        matches!(err, LlmError::NoAnswerYet(d) if d == first_byte),
+        "{err:?}"
+    );
+    assert_eq!(
+        fake.hits(),
+        1,
+        "a second request would start its reading over"
+    );
 }
