@@ -301,6 +301,10 @@ pub struct LlmConfig {
     pub tool_timeout_secs: u64,
     /// Whether the model may call several tools per response.
     pub parallel_tool_calls: bool,
+    /// How the tools are described to the model: `full`, or `compact` for small models with
+    /// small windows (first sentences only, and of the built-in toolsets only message,
+    /// memory, clock, time and todo_list).
+    pub tool_profile: parlor_bot::tool::ToolProfile,
     /// Sampling temperature; the provider's default when unset.
     pub temperature: Option<f32>,
     /// Limit for the answer once it has begun, stream included.
@@ -396,6 +400,7 @@ impl Default for LlmConfig {
             temperature: agent.temperature,
             request_timeout_secs: client.request_timeout.as_secs(),
             first_token_timeout_secs: client.first_byte_timeout.map(|t| t.as_secs()),
+            tool_profile: parlor_bot::tool::ToolProfile::Full,
             connect_timeout_secs: client.connect_timeout.as_secs(),
             idle_timeout_secs: client.idle_timeout.as_secs(),
             max_retries: client.retry.max_retries,

@@ -13,7 +13,7 @@ use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager, SystemReceiver, system_inputs};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::time::WallTime;
-use parlor_bot::tool::{ToolRegistry, ToolSet};
+use parlor_bot::tool::{ToolProfile, ToolRegistry, ToolSet};
 use parlor_toolsets::clock::{ClockChatHook, ClockHandle, ClockOptions, ClockService};
 use parlor_toolsets::mcp::{McpOptions, McpService};
 use parlor_toolsets::skill::{SkillLibrary, SkillOptions, skill_toolset};
@@ -100,7 +100,12 @@ pub fn registry(
 ) -> anyhow::Result<ToolRegistry> {
     let clock = services.clock.as_ref();
     let mut toolsets: Vec<Arc<dyn ToolSet>> = Vec::new();
-    for name in &config.toolsets.enabled {
+    let profile = config.llm.tool_profile;
+    for name in
+        config.toolsets.enabled.iter().filter(|name| {
+            profile == ToolProfile::Full || COMPACT_TOOLSETS.contains(&name.as_str())
+        })
+    {
         match name.as_str() {
             "todo_list" => toolsets.push(Arc::new(TodoList::stored(Arc::clone(&store)))),
             "message" => toolsets.push(
@@ -170,8 +175,13 @@ pub fn registry(
     for p in &config.toolsets.prompt {
         toolsets.push(Arc::new(PromptToolset::new(&p.name, &p.prompt)));
     }
-    ToolRegistry::new(toolsets).context("the toolsets cannot be registered")
+    ToolRegistry::with_profile(toolsets, profile).context("the toolsets cannot be registered")
 }
+
+/// The built-in toolsets the compact tool profile keeps of `toolsets.enabled`: what a small
+/// model needs in a group. The terminal and MCP servers, which the operator turns on one by
+/// one, stay when configured.
+pub const COMPACT_TOOLSETS: [&str; 5] = ["message", "memory", "clock", "time", "todo_list"];
 
 /// The configured MCP servers, started: each connected with its tools listed, or logged as
 /// failed and retried in the background. `None` when no server is enabled. Must run inside

@@ -813,3 +813,70 @@ async fn check_config_prints_the_fixed_prompt_and_warns_when_it_fills_the_compac
         "warning: the system prompt and tool schemas alone (about ",
     );
 }
+
+/// The fixed prompt's size as `check-config` prints it.
+fn fixed_tokens(out: &str) -> usize {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("every request starts with about "))
+        .unwrap_or_else(|| panic!("{out}"));
+    line["every request starts with about ".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_compact_tool_profile_shrinks_the_prompt_and_keeps_the_tools_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = write_config(dir.path(), "[llm]\ntool_profile = \"full\"\n");
+    let out = run(parlor().arg("--config").arg(&full).arg("check-config")).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let full_size = fixed_tokens(&stdout(&out));
+    let full_tools = tools_json(&full).await;
+
+    let compact = write_config(dir.path(), "[llm]\ntool_profile = \"compact\"\n");
+    let out = run(parlor().arg("--config").arg(&compact).arg("check-config")).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let compact_size = fixed_tokens(&stdout(&out));
+    // About 3,900 tokens against about 2,000 with the default toolsets.
+    assert!(
+        compact_size * 3 < full_size * 2,
+        "compact {compact_size} vs full {full_size}"
+    );
+    // The tools it keeps are the same tools: names and arguments, only shorter words.
+    let compact_tools = tools_json(&compact).await;
+    let names = |tools: &Value| -> Vec<String> {
+        tools
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let kept = names(&compact_tools);
+    assert!(kept.iter().any(|n| n == "memory_write"), "{kept:?}");
+    assert!(!kept.iter().any(|n| n.starts_with("web_")), "{kept:?}");
+    for tool in compact_tools.as_array().unwrap() {
+        let name = tool["function"]["name"].as_str().unwrap();
+        let same = full_tools
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["function"]["name"] == name)
+            .unwrap();
+        let properties = |t: &Value| -> Vec<String> {
+            t["function"]["parameters"]["properties"]
+                .as_object()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(properties(tool), properties(same), "{name}");
+        assert_eq!(
+            tool["function"]["parameters"]["required"], same["function"]["parameters"]["required"],
+            "{name}"
+        );
+    }
+}

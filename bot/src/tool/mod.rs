@@ -155,10 +155,114 @@ pub struct Said {
     pub left_this_hour: u32,
 }
 
+/// How the tools are described to the model (`llm.tool_profile`). The contract is the
+/// same in both: names, arguments, validation, roles and results.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolProfile {
+    /// Every description in full.
+    #[default]
+    Full,
+    /// For small models with small windows: each tool's description cut to its first
+    /// sentence, the arguments without theirs.
+    Compact,
+}
+
+/// The longest description a compact tool keeps.
+const COMPACT_DESCRIPTION_CHARS: usize = 160;
+
 impl ToolSpec {
     /// The OpenAI `tools` entry for this tool.
     pub fn to_def(&self) -> ToolDef {
         ToolDef::function(&self.name, &self.description, self.parameters.clone())
+    }
+
+    /// The `tools` entry for this tool as `profile` describes it.
+    pub fn to_def_as(&self, profile: ToolProfile) -> ToolDef {
+        match profile {
+            ToolProfile::Full => self.to_def(),
+            ToolProfile::Compact => {
+                let mut parameters = self.parameters.clone();
+                strip_descriptions(&mut parameters);
+                ToolDef::function(&self.name, &first_sentence(&self.description), parameters)
+            }
+        }
+    }
+}
+
+/// `text` up to the end of its first sentence (or line), at most
+/// [`COMPACT_DESCRIPTION_CHARS`] characters.
+fn first_sentence(text: &str) -> String {
+    let text = text.trim();
+    let end = text
+        .char_indices()
+        .find(|&(i, c)| c == '\n' || (c == '.' && text[i + 1..].starts_with(char::is_whitespace)))
+        .map_or(text.len(), |(i, c)| if c == '.' { i + 1 } else { i });
+    crate::text::ellipsize(&text[..end], COMPACT_DESCRIPTION_CHARS).into_owned()
+}
+
+/// Removes the `description` keyword from a JSON Schema and the schemas inside it, never a
+/// property that happens to be named `description`.
+fn strip_descriptions(schema: &mut serde_json::Value) {
+    let serde_json::Value::Object(map) = schema else {
+        return;
+    };
+    map.remove("description");
+    for (key, value) in map.iter_mut() {
+        match (key.as_str(), value) {
+            ("properties" | "$defs" | "definitions", serde_json::Value::Object(properties)) => {
+                properties.values_mut().for_each(strip_descriptions);
+            }
+            ("items" | "additionalProperties" | "not", value @ serde_json::Value::Object(_)) => {
+                strip_descriptions(value);
+            }
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems", serde_json::Value::Array(schemas)) => {
+                schemas.iter_mut().for_each(strip_descriptions);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod profile_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_compact_description_is_the_first_sentence_and_arguments_lose_theirs() {
+        assert_eq!(
+            first_sentence("Schedules a task. It runs later, e.g. at 9.30 daily.\nMore."),
+            "Schedules a task."
+        );
+        assert_eq!(
+            first_sentence("Reads v1.2 notes\nthen more"),
+            "Reads v1.2 notes"
+        );
+        let mut schema = json!({
+            "type": "object",
+            "description": "top",
+            "properties": {
+                "description": {"type": "string", "description": "what the task does"},
+                "when": {"anyOf": [{"type": "string", "description": "cron"}]},
+                "tags": {"type": "array", "items": {"type": "string", "description": "tag"}}
+            },
+            "required": ["description"]
+        });
+        strip_descriptions(&mut schema);
+        assert_eq!(
+            schema,
+            json!({
+                "type": "object",
+                "properties": {
+                    "description": {"type": "string"},
+                    "when": {"anyOf": [{"type": "string"}]},
+                    "tags": {"type": "array", "items": {"type": "string"}}
+                },
+                "required": ["description"]
+            })
+        );
     }
 }
 

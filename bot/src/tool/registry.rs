@@ -19,7 +19,9 @@ use super::bridge::is_valid_tool_name;
 use super::result::codes;
 use super::schema::check_parameters;
 use super::validate::{ArgValidator, drop_optional_nulls, parse_arguments};
-use super::{Caller, Risk, Role, ToolContext, ToolInvocation, ToolResult, ToolSet, ToolSpec};
+use super::{
+    Caller, Risk, Role, ToolContext, ToolInvocation, ToolProfile, ToolResult, ToolSet, ToolSpec,
+};
 use crate::llm::{ToolCall, ToolDefs};
 use crate::platform::ChatRef;
 
@@ -108,6 +110,7 @@ impl Built {
         toolsets: &[Arc<dyn ToolSet>],
         generation: u64,
         strict: bool,
+        profile: ToolProfile,
     ) -> Result<Self, RegistryError> {
         let mut entries: Vec<Entry> = Vec::new();
         let mut by_name: HashMap<String, usize> = HashMap::new();
@@ -133,7 +136,7 @@ impl Built {
             entries
                 .iter()
                 .filter(|e| e.spec.offer.includes(auto_chat))
-                .map(|e| e.spec.to_def())
+                .map(|e| e.spec.to_def_as(profile))
                 .collect::<Vec<_>>()
                 .into()
         };
@@ -206,6 +209,8 @@ pub struct ToolRegistry {
     /// Specs, validators and defs, shared by every fork: swapped for a rebuilt set when a
     /// toolset's [`ToolSet::generation`] moves (the readers of the old one keep it).
     built: Arc<RwLock<Arc<Built>>>,
+    /// How the tools are described to the model.
+    profile: ToolProfile,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -224,11 +229,20 @@ impl ToolRegistry {
     /// dangerous tool needs an operator, and that a `role_in_chat_arg` names a string
     /// argument.
     pub fn new(toolsets: Vec<Arc<dyn ToolSet>>) -> Result<Self, RegistryError> {
+        Self::with_profile(toolsets, ToolProfile::Full)
+    }
+
+    /// [`ToolRegistry::new`], describing the tools to the model as `profile` says.
+    pub fn with_profile(
+        toolsets: Vec<Arc<dyn ToolSet>>,
+        profile: ToolProfile,
+    ) -> Result<Self, RegistryError> {
         let generation = generation_of(&toolsets);
-        let built = Built::build(&toolsets, generation, true)?;
+        let built = Built::build(&toolsets, generation, true, profile)?;
         Ok(ToolRegistry {
             toolsets,
             built: Arc::new(RwLock::new(Arc::new(built))),
+            profile,
         })
     }
 
@@ -241,7 +255,7 @@ impl ToolRegistry {
             return built;
         }
         // Lenient: a bad tool appearing at runtime is logged and left out, never an error.
-        let fresh = match Built::build(&self.toolsets, generation, false) {
+        let fresh = match Built::build(&self.toolsets, generation, false, self.profile) {
             Ok(fresh) => Arc::new(fresh),
             Err(_) => return built,
         };
@@ -254,6 +268,7 @@ impl ToolRegistry {
         ToolRegistry {
             toolsets: self.toolsets.iter().map(|t| t.fork()).collect(),
             built: Arc::clone(&self.built),
+            profile: self.profile,
         }
     }
 
@@ -319,7 +334,7 @@ impl ToolRegistry {
             .entries
             .iter()
             .filter(|e| offered(&e.spec, auto_chat, caller))
-            .map(|e| e.spec.to_def())
+            .map(|e| e.spec.to_def_as(self.profile))
             .collect::<Vec<_>>()
             .into()
     }
