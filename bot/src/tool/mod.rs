@@ -184,7 +184,7 @@ impl ToolSpec {
             ToolProfile::Compact => {
                 let mut parameters = self.parameters.clone();
                 strip_descriptions(&mut parameters);
-                ToolDef::function(&self.name, &first_sentence(&self.description), parameters)
+                ToolDef::function(&self.name, first_sentence(&self.description), parameters)
             }
         }
     }
