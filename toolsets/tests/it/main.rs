@@ -15,6 +15,7 @@ mod clock_tools;
 mod mcp;
 mod memory;
 mod message;
+mod prefix;
 mod quoting;
 mod skill;
 mod subagent;
