@@ -4,9 +4,12 @@
 //! `tests/fixtures/anthropic/` reassembled whole and cut at every byte offset.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
+use parlor_bot::agent::{Agent, AgentConfig, TurnInput};
 use parlor_bot::llm::anthropic::{self, AnthropicClient, AnthropicConfig, CacheTtl};
 use parlor_bot::llm::{
     ChatRequest, Completion, Content, ContentPart, ImageUrl, LlmBackend, LlmError, Message,
@@ -14,6 +17,9 @@ use parlor_bot::llm::{
 };
 use parlor_bot::platform::ImageRef;
 use parlor_bot::testing::{WAIT_LIMIT, chat_request};
+use parlor_bot::tool::{
+    Caller, Risk, Role, ToolContext, ToolInvocation, ToolRegistry, ToolResult, ToolSet, ToolSpec,
+};
 use parlor_testkit::{AnthropicReply, AnthropicRequest, BlockSpec, FakeAnthropic};
 use secrecy::SecretString;
 use serde_json::{Value, json};
@@ -712,6 +718,145 @@ async fn a_cancel_mid_stream_is_cancelled_and_returns_no_partial_call() {
     fake.wait_for_dropped_streams(1, WAIT_LIMIT).await.unwrap();
     assert_eq!(fake.requests().len(), 1, "a cancel is never retried");
     fake.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Through the agent
+// ---------------------------------------------------------------------------------------
+
+/// One tool, `clock`, which says it is noon.
+struct Clock;
+
+#[async_trait]
+impl ToolSet for Clock {
+    fn name(&self) -> &str {
+        "clock"
+    }
+
+    fn tools(&self) -> Vec<ToolSpec> {
+        vec![ToolSpec {
+            name: "clock".into(),
+            description: "The time.".into(),
+            parameters: json!({"type": "object", "properties": {}}),
+            result: "the time".into(),
+            risk: Risk::Read,
+            role: Role::Member,
+            role_in_chat_arg: None,
+            failure_codes: vec![],
+            offer: Default::default(),
+        }]
+    }
+
+    async fn invoke(&self, _call: ToolInvocation, _cx: ToolContext) -> ToolResult {
+        ToolResult::ok("noon")
+    }
+
+    fn fork(&self) -> Arc<dyn ToolSet> {
+        Arc::new(Clock)
+    }
+}
+
+/// The agent's own loop carries the thinking of a tool-use answer into its next request,
+/// and keeps it in the turn's messages (the history the store writes).
+#[tokio::test]
+async fn the_agent_replays_thinking_through_its_tool_loop() {
+    let fake = FakeAnthropic::start().await;
+    fake.push(
+        AnthropicReply::thinking("Ask the clock.", "sig-clock").tool_use(
+            "toolu_c",
+            "clock",
+            json!({}),
+        ),
+    );
+    fake.push(AnthropicReply::text("It is noon.").cache(900, 0));
+    let client = AnthropicClient::with_retries(AnthropicConfig {
+        thinking_budget: Some(1024),
+        ..config(&fake)
+    })
+    .unwrap();
+    let agent = Agent::new(
+        Arc::new(client),
+        ToolRegistry::new(vec![Arc::new(Clock)]).unwrap(),
+        "You are a test bot.",
+        AgentConfig {
+            model: "claude-test".into(),
+            ..AgentConfig::default()
+        },
+    );
+    let caller = Caller {
+        user_id: "console:alice".into(),
+        name: "alice".into(),
+        role: Role::Member,
+        grants: Vec::new(),
+    };
+    let turn = agent
+        .run_turn(
+            &[],
+            TurnInput::text("console:local", caller, "time?"),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(turn.reply, "It is noon.");
+    assert_eq!(turn.usage.cache_read_tokens, 900);
+    let thought = ThinkingBlock::Thinking {
+        thinking: "Ask the clock.".into(),
+        signature: "sig-clock".into(),
+    };
+    assert!(
+        turn.messages.iter().any(
+            |m| matches!(m, Message::Assistant { thinking, .. } if thinking == std::slice::from_ref(&thought))
+        ),
+        "{:#?}",
+        turn.messages
+    );
+
+    let sent = requests(&fake, 2).await;
+    let messages = sent[1].messages();
+    assert_eq!(messages[1]["role"], "assistant");
+    assert_eq!(
+        messages[1]["content"][0],
+        json!({"type": "thinking", "thinking": "Ask the clock.", "signature": "sig-clock"})
+    );
+    assert_eq!(messages[1]["content"][1]["id"], "toolu_c");
+    assert_eq!(messages[2]["content"][0]["type"], "tool_result");
+    assert_eq!(messages[2]["content"][0]["tool_use_id"], "toolu_c");
+    assert_eq!(sent[1].system().len(), 1);
+    fake.shutdown().await;
+}
+
+/// History written before these fields existed reads as before and is written back the
+/// same: no `thinking` on assistant messages, no cache counts in usage.
+#[test]
+fn stored_records_without_the_new_fields_read_and_write_the_same() {
+    let stored = r#"{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"clock","arguments":"{}"}}]}"#;
+    let message: Message = serde_json::from_str(stored).unwrap();
+    assert!(matches!(&message, Message::Assistant { thinking, .. } if thinking.is_empty()));
+    assert_eq!(serde_json::to_string(&message).unwrap(), stored);
+
+    let stored = r#"{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}"#;
+    let usage: Usage = serde_json::from_str(stored).unwrap();
+    assert_eq!(usage.cache_read_tokens + usage.cache_write_tokens, 0);
+    assert_eq!(serde_json::to_string(&usage).unwrap(), stored);
+
+    // And with thinking, it round-trips with its signature.
+    let message = Message::Assistant {
+        content: Some("a".into()),
+        tool_calls: Vec::new(),
+        thinking: vec![
+            ThinkingBlock::Thinking {
+                thinking: "t".into(),
+                signature: "s".into(),
+            },
+            ThinkingBlock::RedactedThinking { data: "d".into() },
+        ],
+    };
+    let json = serde_json::to_string(&message).unwrap();
+    assert_eq!(
+        json,
+        r#"{"role":"assistant","content":"a","thinking":[{"type":"thinking","thinking":"t","signature":"s"},{"type":"redacted_thinking","data":"d"}]}"#
+    );
+    assert_eq!(serde_json::from_str::<Message>(&json).unwrap(), message);
 }
 
 // ---------------------------------------------------------------------------------------
