@@ -323,6 +323,7 @@ pub fn text(t: &str) -> Completion {
             prompt_tokens: 10,
             completion_tokens: 2,
             total_tokens: 12,
+            ..Usage::default()
         }),
         ..Completion::default()
     }

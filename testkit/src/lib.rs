@@ -4,6 +4,9 @@
 //! instead of real services:
 //! - [`llm`]: [`FakeLlm`], a scripted OpenAI-compatible `chat/completions`
 //!   server (streaming SSE and plain JSON) that records every request;
+//! - [`anthropic`]: [`FakeAnthropic`], a scripted Anthropic Messages API (`/v1/messages`,
+//!   streamed events: text, tool use, thinking with signatures, cache usage, 529s, error
+//!   events, cut streams) that records every request;
 //! - [`telegram`]: [`FakeTelegram`], a fake Bot API (long polling with
 //!   offsets, sending, files, administrators, scripted 429/409 failures) that
 //!   the real teloxide client can talk to;
@@ -36,6 +39,7 @@
 //!   fails instead of hanging.
 #![warn(missing_docs)]
 
+pub mod anthropic;
 pub mod discord;
 pub mod llm;
 pub mod mcp;
@@ -48,6 +52,7 @@ mod server;
 
 pub use server::WaitTimeout;
 
+pub use anthropic::{AnthropicReply, AnthropicRequest, AnthropicUsage, BlockSpec, FakeAnthropic};
 pub use discord::{
     DEFAULT_GUILD_ID, DiscordFailure, DiscordMessageBuilder, DiscordRequest, DiscordSent,
     DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,

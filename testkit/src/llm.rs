@@ -718,7 +718,7 @@ async fn chat_completions(
     response
 }
 
-fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
+pub(crate) fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
     let mut map = BTreeMap::<String, String>::new();
     for (name, value) in headers {
         let value = String::from_utf8_lossy(value.as_bytes()).into_owned();

@@ -180,6 +180,7 @@ pub fn transcript(messages: &[Message], chars: usize, per_message: usize) -> Str
             Message::Assistant {
                 content,
                 tool_calls,
+                ..
             } => {
                 if let Some(text) = content.as_deref().filter(|t| !t.trim().is_empty()) {
                     lines.push(format!("[assistant]{}", below(text)));
@@ -300,6 +301,7 @@ mod tests {
             Message::Assistant {
                 content: None,
                 tool_calls: vec![ToolCall::new(format!("c{i}"), "time_now", "{}")],
+                thinking: Vec::new(),
             },
             Message::tool(format!("c{i}"), "{\"ok\":true}"),
             Message::assistant(format!("answer {i}")),

@@ -25,6 +25,7 @@ pub fn estimate_tokens(message: &Message) -> usize {
         Message::Assistant {
             content,
             tool_calls,
+            ..
         } => {
             content.as_deref().map_or(0, |c| c.chars().count())
                 + tool_calls
@@ -85,6 +86,7 @@ mod tests {
             Message::Assistant {
                 content: None,
                 tool_calls: vec![ToolCall::new(format!("c{i}"), "time_now", "{}")],
+                thinking: Vec::new(),
             },
             Message::tool(format!("c{i}"), "y".repeat(size)),
             Message::assistant(format!("answer {i}")),

@@ -80,6 +80,7 @@ fn estimate(request: &ChatRequest) -> usize {
             Message::Assistant {
                 content,
                 tool_calls,
+                ..
             } => {
                 content.as_ref().map_or(0, String::len)
                     + tool_calls
@@ -161,6 +162,7 @@ impl Serialize for WireMessage<'_> {
             Message::Assistant {
                 content,
                 tool_calls,
+                ..
             } => {
                 if let Some(content) = content {
                     m.serialize_field("content", content)?;

@@ -1,15 +1,29 @@
-//! The LLM edge: the only module that knows the OpenAI chat-completions wire JSON.
+//! The LLM edge: the only module that knows a provider's wire JSON (OpenAI's chat
+//! completions, Anthropic's Messages).
 //!
-//! - [`wire`]: request/response message types in the OpenAI shape.
+//! - [`wire`]: request/response message types in the OpenAI shape, which are also the
+//!   history the store keeps.
 //! - [`stream`]: assembles streamed chunks (content, reasoning, tool-call deltas by `index`)
 //!   into one [`Completion`].
 //! - [`openai`]: [`OpenAiClient`], the reqwest implementation of [`LlmBackend`], with SSE
 //!   framing, timeouts and retries; `body.rs` writes its request bodies.
 //! - [`failover`]: [`Failover`], the primary and its fallbacks as one backend, each with a
 //!   circuit breaker.
+//! - [`anthropic`]: [`AnthropicClient`], the same for Anthropic's Messages API, spoken
+//!   natively rather than through its OpenAI compatibility layer: that layer drops prompt
+//!   caching, thinking signatures and cache usage. It maps the same [`ChatRequest`] to a
+//!   Messages body (system blocks, content blocks, `tool_use`/`tool_result` pairs,
+//!   `cache_control` on the stable prefix and the newest user turn) and assembles the event
+//!   stream into the same [`Completion`]; thinking comes back as [`ThinkingBlock`]s, which
+//!   the assistant message carries so the next request can replay them. Retries are
+//!   [`Retrying`]'s, as for OpenAI.
+//! - `http.rs`: what both clients share: body streams under an idle timeout, status and
+//!   transport errors, `Retry-After`, redaction.
 
+pub mod anthropic;
 mod body;
 pub mod failover;
+mod http;
 pub mod openai;
 pub mod retry;
 pub mod stream;
@@ -20,13 +34,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+pub use anthropic::{AnthropicClient, AnthropicConfig, CacheTtl};
 pub use failover::{Failover, Link};
 pub use openai::{OpenAiClient, OpenAiConfig, RetryPolicy};
 pub use retry::Retrying;
 pub use stream::{StreamAssembler, assemble};
 pub use wire::{
     ChatRequest, Completion, Content, ContentPart, FunctionCall, FunctionDef, ImageUrl, Message,
-    ToolCall, ToolChoice, ToolDef, ToolDefs, Usage,
+    ThinkingBlock, ToolCall, ToolChoice, ToolDef, ToolDefs, Usage,
 };
 
 /// Why a completion could not be produced. Every variant says whether a retry could help
@@ -55,7 +70,9 @@ pub enum LlmError {
         retry_after: Option<Duration>,
     },
     /// The response began but broke off before it was complete: the connection failed
-    /// inside the body, or the stream ended with neither a finish reason nor `[DONE]`.
+    /// inside the body, the stream ended with neither a finish reason nor `[DONE]` (nor
+    /// Anthropic's `message_stop`), or Anthropic reported inside the stream an error it
+    /// sends with a retryable status (`overloaded_error`, `api_error`, `rate_limit_error`).
     #[error("the LLM stream broke off before the answer was complete: {0}")]
     Interrupted(String),
     /// The stream carried `{"error": ...}` instead of a chunk.
@@ -85,7 +102,8 @@ impl LlmError {
 
     /// Whether the server refused the request as longer than the model's context window:
     /// OpenAI's `400` with the code `context_length_exceeded` (also recognised by its
-    /// message, for compatible servers that send no code).
+    /// message, for compatible servers that send no code), or Anthropic's `400` saying
+    /// `prompt is too long`.
     pub fn is_context_length_exceeded(&self) -> bool {
         let LlmError::Status { status, body, .. } = self else {
             return false;
@@ -103,6 +121,7 @@ impl LlmError {
         code.as_deref() == Some("context_length_exceeded")
             || body.contains("context_length_exceeded")
             || body.contains("maximum context length")
+            || body.contains("prompt is too long")
     }
 }
 

@@ -18,17 +18,11 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::body;
+use super::http::{FirstPiece, Transport};
 pub use super::retry::{RetryPolicy, Retrying};
 use super::stream::{MAX_STREAM_BYTES, StreamAssembler, assemble, error_message};
 use super::wire::{ChatRequest, Completion};
 use super::{LlmBackend, LlmError};
-
-/// How many characters of an error body are kept: enough for the provider's explanation,
-/// not a whole HTML error page.
-const ERROR_BODY_CHARS: usize = 2000;
-
-/// How many bytes of an error body are read at most before giving up on the rest.
-const ERROR_BODY_BYTES: usize = 64 * 1024;
 
 /// Where and how to reach an OpenAI-compatible server.
 #[derive(Clone)]
@@ -91,8 +85,9 @@ impl fmt::Debug for OpenAiConfig {
 #[derive(Clone)]
 pub struct OpenAiClient {
     http: reqwest::Client,
-    // Shared with every body stream in flight, which needs it to describe errors.
     config: Arc<OpenAiConfig>,
+    // Timeouts and secrets, shared with every body stream in flight.
+    transport: Arc<Transport>,
     url: String,
     /// The wait for the answer to begin, as configured or sized for the endpoint.
     first_byte: Duration,
@@ -189,9 +184,26 @@ impl OpenAiClient {
         } else {
             config.idle_timeout
         });
+        let transport = Arc::new(Transport {
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+            idle_timeout: config.idle_timeout,
+            secrets: config
+                .api_key
+                .iter()
+                .cloned()
+                .chain(
+                    config
+                        .extra_headers
+                        .iter()
+                        .map(|(_, v)| SecretString::from(v.as_str())),
+                )
+                .collect(),
+        });
         Ok(OpenAiClient {
             http,
             config: Arc::new(config),
+            transport,
             url,
             first_byte,
             local,
@@ -221,7 +233,7 @@ impl OpenAiClient {
     /// `"stream_options": {"include_usage": true}`. Without tools, `tools`, `tool_choice`
     /// and `parallel_tool_calls` are left out (OpenAI answers 400 to `parallel_tool_calls`
     /// without `tools`). parlor's own content parts never appear in it (see
-    /// [`ChatRequest::wire_form`]).
+    /// [`ChatRequest::wire_form`]), nor do an assistant message's Anthropic thinking blocks.
     pub fn request_body(request: &ChatRequest) -> Value {
         let mut body = match serde_json::to_value(&*request.wire_form()) {
             Ok(Value::Object(map)) => map,
@@ -235,6 +247,13 @@ impl OpenAiClient {
         if request.tools.is_empty() {
             for key in ["tools", "tool_choice", "parallel_tool_calls"] {
                 body.remove(key);
+            }
+        }
+        // Anthropic's thinking blocks ride along in history; they mean nothing to an
+        // OpenAI-compatible server, and strict ones refuse unknown fields.
+        if let Some(Value::Array(messages)) = body.get_mut("messages") {
+            for message in messages.iter_mut().filter_map(Value::as_object_mut) {
+                message.remove("thinking");
             }
         }
         // f32 -> JSON goes through f64 and would send 0.699999988079071 for 0.7.
@@ -286,10 +305,10 @@ impl OpenAiClient {
         let response = tokio::time::timeout(self.first_byte, send)
             .await
             .map_err(|_| self.no_answer())?
-            .map_err(|e| transport_error(&self.config, e))?;
+            .map_err(|e| self.transport.error(e))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(self.status_error(response).await);
+            return Err(self.transport.status_error(response).await);
         }
         let is_json = response
             .headers()
@@ -300,9 +319,24 @@ impl OpenAiClient {
                     .to_ascii_lowercase()
                     .starts_with("application/json")
             });
-        // Some servers send the headers at once and the first token when it is ready.
-        let first = self.first_byte.saturating_sub(sent.elapsed());
-        let bytes = self.body_stream(response, first);
+        // Some servers send the headers at once and the first token when it is ready. A
+        // remote server that sent its headers still gets a whole idle window for it, as
+        // before the first-byte limit existed.
+        let left = self.first_byte.saturating_sub(sent.elapsed());
+        let first = FirstPiece {
+            limit: if self.local {
+                left
+            } else {
+                left.max(self.config.idle_timeout)
+            },
+            error: if self.local {
+                LlmError::NoAnswerYet
+            } else {
+                LlmError::Timeout
+            },
+            reported: self.first_byte,
+        };
+        let bytes = self.transport.body_stream(response, Some(first));
         if is_json {
             return self.json_completion(bytes).await;
         }
@@ -320,54 +354,6 @@ impl OpenAiClient {
             ));
         }
         Ok(assembler.finish())
-    }
-
-    /// The response body, failing when its first piece takes longer than `first` (see
-    /// [`OpenAiClient::no_answer`]), or it falls silent for longer than `idle_timeout`
-    /// ([`LlmError::Timeout`]).
-    fn body_stream(
-        &self,
-        response: reqwest::Response,
-        first: Duration,
-    ) -> impl Stream<Item = Result<Bytes, LlmError>> + Send + use<> {
-        let idle = self.config.idle_timeout;
-        let config = Arc::clone(&self.config);
-        let (local, first_byte) = (self.local, self.first_byte);
-        let no_answer = move || {
-            if local {
-                LlmError::NoAnswerYet(first_byte)
-            } else {
-                LlmError::Timeout(first_byte)
-            }
-        };
-        let inner = Box::pin(response.bytes_stream());
-        futures::stream::unfold(Some((inner, true)), move |state| {
-            let config = Arc::clone(&config);
-            async move {
-                let (mut inner, waiting) = state?;
-                // A remote server that sent its headers still gets a whole idle window
-                // for the first token, as before the first-byte limit existed.
-                let limit = match (waiting, local) {
-                    (true, true) => first,
-                    (true, false) => first.max(idle),
-                    (false, _) => idle,
-                };
-                match tokio::time::timeout(limit, inner.next()).await {
-                    Err(_elapsed) if waiting => Some((Err(no_answer()), None)),
-                    Err(_elapsed) => Some((Err(LlmError::Timeout(idle)), None)),
-                    Ok(None) => None,
-                    Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((inner, false)))),
-                    // The response had begun: whatever broke, the answer is incomplete.
-                    Ok(Some(Err(e))) => {
-                        let error = match transport_error(&config, e) {
-                            LlmError::Connect(why) => LlmError::Interrupted(why),
-                            other => other,
-                        };
-                        Some((Err(error), None))
-                    }
-                }
-            }
-        })
     }
 
     /// A 200 with a JSON body: a server reporting an error without an HTTP status, or one
@@ -390,10 +376,9 @@ impl OpenAiClient {
         match serde_json::from_str::<Value>(&text) {
             Ok(value) => {
                 if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
-                    return Err(LlmError::Stream(redact(
-                        &self.config,
-                        &error_message(error),
-                    )));
+                    return Err(LlmError::Stream(
+                        self.transport.redact(&error_message(error)),
+                    ));
                 }
                 let mut assembler = StreamAssembler::new();
                 assembler.push_data(&text)?;
@@ -412,27 +397,6 @@ impl OpenAiClient {
             Err(e) => Err(LlmError::Malformed(format!(
                 "the JSON response cannot be read: {e}"
             ))),
-        }
-    }
-
-    /// [`LlmError::Status`] for a non-success response, with a bounded, redacted body.
-    async fn status_error(&self, mut response: reqwest::Response) -> LlmError {
-        let status = response.status().as_u16();
-        let retry_after = retry_after(response.headers());
-        let mut body = Vec::new();
-        // A broken or slow error body still leaves the status, which is what matters.
-        while body.len() < ERROR_BODY_BYTES {
-            match tokio::time::timeout(self.config.idle_timeout, response.chunk()).await {
-                Ok(Ok(Some(piece))) => body.extend_from_slice(&piece),
-                _ => break,
-            }
-        }
-        let text = String::from_utf8_lossy(&body);
-        let text = crate::text::clip_with(&text, ERROR_BODY_CHARS, |_| "… (truncated)".into());
-        LlmError::Status {
-            status,
-            body: redact(&self.config, text.trim()),
-            retry_after,
         }
     }
 }
@@ -473,65 +437,6 @@ impl LlmBackend for OpenAiClient {
         }
         result
     }
-}
-
-/// The wait a server asked for: `retry-after-ms` (OpenAI, Azure), else `Retry-After` as
-/// seconds or as an HTTP date.
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let get = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
-    let seconds = |s: f64| Duration::try_from_secs_f64(s).ok();
-    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        return seconds(ms / 1000.0);
-    }
-    let value = get("retry-after")?;
-    if let Ok(secs) = value.parse::<f64>() {
-        return seconds(secs);
-    }
-    let date = chrono::DateTime::parse_from_rfc2822(value).ok()?;
-    // The server's date is real wall time, so it is compared with the real clock; only the
-    // seconds forms are tested, and they read no clock.
-    let wait = date.with_timezone(&chrono::Utc) - chrono::Utc::now();
-    Some(wait.to_std().unwrap_or(Duration::ZERO))
-}
-
-/// Maps a reqwest failure to [`LlmError::Timeout`] or [`LlmError::Connect`], with the
-/// whole cause chain (reqwest's own message is often just "error sending request").
-fn transport_error(config: &OpenAiConfig, error: reqwest::Error) -> LlmError {
-    let error = error.without_url();
-    if error.is_timeout() {
-        return LlmError::Timeout(if error.is_connect() {
-            config.connect_timeout
-        } else {
-            config.request_timeout
-        });
-    }
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    LlmError::Connect(redact(config, &message))
-}
-
-/// Servers sometimes quote the key they refused; it must not reach the log.
-fn redact(config: &OpenAiConfig, text: &str) -> String {
-    let mut text = text.to_owned();
-    let secrets = config
-        .api_key
-        .iter()
-        .map(ExposeSecret::expose_secret)
-        .chain(config.extra_headers.iter().map(|(_, v)| v.as_str()));
-    for secret in secrets.filter(|s| s.len() >= 8) {
-        text = text.replace(secret, "[redacted]");
-    }
-    text
 }
 
 #[cfg(test)]

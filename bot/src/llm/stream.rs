@@ -15,7 +15,8 @@
 //!   (Perplexity repeats a growing usage in every chunk);
 //! - `{"error": ...}` is an error, never text; data that is not JSON is [`LlmError::Malformed`].
 //!
-//! SSE framing is left to `eventsource-stream`; [`assemble`] only feeds it one line at a time.
+//! SSE framing is left to `eventsource-stream`; [`assemble`] only feeds it one line at a time
+//! (so does the Anthropic client's, through the same `line_pieces`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
@@ -213,9 +214,20 @@ impl StreamAssembler {
         let Some(usage) = usage.filter(Value::is_object) else {
             return;
         };
+        // OpenAI reports cache hits inside `prompt_tokens_details` (already counted in
+        // `prompt_tokens`); the typed read below does not look there.
+        let cached = usage
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
         // A usage of an unexpected shape is not worth failing the completion for.
         match serde_json::from_value::<Usage>(usage) {
-            Ok(usage) => self.usage = Some(usage),
+            Ok(usage) => {
+                self.usage = Some(Usage {
+                    cache_read_tokens: cached,
+                    ..usage
+                });
+            }
             Err(e) => tracing::debug!(error = %e, "ignoring unreadable usage in LLM stream"),
         }
     }
@@ -301,6 +313,7 @@ impl ChoiceState {
                 .collect(),
             finish_reason: self.finish_reason.clone(),
             usage,
+            thinking: Vec::new(),
         }
     }
 }
@@ -348,7 +361,7 @@ pub(crate) fn error_message(error: &Value) -> String {
 }
 
 /// The first [`PREVIEW_CHARS`] characters of `text`, marked when cut.
-fn preview(text: &str) -> String {
+pub(crate) fn preview(text: &str) -> String {
     crate::text::ellipsize(text, PREVIEW_CHARS).into_owned()
 }
 
@@ -409,7 +422,7 @@ struct Lines<S> {
 /// Cuts only ever happen after `\n`, which never sits inside a UTF-8 character.
 /// Also enforces [`MAX_STREAM_BYTES`] and, when the stream ends on a complete line but
 /// without the blank line that dispatches an event, supplies that blank line.
-fn line_pieces<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, LlmError>>
+pub(crate) fn line_pieces<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, LlmError>>
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: Into<LlmError>,

@@ -40,6 +40,12 @@ pub enum Message {
         /// Tool calls, in the order the model made them.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
+        /// Anthropic's thinking blocks of this answer, with their signatures: the Messages
+        /// API refuses a tool-use turn with thinking on unless the thinking that led to the
+        /// calls comes back as it was. Empty for every other provider; never part of an
+        /// OpenAI request body (`request_body` and `body.rs` leave it out).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        thinking: Vec<ThinkingBlock>,
     },
     /// The result of one tool call.
     Tool {
@@ -70,6 +76,7 @@ impl Message {
         Message::Assistant {
             content: Some(text.into()),
             tool_calls: Vec::new(),
+            thinking: Vec::new(),
         }
     }
 
@@ -151,6 +158,26 @@ pub struct ImageUrl {
     /// `auto`, `low` or `high`; left to the provider when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+}
+
+/// One block of a model's extended thinking (Anthropic), kept so that it can be sent back
+/// exactly as it came: the signature is what lets the provider check the text was its own.
+/// Serialized as the Messages API's content block (`{"type":"thinking",...}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ThinkingBlock {
+    /// Thinking in clear text.
+    Thinking {
+        /// The text of the thinking.
+        thinking: String,
+        /// The provider's signature over it.
+        signature: String,
+    },
+    /// Thinking the provider's safety systems encrypted; opaque, but it must go back too.
+    RedactedThinking {
+        /// The encrypted thinking.
+        data: String,
+    },
 }
 
 /// A tool call the model made.
@@ -399,7 +426,8 @@ impl ChatRequest {
 /// Token counts the provider reported.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Tokens in the prompt.
+    /// Tokens in the prompt, cached ones included (OpenAI counts them in; for Anthropic,
+    /// which does not, the client adds its cache reads and writes).
     #[serde(default)]
     pub prompt_tokens: u64,
     /// Tokens generated.
@@ -408,6 +436,18 @@ pub struct Usage {
     /// Their sum, as the provider reported it.
     #[serde(default)]
     pub total_tokens: u64,
+    /// Prompt tokens read from the provider's prompt cache (billed at a fraction). Left out
+    /// of the stored JSON when zero, so records written before it existed read the same.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    /// Prompt tokens written to the provider's prompt cache (Anthropic bills them above the
+    /// normal rate); zero for providers that cache on their own.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
@@ -416,6 +456,8 @@ impl Usage {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
         self.total_tokens += other.total_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
     }
 }
 
@@ -424,8 +466,13 @@ impl Usage {
 pub struct Completion {
     /// Visible text.
     pub content: String,
-    /// `reasoning_content` (DeepSeek, xAI...), kept for the log, never shown or sent back.
+    /// `reasoning_content` (DeepSeek, xAI...) or Anthropic's thinking text, kept for the
+    /// log, never shown or sent back as text.
     pub reasoning: String,
+    /// Anthropic's thinking blocks with their signatures, in order; carried into the
+    /// assistant message ([`Completion::to_message`]) so they can be replayed. Empty for
+    /// OpenAI-compatible providers.
+    pub thinking: Vec<ThinkingBlock>,
     /// Tool calls, ordered by their stream `index`.
     pub tool_calls: Vec<ToolCall>,
     /// `stop`, `tool_calls`, `length`, ... when the stream said.
@@ -444,6 +491,7 @@ impl Completion {
                 Some(self.content.clone())
             },
             tool_calls: self.tool_calls.clone(),
+            thinking: self.thinking.clone(),
         }
     }
 }

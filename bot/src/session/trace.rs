@@ -159,6 +159,7 @@ fn requests(messages: &[Message]) -> Vec<RequestTrace> {
             Message::Assistant {
                 content,
                 tool_calls,
+                ..
             } => Some(RequestTrace {
                 text: cap(content.as_deref().unwrap_or("")),
                 calls: tool_calls

@@ -47,6 +47,7 @@ fn model(summary: Result<&'static str, u16>) -> ScriptedLlm {
                         prompt_tokens: 1000,
                         completion_tokens: 100,
                         total_tokens: 1100,
+                        ..Usage::default()
                     }),
                     ..text(s)
                 }),
@@ -67,6 +68,7 @@ fn model(summary: Result<&'static str, u16>) -> ScriptedLlm {
                 prompt_tokens: prompt,
                 completion_tokens: 20,
                 total_tokens: prompt + 20,
+                ..Usage::default()
             }),
             ..echo(request)
         })
@@ -118,6 +120,7 @@ fn old_turns(size: usize) -> Vec<Message> {
                 Message::Assistant {
                     content: None,
                     tool_calls: vec![ToolCall::new(format!("c{i}"), "time_now", "{}")],
+                    thinking: Vec::new(),
                 },
                 Message::tool(format!("c{i}"), "{\"ok\":true,\"data\":\"12:00\"}"),
                 Message::assistant(format!("answer {i} {}", "x".repeat(size))),
@@ -459,6 +462,7 @@ async fn a_large_fixed_prompt_in_a_small_window_does_not_summarize_every_turn() 
             prompt_tokens: prompt,
             completion_tokens: 400,
             total_tokens: prompt + 400,
+            ..Usage::default()
         });
         if is_summary_request(request) {
             return Ok(Completion {

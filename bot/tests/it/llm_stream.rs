@@ -88,6 +88,11 @@ fn assert_matches_expected(key: &str, asm: &StreamAssembler, want: &Value) {
             prompt_tokens: u["prompt_tokens"].as_u64().unwrap(),
             completion_tokens: u["completion_tokens"].as_u64().unwrap(),
             total_tokens: u["total_tokens"].as_u64().unwrap(),
+            cache_read_tokens: u
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            ..Usage::default()
         }),
     };
     assert_eq!(asm.usage(), want_usage.as_ref(), "{key}: usage");

@@ -8,6 +8,7 @@ mod agent;
 mod agent_images;
 mod compaction;
 mod group_commit;
+mod llm_anthropic;
 mod llm_failover;
 mod llm_http;
 mod llm_retry;

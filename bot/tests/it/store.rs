@@ -114,6 +114,7 @@ fn rich_history() -> Vec<Message> {
                 ToolCall::new("call_1", "time_now", "{}"),
                 ToolCall::new("call_2", "todo_add", r#"{"text":"buy milk"}"#),
             ],
+            thinking: Vec::new(),
         },
         Message::tool("call_1", r#"{"ok":true,"time":"12:00"}"#),
         Message::tool("call_2", r#"{"ok":true}"#),

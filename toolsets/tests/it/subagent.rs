@@ -184,6 +184,7 @@ fn with_usage(mut c: Completion, total: u64) -> Completion {
         prompt_tokens: total - 10,
         completion_tokens: 10,
         total_tokens: total,
+        ..Usage::default()
     });
     c
 }

@@ -154,6 +154,7 @@ async fn the_observer_sees_tools_usage_and_the_end_of_the_turn() {
         prompt_tokens: 5,
         completion_tokens: 1,
         total_tokens: 6,
+        ..Usage::default()
     });
     let llm = ScriptedLlm::new(vec![
         Completion {
