@@ -270,9 +270,14 @@ impl Default for BotConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LlmConfig {
-    /// Base URL of the chat-completions API, up to and including `/v1`; `OPENAI_BASE_URL`
-    /// or OpenAI's when unset.
+    /// Which API the endpoint speaks: `openai` (chat completions, and every compatible
+    /// server) or `anthropic` (the Messages API, natively).
+    pub provider: Provider,
+    /// Base URL of the API: for `openai` up to and including `/v1` (`OPENAI_BASE_URL` or
+    /// OpenAI's when unset), for `anthropic` its root (Anthropic's when unset).
     pub base_url: Option<String>,
+    /// How long the provider keeps the cached prompt prefix (`anthropic`): `5m` or `1h`.
+    pub cache_ttl: CacheTtl,
     /// The API key. Prefer a systemd credential, `api_key_env` or `api_key_file` to keep it
     /// out of the file.
     pub api_key: Option<Secret>,
@@ -280,7 +285,8 @@ pub struct LlmConfig {
     pub api_key_env: String,
     /// File holding the API key (a systemd credential, say).
     pub api_key_file: Option<PathBuf>,
-    /// Model name as the provider spells it; `PARLOR_MODEL` or `gpt-4o-mini` when unset.
+    /// Model name as the provider spells it; `PARLOR_MODEL` or `gpt-4o-mini`
+    /// (`claude-haiku-4-5` for `anthropic`) when unset.
     pub model: Option<String>,
     /// Whether the model sees images (downloaded and sent as content parts).
     pub vision: bool,
@@ -327,11 +333,40 @@ pub struct LlmConfig {
     pub fallbacks: Vec<ModelEndpoint>,
 }
 
+/// The API an endpoint speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    /// OpenAI chat completions, and every server compatible with it.
+    #[default]
+    Openai,
+    /// Anthropic's Messages API.
+    Anthropic,
+}
+
+/// `llm.cache_ttl`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum CacheTtl {
+    /// Five minutes: a cache write costs 1.25 input tokens.
+    #[default]
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    /// One hour: a write costs 2 input tokens, worth it in groups quieter than every five
+    /// minutes.
+    #[serde(rename = "1h")]
+    OneHour,
+}
+
+/// The environment variable the main key is read from unless `api_key_env` names another.
+const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
+
 /// A model at an endpoint with its own key: an entry of `[[llm.vision_models]]` (a model
 /// that can see, asked to describe images for the main one) or of `[[llm.fallbacks]]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelEndpoint {
+    /// The API it speaks; the main endpoint's (`llm.provider`) when unset.
+    pub provider: Option<Provider>,
     /// Model name as its provider spells it.
     pub model: String,
     /// Its endpoint; the main model's (`llm.base_url`) when unset.
@@ -386,7 +421,9 @@ impl Default for LlmConfig {
         LlmConfig {
             base_url: None,
             api_key: None,
-            api_key_env: "OPENAI_API_KEY".to_owned(),
+            api_key_env: DEFAULT_KEY_ENV.to_owned(),
+            provider: Provider::default(),
+            cache_ttl: CacheTtl::default(),
             api_key_file: None,
             model: None,
             vision: false,
@@ -1308,20 +1345,41 @@ impl Config {
 
     /// The LLM endpoint: file, `OPENAI_BASE_URL`, OpenAI.
     pub fn base_url(&self) -> String {
-        self.llm
-            .base_url
-            .clone()
-            .or_else(|| env("OPENAI_BASE_URL"))
-            .unwrap_or_else(|| "https://api.openai.com/v1".to_owned())
+        match self.llm.provider {
+            Provider::Openai => self
+                .llm
+                .base_url
+                .clone()
+                .or_else(|| env("OPENAI_BASE_URL"))
+                .unwrap_or_else(|| "https://api.openai.com/v1".to_owned()),
+            Provider::Anthropic => self
+                .llm
+                .base_url
+                .clone()
+                .unwrap_or_else(|| "https://api.anthropic.com".to_owned()),
+        }
     }
 
-    /// The model: file, `PARLOR_MODEL`, `gpt-4o-mini`.
+    /// The environment variable holding the main key: `api_key_env`, or with
+    /// `provider = "anthropic"` and `api_key_env` left alone, `ANTHROPIC_API_KEY`.
+    pub fn api_key_env(&self) -> &str {
+        match self.llm.provider {
+            Provider::Anthropic if self.llm.api_key_env == DEFAULT_KEY_ENV => "ANTHROPIC_API_KEY",
+            _ => &self.llm.api_key_env,
+        }
+    }
+
+    /// The model: file, `PARLOR_MODEL`, `gpt-4o-mini` (`claude-haiku-4-5` with
+    /// `provider = "anthropic"`).
     pub fn model(&self) -> String {
         self.llm
             .model
             .clone()
             .or_else(|| env("PARLOR_MODEL"))
-            .unwrap_or_else(|| "gpt-4o-mini".to_owned())
+            .unwrap_or_else(|| match self.llm.provider {
+                Provider::Openai => "gpt-4o-mini".to_owned(),
+                Provider::Anthropic => "claude-haiku-4-5".to_owned(),
+            })
     }
 
     /// Finds every secret, in order: the `*_file` key, the value in the file, the systemd
@@ -1333,7 +1391,7 @@ impl Config {
             "llm.api_key_file",
             self.llm.api_key.as_ref(),
             CREDENTIAL_API_KEY,
-            &self.llm.api_key_env,
+            self.api_key_env(),
         )?;
         let telegram_token = resolve(
             self.telegram.token_file.as_deref(),
@@ -1431,7 +1489,7 @@ impl Config {
     /// Environment variables that hold (or may hold) secrets: the ones parlor reads, and
     /// `OPENAI_API_KEY` also when `api_key_env` names another.
     pub fn secret_env_names(&self) -> Vec<String> {
-        let mut names = vec![self.llm.api_key_env.clone()];
+        let mut names = vec![self.api_key_env().to_owned()];
         for name in [
             "OPENAI_API_KEY",
             "TELEGRAM_BOT_TOKEN",

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, PromptSize, VisionModel};
-use parlor_bot::llm::{Failover, Link, LlmBackend, OpenAiClient, OpenAiConfig, RetryPolicy};
+use parlor_bot::llm::{
+    AnthropicClient, AnthropicConfig, Failover, Link, LlmBackend, OpenAiClient, OpenAiConfig,
+    RetryPolicy,
+};
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager, SystemReceiver, system_inputs};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
@@ -30,7 +33,7 @@ use parlor_toolsets::{WebOptions, web_toolset};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, SandboxKind, TerminalPolicy, WebProvider};
+use crate::config::{CacheTtl, Config, SandboxKind, TerminalPolicy, WebProvider};
 
 /// The services toolsets are built over, each present when its toolset is enabled.
 #[derive(Clone)]
@@ -265,7 +268,7 @@ pub fn catalog_registry(
 /// toolsets' prompts, and the tools' schemas), as `registry` offers them: what
 /// `check-config` prints. Builds the agent, which connects to nothing.
 pub fn prompt_size(config: &Config, registry: ToolRegistry) -> anyhow::Result<PromptSize> {
-    let llm = llm_client(config, config.base_url(), None)?;
+    let llm = llm_client(config, config.llm.provider, config.base_url(), None)?;
     let prompt = format!(
         "{}\n\n{}",
         config.bot.system_prompt.trim_end(),
@@ -400,34 +403,60 @@ fn sandbox_hidden(config: &Config, data_dir: &std::path::Path) -> Vec<PathBuf> {
     hide
 }
 
-/// A client of an OpenAI-compatible endpoint with the `[llm]` limits and retries.
+/// A client of an endpoint speaking `provider`, with the `[llm]` limits and retries.
 fn llm_client(
     config: &Config,
+    provider: crate::config::Provider,
     base_url: String,
     api_key: Option<&crate::secrets::Secret>,
 ) -> anyhow::Result<Arc<dyn LlmBackend>> {
-    let client = OpenAiClient::with_retries(OpenAiConfig {
-        base_url,
-        api_key: api_key.map(|k| k.expose().into()),
-        request_timeout: config.request_timeout(),
-        first_byte_timeout: config.llm.first_token_timeout_secs.map(Duration::from_secs),
-        connect_timeout: Duration::from_secs(config.llm.connect_timeout_secs),
-        idle_timeout: Duration::from_secs(config.llm.idle_timeout_secs),
-        retry: RetryPolicy {
-            max_retries: config.llm.max_retries,
-            ..RetryPolicy::default()
-        },
-        ..OpenAiConfig::default()
-    })?;
-    Ok(Arc::new(client))
+    let retry = RetryPolicy {
+        max_retries: config.llm.max_retries,
+        ..RetryPolicy::default()
+    };
+    let api_key = api_key.map(|k| k.expose().into());
+    let connect_timeout = Duration::from_secs(config.llm.connect_timeout_secs);
+    let idle_timeout = Duration::from_secs(config.llm.idle_timeout_secs);
+    Ok(match provider {
+        crate::config::Provider::Openai => Arc::new(OpenAiClient::with_retries(OpenAiConfig {
+            base_url,
+            api_key,
+            request_timeout: config.request_timeout(),
+            first_byte_timeout: config.llm.first_token_timeout_secs.map(Duration::from_secs),
+            connect_timeout,
+            idle_timeout,
+            retry,
+            ..OpenAiConfig::default()
+        })?),
+        crate::config::Provider::Anthropic => {
+            Arc::new(AnthropicClient::with_retries(AnthropicConfig {
+                base_url,
+                api_key,
+                request_timeout: config.request_timeout(),
+                connect_timeout,
+                idle_timeout,
+                retry,
+                cache_ttl: match config.llm.cache_ttl {
+                    CacheTtl::FiveMinutes => parlor_bot::llm::CacheTtl::FiveMinutes,
+                    CacheTtl::OneHour => parlor_bot::llm::CacheTtl::OneHour,
+                },
+                ..AnthropicConfig::default()
+            })?)
+        }
+    })
 }
 
 /// The main endpoint's client, or, with `[[llm.fallbacks]]`, the chain of it and them
 /// ([`Failover`]): whatever asks the agent's model (turns, clock fires, sub-agents,
 /// summaries) fails over alike.
 fn llm_chain(config: &Config) -> anyhow::Result<Arc<dyn LlmBackend>> {
-    let primary = llm_client(config, config.base_url(), config.api_key())
-        .context("cannot build the LLM client")?;
+    let primary = llm_client(
+        config,
+        config.llm.provider,
+        config.base_url(),
+        config.api_key(),
+    )
+    .context("cannot build the LLM client")?;
     if config.llm.fallbacks.is_empty() {
         return Ok(primary);
     }
@@ -445,9 +474,13 @@ fn llm_chain(config: &Config) -> anyhow::Result<Arc<dyn LlmBackend>> {
         links.push(Link {
             name: model.clone(),
             model: Some(model),
-            llm: llm_client(config, base_url, config.fallback_api_key(i)).with_context(|| {
-                format!("cannot build the client of fallback {}", fallback.model)
-            })?,
+            llm: llm_client(
+                config,
+                fallback.provider.unwrap_or(config.llm.provider),
+                base_url,
+                config.fallback_api_key(i),
+            )
+            .with_context(|| format!("cannot build the client of fallback {}", fallback.model))?,
         });
     }
     Ok(Arc::new(Failover::new(links)))
@@ -465,9 +498,13 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
         let base_url = vision.base_url.clone().unwrap_or_else(|| config.base_url());
         vision_models.push(VisionModel {
             model: vision.model.trim().to_owned(),
-            llm: llm_client(config, base_url, config.vision_api_key(i)).with_context(|| {
-                format!("cannot build the client of vision model {}", vision.model)
-            })?,
+            llm: llm_client(
+                config,
+                vision.provider.unwrap_or(config.llm.provider),
+                base_url,
+                config.vision_api_key(i),
+            )
+            .with_context(|| format!("cannot build the client of vision model {}", vision.model))?,
         });
     }
     let terminal = services.terminal.as_ref();

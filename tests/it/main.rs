@@ -6,6 +6,7 @@
 
 mod support;
 
+mod anthropic;
 mod autochat;
 mod chaos;
 mod cli;
