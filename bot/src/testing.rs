@@ -311,6 +311,7 @@ pub fn chat_request(model: &str, messages: Vec<Message>) -> ChatRequest {
         parallel_tool_calls: None,
         temperature: None,
         max_completion_tokens: None,
+        prompt_cache_key: None,
     }
 }
 

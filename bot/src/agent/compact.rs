@@ -136,6 +136,7 @@ impl Agent {
             parallel_tool_calls: None,
             temperature: self.config.temperature,
             max_completion_tokens: Some(SUMMARY_MAX_TOKENS),
+            prompt_cache_key: None,
         }
     }
 }

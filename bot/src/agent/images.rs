@@ -267,6 +267,7 @@ impl TurnImages {
             parallel_tool_calls: None,
             temperature: None,
             max_completion_tokens: Some(400),
+            prompt_cache_key: None,
         };
         for describer in self.describers.iter() {
             match describer

@@ -423,6 +423,7 @@ impl Agent {
                 tools: tools.clone(),
                 temperature: self.config.temperature,
                 max_completion_tokens: None,
+                prompt_cache_key: Some(crate::llm::wire::prompt_cache_key(&input.session)),
             };
             self.observer.on_event(&AgentEvent::LlmRequest {
                 session: &input.session,

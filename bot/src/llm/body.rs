@@ -34,6 +34,9 @@ pub(crate) fn write(request: &ChatRequest) -> Result<Vec<u8>, serde_json::Error>
     if tools && let Some(parallel) = request.parallel_tool_calls {
         body.field("parallel_tool_calls", &parallel)?;
     }
+    if let Some(key) = &request.prompt_cache_key {
+        body.field("prompt_cache_key", key)?;
+    }
     body.raw("stream", "true");
     body.raw("stream_options", r#"{"include_usage":true}"#);
     if let Some(t) = request.temperature {

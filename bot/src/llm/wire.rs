@@ -384,6 +384,22 @@ pub struct ChatRequest {
     /// Upper bound on generated tokens; provider default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u32>,
+    /// OpenAI's `prompt_cache_key`: requests with the same key are routed to the same
+    /// cache, so a chat's turns keep hitting its cached prefix. One per chat, derived from
+    /// its session key ([`prompt_cache_key`]); other providers leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_key: Option<String>,
+}
+
+/// The prompt-cache key of the chat `session`: a stable hash (FNV-1a, the same in every
+/// process), so the provider sees no chat id.
+pub fn prompt_cache_key(session: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in session.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("parlor-{hash:016x}")
 }
 
 /// The text part that takes the place of an image reference left in a request.

@@ -94,6 +94,10 @@ impl Intake<'_> {
             (used, Some(limit)) => format!("{used} of {limit}"),
             (used, None) => used.to_string(),
         };
+        let cache = match self.manager.cache_hits_today(key) {
+            Some(percent) => format!("{percent}% of prompt tokens read from the cache"),
+            None => "no prompt yet".to_owned(),
+        };
         let yours = match self.manager.member_tokens_today(member, key) {
             (used, Some(limit)) => format!("{used} of {limit}"),
             (used, None) => used.to_string(),
@@ -101,7 +105,7 @@ impl Intake<'_> {
         format!(
             "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
              Summary: {summary}\n\
-             Turns since start: {turns}\nTokens today (UTC): {tokens}\n\
+             Turns since start: {turns}\nTokens today (UTC): {tokens} ({cache})\n\
              Your tokens today, in every chat: {yours}\nModel: {}\nTools: {}\nUp for {} min",
             if running {
                 "Working on an answer."

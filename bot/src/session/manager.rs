@@ -719,6 +719,13 @@ impl SessionManager {
         (used, self.config().daily_tokens_per_chat)
     }
 
+    /// `session`'s share of prompt tokens read from the provider's cache today, in percent.
+    pub fn cache_hits_today(&self, session: &str) -> Option<u64> {
+        super::usage::day_usage(self.store().as_ref(), self.now().date_naive(), session)
+            .ok()
+            .and_then(|d| d.cache_hit_percent())
+    }
+
     /// `member`'s tokens today across chats and the daily limit per member, for `/status`
     /// in `session`.
     pub fn member_tokens_today(&self, member: &str, session: &str) -> (u64, Option<u64>) {

@@ -43,6 +43,20 @@ pub struct DayUsage {
     /// Whether the chat was told its budget was used up, so it is told once a day.
     #[serde(default)]
     pub budget_told: bool,
+    /// Prompt tokens the provider served from its prompt cache (part of `prompt_tokens`).
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Prompt tokens the provider wrote to its prompt cache (part of `prompt_tokens`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl DayUsage {
+    /// The share of prompt tokens read from the provider's cache, in percent; `None`
+    /// before any prompt.
+    pub fn cache_hit_percent(&self) -> Option<u64> {
+        (self.prompt_tokens > 0).then(|| self.cache_read_tokens * 100 / self.prompt_tokens)
+    }
 }
 
 /// The collection of member day records, keyed `<YYYY-MM-DD>|<member>|<session>` so that
@@ -264,6 +278,8 @@ fn add_to(
         record.turns += u64::from(a_turn);
         record.prompt_tokens += usage.prompt_tokens;
         record.completion_tokens += usage.completion_tokens;
+        record.cache_read_tokens += usage.cache_read_tokens;
+        record.cache_write_tokens += usage.cache_write_tokens;
         // Some providers leave the sum out.
         record.total_tokens += usage
             .total_tokens

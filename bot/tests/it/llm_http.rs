@@ -153,6 +153,7 @@ fn request() -> ChatRequest {
         parallel_tool_calls: Some(true),
         temperature: None,
         max_completion_tokens: None,
+        prompt_cache_key: None,
     }
 }
 

@@ -147,6 +147,7 @@ fn requests() -> Vec<(&'static str, ChatRequest)> {
         parallel_tool_calls: Some(true),
         temperature: Some(0.7),
         max_completion_tokens: Some(1024),
+        prompt_cache_key: Some(parlor_bot::llm::wire::prompt_cache_key("telegram:-100")),
     };
     let mut required = base.clone();
     required.tool_choice = Some(ToolChoice::Required);
@@ -374,6 +375,7 @@ fn the_exact_body_for_a_tool_conversation() {
           ],
           "model": "gpt-4o-mini",
           "parallel_tool_calls": true,
+          "prompt_cache_key": "parlor-d91e5475eade29be",
           "stream": true,
           "stream_options": {
             "include_usage": true

@@ -253,3 +253,57 @@ async fn a_member_over_budget_is_refused_before_the_model_is_asked_and_told_once
         status[5].text
     );
 }
+
+#[tokio::test]
+async fn cache_reads_are_counted_per_day_and_shown_by_status() {
+    let llm = ScriptedLlm::answering(|_, _| {
+        Ok(parlor_bot::llm::Completion {
+            usage: Some(parlor_bot::llm::Usage {
+                prompt_tokens: 100,
+                completion_tokens: 10,
+                total_tokens: 110,
+                cache_read_tokens: 80,
+                cache_write_tokens: 20,
+            }),
+            ..text("fine")
+        })
+    })
+    .shared();
+    let store = Arc::new(MemoryStore::new());
+    let platform = TestPlatform::new();
+    let manager = toolless_manager(
+        store.clone() as Arc<dyn Store>,
+        llm,
+        &platform,
+        SessionConfig::default(),
+        AgentConfig::default(),
+    );
+    for (id, text) in [(1, "@parlor one"), (2, "@parlor two")] {
+        manager
+            .deliver(message(&group(), id, "alice", text))
+            .await
+            .unwrap();
+        platform.wait_sent(id as usize).await;
+    }
+    let day = usage::day_usage(store.as_ref(), usage::today(), &group().session_key()).unwrap();
+    assert_eq!(
+        (
+            day.prompt_tokens,
+            day.cache_read_tokens,
+            day.cache_write_tokens
+        ),
+        (200, 160, 40)
+    );
+    manager
+        .deliver(message(&group(), 3, "alice", "/status"))
+        .await
+        .unwrap();
+    let sent = platform.wait_sent(3).await;
+    assert!(
+        sent[2]
+            .text
+            .contains("Tokens today (UTC): 220 (80% of prompt tokens read from the cache)"),
+        "{}",
+        sent[2].text
+    );
+}

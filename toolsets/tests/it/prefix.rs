@@ -157,6 +157,17 @@ async fn a_busy_group_repeats_each_requests_conversation_byte_for_byte() {
         assert_eq!(b[end], b',', "a request adds to the conversation");
         assert_eq!(before.tools.wire_json(), after.tools.wire_json());
     }
+    // One prompt-cache key for the chat, the same in every request, naming no chat id.
+    let key = parlor_bot::llm::wire::prompt_cache_key(&chat.session_key());
+    assert!(key.starts_with("parlor-") && !key.contains("-100"), "{key}");
+    for request in &requests {
+        assert_eq!(request.prompt_cache_key.as_deref(), Some(key.as_str()));
+    }
+    let body = String::from_utf8(OpenAiClient::request_bytes(&requests[0])).unwrap();
+    assert!(
+        body.contains(&format!("\"prompt_cache_key\":\"{key}\"")),
+        "{body}"
+    );
     println!("{} requests, {compactions} at a compaction", requests.len());
     assert_eq!(compactions, 0, "20 short turns need no compaction");
 }
