@@ -511,6 +511,18 @@ async fn a_provider_that_is_down_hands_the_mention_to_the_fallback() {
         "the main key never goes to another host"
     );
 
+    // /status says which model gave the last answer.
+    let before = rig.telegram.sent_messages().len();
+    rig.telegram
+        .group_message(GROUP, TgUser::new(1001, "Alice"), "/status")
+        .push();
+    let sent = rig.telegram.wait_for_sent(before + 1, WAIT).await.unwrap();
+    assert!(
+        sent[before].text.contains("(last answer by backup-model)"),
+        "{}",
+        sent[before].text
+    );
+
     // A request the provider refuses as such is not sent elsewhere.
     rig.llm().respond_with(|_| Reply::status(400));
     let reply = rig.ask("too long?").await;

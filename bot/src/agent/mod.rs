@@ -180,6 +180,8 @@ pub struct Turn {
     /// Prompt plus completion tokens of the turn's last request, as the provider reported
     /// them: how full the model's context is now.
     pub context_tokens: Option<u64>,
+    /// The model that gave the turn's last answer (a fallback's, when the primary failed).
+    pub model: Option<String>,
 }
 
 /// The error code of a call refused because it repeats earlier identical calls.
@@ -348,6 +350,7 @@ impl Agent {
             history_dropped: 0,
             summary: None,
             context_tokens: None,
+            model: None,
         };
         let full_history = history;
         let mut history = history;
@@ -476,6 +479,12 @@ impl Agent {
                 }
                 Err(e) => return Err(e.into()),
             };
+            turn.model = Some(
+                completion
+                    .model
+                    .clone()
+                    .unwrap_or_else(|| request.model.clone()),
+            );
             if let Some(usage) = &completion.usage {
                 turn.context_tokens = Some(usage.prompt_tokens + usage.completion_tokens);
                 turn.usage.add(usage);

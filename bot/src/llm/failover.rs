@@ -86,7 +86,8 @@ impl Failover {
             return Ok(result);
         };
         match result {
-            Ok(completion) => {
+            Ok(mut completion) => {
+                completion.model = Some(request.model.clone());
                 breaker.succeeded();
                 if index > 0 {
                     tracing::info!(provider = %link.name, "a fallback provider answered");

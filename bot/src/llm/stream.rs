@@ -295,6 +295,7 @@ impl ChoiceState {
 
     fn to_completion(&self, usage: Option<Usage>) -> Completion {
         Completion {
+            model: None,
             content: self.content.clone(),
             reasoning: self.reasoning.clone(),
             tool_calls: self

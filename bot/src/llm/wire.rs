@@ -495,6 +495,9 @@ pub struct Completion {
     pub finish_reason: Option<String>,
     /// Usage, when the provider sent it.
     pub usage: Option<Usage>,
+    /// The model that answered, when a [`Failover`](super::Failover) chain says which;
+    /// `None`: the one asked for.
+    pub model: Option<String>,
 }
 
 impl Completion {

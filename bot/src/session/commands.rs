@@ -98,6 +98,12 @@ impl Intake<'_> {
             Some(percent) => format!("{percent}% of prompt tokens read from the cache"),
             None => "no prompt yet".to_owned(),
         };
+        // The latest turn's, from its trace: a fallback's model when the primary failed.
+        let answered = super::trace::recent(self.manager.store().as_ref(), key)
+            .ok()
+            .and_then(|traces| traces.into_iter().find_map(|t| t.model))
+            .map(|model| format!(" (last answer by {model})"))
+            .unwrap_or_default();
         let yours = match self.manager.member_tokens_today(member, key) {
             (used, Some(limit)) => format!("{used} of {limit}"),
             (used, None) => used.to_string(),
@@ -106,7 +112,7 @@ impl Intake<'_> {
             "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
              Summary: {summary}\n\
              Turns since start: {turns}\nTokens today (UTC): {tokens} ({cache})\n\
-             Your tokens today, in every chat: {yours}\nModel: {}\nTools: {}\nUp for {} min",
+             Your tokens today, in every chat: {yours}\nModel: {}{answered}\nTools: {}\nUp for {} min",
             if running {
                 "Working on an answer."
             } else {

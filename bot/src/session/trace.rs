@@ -39,6 +39,8 @@ pub(super) struct TurnFacts {
     pub end: Option<TurnEnd>,
     /// The error, when the model failed.
     pub error: Option<String>,
+    /// The model that answered.
+    pub model: Option<String>,
 }
 
 impl TurnFacts {
@@ -49,6 +51,7 @@ impl TurnFacts {
             messages: turn.messages.clone(),
             end: Some(turn.end),
             error: None,
+            model: turn.model.clone(),
         }
     }
 
@@ -125,6 +128,9 @@ pub struct TurnTrace {
     pub started: DateTime<Utc>,
     /// How long it ran.
     pub millis: u64,
+    /// The model that answered (a fallback's, when the primary failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 fn cap(text: &str) -> String {
@@ -335,6 +341,7 @@ impl ChatWorker {
             error: facts.error.clone(),
             started,
             millis: u64::try_from((now - started).num_milliseconds()).unwrap_or(0),
+            model: facts.model.clone(),
         };
         writes.push(KvWrite {
             space: TRACE_SPACE.to_owned(),
