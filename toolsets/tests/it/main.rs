@@ -15,7 +15,7 @@ mod clock_tools;
 mod mcp;
 mod memory;
 mod message;
-mod prefix;
+mod llm_requests;
 mod quoting;
 mod skill;
 mod subagent;

@@ -1,7 +1,9 @@
-//! The prompt-cache prefix of a busy group: every request repeats the previous one's
-//! conversation byte for byte, whatever happens between turns (unaddressed chatter, a
-//! memory write, a clock fire, a task notice, `/status`). A provider's prompt cache keeps
-//! hitting only while that holds; per-turn data rides in the newest user message.
+//! The model requests of a chat with real toolsets. The prompt-cache prefix of a busy group:
+//! every request repeats the previous one's conversation byte for byte, whatever happens
+//! between turns (unaddressed chatter, a memory write, a clock fire, a task notice,
+//! `/status`); a provider's prompt cache keeps hitting only while that holds, so per-turn
+//! data rides in the newest user message. And a clock fire goes through the failover chain
+//! as a mention does.
 
 use std::sync::Arc;
 
@@ -170,4 +172,60 @@ async fn a_busy_group_repeats_each_requests_conversation_byte_for_byte() {
     );
     println!("{} requests, {compactions} at a compaction", requests.len());
     assert_eq!(compactions, 0, "20 short turns need no compaction");
+}
+
+/// A clock fire runs on the same failover chain as a mention: with the primary down, the
+/// fallback answers it and the post goes out.
+#[tokio::test]
+async fn a_clock_fire_fails_over_like_a_mention() {
+    use parlor_bot::llm::{Failover, Link, LlmError};
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let primary = ScriptedLlm::answering(|_, _| {
+        Err(LlmError::Status {
+            status: 503,
+            body: "down".into(),
+            retry_after: None,
+        })
+    })
+    .shared();
+    let fallback = ScriptedLlm::echo().shared();
+    let chain = Failover::new(vec![
+        Link {
+            name: "primary".into(),
+            model: None,
+            llm: primary.clone(),
+        },
+        Link {
+            name: "backup".into(),
+            model: Some("backup".into()),
+            llm: fallback.clone(),
+        },
+    ]);
+    let agent = Agent::new(
+        Arc::new(chain),
+        ToolRegistry::new(Vec::new()).unwrap(),
+        "You are a helpful bot.",
+        AgentConfig::default(),
+    );
+    let platform = TestPlatform::new();
+    let manager = SessionManager::new(
+        Arc::clone(&store),
+        agent,
+        vec![platform.clone() as Arc<dyn Platform>],
+        SessionConfig::default(),
+    );
+    manager.resume().await.unwrap();
+    let (inputs, receiver) = parlor_bot::session::system_inputs();
+    manager.serve_system(receiver);
+
+    let text = "[Scheduled task \"note\" (clock 1)] post the daily note".to_owned();
+    let done = inputs.clock_fire(&group_a(), text, alice()).await.unwrap();
+    let outcome = done.await.unwrap();
+    assert!(
+        matches!(outcome, parlor_bot::session::ScheduledOutcome::Posted(_)),
+        "{outcome:?}"
+    );
+    assert_eq!(primary.requests().len(), 1);
+    assert_eq!(fallback.requests()[0].model, "backup");
+    assert!(platform.sent()[0].text.starts_with("reply: "));
 }
