@@ -19,5 +19,6 @@ mod llm_faults;
 mod metrics;
 mod onebot_auth;
 mod restart;
+mod upgrade;
 mod vision;
 mod web;

@@ -303,6 +303,7 @@ mod tests {
                 content: None,
                 tool_calls: vec![ToolCall::new(format!("c{i}"), "time_now", "{}")],
                 thinking: Vec::new(),
+                model: None,
             },
             Message::tool(format!("c{i}"), "{\"ok\":true}"),
             Message::assistant(format!("answer {i}")),

@@ -87,6 +87,7 @@ mod tests {
                 content: None,
                 tool_calls: vec![ToolCall::new(format!("c{i}"), "time_now", "{}")],
                 thinking: Vec::new(),
+                model: None,
             },
             Message::tool(format!("c{i}"), "y".repeat(size)),
             Message::assistant(format!("answer {i}")),

@@ -432,7 +432,7 @@ impl Agent {
                 session: &input.session,
                 iteration: turn.iterations,
             });
-            let completion = match self.llm.stream(&request, &cancel).await {
+            let mut completion = match self.llm.stream(&request, &cancel).await {
                 Ok(c) => c,
                 Err(LlmError::Cancelled) => {
                     turn.end = TurnEnd::Cancelled;
@@ -479,12 +479,11 @@ impl Agent {
                 }
                 Err(e) => return Err(e.into()),
             };
-            turn.model = Some(
-                completion
-                    .model
-                    .clone()
-                    .unwrap_or_else(|| request.model.clone()),
-            );
+            // Named on the Completion so that its history message keeps it too.
+            let model = completion
+                .model
+                .get_or_insert_with(|| request.model.clone());
+            turn.model = Some(model.clone());
             if let Some(usage) = &completion.usage {
                 turn.context_tokens = Some(usage.prompt_tokens + usage.completion_tokens);
                 turn.usage.add(usage);

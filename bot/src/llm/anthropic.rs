@@ -393,6 +393,7 @@ fn request_body(config: &AnthropicConfig, request: &ChatRequest) -> Value {
                 content,
                 tool_calls,
                 thinking: thought,
+                ..
             } => {
                 let mut blocks = Vec::new();
                 if thinking.is_some() {

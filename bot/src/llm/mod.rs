@@ -1,8 +1,8 @@
 //! The LLM edge: the only module that knows a provider's wire JSON (OpenAI's chat
 //! completions, Anthropic's Messages).
 //!
-//! - [`wire`]: request/response message types in the OpenAI shape, which are also the
-//!   history the store keeps.
+//! - [`wire`]: the conversation types every backend maps from (serde in the OpenAI shape);
+//!   the store keeps history in its own form (`store/history.rs`).
 //! - [`stream`]: assembles streamed chunks (content, reasoning, tool-call deltas by `index`)
 //!   into one [`Completion`].
 //! - [`openai`]: [`OpenAiClient`], the reqwest implementation of [`LlmBackend`], with SSE

@@ -1,13 +1,14 @@
-//! OpenAI chat-completions wire types. Only what parlor sends and reads is modelled; the
-//! request body is checked against OpenAI's own JSON Schemas in the tests.
+//! The conversation types every backend maps from, with serde in OpenAI's chat-completions
+//! shape (the request body is checked against OpenAI's own JSON Schemas in the tests).
 //!
-//! One part is parlor's own: [`ContentPart::ImageRef`], an image by the platform's
-//! reference. The same types are the history the store keeps (as JSON), and history must
-//! never hold image bytes, so a photo a member attached is stored as a reference and turned
-//! into a `data:` URL only for the requests of the turn that needs it (the agent does that).
-//! The provider must never see a reference: [`ChatRequest::wire_form`], which
+//! The store does not keep this shape: it keeps history in parlor's own form
+//! (`store/history.rs`), so that a provider's wire format can change without a store
+//! migration. Some parts are parlor's own and never sent: [`ContentPart::ImageRef`], an
+//! image by the platform's reference (history never holds image bytes; the agent turns one
+//! into a `data:` URL only for the requests of the turn that needs it), Anthropic's
+//! [`ThinkingBlock`]s, and which model answered. [`ChatRequest::wire_form`], which
 //! [`OpenAiClient::request_body`](super::OpenAiClient::request_body) serializes, replaces
-//! any that is left with a text part.
+//! any reference that is left with a text part.
 
 use std::borrow::Cow;
 use std::ops::Deref;
@@ -46,6 +47,10 @@ pub enum Message {
         /// OpenAI request body (`request_body` and `body.rs` leave it out).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         thinking: Vec<ThinkingBlock>,
+        /// The model that wrote this answer, when known: kept in history (the store's own
+        /// form carries it) and never sent to a provider.
+        #[serde(skip)]
+        model: Option<String>,
     },
     /// The result of one tool call.
     Tool {
@@ -77,6 +82,7 @@ impl Message {
             content: Some(text.into()),
             tool_calls: Vec::new(),
             thinking: Vec::new(),
+            model: None,
         }
     }
 
@@ -511,6 +517,7 @@ impl Completion {
             },
             tool_calls: self.tool_calls.clone(),
             thinking: self.thinking.clone(),
+            model: self.model.clone(),
         }
     }
 }

@@ -28,6 +28,7 @@
 
 mod common;
 mod group_commit;
+mod history;
 mod memory;
 mod sled_step;
 mod sled_store;

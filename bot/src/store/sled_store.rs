@@ -11,7 +11,7 @@
 //! | `message_ids`   | session `\0` message_id              | `{"v":1,"seq":N}` (the dedupe index)    |
 //! | `message_heads` | session                              | `{"v":1,"first":N,"next":M}`            |
 //! | `history_heads` | session                              | `{"v":1,"first":N,"next":M}`            |
-//! | `history_messages` | session `\0` seq (u64 big-endian) | `{"v":1,"message":{...Message}}`        |
+//! | `history_messages` | session `\0` seq (u64 big-endian) | `{"v":2,"kind":...}` (`history.rs`)     |
 //! | `history`       | session                              | `{"v":1,"messages":[...]}` (old format) |
 //! | `summaries`     | session                              | `{"v":1, ...Summary}` (compaction)      |
 //! | `pending`       | id (u64 big-endian)                  | `{"v":1, ...PendingItem}`               |
@@ -25,10 +25,11 @@
 //!
 //! History is kept the same way, one record per message: a turn appends its new messages
 //! and drops the trimmed ones from the front (by seq, without reading them), instead of
-//! writing the whole history again. Releases before this one kept a session's history as
-//! one `history` record; it is read as long as the session has no `history_heads` entry,
-//! and turned into messages by the session's first history write, in that write's step.
-//!
+//! writing the whole history again. A message is stored in parlor's own form (schema version
+//! 2, `history.rs`), not a provider's. Older releases kept a session's history as one
+//! `history` record, and up to a271e69 each message as OpenAI's wire JSON (version 1);
+//! [`SledStore::open`] migrates both once, and `meta` key `schema.history` says it did.
+
 //! ## Atomic steps
 //! Every write of more than one key (a message recorded and made pending, a turn's commit,
 //! a reply moved to the done records) is one [`Steps`] step, not a sled transaction: sled
@@ -59,6 +60,7 @@ use sled::transaction::ConflictableTransactionError;
 use sled::{Db, IVec, Tree};
 
 use super::common::{StoreOptions, check_session, is_pending_for, migrated_record};
+use super::history::{HISTORY_VERSION, StoredTurn};
 use super::sled_step::{StepTree, Steps};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
@@ -73,8 +75,12 @@ use crate::time::WallTime;
 /// changed between its read and its step.
 const MIGRATE_ATTEMPTS: usize = 8;
 
-/// The schema version written into every value.
+/// The schema version written into every value (history messages have their own,
+/// [`HISTORY_VERSION`]).
 const VERSION: u64 = 1;
+
+/// The `meta` key saying which history schema every history message is at.
+const HISTORY_SCHEMA_KEY: &str = "schema.history";
 
 /// Bytes sled may keep in its page cache: the hot chats' nodes fit, and with 10,000 chats
 /// known it is most of what an idle daemon holds (docs/perf.md; 4 MiB cost 5 MiB of RSS).
@@ -172,8 +178,86 @@ impl SledStore {
             prune_due: Arc::new(AtomicI64::new(0)),
             wall: options.wall,
         };
+        store.migrate_history()?;
         tracing::debug!(path = %dir.display(), "store opened");
         Ok(store)
+    }
+
+    /// Brings every history to parlor's own form (schema version 2, `history.rs`) once:
+    /// histories still in one old `history` record become messages, and each message in
+    /// OpenAI's wire JSON (version 1) is written again in the new form. Each rewrite is one
+    /// write of a value that reads the same before and after, so a kill in the middle leaves
+    /// a readable store and the next open goes on; `schema.history` in `meta` says it is
+    /// done. A value that cannot be read is left as it is: reading that chat's history
+    /// reports it, as it would have before.
+    fn migrate_history(&self) -> Result<(), StoreError> {
+        let done = self.get_meta(HISTORY_SCHEMA_KEY)?;
+        if done.as_deref() == Some(HISTORY_VERSION.to_string().as_str()) {
+            return Ok(());
+        }
+        let mut chats = 0_u64;
+        for entry in self.history.iter().keys() {
+            let key = entry.map_err(sled_error)?;
+            let session = String::from_utf8_lossy(&key).into_owned();
+            let moved = self.steps.run(
+                &[&self.history, &self.history_heads, &self.history_messages],
+                |t| {
+                    let (legacy, heads, log) = (&t[0], &t[1], &t[2]);
+                    let tx = HistoryTx { legacy, heads, log };
+                    if heads.get(&session)?.is_some() {
+                        // A history already in messages wins on reading; the record is dead.
+                        legacy.remove(session.as_bytes())?;
+                    } else {
+                        // `head` writes the record out as messages and removes it.
+                        let head = tx.head(&session)?;
+                        tx.set_head(&session, head)?;
+                    }
+                    Ok(())
+                },
+            );
+            match moved {
+                Ok(()) => chats += 1,
+                Err(e @ StoreError::Corrupt { .. }) => {
+                    tracing::warn!(error = %e, "a history cannot be read; left as it is");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut rewritten = 0_u64;
+        for entry in self.history_messages.iter() {
+            let (key, bytes) = entry.map_err(sled_error)?;
+            if bytes.starts_with(b"{\"v\":2,") {
+                continue;
+            }
+            let message = match decode_history_entry(&bytes, || {
+                format!("history_messages[{}]", describe_seq(&key))
+            }) {
+                Ok(message) => message,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a history message cannot be read; left as it is");
+                    continue;
+                }
+            };
+            let value = encode_turn(&message)?;
+            // Only if unchanged since it was read: nothing else writes while the store
+            // opens, but a compare-and-swap costs nothing here and states the intent.
+            self.history_messages
+                .compare_and_swap(&key, Some(bytes), Some(value))
+                .map_err(sled_error)?
+                .ok();
+            rewritten += 1;
+        }
+        self.flush_log()?;
+        self.set_meta(HISTORY_SCHEMA_KEY, &HISTORY_VERSION.to_string())?;
+        self.flush_log()?;
+        if chats + rewritten > 0 {
+            tracing::info!(
+                chats_from_one_record = chats,
+                messages = rewritten,
+                "history migrated to parlor's own form (schema version {HISTORY_VERSION})"
+            );
+        }
+        Ok(())
     }
 
     /// The directory the database lives in.
@@ -1045,34 +1129,52 @@ struct HistoryRecord {
     messages: Vec<Message>,
 }
 
-/// One message of a history.
+/// One message of a history in the format of releases up to a271e69 (schema version 1):
+/// OpenAI's wire JSON under `message`.
 #[derive(serde::Deserialize)]
 struct HistoryEntry {
     message: Message,
 }
 
-/// A history message as stored, version included: read in one pass, without the
-/// intermediate `Value` of [`decode`] (a turn reads every message of its history).
-#[derive(serde::Deserialize)]
-struct VersionedHistoryEntry {
-    v: Option<u64>,
-    message: Message,
-}
-
-/// [`decode`] for a `history_messages` value; the same errors, from `decode` itself.
+/// A history message as stored, read from `history_messages`: parlor's own form (version
+/// 2, see `history.rs`), or version 1 until [`SledStore::open`] has migrated it.
 fn decode_history_entry(bytes: &[u8], key: impl Fn() -> String) -> Result<Message, StoreError> {
-    match serde_json::from_slice::<VersionedHistoryEntry>(bytes) {
-        Ok(VersionedHistoryEntry {
-            v: Some(VERSION),
-            message,
-        }) => Ok(message),
-        _ => decode::<HistoryEntry>(bytes, key).map(|entry| entry.message),
+    // The encoder writes the version first, so one look at the bytes finds the common case
+    // and it is read in one pass (a turn reads every message of its history).
+    if bytes.starts_with(b"{\"v\":2,")
+        && let Ok(turn) = serde_json::from_slice::<StoredTurn>(bytes)
+    {
+        return Ok(turn.into());
+    }
+    match history_version(bytes, &key)? {
+        1 => decode_version::<HistoryEntry>(bytes, 1, key).map(|entry| entry.message),
+        _ => decode_version::<StoredTurn>(bytes, HISTORY_VERSION, key).map(Message::from),
     }
 }
 
-#[derive(serde::Serialize)]
-struct HistoryEntryRef<'a> {
-    message: &'a Message,
+/// The schema version of a `history_messages` value, 1 or 2; anything else is corrupt.
+fn history_version(bytes: &[u8], key: &impl Fn() -> String) -> Result<u64, StoreError> {
+    #[derive(serde::Deserialize)]
+    struct Version {
+        v: Option<Value>,
+    }
+    let corrupt = |reason: String| StoreError::Corrupt { key: key(), reason };
+    let version = serde_json::from_slice::<Version>(bytes)
+        .map_err(|e| corrupt(format!("invalid JSON: {e}")))?;
+    match version.v {
+        Some(v) if v.as_u64() == Some(1) => Ok(1),
+        Some(v) if v.as_u64() == Some(HISTORY_VERSION) => Ok(HISTORY_VERSION),
+        Some(v) => Err(corrupt(format!(
+            "unknown schema version {v} (this parlor reads history versions 1 and \
+             {HISTORY_VERSION}; was it written by a newer one?)"
+        ))),
+        None => Err(corrupt("no schema version \"v\"".to_owned())),
+    }
+}
+
+/// A history message as its `history_messages` value (version 2).
+fn encode_turn(message: &Message) -> Result<Vec<u8>, StoreError> {
+    encode_version(&StoredTurn::from(message), HISTORY_VERSION)
 }
 
 /// The raw values a history was read from: a migration moves it only if they are unchanged
@@ -1091,10 +1193,7 @@ impl HistoryStamp {
 
 /// Each message as its `history_messages` value.
 fn encode_history(messages: &[Message]) -> Result<Vec<Vec<u8>>, StoreError> {
-    messages
-        .iter()
-        .map(|message| encode(&HistoryEntryRef { message }))
-        .collect()
+    messages.iter().map(encode_turn).collect()
 }
 
 type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
@@ -1172,7 +1271,7 @@ impl HistoryTx<'_> {
             for message in &record.messages {
                 self.log.insert(
                     message_key(session, head.next),
-                    encode_abort(&HistoryEntryRef { message })?,
+                    encode_turn(message).map_err(ConflictableTransactionError::Abort)?,
                 )?;
                 head.next += 1;
             }
@@ -1316,6 +1415,11 @@ fn describe_id(key: &IVec) -> String {
 
 /// Serializes `value` (a struct) as a JSON object with `"v": VERSION` added.
 fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, StoreError> {
+    encode_version(value, VERSION)
+}
+
+/// [`encode`] with another schema version.
+fn encode_version<T: Serialize + ?Sized>(value: &T, version: u64) -> Result<Vec<u8>, StoreError> {
     // Serialized straight, then the version spliced in as the first member: going through a
     // `serde_json::Value` to insert it cost more than the rest of a turn's store work.
     let json = serde_json::to_vec(value)
@@ -1325,7 +1429,7 @@ fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, StoreError> {
             "cannot encode a value: not a JSON object".to_owned(),
         ));
     };
-    let version = format!("{{\"v\":{VERSION}");
+    let version = format!("{{\"v\":{version}");
     let mut out = Vec::with_capacity(json.len() + version.len() + 1);
     out.extend_from_slice(version.as_bytes());
     if members != b"}" {
@@ -1343,6 +1447,15 @@ fn encode_abort<T: Serialize + ?Sized>(
 
 /// Reads a versioned JSON object; `key` names the value in errors.
 fn decode<T: DeserializeOwned>(bytes: &[u8], key: impl Fn() -> String) -> Result<T, StoreError> {
+    decode_version(bytes, VERSION, key)
+}
+
+/// [`decode`] of a value that must be at schema version `expected`.
+fn decode_version<T: DeserializeOwned>(
+    bytes: &[u8],
+    expected: u64,
+    key: impl Fn() -> String,
+) -> Result<T, StoreError> {
     /// The version member alone; every other member is skipped without being built.
     #[derive(serde::Deserialize)]
     struct Version {
@@ -1360,10 +1473,10 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], key: impl Fn() -> String) -> Result
     let version = serde_json::from_slice::<Version>(bytes)
         .map_err(|e| corrupt(format!("invalid JSON: {e}")))?;
     match version.v {
-        Some(v) if v.as_u64() == Some(VERSION) => {}
+        Some(v) if v.as_u64() == Some(expected) => {}
         Some(v) => {
             return Err(corrupt(format!(
-                "unknown schema version {v} (this parlor reads version {VERSION}; \
+                "unknown schema version {v} (this parlor reads version {expected}; \
                  was it written by a newer one?)"
             )));
         }

@@ -121,6 +121,7 @@ fn old_turns(size: usize) -> Vec<Message> {
                     content: None,
                     tool_calls: vec![ToolCall::new(format!("c{i}"), "time_now", "{}")],
                     thinking: Vec::new(),
+                    model: None,
                 },
                 Message::tool(format!("c{i}"), "{\"ok\":true,\"data\":\"12:00\"}"),
                 Message::assistant(format!("answer {i} {}", "x".repeat(size))),

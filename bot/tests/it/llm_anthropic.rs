@@ -221,6 +221,7 @@ fn thinking_and_temperature_without_a_budget() {
             content: Some("a".into()),
             tool_calls: Vec::new(),
             thinking: vec![ThinkingBlock::RedactedThinking { data: "xx".into() }],
+            model: None,
         },
         Message::user("q2"),
     ]);
@@ -264,6 +265,7 @@ fn long_conversation() -> ChatRequest {
                 r#"{"city":"Oslo"}"#,
             )],
             thinking: Vec::new(),
+            model: None,
         },
         Message::tool("toolu_1", "rain"),
     ])
@@ -367,12 +369,14 @@ fn messages_are_merged_to_alternate_and_images_become_image_blocks() {
                 content: Some(String::new()),
                 tool_calls: Vec::new(),
                 thinking: Vec::new(),
+                model: None,
             },
             Message::user("bob: and?"),
             Message::Assistant {
                 content: None,
                 tool_calls: vec![ToolCall::new("t1", "x", "not json {")],
                 thinking: Vec::new(),
+                model: None,
             },
         ],
     );
@@ -850,6 +854,7 @@ fn stored_records_without_the_new_fields_read_and_write_the_same() {
             },
             ThinkingBlock::RedactedThinking { data: "d".into() },
         ],
+        model: None,
     };
     let json = serde_json::to_string(&message).unwrap();
     assert_eq!(

@@ -121,6 +121,7 @@ fn conversation() -> Vec<Message> {
                 ToolCall::new("call_2", "get_weather", r#"{"city":"Lyon"}"#),
             ],
             thinking: Vec::new(),
+            model: None,
         },
         Message::tool("call_1", r#"{"success":true,"message":"18°C, cloudy"}"#),
         Message::tool(
@@ -131,6 +132,7 @@ fn conversation() -> Vec<Message> {
             content: Some("A cat. Paris: 18°C.".into()),
             tool_calls: vec![ToolCall::new("call_3", "get_weather", "{}")],
             thinking: Vec::new(),
+            model: None,
         },
         Message::tool("call_3", "{}"),
         Message::assistant("Anything else?"),
@@ -223,6 +225,7 @@ fn the_posted_bytes_are_the_request_body_serialized() {
             content: None,
             tool_calls: Vec::new(),
             thinking: Vec::new(),
+            model: None,
         },
         Message::Assistant {
             content: Some(String::new()),
@@ -232,6 +235,7 @@ fn the_posted_bytes_are_the_request_body_serialized() {
                 thinking: "hm".into(),
                 signature: "sig".into(),
             }],
+            model: None,
         },
         Message::tool("call_\"odd\"", "</script>"),
         Message::User {

@@ -115,6 +115,7 @@ fn rich_history() -> Vec<Message> {
                 ToolCall::new("call_2", "todo_add", r#"{"text":"buy milk"}"#),
             ],
             thinking: Vec::new(),
+            model: None,
         },
         Message::tool("call_1", r#"{"ok":true,"time":"12:00"}"#),
         Message::tool("call_2", r#"{"ok":true}"#),
@@ -1472,7 +1473,8 @@ fn sled_values_are_versioned_json() {
         key
     };
     let json = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).unwrap();
-    // History: one record per message, and a head saying which are there.
+    // History: one record per message in parlor's own form (version 2), and a head saying
+    // which are there.
     let history: Vec<_> = db
         .open_tree("history_messages")
         .unwrap()
@@ -1487,11 +1489,11 @@ fn sled_values_are_versioned_json() {
         [
             (
                 key(0),
-                serde_json::json!({"v": 1, "message": {"role": "user", "content": "hi"}})
+                serde_json::json!({"v": 2, "kind": "input", "text": "hi"})
             ),
             (
                 key(1),
-                serde_json::json!({"v": 1, "message": {"role": "assistant", "content": "hello"}})
+                serde_json::json!({"v": 2, "kind": "answer", "text": "hello"})
             ),
         ]
     );
@@ -1521,7 +1523,7 @@ fn write_old_history(dir: &Path, session: &str, history: &[Message]) {
 }
 
 #[test]
-fn sled_reads_a_history_of_the_old_format_and_converts_it_on_the_first_write() {
+fn sled_migrates_a_history_of_the_old_format_when_it_opens() {
     let dir = tempfile::tempdir().unwrap();
     write_old_history(dir.path(), A, &rich_history());
     write_old_history(dir.path(), B, &lines("b", 3));
@@ -1529,7 +1531,7 @@ fn sled_reads_a_history_of_the_old_format_and_converts_it_on_the_first_write() {
     {
         let store = open(dir.path());
         assert_eq!(store.load_history(A).unwrap(), rich_history());
-        // A turn's append converts it, in the same transaction.
+        // Opening wrote it out as messages; a turn appends to those.
         commit_history(&store, A, append(1, lines("new", 1)));
         let mut expected = rich_history()[1..].to_vec();
         expected.extend(lines("new", 1));
@@ -1564,6 +1566,84 @@ fn sled_reads_a_history_of_the_old_format_and_converts_it_on_the_first_write() {
         texts(&store.load_history(NEW).unwrap()),
         ["old0", "old1", "new0"]
     );
+}
+
+/// History messages as releases up to a271e69 wrote them (OpenAI's wire JSON, version 1),
+/// one of them already in the new form as a migration cut off by a kill leaves it: opening
+/// reads both and writes every one in parlor's own form, once.
+#[test]
+fn sled_migrates_history_messages_in_the_wire_form_to_its_own_form_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = |seq: u64| {
+        let mut key = format!("{A}\0").into_bytes();
+        key.extend_from_slice(&seq.to_be_bytes());
+        key
+    };
+    let (k0, k1, k2) = (key(0), key(1), key(2));
+    write_raw(
+        dir.path(),
+        &[
+            ("history_heads", A.as_bytes(), br#"{"v":1,"first":0,"next":3}"#),
+            (
+                "history_messages",
+                &k0,
+                br#"{"v":1,"message":{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_ref","image":{"file_id":"f1"},"message_id":"9"}]}}"#,
+            ),
+            (
+                "history_messages",
+                &k1,
+                br#"{"v":1,"message":{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"time_now","arguments":"{}"}}]}}"#,
+            ),
+            (
+                "history_messages",
+                &k2,
+                br#"{"v":2,"kind":"tool_result","call_id":"c1","text":"noon"}"#,
+            ),
+        ],
+    );
+    let expected = vec![
+        Message::User {
+            content: Content::Parts(vec![
+                ContentPart::Text {
+                    text: "look".into(),
+                },
+                ContentPart::ImageRef {
+                    image: ImageRef {
+                        file_id: "f1".into(),
+                        mime_type: None,
+                        size: None,
+                    },
+                    message_id: Some("9".into()),
+                },
+            ]),
+        },
+        Message::Assistant {
+            content: None,
+            tool_calls: vec![ToolCall::new("c1", "time_now", "{}")],
+            thinking: Vec::new(),
+            model: None,
+        },
+        Message::tool("c1", "noon"),
+    ];
+    {
+        let store = open(dir.path());
+        assert_eq!(store.load_history(A).unwrap(), expected);
+        assert_eq!(
+            store.get_meta("schema.history").unwrap().as_deref(),
+            Some("2")
+        );
+        store.flush().unwrap();
+    }
+    {
+        let db = raw_open(dir.path());
+        for entry in db.open_tree("history_messages").unwrap().iter() {
+            let (_, value) = entry.unwrap();
+            let value: serde_json::Value = serde_json::from_slice(&value).unwrap();
+            assert_eq!(value["v"], 2, "{value}");
+            assert!(value.get("message").is_none(), "{value}");
+        }
+    }
+    assert_eq!(open(dir.path()).load_history(A).unwrap(), expected);
 }
 
 #[test]
