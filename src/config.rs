@@ -331,6 +331,9 @@ pub struct LlmConfig {
     /// `[[llm.fallbacks]]`: providers tried in order when the main one fails after its
     /// retries (down, overloaded, rate limited, model gone, key refused, quota spent).
     pub fallbacks: Vec<ModelEndpoint>,
+    /// `[llm.prices."<model>"]`: USD per million tokens (`input`, `output`, optional
+    /// `cache_read`, `cache_write`), for the cost shown beside the tokens.
+    pub prices: parlor_bot::llm::Prices,
 }
 
 /// The API an endpoint speaks.
@@ -443,6 +446,7 @@ impl Default for LlmConfig {
             max_retries: client.retry.max_retries,
             vision_models: Vec::new(),
             fallbacks: Vec::new(),
+            prices: parlor_bot::llm::Prices::default(),
         }
     }
 }
@@ -1024,6 +1028,14 @@ impl Config {
         }
         if self.model().trim().is_empty() {
             bail!("llm.model must not be empty");
+        }
+        for (model, price) in &self.llm.prices.0 {
+            if !price.is_valid() {
+                bail!(
+                    "llm.prices.\"{model}\": every price must be a number of US dollars per \
+                     million tokens, 0 or more"
+                );
+            }
         }
         for (section, entries) in self.llm.endpoints() {
             for (i, entry) in entries.iter().enumerate() {

@@ -587,8 +587,12 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
     }
     let tools = registry(config, store, services)?;
     // Tool names label metrics only when the registry knows them.
-    let metrics =
-        parlor_bot::metrics::MetricsObserver::new(config.model()).with_tools(tools.clone());
+    let metrics = parlor_bot::metrics::MetricsObserver::new(config.model())
+        .with_models(
+            config.llm.fallbacks.iter().map(|f| f.model.clone()),
+            config.llm.prices.clone(),
+        )
+        .with_tools(tools.clone());
     Ok(Agent::new(llm, tools, &prompt, main_config)
         .with_vision_models(vision_models)
         .with_observer(Arc::new(metrics)))
@@ -736,6 +740,7 @@ pub fn runtime(
         idle_timeout: Duration::from_secs(config.bot.idle_minutes * 60),
         daily_tokens_per_chat: config.bot.daily_tokens_per_chat,
         daily_tokens_per_member: config.bot.daily_tokens_per_member,
+        prices: config.llm.prices.clone(),
         auto_chat: config
             .bot
             .auto_chat

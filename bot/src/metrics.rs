@@ -7,6 +7,7 @@
 //! registry does not know (the model's invention) is `unknown`; a result code that is not
 //! a code is `other`.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
@@ -18,6 +19,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::agent::{AgentEvent, AgentObserver, TracingObserver, TurnEnd};
+use crate::llm::Prices;
 use crate::tool::ToolRegistry;
 
 type Labels = Vec<(&'static str, String)>;
@@ -31,8 +33,12 @@ pub struct Metrics {
     pub llm_requests: Family<Labels, Counter>,
     /// Seconds from an LLM request to its usage report, by `model`.
     pub llm_latency: Family<Labels, Histogram, fn() -> Histogram>,
-    /// Tokens by `model` and `direction` (`in` / `out`).
+    /// Tokens by the `model` that answered and `kind`: `prompt` (all of them, cached ones
+    /// included), `completion`, `cache_read` and `cache_write` (parts of `prompt`).
     pub tokens: Family<Labels, Counter>,
+    /// What those tokens cost at `[llm.prices]`, in US dollars, by `model` (a model without
+    /// a price adds nothing).
+    pub cost: Family<Labels, Counter<f64, AtomicU64>>,
     /// Tool calls by `tool` and `code` (`ok` or the result's code).
     pub tool_calls: Family<Labels, Counter>,
     /// Sessions held in memory.
@@ -78,8 +84,14 @@ impl Default for Metrics {
         let tokens = Family::<Labels, Counter>::default();
         registry.register(
             "llm_tokens",
-            "Tokens by model and direction",
+            "Tokens by the model that answered and kind (prompt, completion, cache_read, cache_write)",
             tokens.clone(),
+        );
+        let cost = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "llm_cost_usd",
+            "What the tokens cost at the configured prices, in US dollars, by model",
+            cost.clone(),
         );
         let tool_calls = Family::<Labels, Counter>::default();
         registry.register(
@@ -135,6 +147,7 @@ impl Default for Metrics {
             llm_requests,
             llm_latency,
             tokens,
+            cost,
             tool_calls,
             sessions,
             queued,
@@ -255,6 +268,10 @@ pub fn global() -> &'static Metrics {
 /// Feeds the agent loop's events into [`global`] and on to the log.
 pub struct MetricsObserver {
     model: String,
+    /// Every model that may answer (the main one and its fallbacks): a model label is one of
+    /// these or `other`.
+    models: Vec<String>,
+    prices: Prices,
     /// The tools whose names may be labels; without it every tool is `unknown`.
     tools: Option<ToolRegistry>,
     inner: Arc<dyn AgentObserver>,
@@ -273,11 +290,35 @@ impl std::fmt::Debug for MetricsObserver {
 impl MetricsObserver {
     /// Counts for `model`, then logs as [`TracingObserver`] does.
     pub fn new(model: impl Into<String>) -> Self {
+        let model = model.into();
         MetricsObserver {
-            model: label(&model.into()),
+            models: vec![model.clone()],
+            model: label(&model),
+            prices: Prices::default(),
             tools: None,
             inner: Arc::new(TracingObserver),
             sent: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Names the other models that may answer (fallbacks) and prices them all.
+    #[must_use]
+    pub fn with_models(
+        mut self,
+        fallbacks: impl IntoIterator<Item = String>,
+        prices: Prices,
+    ) -> Self {
+        self.models.extend(fallbacks);
+        self.prices = prices;
+        self
+    }
+
+    /// `model` as a label: a configured one, else `other`.
+    fn model_label(&self, model: &str) -> String {
+        if self.models.iter().any(|m| m == model) {
+            label(model)
+        } else {
+            "other".to_owned()
         }
     }
 
@@ -319,19 +360,27 @@ impl AgentObserver for MetricsObserver {
                 sent.retain(|(s, _)| s != session);
                 sent.push((session.to_owned(), Instant::now()));
             }
-            AgentEvent::Usage { session, usage } => {
-                let mut labels = self.model();
-                labels.push(("direction", "in".to_owned()));
-                metrics
-                    .tokens
-                    .get_or_create(&labels)
-                    .inc_by(usage.prompt_tokens);
-                labels.pop();
-                labels.push(("direction", "out".to_owned()));
-                metrics
-                    .tokens
-                    .get_or_create(&labels)
-                    .inc_by(usage.completion_tokens);
+            AgentEvent::Usage {
+                session,
+                model,
+                usage,
+            } => {
+                let name = self.model_label(model);
+                for (kind, tokens) in [
+                    ("prompt", usage.prompt_tokens),
+                    ("completion", usage.completion_tokens),
+                    ("cache_read", usage.cache_read_tokens),
+                    ("cache_write", usage.cache_write_tokens),
+                ] {
+                    let labels = vec![("model", name.clone()), ("kind", kind.to_owned())];
+                    metrics.tokens.get_or_create(&labels).inc_by(tokens);
+                }
+                if let Some(nanos) = self.prices.cost_nanos(model, usage) {
+                    metrics
+                        .cost
+                        .get_or_create(&vec![("model", name)])
+                        .inc_by(nanos as f64 / 1e9);
+                }
                 let mut sent = self.sent.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some(at) = sent.iter().position(|(s, _)| s == session) {
                     let (_, started) = sent.swap_remove(at);

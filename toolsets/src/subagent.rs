@@ -42,7 +42,8 @@ use parlor_bot::quote;
 use parlor_bot::store::{Store, StoreError};
 use parlor_bot::time::WallTime;
 use parlor_bot::tool::{
-    Bridged, Caller, Offer, Risk, Role, ToolContext, ToolResult, ToolSetBridge, codes as shared,
+    Bridged, Caller, MessageAppender, Offer, Risk, Role, ToolContext, ToolResult, ToolSetBridge,
+    codes as shared,
 };
 
 use crate::jobs::{self, Jobs, Refusal, halt, job_row, new_id};
@@ -258,11 +259,17 @@ struct Budget {
     used: AtomicU64,
     exhausted: std::sync::atomic::AtomicBool,
     run: CancellationToken,
+    /// A foreground run's tokens count toward the parent's turn (its chat's and its
+    /// members' budgets and cost) through the parent's appender.
+    parent: Option<MessageAppender>,
 }
 
 impl AgentObserver for Budget {
     fn on_event(&self, event: &AgentEvent<'_>) {
-        if let AgentEvent::Usage { usage, .. } = event {
+        if let AgentEvent::Usage { usage, model, .. } = event {
+            if let Some(parent) = &self.parent {
+                parent.spent(model, usage);
+            }
             let tokens = usage
                 .total_tokens
                 .max(usage.prompt_tokens + usage.completion_tokens);
@@ -388,6 +395,7 @@ impl SubagentService {
             used: AtomicU64::new(0),
             exhausted: std::sync::atomic::AtomicBool::new(false),
             run: cancel.clone(),
+            parent: (!args.run_in_background).then(|| cx.appender.clone()),
         });
         let agent = agent
             .fork()

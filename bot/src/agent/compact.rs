@@ -17,7 +17,7 @@
 use tokio_util::sync::CancellationToken;
 
 use super::Agent;
-use crate::llm::{ChatRequest, Content, ContentPart, LlmError, Message, ToolDefs, Usage};
+use crate::llm::{ChatRequest, Content, ContentPart, LlmError, Message, Spend, ToolDefs};
 use crate::quote;
 use crate::store::Summary;
 use crate::text::{clip_with, ellipsize};
@@ -67,11 +67,11 @@ pub struct SummaryInput<'a> {
 impl Agent {
     /// Asks the model, tools off, for a summary of `input` (one attempt, then one with a
     /// transcript half as long). Changes nothing; the caller stores the summary, and counts
-    /// `usage` (every attempt's tokens) against the chat.
+    /// `spend` (every attempt's tokens, by the model that answered) against the chat.
     pub async fn summarize(
         &self,
         input: SummaryInput<'_>,
-        usage: &mut Usage,
+        spend: &mut Spend,
         cancel: &CancellationToken,
     ) -> Result<String, CompactError> {
         let budget = self.config.summary_input_chars.max(2000);
@@ -86,7 +86,7 @@ impl Agent {
             match self.llm.stream(&request, cancel).await {
                 Ok(completion) => {
                     if let Some(used) = &completion.usage {
-                        usage.add(used);
+                        spend.add(completion.model.as_deref().unwrap_or(&request.model), used);
                     }
                     let text = completion.content.trim();
                     if !text.is_empty() {

@@ -20,6 +20,8 @@ pub enum AgentEvent<'a> {
     Usage {
         /// Session key.
         session: &'a str,
+        /// The model that answered (a fallback's, when the primary failed).
+        model: &'a str,
         /// Token counts.
         usage: &'a Usage,
     },
@@ -70,8 +72,13 @@ impl AgentObserver for TracingObserver {
             AgentEvent::LlmRequest { session, iteration } => {
                 tracing::debug!(session, iteration, "llm request");
             }
-            AgentEvent::Usage { session, usage } => tracing::debug!(
+            AgentEvent::Usage {
                 session,
+                model,
+                usage,
+            } => tracing::debug!(
+                session,
+                model,
                 prompt_tokens = usage.prompt_tokens,
                 completion_tokens = usage.completion_tokens,
                 "llm usage"

@@ -37,7 +37,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::{
-    ChatRequest, Content, ContentPart, LlmBackend, LlmError, Message, ToolCall, ToolChoice, Usage,
+    ChatRequest, Content, ContentPart, LlmBackend, LlmError, Message, Spend, ToolCall, ToolChoice,
+    Usage,
 };
 use crate::platform::{ChatRef, Platform};
 use crate::store::Summary;
@@ -163,8 +164,11 @@ pub struct Turn {
     pub messages: Vec<Message>,
     /// The text to send to the chat; empty when cancelled before any answer.
     pub reply: String,
-    /// Tokens used by every LLM call of the turn.
+    /// Tokens used by every LLM call of the turn, a sub-agent's that a tool waited for
+    /// included.
     pub usage: Usage,
+    /// The same tokens by the model that spent them, to price each at its own price.
+    pub spend: Spend,
     /// LLM calls made.
     pub iterations: usize,
     /// How the turn ended.
@@ -345,6 +349,7 @@ impl Agent {
             messages: vec![user],
             reply: String::new(),
             usage: Usage::default(),
+            spend: Spend::default(),
             iterations: 0,
             end: TurnEnd::Answered,
             history_dropped: 0,
@@ -453,7 +458,11 @@ impl Agent {
                         topic: None,
                     };
                     // Its tokens are the turn's: they count against the chat like the rest.
-                    match self.summarize(older, &mut turn.usage, &cancel).await {
+                    let mut spent = Spend::default();
+                    let summarized = self.summarize(older, &mut spent, &cancel).await;
+                    turn.usage.add(&spent.total());
+                    turn.spend.merge(&spent);
+                    match summarized {
                         Ok(text) => {
                             let new = Summary {
                                 text,
@@ -487,8 +496,10 @@ impl Agent {
             if let Some(usage) = &completion.usage {
                 turn.context_tokens = Some(usage.prompt_tokens + usage.completion_tokens);
                 turn.usage.add(usage);
+                turn.spend.add(model, usage);
                 self.observer.on_event(&AgentEvent::Usage {
                     session: &input.session,
+                    model,
                     usage,
                 });
             }
@@ -557,6 +568,9 @@ impl Agent {
                 turn.messages.push(Message::tool(&call.id, text));
             }
             turn.messages.extend(appender.drain());
+            let spent = appender.drain_spend();
+            turn.usage.add(&spent.total());
+            turn.spend.merge(&spent);
             if let Some(index) = repeated {
                 let name = completion
                     .tool_calls

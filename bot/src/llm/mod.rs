@@ -17,6 +17,8 @@
 //!   stream into the same [`Completion`]; thinking comes back as [`ThinkingBlock`]s, which
 //!   the assistant message carries so the next request can replay them. Retries are
 //!   [`Retrying`]'s, as for OpenAI.
+//! - [`price`]: `[llm.prices]`, what a model's tokens cost, and [`Spend`], tokens by the
+//!   model that spent them.
 //! - `http.rs`: what both clients share: body streams under an idle timeout, status and
 //!   transport errors, `Retry-After`, redaction.
 
@@ -25,6 +27,7 @@ mod body;
 pub mod failover;
 mod http;
 pub mod openai;
+pub mod price;
 pub mod retry;
 pub mod stream;
 pub mod wire;
@@ -37,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 pub use anthropic::{AnthropicClient, AnthropicConfig, CacheTtl};
 pub use failover::{Failover, Link};
 pub use openai::{OpenAiClient, OpenAiConfig, RetryPolicy};
+pub use price::{Price, Prices, Spend};
 pub use retry::Retrying;
 pub use stream::{StreamAssembler, assemble};
 pub use wire::{

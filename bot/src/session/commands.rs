@@ -94,10 +94,17 @@ impl Intake<'_> {
             (used, Some(limit)) => format!("{used} of {limit}"),
             (used, None) => used.to_string(),
         };
-        let cache = match self.manager.cache_hits_today(key) {
+        let day = self.manager.usage_today(key);
+        let mut cache = match day.cache_hit_percent() {
             Some(percent) => format!("{percent}% of prompt tokens read from the cache"),
             None => "no prompt yet".to_owned(),
         };
+        if !self.manager.config().prices.is_empty() {
+            cache = format!(
+                "cost {}; {cache}",
+                crate::llm::price::dollars(day.cost_nanos)
+            );
+        }
         // The latest turn's, from its trace: a fallback's model when the primary failed.
         let answered = super::trace::recent(self.manager.store().as_ref(), key)
             .ok()
@@ -105,7 +112,9 @@ impl Intake<'_> {
             .map(|model| format!(" (last answer by {model})"))
             .unwrap_or_default();
         let yours = match self.manager.member_tokens_today(member, key) {
-            (used, Some(limit)) => format!("{used} of {limit}"),
+            (used, Some(limit)) => {
+                format!("{used} of {limit} ({} left)", limit.saturating_sub(used))
+            }
             (used, None) => used.to_string(),
         };
         format!(

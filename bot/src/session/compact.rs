@@ -149,9 +149,9 @@ impl ChatWorker {
             older: &history[..from],
             topic,
         };
-        let mut usage = crate::llm::Usage::default();
-        let summarized = session.agent().summarize(input, &mut usage, cancel).await;
-        self.count_summary_tokens(session.key(), &usage);
+        let mut spent = crate::llm::Spend::default();
+        let summarized = session.agent().summarize(input, &mut spent, cancel).await;
+        self.count_summary_tokens(session.key(), &spent);
         match summarized {
             Ok(text) => Ok(Compaction::Summarized {
                 dropped: from,
@@ -169,17 +169,24 @@ impl ChatWorker {
 
     /// Counts a summary's tokens (spent, whether or not it came back) in the chat's day. Its
     /// own write: the tokens are spent even if the compaction is never committed.
-    fn count_summary_tokens(&self, session: &str, usage: &crate::llm::Usage) {
+    fn count_summary_tokens(&self, session: &str, spent: &crate::llm::Spend) {
+        let usage = spent.total();
         if usage.prompt_tokens + usage.completion_tokens + usage.total_tokens == 0 {
             return;
         }
         let store = self.manager.store().as_ref();
-        let written =
-            super::usage::add_tokens(store, self.manager.now().date_naive(), session, usage)
-                .and_then(|write| match &write.value {
-                    Some(value) => store.kv_put(&write.space, &write.key, value),
-                    None => Ok(()),
-                });
+        let cost = spent.cost_nanos(&self.manager.config().prices);
+        let written = super::usage::add_tokens(
+            store,
+            self.manager.now().date_naive(),
+            session,
+            &usage,
+            cost,
+        )
+        .and_then(|write| match &write.value {
+            Some(value) => store.kv_put(&write.space, &write.key, value),
+            None => Ok(()),
+        });
         if let Err(e) = written {
             tracing::warn!(session, error = %e, "cannot count the summary's tokens");
         }

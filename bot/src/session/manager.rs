@@ -65,6 +65,8 @@ pub struct SessionConfig {
     /// When set, a member whose tokens today (UTC, across chats) reach this is not answered
     /// again that day, and is told so once in each chat (`session/usage.rs`).
     pub daily_tokens_per_member: Option<u64>,
+    /// `[llm.prices]`: what each model's tokens cost, for the cost kept beside the tokens.
+    pub prices: crate::llm::Prices,
     /// The groups the bot runs auto-chat in ([`super::auto_chat`]); empty: none.
     pub auto_chat: Vec<super::AutoChat>,
     /// Most commands (`/help`, `/status`...) one member may have answered per minute in a
@@ -96,6 +98,7 @@ impl Default for SessionConfig {
             max_input_chars: 4000,
             daily_tokens_per_chat: None,
             daily_tokens_per_member: None,
+            prices: crate::llm::Prices::default(),
             auto_chat: Vec::new(),
             commands_per_member_per_minute: 3,
             commands_per_chat_per_minute: 10,
@@ -719,11 +722,10 @@ impl SessionManager {
         (used, self.config().daily_tokens_per_chat)
     }
 
-    /// `session`'s share of prompt tokens read from the provider's cache today, in percent.
-    pub fn cache_hits_today(&self, session: &str) -> Option<u64> {
+    /// `session`'s usage today (zero when unreadable): tokens, cache hits, cost.
+    pub fn usage_today(&self, session: &str) -> super::usage::DayUsage {
         super::usage::day_usage(self.store().as_ref(), self.now().date_naive(), session)
-            .ok()
-            .and_then(|d| d.cache_hit_percent())
+            .unwrap_or_default()
     }
 
     /// `member`'s tokens today across chats and the daily limit per member, for `/status`

@@ -15,7 +15,7 @@ use super::turn::Told;
 use super::usage;
 use super::worker::ChatWorker;
 use crate::agent::{Turn, TurnEnd};
-use crate::llm::{Content, ContentPart, Message, Usage};
+use crate::llm::{Content, ContentPart, Message, Prices, Usage};
 use crate::store::{KvWrite, OutboxEntry, Store, StoreError};
 use crate::text::ellipsize;
 
@@ -33,6 +33,8 @@ const MAX_TEXT: usize = 2000;
 pub(super) struct TurnFacts {
     /// Tokens of every request.
     pub usage: Usage,
+    /// What they cost at `[llm.prices]`, in nanodollars.
+    pub cost_nanos: u64,
     /// The turn's new messages (input, assistant, tool).
     pub messages: Vec<Message>,
     /// How it ended; `None` when the model failed.
@@ -44,10 +46,11 @@ pub(super) struct TurnFacts {
 }
 
 impl TurnFacts {
-    /// The facts of a turn that ran.
-    pub(super) fn of(turn: &Turn) -> Self {
+    /// The facts of a turn that ran, its cost at `prices`.
+    pub(super) fn of(turn: &Turn, prices: &Prices) -> Self {
         TurnFacts {
             usage: turn.usage.clone(),
+            cost_nanos: turn.spend.cost_nanos(prices),
             messages: turn.messages.clone(),
             end: Some(turn.end),
             error: None,
@@ -120,6 +123,9 @@ pub struct TurnTrace {
     pub prompt_tokens: u64,
     /// Completion tokens.
     pub completion_tokens: u64,
+    /// What the turn cost at `[llm.prices]`, in nanodollars (0 without prices).
+    #[serde(default)]
+    pub cost_nanos: u64,
     /// How it ended (`answered`, `cancelled`, ..., `model_failed`).
     pub end: String,
     /// The model's error, when it failed (first line).
@@ -286,7 +292,7 @@ impl ChatWorker {
             return Ok(writes);
         }
         let day = self.manager.now().date_naive();
-        let usage = facts.map(|f| &f.usage);
+        let usage = facts.map(|f| (&f.usage, f.cost_nanos));
         writes.push(usage::add(
             store,
             day,
@@ -337,6 +343,7 @@ impl ChatWorker {
             outbox_id,
             prompt_tokens: facts.usage.prompt_tokens,
             completion_tokens: facts.usage.completion_tokens,
+            cost_nanos: facts.cost_nanos,
             end: end_name(facts.end).to_owned(),
             error: facts.error.clone(),
             started,

@@ -62,6 +62,8 @@ pub(super) struct TurnDeps<'a> {
     pub(super) compact_at: Option<super::compact::Threshold>,
     /// Cancelled when the grace period of a shutdown is over.
     pub(super) shutdown: &'a CancellationToken,
+    /// `[llm.prices]`, to cost the turn.
+    pub(super) prices: &'a crate::llm::Prices,
 }
 
 impl ChatWorker {
@@ -158,6 +160,7 @@ impl ChatWorker {
                 manager.template().prompt_size().total(),
             ),
             shutdown: manager.abort(),
+            prices: &manager.config().prices,
         };
         run(deps, kept, item, cancel).await
     }
@@ -228,7 +231,7 @@ pub(super) async fn run(
             return None;
         }
         Ok(turn) => {
-            facts = TurnFacts::of(&turn);
+            facts = TurnFacts::of(&turn, deps.prices);
             let reply = match turn.end {
                 TurnEnd::Cancelled => None,
                 _ if turn.reply.trim().is_empty() => Some(
@@ -509,6 +512,7 @@ mod tests {
             history_tokens: 24_000,
             compact_at: None,
             shutdown: &shutdown,
+            prices: &crate::llm::Prices::default(),
         };
         let outcome = run(deps, None, &item("alice: hi"), &CancellationToken::new())
             .await

@@ -49,6 +49,10 @@ pub struct DayUsage {
     /// Prompt tokens the provider wrote to its prompt cache (part of `prompt_tokens`).
     #[serde(default)]
     pub cache_write_tokens: u64,
+    /// What the tokens cost at `[llm.prices]`, in nanodollars (tokens of a model without a
+    /// price add nothing).
+    #[serde(default)]
+    pub cost_nanos: u64,
 }
 
 impl DayUsage {
@@ -78,6 +82,9 @@ pub struct MemberDay {
     pub turns: u64,
     /// The member's share of those turns' tokens.
     pub total_tokens: u64,
+    /// The member's share of those turns' cost, in nanodollars.
+    #[serde(default)]
+    pub cost_nanos: u64,
     /// Whether the member was told in this chat that their budget was used up.
     #[serde(default)]
     pub budget_told: bool,
@@ -145,25 +152,27 @@ pub(super) fn members(item: &super::queue::QueueItem) -> Vec<(String, String)> {
     out
 }
 
-/// The writes that add a turn's `usage` to its `members`, shared evenly (the first ones
-/// take the remainder), and mark them `told` when the turn's reply told them their budget
-/// was used up.
+/// The writes that add a turn's tokens and cost (`spent`, in nanodollars) to its
+/// `members`, shared evenly (the first ones take the remainder), and mark them `told` when
+/// the turn's reply told them their budget was used up.
 pub(super) fn add_members(
     store: &dyn Store,
     day: NaiveDate,
     session: &str,
     members: &[(String, String)],
-    usage: Option<&Usage>,
+    spent: Option<(&Usage, u64)>,
     told: bool,
 ) -> Result<Vec<KvWrite>, StoreError> {
-    if usage.is_none() && !told {
+    if spent.is_none() && !told {
         return Ok(Vec::new());
     }
-    let total = usage.map_or(0, |u| {
+    let total = spent.map_or(0, |(u, _)| {
         u.total_tokens.max(u.prompt_tokens + u.completion_tokens)
     });
     let count = u64::try_from(members.len()).unwrap_or(u64::MAX).max(1);
     let (share, mut rest) = (total / count, total % count);
+    let cost = spent.map_or(0, |(_, nanos)| nanos);
+    let (cost_share, mut cost_rest) = (cost / count, cost % count);
     let mut writes = Vec::new();
     for (member, name) in members {
         let key = member_key(day, member, session);
@@ -178,10 +187,12 @@ pub(super) fn add_members(
         };
         record.v = 1;
         record.name.clone_from(name);
-        if usage.is_some() {
+        if spent.is_some() {
             record.turns += 1;
             record.total_tokens += share + u64::from(rest > 0);
             rest = rest.saturating_sub(1);
+            record.cost_nanos += cost_share + u64::from(cost_rest > 0);
+            cost_rest = cost_rest.saturating_sub(1);
         }
         record.budget_told |= told;
         writes.push(KvWrite {
@@ -237,34 +248,35 @@ pub fn all_on(store: &dyn Store, day: NaiveDate) -> Result<Vec<(String, DayUsage
     Ok(out)
 }
 
-/// The write that adds tokens spent outside a turn (a compaction's summary) to `session`'s
-/// day; the turn count stays.
+/// The write that adds tokens spent outside a turn (a compaction's summary) and their cost
+/// in nanodollars to `session`'s day; the turn count stays.
 pub(super) fn add_tokens(
     store: &dyn Store,
     day: NaiveDate,
     session: &str,
     usage: &Usage,
+    cost_nanos: u64,
 ) -> Result<KvWrite, StoreError> {
-    add_to(store, day, session, Some(usage), false, false)
+    add_to(store, day, session, Some((usage, cost_nanos)), false, false)
 }
 
-/// The write that adds one turn's `usage` (and the budget notice, when `told`) to
-/// `session`'s day.
+/// The write that adds one turn's tokens and cost (`spent`, in nanodollars) and the budget
+/// notice, when `told`, to `session`'s day.
 pub(super) fn add(
     store: &dyn Store,
     day: NaiveDate,
     session: &str,
-    usage: Option<&Usage>,
+    spent: Option<(&Usage, u64)>,
     told: bool,
 ) -> Result<KvWrite, StoreError> {
-    add_to(store, day, session, usage, told, true)
+    add_to(store, day, session, spent, told, true)
 }
 
 fn add_to(
     store: &dyn Store,
     day: NaiveDate,
     session: &str,
-    usage: Option<&Usage>,
+    spent: Option<(&Usage, u64)>,
     told: bool,
     a_turn: bool,
 ) -> Result<KvWrite, StoreError> {
@@ -274,8 +286,9 @@ fn add_to(
         DayUsage::default()
     });
     record.v = 1;
-    if let Some(usage) = usage {
+    if let Some((usage, cost_nanos)) = spent {
         record.turns += u64::from(a_turn);
+        record.cost_nanos += cost_nanos;
         record.prompt_tokens += usage.prompt_tokens;
         record.completion_tokens += usage.completion_tokens;
         record.cache_read_tokens += usage.cache_read_tokens;

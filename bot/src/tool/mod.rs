@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::llm::{Message, ToolDef};
+use crate::llm::{Message, Spend, ToolDef, Usage};
 use crate::platform::{ChatRef, Platform};
 
 pub use bridge::{Bridged, ToolError, ToolSetBridge, ToolSetBridgeBuilder};
@@ -402,14 +402,31 @@ impl Grant {
     }
 }
 
-/// Messages a tool adds to the conversation after the tool results of its batch (an image
-/// loaded for a vision model, say). Shared by the calls of one batch; the agent drains it.
+/// What a tool adds to the turn beyond its result: messages after the tool results of its
+/// batch (an image loaded for a vision model, say), and tokens it spent on a model of its
+/// own (a sub-agent it waited for), which count toward the turn like the turn's own. Shared
+/// by the calls of one batch; the agent drains it.
 #[derive(Debug, Clone, Default)]
 pub struct MessageAppender {
     inner: Arc<Mutex<Vec<Message>>>,
+    spend: Arc<Mutex<Spend>>,
 }
 
 impl MessageAppender {
+    /// Counts tokens the tool spent (one request answered by `model`) toward the turn.
+    pub fn spent(&self, model: &str, usage: &Usage) {
+        // A poisoned lock only means a tool panicked mid-add; the sums are still sound.
+        self.spend
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(model, usage);
+    }
+
+    /// Takes the tokens counted so far.
+    pub fn drain_spend(&self) -> Spend {
+        std::mem::take(&mut *self.spend.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// Queues a message to be appended after this batch's tool results.
     pub fn push(&self, message: Message) {
         self.lock().push(message);

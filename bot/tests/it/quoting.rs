@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 
 use parlor_bot::agent::{Agent, AgentConfig, SummaryInput, TurnInput};
-use parlor_bot::llm::{ChatRequest, Content, Message, Usage};
+use parlor_bot::llm::{ChatRequest, Content, Message, Spend};
 use parlor_bot::platform::Sender;
 use parlor_bot::quote::looks_attributed;
 use parlor_bot::session::attribute;
@@ -143,7 +143,7 @@ async fn no_hostile_string_yields_an_attributed_line_the_program_did_not_write()
                     older: &history,
                     topic: Some(&topic),
                 },
-                &mut Usage::default(),
+                &mut Spend::default(),
                 &CancellationToken::new(),
             )
             .await
