@@ -8,13 +8,15 @@
 //! (`parlor-testkit`), both in this process on 127.0.0.1, each behind a small timing proxy
 //! that records when updates are handed out, when replies arrive and how long the LLM took.
 //! The fakes, the proxies and the daemon share the machine's cores.
+//! The cost phase (`cost.rs`) counts how much of a busy group's prompt a prefix cache
+//! could serve, from the request bodies the LLM proxy keeps.
 //!
 //! It prints figures, never fails on a missed target, and is not part of `cargo test`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,6 +30,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 mod clock;
+mod cost;
 
 const TOKEN: &str = "123456:BENCH-token";
 const ANSWER: &str = "Sure: here is a short answer.";
@@ -65,6 +68,8 @@ struct ProxyLog {
     handed: HashMap<(i64, i64), Instant>,
     sends: Vec<SendRec>,
     llm: Vec<LlmRec>,
+    /// LLM request bodies as sent, kept only after [`Proxy::keep_bodies`] (the cost phase).
+    bodies: Vec<Vec<u8>>,
 }
 
 struct ProxyState {
@@ -74,6 +79,9 @@ struct ProxyState {
     log: Mutex<ProxyLog>,
     sends: AtomicUsize,
     changed: Notify,
+    /// Whether LLM request bodies are kept: only the cost phase reads them, and the bursts
+    /// would keep tens of thousands.
+    keep_bodies: AtomicBool,
 }
 
 /// Forwards every request to `upstream`, buffering the answer, and records timings.
@@ -98,6 +106,7 @@ impl Proxy {
             log: Mutex::new(ProxyLog::default()),
             sends: AtomicUsize::new(0),
             changed: Notify::new(),
+            keep_bodies: AtomicBool::new(false),
         });
         let app = Router::new()
             .fallback(forward)
@@ -110,6 +119,16 @@ impl Proxy {
 
     fn sends(&self) -> usize {
         self.state.sends.load(Ordering::SeqCst)
+    }
+
+    /// From now on, keeps every LLM request body.
+    fn keep_bodies(&self) {
+        self.state.keep_bodies.store(true, Ordering::SeqCst);
+    }
+
+    /// The LLM request bodies kept, in the order they arrived.
+    fn bodies(&self) -> Vec<Vec<u8>> {
+        self.state.log.lock().expect("proxy log").bodies.clone()
     }
 
     /// Waits until `n` `sendMessage` calls went through (answered by the fake).
@@ -225,11 +244,11 @@ fn observe(p: &ProxyState, path: &str, req: &[u8], resp: &[u8], arrive: Instant,
                 .and_then(|v| parlor_testkit::last_user_text(&v))
                 .map(|t| parse_tags(&t))
                 .unwrap_or_default();
-            p.log
-                .lock()
-                .expect("proxy log")
-                .llm
-                .push(LlmRec { tags, arrive, done });
+            let mut log = p.log.lock().expect("proxy log");
+            log.llm.push(LlmRec { tags, arrive, done });
+            if p.keep_bodies.load(Ordering::SeqCst) {
+                log.bodies.push(req.to_vec());
+            }
         }
         Kind::Telegram => {}
     }
@@ -545,6 +564,19 @@ impl Report {
             target: target.into(),
             status: status.into(),
         });
+    }
+
+    /// A figure with a floor: met when `value >= limit`.
+    fn target_at_least(
+        &mut self,
+        figure: &str,
+        value: f64,
+        shown: String,
+        limit: f64,
+        target: &str,
+    ) {
+        // The same row with the comparison turned round.
+        self.target(figure, -value, shown, -limit, target);
     }
 
     fn note(&mut self, text: String) {
@@ -1164,6 +1196,14 @@ async fn main() {
         cpu_runs(&bin, runs).await;
         return;
     }
+    // `parlor-bench cost`: the prompt-cache figures of a 200-turn busy group alone.
+    if std::env::args().nth(1).as_deref() == Some("cost") {
+        let mut report = Report::default();
+        let cost = cost::run(&bin).await;
+        cost::rows(&cost, &mut report);
+        report.print();
+        return;
+    }
     let mut report = Report::default();
     let machine = machine();
     eprintln!("machine: {machine}");
@@ -1177,6 +1217,9 @@ async fn main() {
 
     eprintln!("running the daemon phases...");
     run_daemon_phases(&bin, &mut report).await;
+    eprintln!("cost phase: a {}-turn busy group...", cost::TURNS);
+    let cost = cost::run(&bin).await;
+    cost::rows(&cost, &mut report);
 
     println!("parlor-bench — {}", machine);
     println!(

@@ -1,6 +1,7 @@
 //! End-to-end tests of work the agent hands on, through `parlor run` against a fake Telegram
 //! and a fake LLM: a background sub-agent whose result comes back into the group by
-//! itself, and skills loaded from folders, re-read on `/reload` and SIGHUP.
+//! itself, a sub-agent on the failover chain, and skills loaded from folders, re-read on
+//! `/reload` and SIGHUP.
 
 use std::path::Path;
 
@@ -124,6 +125,91 @@ async fn a_background_sub_agent_reports_back_into_the_group_by_itself() {
     assert!(notice.contains("&lt;by far&gt; &amp; stable"), "{notice}");
     let sent = support::sentinel(&telegram, GROUP).await;
     assert_eq!(sent.len(), 3, "the result arrives once: {sent:?}");
+    let status = daemon.terminate(WAIT).await;
+    assert!(status.success(), "{}", daemon.log());
+}
+
+/// The daemon gives sub-agents the agent's backend, the failover chain of `[[llm.fallbacks]]`:
+/// the primary answers the sub-agent's request with a 500 and the fallback's answer is the
+/// sub-agent's, under the fallback's own model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_fails_over_to_the_fallback_when_the_primary_answers_500() {
+    let primary = FakeLlm::start().await;
+    primary.respond_with(|body| {
+        if is_sub_agent(body) {
+            return Reply::status(500);
+        }
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        if last.contains(support::SENTINEL) {
+            return Reply::text("noted");
+        }
+        if last_role(body) == "tool" {
+            let result = body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default()
+                .to_owned();
+            return Reply::text(format!("the sub-agent said: {result}"));
+        }
+        Reply::tool_calls(vec![ToolCallSpec::new(
+            "p1",
+            "subagent",
+            json!({"task": "compare serde and miniserde"}),
+        )])
+    });
+    let backup = FakeLlm::start().await;
+    backup.respond_with(|body| {
+        if is_sub_agent(body) {
+            Reply::text("answered by the backup")
+        } else {
+            Reply::status(503)
+        }
+    });
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[toolsets]\n\
+        enabled = [\"time\", \"message\", \"subagent\"]\n\
+        [[llm.fallbacks]]\nmodel = \"backup-model\"\nbase_url = \"{}\"\n",
+        backup.base_url()
+    );
+    let mut daemon = DaemonProcess::spawn_polling(
+        daemon_command(&config(dir.path(), &telegram, &extra), &primary),
+        &telegram,
+        WAIT,
+    )
+    .await;
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot compare the serde crates")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(1, WAIT).await.unwrap();
+    assert!(
+        sent[0].text.starts_with("the sub-agent said:")
+            && sent[0].text.contains("answered by the backup"),
+        "{}\n{}",
+        sent[0].text,
+        daemon.log()
+    );
+    let asked: Vec<_> = primary
+        .requests()
+        .into_iter()
+        .filter(|r| is_sub_agent(&r.body))
+        .collect();
+    assert_eq!(
+        asked.len(),
+        1,
+        "the primary saw the sub-agent's request once"
+    );
+    let answered = backup.requests();
+    assert_eq!(
+        answered.len(),
+        1,
+        "only the sub-agent's request failed over"
+    );
+    assert!(is_sub_agent(&answered[0].body));
+    assert_eq!(answered[0].model(), Some("backup-model"));
     let status = daemon.terminate(WAIT).await;
     assert!(status.success(), "{}", daemon.log());
 }

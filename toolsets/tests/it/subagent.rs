@@ -1,14 +1,15 @@
 //! The subagent toolset with a scripted model: foreground answers, budgets (steps, tokens,
 //! wall time), the caller's role inside the sub-agent, background runs and their notices
 //! (a recording notifier, and a real SessionManager), output before delivery, stop,
-//! limits and the restart.
+//! limits and the restart. And a sub-agent on the failover chain, against the fake
+//! provider servers.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_bot::llm::{Completion, Message, Usage};
+use parlor_bot::llm::{Completion, LlmBackend, Message, Usage};
 use parlor_bot::platform::Inbox;
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
@@ -65,7 +66,7 @@ struct Rig {
     tools: Arc<dyn ToolSet>,
 }
 
-fn rig(sub_llm: Arc<ScriptedLlm>, options: SubagentOptions) -> Rig {
+fn rig(sub_llm: Arc<dyn LlmBackend>, options: SubagentOptions) -> Rig {
     let store = Arc::new(MemoryStore::new());
     let notifier = Arc::new(TestNotifier::default());
     let service = rig_service(&store, notifier.clone(), sub_llm, options);
@@ -81,7 +82,7 @@ fn rig(sub_llm: Arc<ScriptedLlm>, options: SubagentOptions) -> Rig {
 fn rig_service(
     store: &Arc<MemoryStore>,
     notifier: Arc<TestNotifier>,
-    sub_llm: Arc<ScriptedLlm>,
+    sub_llm: Arc<dyn LlmBackend>,
     options: SubagentOptions,
 ) -> Arc<SubagentService> {
     let service = SubagentService::new(store.clone(), notifier, options.clone());
@@ -241,6 +242,81 @@ async fn a_foreground_sub_agent_sees_only_its_task_and_its_answer_comes_back() {
     assert!(
         rig.store.kv_scan(SPACE, "").unwrap().is_empty(),
         "a foreground run leaves no row"
+    );
+}
+
+/// The daemon hands sub-agents the agent's backend, the failover chain (`src/wiring.rs`,
+/// `agent`). Over HTTP: the primary answers the sub-agent's request with a 500, the
+/// fallback (another wire format, its own model) answers, and that answer is the
+/// sub-agent's.
+#[tokio::test]
+async fn a_sub_agent_fails_over_to_the_fallback_when_the_primary_answers_500() {
+    use parlor_bot::llm::{
+        AnthropicClient, AnthropicConfig, Failover, Link, OpenAiClient, OpenAiConfig,
+    };
+    use parlor_testkit::{AnthropicReply, FakeAnthropic, FakeLlm, Reply};
+
+    let primary = FakeLlm::start().await;
+    primary.push(Reply::status(500));
+    let fallback = FakeAnthropic::start().await;
+    fallback.push(AnthropicReply::text("answered by the fallback"));
+    // One attempt per link: the daemon's links retry first, which is `Retrying`'s to test.
+    let chain = Failover::new(vec![
+        Link {
+            name: "primary".into(),
+            model: None,
+            llm: Arc::new(
+                OpenAiClient::new(OpenAiConfig {
+                    base_url: primary.base_url(),
+                    ..OpenAiConfig::default()
+                })
+                .unwrap(),
+            ),
+        },
+        Link {
+            name: "backup".into(),
+            model: Some("backup-model".into()),
+            llm: Arc::new(
+                AnthropicClient::new(AnthropicConfig {
+                    base_url: fallback.base_url(),
+                    ..AnthropicConfig::default()
+                })
+                .unwrap(),
+            ),
+        },
+    ]);
+    let rig = rig(Arc::new(chain), SubagentOptions::default());
+    let r = call(
+        &*rig.tools,
+        &cx_as(Role::Member),
+        "subagent",
+        json!({"task": "compare A, B and C"}),
+    )
+    .await;
+    assert!(r.success, "{}", r.to_json());
+    let d = data(&r);
+    assert_eq!(d["answer"], "answered by the fallback");
+    assert_eq!(d["status"], "completed");
+
+    // The primary saw the sub-agent's request (its prompt and task), and so did the fallback,
+    // under its own model.
+    let asked = primary.requests();
+    assert_eq!(asked.len(), 1);
+    let first = serde_json::to_string(asked[0].messages()).unwrap();
+    assert!(first.contains("You are a sub-agent"), "{first}");
+    assert!(first.contains("compare A, B and C"), "{first}");
+    let answered = fallback.requests();
+    assert_eq!(answered.len(), 1);
+    assert_eq!(answered[0].body["model"], "backup-model");
+    assert!(
+        serde_json::to_string(answered[0].system())
+            .unwrap()
+            .contains("You are a sub-agent")
+    );
+    assert!(
+        serde_json::to_string(answered[0].messages())
+            .unwrap()
+            .contains("compare A, B and C")
     );
 }
 
