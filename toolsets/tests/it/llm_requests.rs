@@ -355,7 +355,7 @@ async fn a_clock_fire_fails_over_like_a_mention() {
 #[tokio::test]
 async fn a_summary_fails_over_like_a_mention() {
     use parlor_bot::agent::compact::SummaryInput;
-    use parlor_bot::llm::{Message, Usage};
+    use parlor_bot::llm::{Message, Spend};
     let (primary, fallback, chain) = down_then_echo();
     let agent = Agent::new(
         Arc::new(chain),
@@ -367,7 +367,7 @@ async fn a_summary_fails_over_like_a_mention() {
         Message::user("[alice] the picnic is on Saturday"),
         Message::assistant("noted"),
     ];
-    let mut usage = Usage::default();
+    let mut spent = Spend::default();
     let summary = agent
         .summarize(
             SummaryInput {
@@ -375,7 +375,7 @@ async fn a_summary_fails_over_like_a_mention() {
                 older: &older,
                 topic: None,
             },
-            &mut usage,
+            &mut spent,
             &tokio_util::sync::CancellationToken::new(),
         )
         .await
