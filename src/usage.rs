@@ -1,12 +1,13 @@
-//! `parlor usage`: the tokens each chat and member used, per UTC day, read from the store.
-//! The store is the daemon's: while `parlor run` holds it, the console's usage page and
-//! `/status` show the same figures.
+//! `parlor usage` and the console's `/usage` page: the tokens, cache reads and cost of each
+//! chat and member per UTC day, read from the store. The store is the daemon's: while
+//! `parlor run` holds it, the console's usage page and `/status` show the same figures.
 
 use std::fmt::Write as _;
 
 use anyhow::Context;
 use chrono::{Days, NaiveDate};
-use parlor_bot::session::usage;
+use parlor_bot::llm::price::dollars;
+use parlor_bot::session::usage::{self, DayUsage, MemberDay};
 use parlor_bot::store::Store;
 
 /// What `parlor usage` prints.
@@ -20,92 +21,214 @@ pub struct Filter {
     pub days: u32,
 }
 
-/// The usage table for `filter`, ending at `today`: chats by day, then members by day
-/// (only those of `filter.chat` when it is set). Each table ends with its total.
-pub fn report(store: &dyn Store, today: NaiveDate, filter: &Filter) -> anyhow::Result<String> {
-    let mut chats = Vec::new();
-    let mut members = Vec::new();
-    for back in (0..filter.days.max(1)).rev() {
-        let Some(day) = today.checked_sub_days(Days::new(u64::from(back))) else {
-            continue;
-        };
-        if filter.member.is_none() {
-            for (session, record) in usage::all_on(store, day).context("cannot read usage")? {
-                if filter.chat.as_ref().is_none_or(|c| *c == session) {
-                    chats.push((day, session, record));
+/// One chat's day.
+#[derive(Debug, Clone)]
+pub struct ChatLine {
+    pub day: NaiveDate,
+    pub session: String,
+    pub record: DayUsage,
+}
+
+/// One member's day in one chat.
+#[derive(Debug, Clone)]
+pub struct MemberLine {
+    pub day: NaiveDate,
+    pub member: String,
+    pub session: String,
+    pub record: MemberDay,
+}
+
+impl MemberLine {
+    /// `Name (telegram:42)`.
+    pub fn who(&self) -> String {
+        format!("{} ({})", self.record.name, self.member)
+    }
+}
+
+/// What a filter selects: chats by day (none when the filter names a member), then members
+/// by day, oldest day first.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub chats: Vec<ChatLine>,
+    pub members: Vec<MemberLine>,
+}
+
+/// The chats' sums: turns, tokens, the cache's share of prompt tokens, cost.
+#[derive(Debug, Clone, Default)]
+pub struct Sums {
+    pub turns: u64,
+    pub tokens: u64,
+    pub prompt_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cost_nanos: u64,
+}
+
+impl Sums {
+    /// `82%`, or `-` before any prompt token.
+    pub fn cached(&self) -> String {
+        cached(self.prompt_tokens, self.cache_read_tokens)
+    }
+}
+
+fn cached(prompt: u64, read: u64) -> String {
+    match prompt {
+        0 => "-".to_owned(),
+        p => format!("{}%", read.saturating_mul(100) / p),
+    }
+}
+
+impl Report {
+    /// The records `filter` selects, ending at `today`.
+    pub fn read(store: &dyn Store, today: NaiveDate, filter: &Filter) -> anyhow::Result<Self> {
+        let mut report = Self::default();
+        for back in (0..filter.days.max(1)).rev() {
+            let Some(day) = today.checked_sub_days(Days::new(u64::from(back))) else {
+                continue;
+            };
+            let wanted = |session: &String| filter.chat.as_ref().is_none_or(|c| c == session);
+            if filter.member.is_none() {
+                for (session, record) in usage::all_on(store, day).context("cannot read usage")? {
+                    if wanted(&session) {
+                        report.chats.push(ChatLine {
+                            day,
+                            session,
+                            record,
+                        });
+                    }
+                }
+            }
+            let records = usage::members_on(store, day, filter.member.as_deref())
+                .context("cannot read member usage")?;
+            for (member, session, record) in records {
+                if wanted(&session) {
+                    report.members.push(MemberLine {
+                        day,
+                        member,
+                        session,
+                        record,
+                    });
                 }
             }
         }
-        let records = usage::members_on(store, day, filter.member.as_deref())
-            .context("cannot read member usage")?;
-        for (member, session, record) in records {
-            if filter.chat.as_ref().is_none_or(|c| *c == session) {
-                members.push((day, member, session, record));
-            }
-        }
+        Ok(report)
     }
-    let mut out = String::new();
-    if filter.member.is_none() {
-        let width = chats
+
+    /// The chat lines' sums.
+    pub fn chat_sums(&self) -> Sums {
+        let mut sums = Sums::default();
+        for line in &self.chats {
+            let r = &line.record;
+            sums.turns += r.turns;
+            sums.tokens += r.total_tokens;
+            sums.prompt_tokens += r.prompt_tokens;
+            sums.cache_read_tokens += r.cache_read_tokens;
+            sums.cost_nanos += r.cost_nanos;
+        }
+        sums
+    }
+
+    /// The member lines' sums (members have no cache figures).
+    pub fn member_sums(&self) -> Sums {
+        let mut sums = Sums::default();
+        for line in &self.members {
+            sums.turns += line.record.turns;
+            sums.tokens += line.record.total_tokens;
+            sums.cost_nanos += line.record.cost_nanos;
+        }
+        sums
+    }
+
+    /// The report as plain-text tables, each ending with its total. The cost is at
+    /// `[llm.prices]` when each turn ran (`$0` for models without a price).
+    pub fn text(&self, member_only: bool) -> String {
+        let mut out = String::new();
+        if !member_only {
+            let width = self
+                .chats
+                .iter()
+                .map(|l| l.session.len())
+                .max()
+                .unwrap_or(4)
+                .max(4);
+            let _ = writeln!(
+                out,
+                "{:<10}  {:<width$}  {:>6}  {:>12}  {:>6}  {:>10}",
+                "Day", "Chat", "Turns", "Tokens", "Cached", "Cost"
+            );
+            for l in &self.chats {
+                let r = &l.record;
+                let _ = writeln!(
+                    out,
+                    "{}  {:<width$}  {:>6}  {:>12}  {:>6}  {:>10}",
+                    l.day,
+                    l.session,
+                    r.turns,
+                    r.total_tokens,
+                    cached(r.prompt_tokens, r.cache_read_tokens),
+                    dollars(r.cost_nanos)
+                );
+            }
+            let s = self.chat_sums();
+            let _ = writeln!(
+                out,
+                "{:<10}  {:<width$}  {:>6}  {:>12}  {:>6}  {:>10}",
+                "Total",
+                "",
+                s.turns,
+                s.tokens,
+                s.cached(),
+                dollars(s.cost_nanos)
+            );
+            out.push('\n');
+        }
+        let width = self
+            .members
             .iter()
-            .map(|(_, s, _)| s.len())
+            .map(|l| l.who().len())
+            .max()
+            .unwrap_or(6)
+            .max(6);
+        let chat_width = self
+            .members
+            .iter()
+            .map(|l| l.session.len())
             .max()
             .unwrap_or(4)
             .max(4);
         let _ = writeln!(
             out,
-            "{:<10}  {:<width$}  {:>6}  {:>12}",
-            "Day", "Chat", "Turns", "Tokens"
+            "{:<10}  {:<width$}  {:<chat_width$}  {:>6}  {:>12}  {:>10}",
+            "Day", "Member", "Chat", "Turns", "Tokens", "Cost"
         );
-        let (mut turns, mut tokens) = (0, 0);
-        for (day, session, record) in &chats {
+        for l in &self.members {
             let _ = writeln!(
                 out,
-                "{day}  {session:<width$}  {:>6}  {:>12}",
-                record.turns, record.total_tokens
+                "{}  {:<width$}  {:<chat_width$}  {:>6}  {:>12}  {:>10}",
+                l.day,
+                l.who(),
+                l.session,
+                l.record.turns,
+                l.record.total_tokens,
+                dollars(l.record.cost_nanos)
             );
-            turns += record.turns;
-            tokens += record.total_tokens;
         }
+        let s = self.member_sums();
         let _ = writeln!(
             out,
-            "{:<10}  {:<width$}  {turns:>6}  {tokens:>12}",
-            "Total", ""
+            "{:<10}  {:<width$}  {:<chat_width$}  {:>6}  {:>12}  {:>10}",
+            "Total",
+            "",
+            "",
+            s.turns,
+            s.tokens,
+            dollars(s.cost_nanos)
         );
-        out.push('\n');
+        out
     }
-    let width = members
-        .iter()
-        .map(|(_, m, _, r)| m.len() + r.name.len() + 3)
-        .max()
-        .unwrap_or(6)
-        .max(6);
-    let chat_width = members
-        .iter()
-        .map(|(_, _, s, _)| s.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    let _ = writeln!(
-        out,
-        "{:<10}  {:<width$}  {:<chat_width$}  {:>6}  {:>12}",
-        "Day", "Member", "Chat", "Turns", "Tokens"
-    );
-    let (mut turns, mut tokens) = (0, 0);
-    for (day, member, session, record) in &members {
-        let who = format!("{} ({member})", record.name);
-        let _ = writeln!(
-            out,
-            "{day}  {who:<width$}  {session:<chat_width$}  {:>6}  {:>12}",
-            record.turns, record.total_tokens
-        );
-        turns += record.turns;
-        tokens += record.total_tokens;
-    }
-    let _ = writeln!(
-        out,
-        "{:<10}  {:<width$}  {:<chat_width$}  {turns:>6}  {tokens:>12}",
-        "Total", "", ""
-    );
-    Ok(out)
+}
+
+/// The usage tables for `filter`, ending at `today`: chats by day, then members by day
+/// (only those of `filter.chat` when it is set). Each table ends with its total.
+pub fn report(store: &dyn Store, today: NaiveDate, filter: &Filter) -> anyhow::Result<String> {
+    Ok(Report::read(store, today, filter)?.text(filter.member.is_some()))
 }

@@ -547,6 +547,9 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
         parlor_bot::session::ATTRIBUTION_PROMPT
     );
     let mut main_config = agent_config.clone();
+    // Built before the main registry, given its observer after (the metrics label tools by
+    // the main registry's names, a superset of the sub-agents').
+    let mut sub_agent = None;
     if let Some(service) = &services.subagents {
         let mut sub = config.clone();
         sub.toolsets.enabled.retain(|t| t != "subagent");
@@ -561,7 +564,8 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
             config.bot.system_prompt.trim_end(),
             parlor_toolsets::subagent::SUBAGENT_PROMPT
         );
-        service.set_agent(
+        sub_agent = Some((
+            Arc::clone(service),
             Agent::new(
                 Arc::clone(&llm),
                 registry(&sub, Arc::clone(&store), &sub_services)
@@ -578,7 +582,7 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
                 },
             )
             .with_vision_models(vision_models.clone()),
-        );
+        ));
         // A sub-agent in the foreground is one tool call: the agent's limit must not cut it
         // before its own wall-time budget does.
         main_config.tool_timeout = main_config.tool_timeout.max(Duration::from_secs(
@@ -593,9 +597,13 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
             config.llm.prices.clone(),
         )
         .with_tools(tools.clone());
+    let metrics: Arc<dyn parlor_bot::agent::AgentObserver> = Arc::new(metrics);
+    if let Some((service, agent)) = sub_agent {
+        service.set_agent(agent.with_observer(Arc::clone(&metrics)));
+    }
     Ok(Agent::new(llm, tools, &prompt, main_config)
         .with_vision_models(vision_models)
-        .with_observer(Arc::new(metrics)))
+        .with_observer(metrics))
 }
 
 /// Opens the store under the data directory; fails clearly when another parlor holds it.

@@ -1,7 +1,8 @@
 //! The operator's console: server-rendered pages, every figure read from the store or a
 //! live counter at request time. `/` the chats, `/chat/<session>` a chat's recent turns as
 //! traces, `/clock` the clock tasks (pause, resume), `/tasks` the terminal's background
-//! tasks (stop), `/errors` recent warnings and errors; `/login`, `/logout`. Every page and
+//! tasks (stop), `/usage` tokens and cost per chat and member per day (`parlor usage`'s
+//! figures), `/errors` recent warnings and errors; `/login`, `/logout`. Every page and
 //! action passes [`Auth`] first; actions are POSTs that also carry the login's CSRF token.
 //! Everything a chat or a model wrote is HTML-escaped ([`esc`]).
 
@@ -10,7 +11,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Extension, Form, Path, State};
+use axum::extract::{Extension, Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -62,6 +63,7 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/tasks", get(tasks))
         .route("/tasks/stop", post(task_stop))
         .route("/errors", get(errors))
+        .route("/usage", get(usage_page))
         .route("/console.css", get(css))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&console),
@@ -138,7 +140,7 @@ fn page(title: &str, access: Option<&Access>, body: &str) -> Html<String> {
     let nav = match access {
         Some(access) => format!(
             "<nav><a href=\"/\">Chats</a><a href=\"/clock\">Clock</a><a href=\"/tasks\">Tasks</a>\
-             <a href=\"/errors\">Errors</a></nav>{}",
+             <a href=\"/usage\">Usage</a><a href=\"/errors\">Errors</a></nav>{}",
             form("/logout", access, &[], "Log out")
         ),
         None => String::new(),
@@ -321,6 +323,7 @@ struct ChatRow {
     queued: usize,
     turns_today: u64,
     tokens_today: u64,
+    cost_today: u64,
     current: Option<(DateTime<Utc>, String)>,
 }
 
@@ -354,6 +357,7 @@ async fn chats(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
                 let row = rows.entry(session).or_default();
                 row.turns_today = day.turns;
                 row.tokens_today = day.total_tokens;
+                row.cost_today = day.cost_nanos;
             }
         }
         Err(e) => tracing::warn!(error = %e, "console: cannot read today's usage"),
@@ -387,11 +391,11 @@ async fn chats(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
         "<p class=\"muted\">Tokens and turns are counted per UTC day{limit}.</p>\
          <div class=\"scroll\"><table><thead><tr><th>Chat</th><th>Platform</th><th>Title</th>\
          <th>Last activity</th><th>Queued</th><th>Turns today</th><th>Tokens today</th>\
-         <th>Current turn</th></tr></thead><tbody>"
+         <th>Cost today</th><th>Current turn</th></tr></thead><tbody>"
     );
     if rows.is_empty() {
         body.push_str(
-            "<tr><td colspan=\"8\" class=\"muted\">No chat has had a turn yet.</td></tr>",
+            "<tr><td colspan=\"9\" class=\"muted\">No chat has had a turn yet.</td></tr>",
         );
     }
     for (session, row) in &rows {
@@ -410,7 +414,7 @@ async fn chats(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
         let _ = write!(
             body,
             "<tr><td><a href=\"/chat/{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td><td>{current}</td></tr>",
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{current}</td></tr>",
             path_part(session),
             esc(session),
             esc(&platform),
@@ -419,6 +423,7 @@ async fn chats(State(console): State<Arc<Console>>, headers: HeaderMap) -> Respo
             row.queued,
             row.turns_today,
             row.tokens_today,
+            parlor_bot::llm::price::dollars(row.cost_today),
         );
     }
     body.push_str("</tbody></table></div>");
@@ -803,6 +808,124 @@ async fn errors(State(console): State<Arc<Console>>, headers: HeaderMap) -> Resp
     }
     body.push_str("</tbody></table></div>");
     page("Errors", Some(&access), &body).into_response()
+}
+
+// ---------------------------------------------------------------------------------------
+// Usage
+
+/// `/usage?days=N&chat=C&member=M`: what `parlor usage` would print.
+#[derive(Debug, Default, Deserialize)]
+struct UsageQuery {
+    days: Option<u32>,
+    chat: Option<String>,
+    member: Option<String>,
+}
+
+/// Days the usage page reads at most.
+const USAGE_DAYS_MAX: u32 = 90;
+
+async fn usage_page(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Query(query): Query<UsageQuery>,
+) -> Response {
+    let access = match page_access(&console, &headers) {
+        Ok(a) => a,
+        Err(r) => return r.into_response(),
+    };
+    let blank = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+    let filter = crate::usage::Filter {
+        chat: blank(query.chat),
+        member: blank(query.member),
+        days: query.days.unwrap_or(7).clamp(1, USAGE_DAYS_MAX),
+    };
+    let today = console
+        .sessions
+        .as_ref()
+        .map_or_else(usage::today, SessionManager::today);
+    let report = match crate::usage::Report::read(console.store.as_ref(), today, &filter) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "console: cannot read usage");
+            return failure(StatusCode::INTERNAL_SERVER_ERROR, "cannot read usage");
+        }
+    };
+    let dollars = parlor_bot::llm::price::dollars;
+    let mut body = format!(
+        "<form method=\"get\" action=\"/usage\">\
+         <label>Days <input name=\"days\" type=\"number\" min=\"1\" max=\"{USAGE_DAYS_MAX}\" value=\"{}\"></label> \
+         <label>Chat <input name=\"chat\" value=\"{}\"></label> \
+         <label>Member <input name=\"member\" value=\"{}\"></label> \
+         <button type=\"submit\">Show</button></form>\
+         <p class=\"muted\">Per UTC day. Cost is at <code>[llm.prices]</code> when each turn ran; \
+         a model without a price adds nothing. Cached: the share of prompt tokens the provider \
+         read from its cache.</p>",
+        filter.days,
+        esc(filter.chat.as_deref().unwrap_or("")),
+        esc(filter.member.as_deref().unwrap_or("")),
+    );
+    if filter.member.is_none() {
+        body.push_str(
+            "<h2>Chats</h2><div class=\"scroll\"><table><thead><tr><th>Day</th><th>Chat</th>\
+             <th>Turns</th><th>Tokens</th><th>Cached</th><th>Cost</th></tr></thead><tbody>",
+        );
+        for l in &report.chats {
+            let r = &l.record;
+            let sums = crate::usage::Sums {
+                prompt_tokens: r.prompt_tokens,
+                cache_read_tokens: r.cache_read_tokens,
+                ..Default::default()
+            };
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td><a href=\"/chat/{}\">{}</a></td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td></tr>",
+                l.day,
+                path_part(&l.session),
+                esc(&l.session),
+                r.turns,
+                r.total_tokens,
+                sums.cached(),
+                dollars(r.cost_nanos),
+            );
+        }
+        let s = report.chat_sums();
+        let _ = write!(
+            body,
+            "<tr class=\"total\"><th>Total</th><td></td><th>{}</th><th>{}</th><th>{}</th>\
+             <th>{}</th></tr></tbody></table></div>",
+            s.turns,
+            s.tokens,
+            s.cached(),
+            dollars(s.cost_nanos),
+        );
+    }
+    body.push_str(
+        "<h2>Members</h2><div class=\"scroll\"><table><thead><tr><th>Day</th><th>Member</th>\
+         <th>Chat</th><th>Turns</th><th>Tokens</th><th>Cost</th></tr></thead><tbody>",
+    );
+    for l in &report.members {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            l.day,
+            esc(&l.who()),
+            esc(&l.session),
+            l.record.turns,
+            l.record.total_tokens,
+            dollars(l.record.cost_nanos),
+        );
+    }
+    let s = report.member_sums();
+    let _ = write!(
+        body,
+        "<tr class=\"total\"><th>Total</th><td></td><td></td><th>{}</th><th>{}</th><th>{}</th>\
+         </tr></tbody></table></div>",
+        s.turns,
+        s.tokens,
+        dollars(s.cost_nanos),
+    );
+    page("Usage", Some(&access), &body).into_response()
 }
 
 #[cfg(test)]

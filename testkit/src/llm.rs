@@ -120,6 +120,7 @@ impl ToolCallSpec {
 pub struct Reply {
     kind: Kind,
     usage: (u64, u64),
+    cached: u64,
     delay: Option<Duration>,
     chunk_delay: Option<Duration>,
     retry_after: Option<u64>,
@@ -151,6 +152,7 @@ impl Reply {
         Self {
             kind,
             usage: DEFAULT_USAGE,
+            cached: 0,
             delay: None,
             chunk_delay: None,
             retry_after: None,
@@ -244,6 +246,14 @@ impl Reply {
     /// `(10, 5)`. No-op for status and raw replies.
     pub fn usage(mut self, prompt_tokens: u64, completion_tokens: u64) -> Self {
         self.usage = (prompt_tokens, completion_tokens);
+        self
+    }
+
+    /// Sets the prompt tokens reported as read from the provider's cache
+    /// (`prompt_tokens_details.cached_tokens`, part of the prompt tokens). Defaults to
+    /// none (the field is left out). No-op for status and raw replies.
+    pub fn cached(mut self, tokens: u64) -> Self {
+        self.cached = tokens;
         self
     }
 
@@ -751,12 +761,16 @@ impl Ctx {
     }
 }
 
-fn usage_json((prompt, completion): (u64, u64)) -> Value {
-    json!({
+fn usage_json((prompt, completion, cached): (u64, u64, u64)) -> Value {
+    let mut usage = json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-    })
+    });
+    if cached > 0 {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
+    usage
 }
 
 fn stream_error_json(message: &str) -> Value {
@@ -796,14 +810,16 @@ async fn render(shared: &Shared, body: &Value, reply: &Reply) -> Response {
     };
     let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
     if !stream {
-        return plain_completion(shared, &ctx, completion, reply.usage).await;
+        let usage = (reply.usage.0, reply.usage.1, reply.cached);
+        return plain_completion(shared, &ctx, completion, usage).await;
     }
 
     let include_usage = body
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
         == Some(true);
-    let mut events = sse_events(&ctx, completion, reply.usage, include_usage);
+    let usage = (reply.usage.0, reply.usage.1, reply.cached);
+    let mut events = sse_events(&ctx, completion, usage, include_usage);
     if completion.stall {
         events.truncate(1);
     }
@@ -860,7 +876,12 @@ fn split_pieces(s: &str) -> Vec<&str> {
     pieces
 }
 
-fn sse_events(ctx: &Ctx, c: &Completion, usage: (u64, u64), include_usage: bool) -> Vec<Bytes> {
+fn sse_events(
+    ctx: &Ctx,
+    c: &Completion,
+    usage: (u64, u64, u64),
+    include_usage: bool,
+) -> Vec<Bytes> {
     let mut deltas: Vec<Value> = Vec::new();
     for piece in split_pieces(&c.text) {
         deltas.push(json!({"content": piece}));
@@ -932,7 +953,7 @@ async fn plain_completion(
     shared: &Shared,
     ctx: &Ctx,
     c: &Completion,
-    usage: (u64, u64),
+    usage: (u64, u64, u64),
 ) -> Response {
     if let Some(message) = &c.error {
         return (

@@ -768,7 +768,11 @@ async fn usage_prints_each_chat_and_member_by_day_from_the_store() {
             .any(|l| l.split_whitespace().collect::<Vec<_>>() == cells)
     };
     let line = |cells: &[&str]| has(&text, cells);
-    assert!(line(&[&today, "console:local", "3", "45"]), "{text}");
+    // No `[llm.prices]`: nothing costs; the fake reports no cache reads.
+    assert!(
+        line(&[&today, "console:local", "3", "45", "0%", "$0"]),
+        "{text}"
+    );
     assert!(
         line(&[
             &today,
@@ -776,19 +780,28 @@ async fn usage_prints_each_chat_and_member_by_day_from_the_store() {
             "(console:alice)",
             "console:local",
             "2",
-            "30"
+            "30",
+            "$0"
         ]),
         "{text}"
     );
     assert!(
-        line(&[&today, "bob", "(console:bob)", "console:local", "1", "15"]),
+        line(&[
+            &today,
+            "bob",
+            "(console:bob)",
+            "console:local",
+            "1",
+            "15",
+            "$0"
+        ]),
         "{text}"
     );
 
     let out = run(&mut usage(&["--member", "console:bob", "--days", "1"])).await;
     let text = stdout(&out);
     assert!(!text.contains("alice"), "{text}");
-    assert!(has(&text, &["Total", "1", "15"]), "{text}");
+    assert!(has(&text, &["Total", "1", "15", "$0"]), "{text}");
 }
 
 #[tokio::test]

@@ -217,6 +217,24 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
     // Both turns (the mention and the fire) of today, at the fake's default usage each.
     assert!(chats.contains("<td>2</td>"), "{chats}");
 
+    // Usage: the same day's figures per chat and per member, with their totals; no
+    // `[llm.prices]`, so nothing costs.
+    let usage = get("/usage?days=3".to_owned()).await;
+    assert!(usage.contains("<h2>Chats</h2>"), "{usage}");
+    assert!(
+        usage.contains(&format!("<a href=\"/chat/{encoded}\">")),
+        "{usage}"
+    );
+    assert!(
+        usage.contains("<th>Total</th><td></td><th>2</th>"),
+        "{usage}"
+    );
+    assert!(usage.contains("Alice (telegram:1001)"), "{usage}");
+    assert!(usage.contains("<td>$0</td>"), "{usage}");
+    let bob_only = get("/usage?member=telegram:1002".to_owned()).await;
+    assert!(!bob_only.contains("<h2>Chats</h2>"), "{bob_only}");
+    assert!(!bob_only.contains("Alice"), "{bob_only}");
+
     // The chat's trace: the input, every tool call with its code, the reply escaped, with
     // the platform's message id.
     let trace = get(format!("/chat/{encoded}")).await;

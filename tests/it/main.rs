@@ -11,6 +11,7 @@ mod autochat;
 mod chaos;
 mod cli;
 mod console;
+mod cost;
 mod daemon;
 mod delegation;
 mod group_life;

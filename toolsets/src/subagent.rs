@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use parlor_bot::agent::{Agent, AgentEvent, AgentObserver, TracingObserver, TurnEnd, TurnInput};
+use parlor_bot::agent::{Agent, AgentEvent, AgentObserver, TurnEnd, TurnInput};
 use parlor_bot::llm::{Content, Message, Usage};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
@@ -262,6 +262,9 @@ struct Budget {
     /// A foreground run's tokens count toward the parent's turn (its chat's and its
     /// members' budgets and cost) through the parent's appender.
     parent: Option<MessageAppender>,
+    /// The sub-agent's own observer (the daemon's metrics, or the log), so its requests
+    /// and tokens show in `/metrics` like a turn's.
+    next: Arc<dyn AgentObserver>,
 }
 
 impl AgentObserver for Budget {
@@ -279,7 +282,7 @@ impl AgentObserver for Budget {
                 self.run.cancel();
             }
         }
-        TracingObserver.on_event(event);
+        self.next.on_event(event);
     }
 }
 
@@ -396,6 +399,7 @@ impl SubagentService {
             exhausted: std::sync::atomic::AtomicBool::new(false),
             run: cancel.clone(),
             parent: (!args.run_in_background).then(|| cx.appender.clone()),
+            next: agent.observer(),
         });
         let agent = agent
             .fork()

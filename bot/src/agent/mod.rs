@@ -278,6 +278,11 @@ impl Agent {
         self
     }
 
+    /// Where loop events go (the daemon's metrics, or the log).
+    pub fn observer(&self) -> Arc<dyn AgentObserver> {
+        Arc::clone(&self.observer)
+    }
+
     /// A copy for another session: same model, prompt and observer; forked toolset state.
     pub fn fork(&self) -> Self {
         Agent {
