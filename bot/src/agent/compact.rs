@@ -16,7 +16,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::Agent;
+use super::{Agent, AgentEvent};
 use crate::llm::{ChatRequest, Content, ContentPart, LlmError, Message, Spend, ToolDefs};
 use crate::quote;
 use crate::store::Summary;
@@ -56,6 +56,8 @@ pub enum CompactError {
 /// What to summarize.
 #[derive(Debug, Clone, Copy)]
 pub struct SummaryInput<'a> {
+    /// The chat summarized, for the observer's usage event.
+    pub session: &'a str,
     /// The summary the session already has; it is merged into the new one.
     pub previous: Option<&'a str>,
     /// The older messages, which the summary will stand in for.
@@ -86,7 +88,14 @@ impl Agent {
             match self.llm.stream(&request, cancel).await {
                 Ok(completion) => {
                     if let Some(used) = &completion.usage {
-                        spend.add(completion.model.as_deref().unwrap_or(&request.model), used);
+                        let model = completion.model.as_deref().unwrap_or(&request.model);
+                        spend.add(model, used);
+                        // So `/metrics` counts a summary's tokens and cost like a turn's.
+                        self.observer.on_event(&AgentEvent::Usage {
+                            session: input.session,
+                            model,
+                            usage: used,
+                        });
                     }
                     let text = completion.content.trim();
                     if !text.is_empty() {

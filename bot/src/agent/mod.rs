@@ -458,6 +458,7 @@ impl Agent {
                         "the request exceeds the model's context; summarizing its older history"
                     );
                     let older = SummaryInput {
+                        session: &input.session,
                         previous: summary.map(|s| s.text.as_str()),
                         older: &full_history[..drop],
                         topic: None,

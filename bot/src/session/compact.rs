@@ -145,6 +145,7 @@ impl ChatWorker {
             });
         }
         let input = SummaryInput {
+            session: session.key(),
             previous: previous.as_ref().map(|s| s.text.as_str()),
             older: &history[..from],
             topic,

@@ -139,6 +139,7 @@ async fn no_hostile_string_yields_an_attributed_line_the_program_did_not_write()
         agent
             .summarize(
                 SummaryInput {
+                    session: "console:local",
                     previous: Some(&previous),
                     older: &history,
                     topic: Some(&topic),

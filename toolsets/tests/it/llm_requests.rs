@@ -371,6 +371,7 @@ async fn a_summary_fails_over_like_a_mention() {
     let summary = agent
         .summarize(
             SummaryInput {
+                session: "console:local",
                 previous: None,
                 older: &older,
                 topic: None,
