@@ -70,6 +70,11 @@ impl Sums {
     }
 }
 
+/// The width of a column headed `header` holding cells `lens` characters long.
+fn widest(lens: impl Iterator<Item = usize>, header: &str) -> usize {
+    lens.max().unwrap_or(0).max(header.len())
+}
+
 fn cached(prompt: u64, read: u64) -> String {
     match prompt {
         0 => "-".to_owned(),
@@ -143,13 +148,7 @@ impl Report {
     pub fn text(&self, member_only: bool) -> String {
         let mut out = String::new();
         if !member_only {
-            let width = self
-                .chats
-                .iter()
-                .map(|l| l.session.len())
-                .max()
-                .unwrap_or(4)
-                .max(4);
+            let width = widest(self.chats.iter().map(|l| l.session.len()), "Chat");
             let _ = writeln!(
                 out,
                 "{:<10}  {:<width$}  {:>6}  {:>12}  {:>6}  {:>10}",
@@ -181,20 +180,8 @@ impl Report {
             );
             out.push('\n');
         }
-        let width = self
-            .members
-            .iter()
-            .map(|l| l.who().len())
-            .max()
-            .unwrap_or(6)
-            .max(6);
-        let chat_width = self
-            .members
-            .iter()
-            .map(|l| l.session.len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
+        let width = widest(self.members.iter().map(|l| l.who().len()), "Member");
+        let chat_width = widest(self.members.iter().map(|l| l.session.len()), "Chat");
         let _ = writeln!(
             out,
             "{:<10}  {:<width$}  {:<chat_width$}  {:>6}  {:>12}  {:>10}",
