@@ -222,7 +222,7 @@ async fn a_vision_model_on_another_endpoint_never_gets_the_main_key() {
     support::add_vision_model(&path, &eyes.base_url());
     let mut daemon =
         DaemonProcess::spawn_polling(daemon_command(&path, &llm), &telegram, WAIT).await;
-    eyes.push(Reply::text("A single grey pixel."));
+    eyes.push(Reply::text("A single grey pixel.").usage(300, 20));
     llm.push(Reply::text("It is one grey pixel."));
     telegram
         .group_message(-100_123, bob(), "@parlor_bot what is on our picture?")
@@ -234,5 +234,15 @@ async fn a_vision_model_on_another_endpoint_never_gets_the_main_key() {
     assert_eq!(asked.len(), 1);
     assert_eq!(asked[0].authorization(), None);
     assert_eq!(llm.requests()[0].authorization(), Some("Bearer sk-test"));
+
+    // The description's tokens are the turn's: 300 + 20 from the vision model, 10 + 5 (the
+    // fake's default) from the main one.
+    telegram.group_message(-100_123, bob(), "/status").push();
+    let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
+    assert!(
+        sent[1].text.contains("Tokens today (UTC): 335 ("),
+        "{}",
+        sent[1].text
+    );
     daemon.terminate(WAIT).await;
 }

@@ -23,13 +23,15 @@
 //! commits, so the `data:` URLs of a turn (`load_image`'s) do not outlive the turn.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::image::{self, ImageError};
-use crate::llm::{ChatRequest, Content, ContentPart, ImageUrl, LlmBackend, LlmError, Message};
+use crate::llm::{
+    ChatRequest, Content, ContentPart, ImageUrl, LlmBackend, LlmError, Message, Spend,
+};
 use crate::platform::{ImageRef, Platform, PlatformError};
 
 /// A model that can see, asked to describe images for a main model that cannot.
@@ -95,6 +97,9 @@ pub(super) struct TurnImages {
     resolved: HashMap<String, ContentPart>,
     /// How many images are shown (not replaced by a text) so far.
     shown: usize,
+    /// The vision models' tokens not yet taken into the turn ([`TurnImages::take_spent`]).
+    /// A mutex because descriptions run concurrently.
+    spent: Mutex<Spend>,
 }
 
 impl TurnImages {
@@ -109,7 +114,13 @@ impl TurnImages {
             describers,
             resolved: HashMap::new(),
             shown: 0,
+            spent: Mutex::new(Spend::default()),
         }
+    }
+
+    /// The vision models' tokens since the last call: the turn counts them like its own.
+    pub(super) fn take_spent(&self) -> Spend {
+        std::mem::take(&mut *self.spent.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Resolves every reference in `messages` that is not resolved yet. Downloads run
@@ -270,11 +281,20 @@ impl TurnImages {
             prompt_cache_key: None,
         };
         for describer in self.describers.iter() {
-            match describer
+            let answer = describer
                 .llm
                 .stream(&request(&describer.model), cancel)
-                .await
+                .await;
+            if let Ok(completion) = &answer
+                && let Some(usage) = &completion.usage
             {
+                let model = completion.model.as_deref().unwrap_or(&describer.model);
+                self.spent
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .add(model, usage);
+            }
+            match answer {
                 Ok(completion) if !completion.content.trim().is_empty() => {
                     let text: String = completion
                         .content

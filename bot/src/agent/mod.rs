@@ -401,6 +401,17 @@ impl Agent {
             // Before the iteration counts: a turn cancelled while its images download made
             // no request.
             images.load(&turn.messages, &cancel).await;
+            // The vision models' tokens are the turn's: its chat and members pay for them.
+            let described = images.take_spent();
+            for (model, usage) in described.by_model() {
+                turn.usage.add(usage);
+                self.observer.on_event(&AgentEvent::Usage {
+                    session: &input.session,
+                    model,
+                    usage,
+                });
+            }
+            turn.spend.merge(&described);
             if cancel.is_cancelled() {
                 turn.end = TurnEnd::Cancelled;
                 break;
