@@ -486,7 +486,7 @@ async fn chat(
         let _ = write!(
             body,
             "<section class=\"turn\"><h2>Turn {} · {} · {} ms · {}</h2>\
-             <p>{} from {} · tokens {} in, {} out</p><pre>{}</pre>",
+             <p>{} from {} · tokens {} in, {} out{}{}</p><pre>{}</pre>",
             t.seq,
             time(t.started),
             t.millis,
@@ -495,6 +495,15 @@ async fn chat(
             esc(&t.callers.join(", ")),
             t.prompt_tokens,
             t.completion_tokens,
+            // Without `[llm.prices]` a turn costs nothing that could be shown.
+            match t.cost_nanos {
+                0 => String::new(),
+                c => format!(" · {}", parlor_bot::llm::price::dollars(c)),
+            },
+            t.model
+                .as_deref()
+                .map(|m| format!(" · answered by {}", esc(m)))
+                .unwrap_or_default(),
             esc(&t.input),
         );
         if let Some(error) = &t.error {

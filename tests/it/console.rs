@@ -239,6 +239,8 @@ async fn the_console_needs_the_token_and_shows_turns_clock_runs_and_tasks() {
     // the platform's message id.
     let trace = get(format!("/chat/{encoded}")).await;
     assert!(trace.contains("set things up"), "{trace}");
+    // The fake answers as the model it was asked for.
+    assert!(trace.contains("answered by gpt-4o-mini"), "{trace}");
     assert!(trace.contains("clock_create"), "{trace}");
     assert!(trace.contains("shell"), "{trace}");
     assert!(trace.contains("<span class=\"ok\">ok</span>"), "{trace}");
