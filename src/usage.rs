@@ -66,7 +66,11 @@ pub struct Sums {
 impl Sums {
     /// `82%`, or `-` before any prompt token.
     pub fn cached(&self) -> String {
-        cached(self.prompt_tokens, self.cache_read_tokens)
+        cached(&DayUsage {
+            prompt_tokens: self.prompt_tokens,
+            cache_read_tokens: self.cache_read_tokens,
+            ..DayUsage::default()
+        })
     }
 }
 
@@ -75,11 +79,10 @@ fn widest(lens: impl Iterator<Item = usize>, header: &str) -> usize {
     lens.max().unwrap_or(0).max(header.len())
 }
 
-fn cached(prompt: u64, read: u64) -> String {
-    match prompt {
-        0 => "-".to_owned(),
-        p => format!("{}%", read.saturating_mul(100) / p),
-    }
+/// A day's share of prompt tokens read from the cache: `82%`, or `-` before any prompt.
+pub fn cached(day: &DayUsage) -> String {
+    day.cache_hit_percent()
+        .map_or_else(|| "-".to_owned(), |p| format!("{p}%"))
 }
 
 impl Report {
@@ -163,7 +166,7 @@ impl Report {
                     l.session,
                     r.turns,
                     r.total_tokens,
-                    cached(r.prompt_tokens, r.cache_read_tokens),
+                    cached(r),
                     dollars(r.cost_nanos)
                 );
             }

@@ -880,11 +880,6 @@ async fn usage_page(
         );
         for l in &report.chats {
             let r = &l.record;
-            let sums = crate::usage::Sums {
-                prompt_tokens: r.prompt_tokens,
-                cache_read_tokens: r.cache_read_tokens,
-                ..Default::default()
-            };
             let _ = write!(
                 body,
                 "<tr><td>{}</td><td><a href=\"/chat/{}\">{}</a></td><td>{}</td><td>{}</td>\
@@ -894,7 +889,7 @@ async fn usage_page(
                 esc(&l.session),
                 r.turns,
                 r.total_tokens,
-                sums.cached(),
+                crate::usage::cached(r),
                 dollars(r.cost_nanos),
             );
         }
