@@ -1236,6 +1236,10 @@ impl Store for CrashStore {
         self.write()?;
         self.inner.kv_put(s, k, v)
     }
+    fn kv_write(&self, writes: Vec<KvWrite>) -> Result<(), StoreError> {
+        self.write()?;
+        self.inner.kv_write(writes)
+    }
     fn kv_delete(&self, s: &str, k: &str) -> Result<bool, StoreError> {
         self.write()?;
         self.inner.kv_delete(s, k)

@@ -132,3 +132,70 @@ async fn turns_are_priced_and_summed_per_chat_and_member_in_status_metrics_and_u
     );
     assert!(has(&["Total", "2", "3300", "$0.003900"]), "{text}");
 }
+
+/// A background sub-agent's tokens are spent while no turn of its chat runs: they count in
+/// the chat's day and toward the member who started it, priced by the sub-agent's model,
+/// once its chat's next commit (the result's notice turn) folds them in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_sub_agents_tokens_count_for_its_chat_and_its_starter() {
+    let llm = FakeLlm::start().await;
+    llm.respond_with(|body| {
+        let last = parlor_testkit::last_user_text(body).unwrap_or_default();
+        let sub_agent = body["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|s| s.contains("You are a sub-agent"));
+        let after_tool = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        // The sub-agent: 1000 in, 100 out at cheap-model's $2 / $8 = $0.0028.
+        if sub_agent {
+            return Reply::text("Done: serde.").usage(1000, 100);
+        }
+        // Each of the chat's three requests: 100 in, 10 out at $1 / $4 = $0.00014.
+        if last.contains("<SUBAGENT_RESULT>") {
+            return Reply::text("The sub-agent says: serde.").usage(100, 10);
+        }
+        if after_tool {
+            return Reply::text("A sub-agent is on it.").usage(100, 10);
+        }
+        Reply::tool_calls(vec![parlor_testkit::ToolCallSpec::new(
+            "s1",
+            "subagent",
+            serde_json::json!({"task": "pick a serde crate", "run_in_background": true}),
+        )])
+        .usage(100, 10)
+    });
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "{PRICES}[llm.prices.\"cheap-model\"]\ninput = 2.0\noutput = 8.0\n\
+         [toolsets]\nenabled = [\"time\", \"subagent\"]\n\
+         [toolsets.subagent]\nmodel = \"cheap-model\"\n"
+    );
+    let config = config(dir.path(), &telegram, &extra);
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot which serde crate?")
+        .mention_bot()
+        .push();
+    let sent = telegram.wait_for_sent(2, WAIT).await.unwrap();
+    assert_eq!(sent[1].text, "The sub-agent says: serde.");
+
+    telegram.group_message(GROUP, bob(), "/status").push();
+    let sent = telegram.wait_for_sent(3, WAIT).await.unwrap();
+    let status = &sent[2].text;
+    // 3 × 110 + 1100 tokens; 3 × $0.00014 + $0.0028.
+    assert!(
+        status.contains("Tokens today (UTC): 1430 (cost $0.003220;"),
+        "{status}"
+    );
+    // Bob's turn (220 tokens) and the sub-agent he started; the notice turn is the chat's.
+    assert!(
+        status.contains("Your tokens today, in every chat: 1320"),
+        "{status}"
+    );
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}

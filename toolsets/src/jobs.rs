@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::notice::{self, NoticeRow, Notifier, Rows};
 use parlor_bot::platform::ChatRef;
-use parlor_bot::store::{Store, StoreError};
+use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::time::WallTime;
 use parlor_bot::tool::{Caller, Grant, Role, ToolResult};
 
@@ -253,11 +253,17 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
         Some(row)
     }
 
-    /// Records job `id`'s end: `end` writes it into the row (`false`: the row is left as
-    /// it is). A stopped job counts as told; one that ended by itself tells its chat
-    /// (unless the model already read the result); an interrupted one waits for the next
-    /// start ([`Jobs::recover`]).
-    pub async fn finish(&self, session: &str, id: &str, end: impl FnOnce(&mut R) -> bool) {
+    /// Records job `id`'s end: `end` writes it into the row and returns what to store with
+    /// it in the same transaction (what the job spent); `None`: the row is left as it is.
+    /// A stopped job counts as told; one that ended by itself tells its chat (unless the
+    /// model already read the result); an interrupted one waits for the next start
+    /// ([`Jobs::recover`]).
+    pub async fn finish(
+        &self,
+        session: &str,
+        id: &str,
+        end: impl FnOnce(&mut R) -> Option<Vec<KvWrite>>,
+    ) {
         let _rows = self.rows.lock().await;
         let Some(mut row) = self.table.get(session, id) else {
             tracing::error!(
@@ -267,26 +273,27 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
             );
             return;
         };
-        if !end(&mut row) {
+        let Some(also) = end(&mut row) else {
             return;
+        };
+        let chat = row.chat().cloned();
+        match (row.phase(), &chat) {
+            (Phase::Stopped, _) => row.told_mut().notified = true,
+            (Phase::Ended, None) if R::TOLD_WITHOUT_CHAT => row.told_mut().notified = true,
+            _ => {}
         }
-        match row.phase() {
-            Phase::Stopped => row.told_mut().notified = true,
-            Phase::Running | Phase::Interrupted => {}
-            Phase::Ended => match row.chat().cloned() {
-                Some(chat) => {
-                    // The final status is stored before the notice, so a slow notifier
-                    // never hides it.
-                    self.table.save_logged(&row);
-                    let text = row.notice_text(None);
-                    let caller = row.notice_caller();
-                    notice::tell_once(self.notifier.as_ref(), &chat, text, caller, &mut row).await;
-                }
-                None if R::TOLD_WITHOUT_CHAT => row.told_mut().notified = true,
-                None => {}
-            },
+        // The final status is stored before the notice, so a slow notifier never hides it.
+        self.table.save_logged_with(&row, also);
+        if let (Phase::Ended, Some(chat)) = (row.phase(), chat) {
+            let text = row.notice_text(None);
+            let caller = row.notice_caller();
+            if notice::tell_once(self.notifier.as_ref(), &chat, text, caller, &mut row)
+                .await
+                .is_some()
+            {
+                self.table.save_logged(&row);
+            }
         }
-        self.table.save_logged(&row);
     }
 
     /// After a restart: rows still running and not live here belong to a previous daemon;

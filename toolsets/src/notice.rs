@@ -210,7 +210,17 @@ impl<R: NoticeRow> Rows<R> {
 
     /// Writes and flushes `row`; a failure is logged (the work goes on either way).
     pub fn save_logged(&self, row: &R) {
-        if let Err(e) = self.save(row).and_then(|()| self.store.flush()) {
+        self.save_logged_with(row, Vec::new());
+    }
+
+    /// Writes `row` and `also` in one transaction and flushes; a failure is logged.
+    pub fn save_logged_with(&self, row: &R, also: Vec<KvWrite>) {
+        let saved = row.write().and_then(|write| {
+            let mut writes = vec![write];
+            writes.extend(also);
+            self.store.kv_write(writes)
+        });
+        if let Err(e) = saved.and_then(|()| self.store.flush()) {
             tracing::error!(space = R::SPACE, id = row.id(), error = %e, "cannot store a row");
         }
     }

@@ -36,9 +36,10 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use parlor_bot::agent::{Agent, AgentEvent, AgentObserver, TurnEnd, TurnInput};
-use parlor_bot::llm::{Content, Message, Usage};
+use parlor_bot::llm::{Content, Message, Spend, Usage};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
+use parlor_bot::session::usage;
 use parlor_bot::store::{Store, StoreError};
 use parlor_bot::time::WallTime;
 use parlor_bot::tool::{
@@ -250,6 +251,8 @@ struct RunEnd {
     error: Option<String>,
     iterations: usize,
     usage: Usage,
+    /// The same tokens by the model that spent them, to price them.
+    spend: Spend,
 }
 
 /// Counts a run's tokens and cancels the run past its budget (the loop sees it before its
@@ -390,6 +393,7 @@ impl SubagentService {
                 error: Some("sub-agents are not set up in this bot".to_owned()),
                 iterations: 0,
                 usage: Usage::default(),
+                spend: Spend::default(),
             };
         };
         let cancel = stop.child_token();
@@ -441,6 +445,7 @@ impl SubagentService {
                 error: Some(e.to_string()),
                 iterations: 0,
                 usage: Usage::default(),
+                spend: Spend::default(),
             },
             Ok(turn) => {
                 let out_of_tokens = budget.exhausted.load(Ordering::Relaxed);
@@ -488,6 +493,7 @@ impl SubagentService {
                     error,
                     iterations: turn.iterations,
                     usage: turn.usage,
+                    spend: turn.spend,
                 }
             }
         }
@@ -513,7 +519,7 @@ impl SubagentService {
                 end = self.run(&args, &cx, &stop) => end,
                 () = parent.cancelled() => {
                     stop.cancel();
-                    RunEnd { status: SubagentStatus::Stopped, answer: String::new(), error: None, iterations: 0, usage: Usage::default() }
+                    RunEnd { status: SubagentStatus::Stopped, answer: String::new(), error: None, iterations: 0, usage: Usage::default(), spend: Spend::default() }
                 }
             };
             self.jobs.release(&id);
@@ -569,26 +575,36 @@ impl SubagentService {
     }
 
     /// Records a background run's end and, unless it was stopped or interrupted, queues
-    /// its notice (unless the model already read the result).
+    /// its notice (unless the model already read the result). What it spent is left, in the
+    /// same transaction, for its chat's next commit to count (`usage::pending_write`).
     async fn finish(&self, session: &str, id: &str, end: RunEnd) {
         self.jobs
             .finish(session, id, |row| {
-                // Stopped on request: `stop` recorded it and nobody is told.
-                if row.status == SubagentStatus::Stopped {
-                    return false;
-                }
-                row.status = end.status;
-                row.result = clip(&end.answer, self.options.stored_max_chars);
-                row.error = end.error;
-                row.iterations = end.iterations;
+                let starter = (!row.started_by.is_empty())
+                    .then_some((row.started_by.as_str(), row.started_by_name.as_str()));
+                let spent = match usage::pending_write(session, id, starter, &end.spend) {
+                    Ok(spent) => spent,
+                    Err(e) => {
+                        tracing::error!(subagent = id, error = %e, "cannot record what a sub-agent spent");
+                        None
+                    }
+                };
                 row.usage = end.usage;
-                row.ended = Some(self.jobs.now());
-                tracing::info!(
-                    subagent = id,
-                    status = row.status.as_str(),
-                    "background sub-agent ended"
-                );
-                true
+                // Stopped on request: `stop` recorded it and nobody is told; its tokens
+                // still count.
+                if row.status != SubagentStatus::Stopped {
+                    row.status = end.status;
+                    row.result = clip(&end.answer, self.options.stored_max_chars);
+                    row.error = end.error;
+                    row.iterations = end.iterations;
+                    row.ended = Some(self.jobs.now());
+                    tracing::info!(
+                        subagent = id,
+                        status = row.status.as_str(),
+                        "background sub-agent ended"
+                    );
+                }
+                Some(spent.into_iter().collect())
             })
             .await;
     }

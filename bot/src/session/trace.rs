@@ -288,7 +288,9 @@ impl ChatWorker {
     ) -> Result<Vec<KvWrite>, StoreError> {
         let store = self.manager.store().as_ref();
         let mut writes = Vec::new();
-        if facts.is_none() && budget_told == Told::Nobody {
+        // What background work spent is counted by the chat's next commit of any kind.
+        let folded = usage::pending(store, session, &self.manager.config().prices);
+        if facts.is_none() && budget_told == Told::Nobody && folded.is_empty() {
             return Ok(writes);
         }
         let day = self.manager.now().date_naive();
@@ -299,6 +301,7 @@ impl ChatWorker {
             session,
             usage,
             budget_told == Told::Chat,
+            &folded,
         )?);
         writes.extend(usage::add_members(
             store,
@@ -307,7 +310,9 @@ impl ChatWorker {
             &usage::members(item),
             usage,
             budget_told == Told::Members,
+            &folded,
         )?);
+        writes.extend(folded.iter().map(usage::Folded::delete));
         let Some(facts) = facts else {
             return Ok(writes);
         };

@@ -16,7 +16,7 @@ use chrono::{NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::worker::ChatWorker;
-use crate::llm::Usage;
+use crate::llm::{Prices, Spend, Usage};
 use crate::store::{KvWrite, Store, StoreError};
 
 /// The collection of day records, keyed `<YYYY-MM-DD>|<session>` so that one prefix scan
@@ -152,9 +152,19 @@ pub(super) fn members(item: &super::queue::QueueItem) -> Vec<(String, String)> {
     out
 }
 
+/// What one member is charged by a commit: a turn's share or work they started.
+struct Charge<'a> {
+    member: &'a str,
+    name: &'a str,
+    turns: u64,
+    tokens: u64,
+    cost_nanos: u64,
+}
+
 /// The writes that add a turn's tokens and cost (`spent`, in nanodollars) to its
-/// `members`, shared evenly (the first ones take the remainder), and mark them `told` when
-/// the turn's reply told them their budget was used up.
+/// `members`, shared evenly (the first ones take the remainder), mark them `told` when the
+/// turn's reply told them their budget was used up, and add what `folded` work they started
+/// spent. One write per member, whatever they are charged for.
 pub(super) fn add_members(
     store: &dyn Store,
     day: NaiveDate,
@@ -162,47 +172,195 @@ pub(super) fn add_members(
     members: &[(String, String)],
     spent: Option<(&Usage, u64)>,
     told: bool,
+    folded: &[Folded],
 ) -> Result<Vec<KvWrite>, StoreError> {
-    if spent.is_none() && !told {
-        return Ok(Vec::new());
-    }
-    let total = spent.map_or(0, |(u, _)| {
-        u.total_tokens.max(u.prompt_tokens + u.completion_tokens)
-    });
+    let total = spent.map_or(0, |(u, _)| tokens(u));
     let count = u64::try_from(members.len()).unwrap_or(u64::MAX).max(1);
     let (share, mut rest) = (total / count, total % count);
     let cost = spent.map_or(0, |(_, nanos)| nanos);
     let (cost_share, mut cost_rest) = (cost / count, cost % count);
-    let mut writes = Vec::new();
-    for (member, name) in members {
-        let key = member_key(day, member, session);
-        // An unreadable record must not keep the turn from committing: it counts afresh.
-        let mut record: MemberDay = match store.kv_get(MEMBER_USAGE_SPACE, &key) {
-            Ok(Some(json)) => serde_json::from_str(&json).unwrap_or_default(),
-            Ok(None) => MemberDay::default(),
-            Err(e) => {
-                tracing::warn!(session, error = %e, "unreadable member usage; it counts afresh");
-                MemberDay::default()
+    let mut charges = Vec::new();
+    if spent.is_some() || told {
+        for (member, name) in members {
+            let mut charge = Charge {
+                member,
+                name,
+                turns: 0,
+                tokens: 0,
+                cost_nanos: 0,
+            };
+            if spent.is_some() {
+                charge.turns = 1;
+                charge.tokens = share + u64::from(rest > 0);
+                rest = rest.saturating_sub(1);
+                charge.cost_nanos = cost_share + u64::from(cost_rest > 0);
+                cost_rest = cost_rest.saturating_sub(1);
             }
-        };
-        record.v = 1;
-        record.name.clone_from(name);
-        if spent.is_some() {
-            record.turns += 1;
-            record.total_tokens += share + u64::from(rest > 0);
-            rest = rest.saturating_sub(1);
-            record.cost_nanos += cost_share + u64::from(cost_rest > 0);
-            cost_rest = cost_rest.saturating_sub(1);
+            charges.push(charge);
         }
-        record.budget_told |= told;
-        writes.push(KvWrite {
-            space: MEMBER_USAGE_SPACE.to_owned(),
-            key,
-            value: Some(serde_json::to_string(&record).map_err(|e| StoreError::Io(e.to_string()))?),
-            if_unchanged: None,
+    }
+    for work in folded {
+        if work.record.member.is_empty() {
+            continue;
+        }
+        charges.push(Charge {
+            member: &work.record.member,
+            name: &work.record.name,
+            turns: 0,
+            tokens: tokens(&work.usage),
+            cost_nanos: work.cost_nanos,
         });
     }
-    Ok(writes)
+    let mut records: Vec<(String, MemberDay)> = Vec::new();
+    for charge in charges {
+        let key = member_key(day, charge.member, session);
+        let at = match records.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                // An unreadable record must not keep the turn from committing: it counts
+                // afresh.
+                let record = match store.kv_get(MEMBER_USAGE_SPACE, &key) {
+                    Ok(Some(json)) => serde_json::from_str(&json).unwrap_or_default(),
+                    Ok(None) => MemberDay::default(),
+                    Err(e) => {
+                        tracing::warn!(session, error = %e, "unreadable member usage; it counts afresh");
+                        MemberDay::default()
+                    }
+                };
+                records.push((key, record));
+                records.len() - 1
+            }
+        };
+        let record = &mut records[at].1;
+        record.v = 1;
+        if record.name.is_empty() || charge.turns > 0 {
+            charge.name.clone_into(&mut record.name);
+        }
+        record.turns += charge.turns;
+        record.total_tokens += charge.tokens;
+        record.cost_nanos += charge.cost_nanos;
+        // Only the turn's own members were told; work they started tells nobody.
+        record.budget_told |= told && members.iter().any(|(m, _)| m == charge.member);
+    }
+    records
+        .into_iter()
+        .map(|(key, record)| {
+            Ok(KvWrite {
+                space: MEMBER_USAGE_SPACE.to_owned(),
+                key,
+                value: Some(
+                    serde_json::to_string(&record).map_err(|e| StoreError::Io(e.to_string()))?,
+                ),
+                if_unchanged: None,
+            })
+        })
+        .collect()
+}
+
+/// Tokens of `usage` as the budgets count them: some providers leave the sum out.
+fn tokens(usage: &Usage) -> u64 {
+    usage
+        .total_tokens
+        .max(usage.prompt_tokens + usage.completion_tokens)
+}
+
+/// The collection of tokens spent outside the chat's worker (a background sub-agent),
+/// keyed `<session>|<work id>`: written by the work when it ends, in the same transaction as
+/// its final row, and folded into the chat's day (and its starter's) by the chat's next
+/// commit, which deletes it. The day records keep one writer that way.
+pub const PENDING_SPACE: &str = "usage_pending";
+
+/// Tokens one piece of work spent, waiting for its chat's next commit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingSpend {
+    /// Schema version (1).
+    pub v: u32,
+    /// Platform-qualified id of the member who started it (empty: charged to the chat
+    /// only).
+    #[serde(default)]
+    pub member: String,
+    /// Their display name.
+    #[serde(default)]
+    pub name: String,
+    /// Tokens by the model that spent them, priced when folded in.
+    pub by_model: Vec<(String, Usage)>,
+}
+
+/// The write that leaves what work `id` of `session` spent for the chat's next commit;
+/// `None` when it spent nothing. `starter`: the member it is charged to, (id, name).
+pub fn pending_write(
+    session: &str,
+    id: &str,
+    starter: Option<(&str, &str)>,
+    spend: &Spend,
+) -> Result<Option<KvWrite>, StoreError> {
+    if spend.is_empty() {
+        return Ok(None);
+    }
+    let (member, name) = starter.unwrap_or_default();
+    let record = PendingSpend {
+        v: 1,
+        member: member.to_owned(),
+        name: name.to_owned(),
+        by_model: spend.by_model().to_vec(),
+    };
+    Ok(Some(KvWrite {
+        space: PENDING_SPACE.to_owned(),
+        key: format!("{session}|{id}"),
+        value: Some(serde_json::to_string(&record).map_err(|e| StoreError::Io(e.to_string()))?),
+        if_unchanged: None,
+    }))
+}
+
+/// One [`PendingSpend`] a commit folds in, priced.
+pub(super) struct Folded {
+    key: String,
+    record: PendingSpend,
+    usage: Usage,
+    cost_nanos: u64,
+}
+
+impl Folded {
+    /// The write that removes it. Unconditional: work writes its record once, so nothing
+    /// can have changed it, and a refused commit would leave the chat's input unanswered.
+    pub(super) fn delete(&self) -> KvWrite {
+        KvWrite {
+            space: PENDING_SPACE.to_owned(),
+            key: self.key.clone(),
+            value: None,
+            if_unchanged: None,
+        }
+    }
+}
+
+/// What work of `session` spent and left for its next commit, priced at `prices`. An
+/// unreadable record is logged and left (it never blocks a commit).
+pub(super) fn pending(store: &dyn Store, session: &str, prices: &Prices) -> Vec<Folded> {
+    let records = match store.kv_scan(PENDING_SPACE, &format!("{session}|")) {
+        Ok(records) => records,
+        Err(e) => {
+            tracing::warn!(session, error = %e, "cannot read pending usage; it is counted later");
+            return Vec::new();
+        }
+    };
+    records
+        .into_iter()
+        .filter_map(|(key, json)| {
+            let record: PendingSpend = serde_json::from_str(&json)
+                .inspect_err(|e| tracing::warn!(key, error = %e, "unreadable pending usage left"))
+                .ok()?;
+            let mut spend = Spend::default();
+            for (model, usage) in &record.by_model {
+                spend.add(model, usage);
+            }
+            Some(Folded {
+                key,
+                usage: spend.total(),
+                cost_nanos: spend.cost_nanos(prices),
+                record,
+            })
+        })
+        .collect()
 }
 
 /// The key of `session`'s record for `day`.
@@ -260,16 +418,32 @@ pub(super) fn add_tokens(
     add_to(store, day, session, Some((usage, cost_nanos)), false, false)
 }
 
-/// The write that adds one turn's tokens and cost (`spent`, in nanodollars) and the budget
-/// notice, when `told`, to `session`'s day.
+/// The write that adds one turn's tokens and cost (`spent`, in nanodollars), the budget
+/// notice when `told`, and what `folded` work spent to `session`'s day.
 pub(super) fn add(
     store: &dyn Store,
     day: NaiveDate,
     session: &str,
     spent: Option<(&Usage, u64)>,
     told: bool,
+    folded: &[Folded],
 ) -> Result<KvWrite, StoreError> {
-    add_to(store, day, session, spent, told, true)
+    if folded.is_empty() {
+        return add_to(store, day, session, spent, told, spent.is_some());
+    }
+    let (mut usage, mut cost) = spent.map_or_else(Default::default, |(u, c)| (u.clone(), c));
+    for work in folded {
+        usage.add(&work.usage);
+        cost += work.cost_nanos;
+    }
+    add_to(
+        store,
+        day,
+        session,
+        Some((&usage, cost)),
+        told,
+        spent.is_some(),
+    )
 }
 
 fn add_to(
@@ -293,10 +467,7 @@ fn add_to(
         record.completion_tokens += usage.completion_tokens;
         record.cache_read_tokens += usage.cache_read_tokens;
         record.cache_write_tokens += usage.cache_write_tokens;
-        // Some providers leave the sum out.
-        record.total_tokens += usage
-            .total_tokens
-            .max(usage.prompt_tokens + usage.completion_tokens);
+        record.total_tokens += tokens(usage);
     }
     record.budget_told |= told;
     Ok(KvWrite {

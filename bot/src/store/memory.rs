@@ -339,6 +339,13 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    fn kv_write(&self, writes: Vec<KvWrite>) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        inner.check_kv(&writes)?;
+        inner.apply_kv(writes);
+        Ok(())
+    }
+
     fn kv_delete(&self, space: &str, key: &str) -> Result<bool, StoreError> {
         Ok(self
             .lock()

@@ -517,6 +517,10 @@ pub trait Store: Send + Sync + 'static {
     /// Removes a record; `true` when it existed.
     fn kv_delete(&self, space: &str, key: &str) -> Result<bool, StoreError>;
 
+    /// Applies `writes` to toolset collections in one transaction: all or none (a changed
+    /// conditional write refuses them all with [`StoreError::Changed`]).
+    fn kv_write(&self, writes: Vec<KvWrite>) -> Result<(), StoreError>;
+
     /// Every record of a collection whose key starts with `prefix`, in key order.
     fn kv_scan(&self, space: &str, prefix: &str) -> Result<Vec<(String, String)>, StoreError>;
 

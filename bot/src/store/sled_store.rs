@@ -594,6 +594,14 @@ impl Store for SledStore {
         })
     }
 
+    fn kv_write(&self, writes: Vec<KvWrite>) -> Result<(), StoreError> {
+        let (trees, index) = self.with_kv_trees(Vec::new(), &writes)?;
+        if trees.is_empty() {
+            return Ok(());
+        }
+        self.steps.run(&trees[..], |t| apply_kv(t, &writes, &index))
+    }
+
     fn kv_delete(&self, space: &str, key: &str) -> Result<bool, StoreError> {
         let tree = self.kv_tree(space)?;
         self.steps

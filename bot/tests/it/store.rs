@@ -1665,3 +1665,46 @@ fn sled_an_appended_history_survives_a_restart() {
     commit_history(&store, A, append(5, Vec::new()));
     assert_eq!(texts(&store.load_history(A).unwrap()), ["t4-1"]);
 }
+
+#[test]
+fn kv_writes_land_together_or_not_at_all() {
+    each_store(|name, store| {
+        store
+            .kv_write(vec![
+                kv("jobs", "s|1", Some("ended")),
+                kv("usage_pending", "s|1", Some("spent")),
+            ])
+            .unwrap();
+        assert_eq!(
+            store.kv_get("jobs", "s|1").unwrap().as_deref(),
+            Some("ended"),
+            "{name}"
+        );
+        assert_eq!(
+            store.kv_get("usage_pending", "s|1").unwrap().as_deref(),
+            Some("spent"),
+            "{name}"
+        );
+        // A conditional write that finds its record changed refuses the others too.
+        let refused = store.kv_write(vec![
+            kv("usage_pending", "s|1", None),
+            KvWrite {
+                if_unchanged: Some(None),
+                ..kv("jobs", "s|1", Some("again"))
+            },
+        ]);
+        assert!(
+            matches!(refused, Err(StoreError::Changed(_))),
+            "{name}: {refused:?}"
+        );
+        assert_eq!(
+            store.kv_get("jobs", "s|1").unwrap().as_deref(),
+            Some("ended"),
+            "{name}"
+        );
+        assert!(
+            store.kv_get("usage_pending", "s|1").unwrap().is_some(),
+            "{name}"
+        );
+    });
+}

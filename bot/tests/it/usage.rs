@@ -307,3 +307,54 @@ async fn cache_reads_are_counted_per_day_and_shown_by_status() {
         sent[2].text
     );
 }
+
+/// What background work left (`usage_pending`) is folded into the chat's next commit: the
+/// chat's day and its starter's, one record each even when the starter is also the turn's
+/// member, and the pending record goes in the same commit.
+#[tokio::test]
+async fn work_spent_outside_a_turn_is_folded_into_the_next_commit_once() {
+    let rig = rig(SessionConfig::default());
+    let key = group().session_key();
+    let mut spend = parlor_bot::llm::Spend::default();
+    let used = parlor_bot::llm::Usage {
+        prompt_tokens: 100,
+        completion_tokens: 20,
+        total_tokens: 120,
+        ..Default::default()
+    };
+    spend.add("cheap", &used);
+    spend.add("cheap", &used);
+    let write = usage::pending_write(&key, "sa-1", Some(("test:alice", "alice")), &spend)
+        .unwrap()
+        .unwrap();
+    rig.store.kv_write(vec![write]).unwrap();
+    assert_eq!(
+        usage::pending_write(&key, "sa-2", None, &parlor_bot::llm::Spend::default()).unwrap(),
+        None,
+        "nothing spent, nothing left"
+    );
+
+    rig.say(1, "@parlor hi").await;
+    rig.platform.wait_sent(1).await;
+    rig.say(2, "@parlor again").await;
+    rig.platform.wait_sent(2).await;
+
+    let day = usage::today();
+    let chat = usage::day_usage(rig.store.as_ref(), day, &key).unwrap();
+    assert_eq!((chat.turns, chat.total_tokens), (2, 24 + 240));
+    // Each `text("fine")` reports 10 prompt tokens.
+    assert_eq!(chat.prompt_tokens, 200 + 2 * 10);
+    let members = usage::members_on(rig.store.as_ref(), day, None).unwrap();
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert_eq!(
+        (members[0].2.turns, members[0].2.total_tokens),
+        (2, 24 + 240)
+    );
+    assert!(
+        rig.store
+            .kv_scan(usage::PENDING_SPACE, "")
+            .unwrap()
+            .is_empty(),
+        "folded once"
+    );
+}

@@ -371,7 +371,7 @@ impl TerminalService {
                 row.signal = exit.and_then(|s| s.signal());
                 row.ended = Some(self.jobs.now());
                 tracing::info!(task = id.as_str(), status = status.as_str(), exit_code = ?row.exit_code, "background task ended");
-                true
+                Some(Vec::new())
             })
             .await;
         self.jobs.release(&id);
