@@ -1106,6 +1106,7 @@ pub struct CrashStore {
     commit: GroupCommit,
     flushes_fail: AtomicBool,
     on_flush: Mutex<Option<FlushHook>>,
+    refused: Mutex<Option<String>>,
 }
 
 type FlushHook = Arc<dyn Fn() + Send + Sync>;
@@ -1119,7 +1120,15 @@ impl CrashStore {
             commit: GroupCommit::new(),
             flushes_fail: AtomicBool::new(false),
             on_flush: Mutex::new(None),
+            refused: Mutex::new(None),
         })
+    }
+
+    /// From now on (until `None`) every [`Store::kv_write`] touching collection `space`
+    /// fails as I/O, and nothing of it is written: an instance cut off from one part of the
+    /// store (its lease heartbeat, say) while the rest goes on.
+    pub fn refuse_space(&self, space: Option<&str>) {
+        *self.refused.lock().unwrap() = space.map(str::to_owned);
     }
 
     /// The writes that went through.
@@ -1237,6 +1246,11 @@ impl Store for CrashStore {
         self.inner.kv_put(s, k, v)
     }
     fn kv_write(&self, writes: Vec<KvWrite>) -> Result<(), StoreError> {
+        if let Some(space) = self.refused.lock().unwrap().as_deref()
+            && writes.iter().any(|w| w.space == space)
+        {
+            return Err(StoreError::Io(format!("writes to {space} refused")));
+        }
         self.write()?;
         self.inner.kv_write(writes)
     }

@@ -132,6 +132,11 @@ impl Batch {
         self.lines.is_empty()
     }
 
+    /// Empties it: the chat now runs in another instance (its messages stay pending).
+    pub(super) fn clear(&mut self) {
+        *self = Batch::default();
+    }
+
     /// The batch as a queue item, emptied, when it is due.
     pub(super) fn take_if_due(&mut self, now: Instant) -> Option<QueueItem> {
         let chat = self.chat.clone()?;
@@ -208,7 +213,7 @@ impl Intake<'_> {
         let store_error = |e: StoreError| crate::platform::InboxError::Store(e.to_string());
         let mut chats = self.manager.chats();
         let session = chats.session(&key);
-        let mut batch = session.batch();
+        let batch = session.batch();
         let intake = if batch.has_room() {
             crate::store::Intake::Pending(pending)
         } else {
@@ -226,13 +231,23 @@ impl Intake<'_> {
             crate::store::Inbound::Duplicate => {}
             crate::store::Inbound::Recorded(_) if only_logged => {}
             crate::store::Inbound::Recorded(id) => {
-                batch.push(
-                    &message.chat,
-                    line,
-                    id.unwrap_or_default(),
-                    auto.batch_messages,
-                    auto.batch_wait,
-                );
+                drop(batch);
+                // Held by another instance (cluster mode): its sweep finds it pending. Taken
+                // now, the chat's pending messages are in the batch already.
+                if !chats.runs_here(&key) {
+                    return Ok(super::inbox::Accepted::durable());
+                }
+                let id = id.unwrap_or_default();
+                let mut batch = session.batch();
+                if !batch.pending_ids.contains(&id) {
+                    batch.push(
+                        &message.chat,
+                        line,
+                        id,
+                        auto.batch_messages,
+                        auto.batch_wait,
+                    );
+                }
                 drop(batch);
                 session.queue().wake();
             }
@@ -283,6 +298,9 @@ pub(super) fn restore(config: &SessionConfig, session: &Session, item: PendingIt
         return false;
     }
     let mut batch = session.batch();
+    if batch.pending_ids.contains(&item.id) {
+        return true;
+    }
     if !batch.has_room() {
         return false;
     }

@@ -76,6 +76,23 @@ impl ChatWorker {
             }
             also
         });
+        // Cluster mode: the commit holds only while this instance holds the chat.
+        let also = also.and_then(|mut also| {
+            match self
+                .manager
+                .dispatcher()
+                .fence(&self.manager, session.key())
+            {
+                Ok(fence) => {
+                    also.extend(fence);
+                    Ok(also)
+                }
+                Err(super::dispatcher::Lost) => Err(crate::store::StoreError::Changed(format!(
+                    "the lease of {} (another instance holds the chat)",
+                    session.key()
+                ))),
+            }
+        });
         let changes_history = outcome.history.is_some();
         let history_after = outcome.history_after;
         let commit = also.map(|also| TurnCommit {

@@ -184,9 +184,16 @@ impl ChatWorker {
             &usage,
             cost,
         )
-        .and_then(|write| match &write.value {
-            Some(value) => store.kv_put(&write.space, &write.key, value),
-            None => Ok(()),
+        .and_then(|write| {
+            // Counted only by the chat's holder (cluster mode), like everything it commits.
+            let fence = self
+                .manager
+                .dispatcher()
+                .fence(&self.manager, session)
+                .map_err(|_| {
+                    crate::store::StoreError::Changed(format!("the lease of {session}"))
+                })?;
+            store.kv_write(std::iter::once(write).chain(fence).collect())
         });
         if let Err(e) = written {
             tracing::warn!(session, error = %e, "cannot count the summary's tokens");
@@ -385,6 +392,14 @@ impl ChatWorker {
         summary: Option<Summary>,
         reply: Option<OutboxEntry>,
     ) {
+        let Ok(fence) = self
+            .manager
+            .dispatcher()
+            .fence(&self.manager, session.key())
+        else {
+            tracing::info!(session = %session.key(), "the chat went to another instance; the compaction is dropped");
+            return;
+        };
         let commit = TurnCommit {
             session: session.key().to_owned(),
             history: Some(HistoryChange::Append {
@@ -394,7 +409,7 @@ impl ChatWorker {
             answered: Vec::new(),
             reply: reply.clone(),
             summary,
-            also: Vec::new(),
+            also: fence.into_iter().collect(),
         };
         let committed = match self.manager.store().commit_turn(commit) {
             Ok(id) => self.manager.durable().await.map(|()| id),

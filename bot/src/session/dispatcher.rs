@@ -1,6 +1,7 @@
 //! [`Dispatcher`]: the one owner of the chats that run here. It alone holds the map of live
-//! sessions, starts a chat's worker ([`super::worker`]) and lets it leave memory; a later
-//! lease check (several daemons sharing chats) belongs here, in front of the start.
+//! sessions, starts a chat's worker ([`super::worker`]) and lets it leave memory. With
+//! several daemons on one store ([`super::cluster`]) it also holds each chat's lease: no
+//! worker starts without it, and it is let go when the worker leaves.
 //!
 //! **One worker per chat, by construction.** Whether a chat's worker runs is a field of
 //! the chat's entry in the map, private to this file. It is set only where the worker is
@@ -19,13 +20,20 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::lease::{self, Held, Taken};
 use super::manager::{Session, SessionManager};
+use crate::store::KvWrite;
 
-/// A live chat: its session and whether its worker runs.
+/// A live chat: its session, whether its worker runs, and (cluster mode) its lease.
 struct Chat {
     session: Arc<Session>,
     worker: bool,
+    lease: Option<Held>,
 }
+
+/// The chat's lease was lost: it must not commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Lost;
 
 /// See the module docs.
 #[derive(Default)]
@@ -34,13 +42,20 @@ pub(super) struct Dispatcher {
     started: AtomicU64,
     running: AtomicUsize,
     evictions: AtomicU64,
+    leases: AtomicUsize,
+    takeovers: AtomicU64,
+    lost: AtomicU64,
 }
 
-/// Workers started, running, and sessions that left memory: for [`SessionManager::stats`].
+/// Workers started, running, sessions that left memory, and (cluster mode) leases held,
+/// taken over from another instance and lost: for [`SessionManager::stats`].
 pub(super) struct Counts {
     pub started: u64,
     pub running: usize,
     pub evictions: u64,
+    pub leases: usize,
+    pub takeovers: u64,
+    pub lost: u64,
 }
 
 impl Dispatcher {
@@ -90,13 +105,132 @@ impl Dispatcher {
             started: self.started.load(Ordering::Relaxed),
             running: self.running.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
+            leases: self.leases.load(Ordering::Relaxed),
+            takeovers: self.takeovers.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The write a commit of `key` carries: none outside cluster mode, else the lease's
+    /// fence; `Lost` when this instance no longer holds the chat.
+    pub(super) fn fence(
+        &self,
+        manager: &SessionManager,
+        key: &str,
+    ) -> Result<Option<KvWrite>, Lost> {
+        if manager.config().cluster.is_none() {
+            return Ok(None);
+        }
+        match self.map().get(key).and_then(|chat| chat.lease.as_ref()) {
+            Some(held) => Ok(Some(held.fence())),
+            None => Err(Lost),
+        }
+    }
+
+    /// Whether this instance may run `key` now (always, outside cluster mode).
+    pub(super) fn holds(&self, manager: &SessionManager, key: &str) -> bool {
+        manager.config().cluster.is_none()
+            || self.map().get(key).is_some_and(|chat| chat.lease.is_some())
+    }
+
+    /// The heartbeat: renews every held lease; a lost one empties its chat's queue and
+    /// stops its running item (the inputs stay pending for the new holder).
+    pub(super) fn renew(&self, manager: &SessionManager) {
+        let Some(cluster) = &manager.config().cluster else {
+            return;
+        };
+        let held: Vec<Held> = self
+            .map()
+            .values()
+            .filter_map(|chat| chat.lease.clone())
+            .collect();
+        for mut lease in held {
+            let renewed = lease::renew(
+                manager.store().as_ref(),
+                &mut lease,
+                manager.now(),
+                cluster.ttl(),
+            );
+            let mut map = self.map();
+            let Some(chat) = map.get_mut(lease.name()) else {
+                continue;
+            };
+            // Let go meanwhile (the worker left): nothing to keep.
+            if chat
+                .lease
+                .as_ref()
+                .is_none_or(|l| l.token() != lease.token())
+            {
+                continue;
+            }
+            match renewed {
+                Ok(true) => chat.lease = Some(lease),
+                Ok(false) => {
+                    tracing::warn!(session = %lease.name(), "lost the chat's lease to another instance; its inputs are theirs now");
+                    chat.lease = None;
+                    self.leases.fetch_sub(1, Ordering::Relaxed);
+                    self.lost.fetch_add(1, Ordering::Relaxed);
+                    chat.session.queue().clear();
+                    chat.session.batch().clear();
+                    if let Some(cancel) = chat.session.running() {
+                        cancel.cancel();
+                    }
+                }
+                Err(e) => {
+                    // Kept: it may still be renewed before it expires; if not, the fence
+                    // refuses this instance's commits.
+                    tracing::warn!(session = %lease.name(), error = %e, "cannot renew a chat's lease");
+                }
+            }
+        }
+    }
+
+    /// Lets go the leases of chats with no worker and no work (cluster mode).
+    pub(super) fn release_idle(&self, manager: &SessionManager) {
+        let mut map = self.map();
+        let idle: Vec<String> = map
+            .iter()
+            .filter(|(_, chat)| chat.lease.is_some() && !chat.worker && !chat.session.has_work())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in idle {
+            if let Some(chat) = map.get_mut(&key) {
+                self.let_go(manager, chat);
+            }
+            if !map
+                .get(&key)
+                .is_some_and(|chat| chat.session.agent().tools().holds_session_state())
+            {
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// Lets go every lease (shutdown, after the workers stopped): the other instances take
+    /// the chats at once.
+    pub(super) fn release_all(&self, manager: &SessionManager) {
+        for chat in self.map().values_mut() {
+            self.let_go(manager, chat);
+        }
+    }
+
+    fn let_go(&self, manager: &SessionManager, chat: &mut Chat) {
+        let Some(held) = chat.lease.take() else {
+            return;
+        };
+        self.leases.fetch_sub(1, Ordering::Relaxed);
+        match lease::release(manager.store().as_ref(), &held) {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = %held.name(), error = %e, "cannot let a chat's lease go; it expires by itself");
+            }
         }
     }
 
     /// The worker of `session` found it idle: it ends (`true`) unless work arrived
     /// meanwhile, and the session leaves memory unless its toolsets hold state that is not
     /// in the store (the next push starts a new worker on it).
-    pub(super) fn retire(&self, session: &Arc<Session>) -> bool {
+    pub(super) fn retire(&self, manager: &SessionManager, session: &Arc<Session>) -> bool {
         let mut map = self.map();
         if session.has_work() {
             return false;
@@ -106,6 +240,7 @@ impl Dispatcher {
             return true;
         };
         chat.worker = false;
+        self.let_go(manager, chat);
         if !session.agent().tools().holds_session_state() {
             map.remove(session.key());
             if let Some(to) = shrunk_capacity(map.len(), map.capacity()) {
@@ -117,9 +252,10 @@ impl Dispatcher {
     }
 
     /// The worker of `session` stopped for shutdown; its queued items stay pending.
-    pub(super) fn stopped(&self, session: &Arc<Session>) {
+    pub(super) fn stopped(&self, manager: &SessionManager, session: &Arc<Session>) {
         if let Some(chat) = self.map().get_mut(session.key()) {
             chat.worker = false;
+            self.let_go(manager, chat);
         }
         self.running.fetch_sub(1, Ordering::Relaxed);
     }
@@ -145,6 +281,7 @@ impl Chats<'_> {
                 .or_insert_with(|| Chat {
                     session: Arc::new(manager.new_session(key)),
                     worker: false,
+                    lease: None,
                 })
                 .session,
         );
@@ -159,6 +296,79 @@ impl Chats<'_> {
     /// The live session of `key`, if any (never creates one).
     pub(super) fn get(&self, key: &str) -> Option<&Arc<Session>> {
         self.map.get(key).map(|chat| &chat.session)
+    }
+
+    /// Whether `key` is in memory here.
+    pub(super) fn is_live(&self, key: &str) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// Whether this instance holds `key`'s lease (always true outside cluster mode).
+    pub(super) fn holds(&self, key: &str) -> bool {
+        self.manager.config().cluster.is_none()
+            || self.map.get(key).is_some_and(|chat| chat.lease.is_some())
+    }
+
+    /// Whether the chat `key` (in the map: call [`Chats::session`] first) runs here: always
+    /// outside cluster mode; in it, when this instance holds its lease or takes it now.
+    /// Taking it reads the chat's pending inputs afresh and queues them, with the replies
+    /// its last holder left unsent for longer than a lease lives. A chat held elsewhere
+    /// leaves the map unless its worker runs here; its inputs wait, pending, for the holder.
+    pub(super) fn runs_here(&mut self, key: &str) -> bool {
+        let manager = self.manager;
+        let Some(cluster) = &manager.config().cluster else {
+            return true;
+        };
+        let Some(chat) = self.map.get_mut(key) else {
+            return false;
+        };
+        if chat.lease.is_some() {
+            return true;
+        }
+        let store = manager.store().as_ref();
+        let taken = lease::acquire(store, key, &cluster.instance, manager.now(), cluster.ttl());
+        let held = match taken {
+            Ok(Taken::Held(held)) => held,
+            Ok(Taken::Busy) => {
+                if !chat.worker {
+                    self.map.remove(key);
+                }
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(session = %key, error = %e, "cannot take a chat's lease; it runs elsewhere or later");
+                if !chat.worker {
+                    self.map.remove(key);
+                }
+                return false;
+            }
+        };
+        if held.token() > 1 {
+            self.dispatcher.takeovers.fetch_add(1, Ordering::Relaxed);
+        }
+        self.dispatcher.leases.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(session = %key, token = held.token(), "took the chat's lease");
+        chat.lease = Some(held);
+        let session = Arc::clone(&chat.session);
+        match store.pending() {
+            Ok(pending) => {
+                for item in pending.into_iter().filter(|i| i.session == key) {
+                    super::cluster::load(manager, &session, item);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(session = %key, error = %e, "cannot read a taken chat's inputs; the next sweep does");
+            }
+        }
+        let stale = manager.now() - cluster.ttl();
+        if let Ok(unsent) = store.unsent_outbox() {
+            for entry in unsent {
+                if entry.session == key && entry.created < stale {
+                    manager.enqueue_reply(entry, Vec::new());
+                }
+            }
+        }
+        true
     }
 
     /// The queued items of `key`, a chat that moved to a new id, to go with it. Its entry
@@ -182,6 +392,9 @@ impl Chats<'_> {
             return;
         };
         if chat.worker || !Arc::ptr_eq(&chat.session, session) {
+            return;
+        }
+        if self.manager.config().cluster.is_some() && chat.lease.is_none() {
             return;
         }
         chat.worker = true;

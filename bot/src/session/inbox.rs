@@ -324,6 +324,10 @@ impl Intake<'_> {
             Inbound::Recorded(id) => id.unwrap_or_default(),
         };
         item.pending_ids = vec![id];
+        if !chats.runs_here(&key) {
+            // Held by another instance (cluster mode): its sweep finds the input pending.
+            return Ok(Accepted::durable());
+        }
         if let Err(full) = session.queue().push(item) {
             // Checked above under the same lock; kept for the next start if it happens.
             tracing::error!(session = %key, ids = ?full.0.pending_ids, "queue refused a checked item; it stays pending");

@@ -77,6 +77,9 @@ pub struct SessionConfig {
     /// Where the sessions read wall time (arrival times, the day usage counts in, auto-chat's
     /// hourly limit, traces): the system clock; tests anchor it to paused tokio time.
     pub wall_time: crate::time::WallTime,
+    /// Several daemons on one store: this instance's id and its leases' timing
+    /// ([`super::cluster`]); `None`: this daemon runs every chat.
+    pub cluster: Option<super::cluster::Cluster>,
 }
 
 impl Default for SessionConfig {
@@ -103,6 +106,7 @@ impl Default for SessionConfig {
             commands_per_member_per_minute: 3,
             commands_per_chat_per_minute: 10,
             wall_time: crate::time::WallTime::system(),
+            cluster: None,
         }
     }
 }
@@ -135,6 +139,12 @@ pub struct SessionStats {
     pub evictions: u64,
     /// Sessions in memory.
     pub live_sessions: usize,
+    /// Cluster mode: chat leases held now.
+    pub leases_held: usize,
+    /// Cluster mode: chats taken over from another instance since the start.
+    pub takeovers: u64,
+    /// Cluster mode: leases lost to another instance since the start.
+    pub leases_lost: u64,
 }
 
 /// The live part of one chat, shared by the stages that reach it: its queue (intake
@@ -147,6 +157,8 @@ pub(super) struct Session {
     agent: Agent,
     batch: Mutex<super::auto_chat::Batch>,
     status: Mutex<Status>,
+    /// Cluster mode: the pending ids its worker took ([`super::cluster::Handled`]).
+    handled: Mutex<super::cluster::Handled>,
 }
 
 /// What others see of a chat's work, written by its worker.
@@ -188,6 +200,11 @@ impl Session {
     /// The unaddressed messages waiting for their auto-chat turn (`auto_chat.rs`).
     pub(super) fn batch(&self) -> MutexGuard<'_, super::auto_chat::Batch> {
         self.batch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pending ids its worker took (kept in cluster mode only).
+    pub(super) fn handled(&self) -> MutexGuard<'_, super::cluster::Handled> {
+        self.handled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn status(&self) -> MutexGuard<'_, Status> {
@@ -330,6 +347,7 @@ impl SessionManager {
             agent: self.inner.template.fork(),
             batch: Mutex::default(),
             status: Mutex::default(),
+            handled: Mutex::default(),
         }
     }
 
@@ -436,6 +454,11 @@ impl SessionManager {
     /// re-queues every pending input (its turn never committed). Call before the adapters
     /// start.
     pub async fn resume(&self) -> Result<(), StoreError> {
+        if let Some(cluster) = &self.inner.config.cluster {
+            // Chats are taken one by one, by lease, with their inputs and replies.
+            super::cluster::spawn(self, cluster);
+            return Ok(());
+        }
         for entry in self.inner.store.unsent_outbox()? {
             tracing::info!(session = %entry.session, outbox = entry.id, "resending a reply from before the restart");
             self.enqueue_reply(entry, Vec::new());
@@ -525,7 +548,7 @@ impl SessionManager {
         let session = chats.session(&key);
         let pending = PendingItem {
             id: 0,
-            session: key,
+            session: key.clone(),
             chat: chat.clone(),
             kind,
             caller,
@@ -539,6 +562,11 @@ impl SessionManager {
         let id = self.inner.store.add_pending_with(pending, also)?;
         item.pending_ids = vec![id];
         item.done.extend(done);
+        if !chats.runs_here(&key) {
+            // Held by another instance (cluster mode): its sweep finds the input pending.
+            // Its outcome is not reported here (the waiter is dropped).
+            return Ok(id);
+        }
         // A finished task or a due clock task waits over the capacity (`input.rs`).
         if session.queue.push(item).is_err() {
             // Checked above under the same lock; kept for the next start if it happens.
@@ -623,6 +651,9 @@ impl SessionManager {
             actors_running: counts.running,
             evictions: counts.evictions,
             live_sessions: self.live_sessions(),
+            leases_held: counts.leases,
+            takeovers: counts.takeovers,
+            leases_lost: counts.lost,
         }
     }
 
@@ -664,6 +695,8 @@ impl SessionManager {
             session.queue.drop_waiters();
         }
         self.inner.lanes.drop_waiters();
+        // Cluster mode: the chats left here go to the other instances at once.
+        self.inner.dispatcher.release_all(self);
         if let Err(e) = self.inner.store.flush() {
             tracing::error!(error = %e, "could not flush the store on shutdown");
         }

@@ -62,6 +62,7 @@
 //! whose turn stopped the daemon twice instead of replaying it forever.
 
 pub mod auto_chat;
+mod cluster;
 mod commands;
 mod commit;
 mod compact;
@@ -69,6 +70,7 @@ mod dispatcher;
 mod flood;
 mod inbox;
 pub mod input;
+pub mod lease;
 pub mod life;
 pub mod manager;
 mod outbox;
@@ -84,6 +86,7 @@ mod view;
 mod worker;
 
 pub use auto_chat::AutoChat;
+pub use cluster::Cluster;
 pub use life::{ChatHook, Removal, move_record, move_records};
 pub use manager::{SessionConfig, SessionManager, SessionStats, SubmitError};
 pub use policy::{ATTRIBUTION_PROMPT, attribute};

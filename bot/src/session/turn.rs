@@ -68,14 +68,35 @@ pub(super) struct TurnDeps<'a> {
 
 impl ChatWorker {
     /// Runs one item and hands what it left to the commit stage ([`super::commit`]).
-    pub(super) async fn run_item(&mut self, session: &Arc<Session>, mut item: QueueItem) {
-        // Dropped unanswered wherever the turn is abandoned: its submitter learns that.
-        let done = std::mem::take(&mut item.done);
+    pub(super) async fn run_item(&mut self, session: &Arc<Session>, item: QueueItem) {
         let cancel = self.manager.abort().child_token();
         let started = self.manager.now();
         // Before the turn reads the history: a change to it from here on is not in what
         // the turn commits on top of.
         let changes_before = session.item_started(&cancel, started, item.text());
+        let ids = item.pending_ids.clone();
+        let cluster = self.manager.config().cluster.is_some();
+        if cluster {
+            session.handled().took(&ids);
+        }
+        self.run_started(session, item, cancel, started, changes_before)
+            .await;
+        if cluster {
+            session.handled().ended(&ids);
+        }
+    }
+
+    /// The rest of [`ChatWorker::run_item`], once the item is marked started.
+    async fn run_started(
+        &mut self,
+        session: &Arc<Session>,
+        mut item: QueueItem,
+        cancel: tokio_util::sync::CancellationToken,
+        started: chrono::DateTime<chrono::Utc>,
+        changes_before: u64,
+    ) {
+        // Dropped unanswered wherever the turn is abandoned: its submitter learns that.
+        let done = std::mem::take(&mut item.done);
         self.mark_started(&item).await;
         let rules = item.kind.rules();
         let outcome = match rules.action {

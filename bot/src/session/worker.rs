@@ -51,7 +51,9 @@ impl ChatWorker {
     /// (the dispatcher then lets the chat go) or shutdown begins.
     async fn run(mut self) {
         if !self.serve().await {
-            self.manager.dispatcher().stopped(&self.session);
+            self.manager
+                .dispatcher()
+                .stopped(&self.manager, &self.session);
         }
     }
 
@@ -63,6 +65,16 @@ impl ChatWorker {
         loop {
             if manager.draining().is_cancelled() {
                 return false;
+            }
+            if !manager.dispatcher().holds(&manager, session.key()) {
+                // Lost to another instance (cluster mode): what was queued is pending in
+                // the store for the new holder.
+                session.queue().clear();
+                session.batch().clear();
+                if manager.dispatcher().retire(&manager, &session) {
+                    return true;
+                }
+                continue;
             }
             // Queued input first: a mention never waits for an auto-chat batch. A queued
             // item stays queued until the rate limit lets it run, so input arriving
@@ -92,7 +104,7 @@ impl ChatWorker {
                     // Input arriving meanwhile waits for it, and then keeps the session.
                     self.compact_before_eviction(&session).await;
                 }
-                if manager.dispatcher().retire(&session) {
+                if manager.dispatcher().retire(&manager, &session) {
                     return true;
                 }
                 continue;

@@ -6,6 +6,7 @@
 
 mod agent;
 mod agent_images;
+mod cluster;
 mod compaction;
 mod group_commit;
 mod llm_anthropic;

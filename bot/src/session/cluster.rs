@@ -1,0 +1,180 @@
+//! Several daemons on one store ([`Cluster`], `[cluster]` in the config): a chat runs only
+//! in the instance holding its lease ([`super::lease`]), which the
+//! [`Dispatcher`](super::dispatcher) takes before it starts the chat's worker and lets go
+//! when the worker leaves. Any instance takes input (a webhook may reach any of them): it
+//! records it pending, and queues it only when it holds the chat, or can take it.
+//!
+//! Two loops per instance, owned by the session layer's tracker:
+//!
+//! - **The sweep** reads the pending inputs every `sweep_every`. For a chat it holds, it queues what
+//!   other instances recorded; for a chat nobody holds (its holder died or let it go), it
+//!   takes the lease, then reads that chat's pending inputs afresh, so nothing the old
+//!   holder answered comes back.
+//! - **The heartbeat** renews the held leases every third of `lease_ttl`. A lease it could
+//!   not renew is lost: the chat's queue is emptied (its inputs stay pending for the new
+//!   holder), its running turn is cancelled, and its commit would be refused anyway (the
+//!   fence).
+//!
+//! A pending input is queued once: the queue refuses an id it holds or runs, and each
+//! session remembers the ids its worker took ([`Handled`]) until a sweep that began after
+//! they ended, since a snapshot read before a commit still shows the input pending.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::manager::{Session, SessionManager};
+use crate::store::PendingItem;
+
+/// How this instance shares chats with others on one store.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// This run's instance id: the configured name and a random part, so that a restarted
+    /// instance never mistakes its predecessor's leases for its own.
+    pub instance: String,
+    /// How long a lease lasts unrenewed: how long the chats of an instance that died
+    /// without letting go wait for another.
+    pub lease_ttl: Duration,
+    /// How often inputs recorded by other instances are looked for.
+    pub sweep_every: Duration,
+}
+
+impl Cluster {
+    /// Instance `instance` (unique to this run) with the default timing: 10 s leases, a
+    /// 1 s sweep.
+    pub fn new(instance: String) -> Self {
+        Cluster {
+            instance,
+            lease_ttl: Duration::from_secs(10),
+            sweep_every: Duration::from_secs(1),
+        }
+    }
+
+    pub(super) fn ttl(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.lease_ttl).unwrap_or(chrono::Duration::seconds(10))
+    }
+}
+
+/// The pending ids a session's worker took, and when each ended (`None` while running).
+#[derive(Debug, Default)]
+pub(super) struct Handled(Vec<(u64, Option<Instant>)>);
+
+impl Handled {
+    pub(super) fn took(&mut self, ids: &[u64]) {
+        self.0.extend(ids.iter().map(|&id| (id, None)));
+    }
+
+    pub(super) fn ended(&mut self, ids: &[u64]) {
+        let now = Instant::now();
+        for entry in &mut self.0 {
+            if ids.contains(&entry.0) {
+                entry.1.get_or_insert(now);
+            }
+        }
+    }
+
+    pub(super) fn holds(&self, id: u64) -> bool {
+        self.0.iter().any(|(i, _)| *i == id)
+    }
+
+    /// Forgets the ids that ended before `before`: a snapshot read after that no longer
+    /// shows them pending, unless their commit failed (then they run again).
+    pub(super) fn prune(&mut self, before: Instant) {
+        self.0
+            .retain(|(_, ended)| ended.is_none_or(|at| at >= before));
+        if self.0.is_empty() {
+            self.0 = Vec::new();
+        }
+    }
+}
+
+/// Starts the sweep and the heartbeat (cluster mode only).
+pub(super) fn spawn(manager: &SessionManager, cluster: &Cluster) {
+    let every = cluster.sweep_every.max(Duration::from_millis(50));
+    let sweeper = manager.clone();
+    manager.tracker().spawn(async move {
+        loop {
+            sweep(&sweeper);
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = sweeper.draining().cancelled() => return,
+            }
+        }
+    });
+    let beat = (cluster.lease_ttl / 3).max(Duration::from_millis(50));
+    let beater = manager.clone();
+    manager.tracker().spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(beat) => {}
+                () = beater.draining().cancelled() => return,
+            }
+            beater.dispatcher().renew(&beater);
+        }
+    });
+}
+
+/// One sweep: see the module docs.
+pub(super) fn sweep(manager: &SessionManager) {
+    let started = Instant::now();
+    let pending = match manager.store().pending() {
+        Ok(pending) => pending,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read pending inputs; the sweep tries again");
+            return;
+        }
+    };
+    let mut by_chat: BTreeMap<String, Vec<PendingItem>> = BTreeMap::new();
+    for item in pending {
+        by_chat.entry(item.session.clone()).or_default().push(item);
+    }
+    // A chat with replies and no input left (its holder died between commit and send).
+    if let Ok(unsent) = manager.store().unsent_outbox() {
+        for entry in unsent {
+            by_chat.entry(entry.session).or_default();
+        }
+    }
+    for (key, items) in by_chat {
+        if manager.draining().is_cancelled() {
+            return;
+        }
+        let mut chats = manager.chats();
+        if chats.holds(&key) {
+            let Some(session) = chats.get(&key).cloned() else {
+                continue;
+            };
+            for item in items {
+                if !session.handled().holds(item.id) {
+                    load(manager, &session, item);
+                }
+            }
+            // Touched, so that a worker starts for what was queued.
+            chats.session(&key);
+        } else if !items.is_empty() || !chats.is_live(&key) {
+            chats.session(&key);
+            chats.runs_here(&key);
+        }
+    }
+    for session in manager.dispatcher().all() {
+        session.handled().prune(started);
+    }
+    manager.dispatcher().release_idle(manager);
+}
+
+/// Queues one pending input on `session`, as the resume after a restart does: a queued
+/// kind on the queue (refused if already there), an unaddressed message in the auto-chat
+/// batch. `false` when it was left out (a full queue: it stays pending; a chat no longer in
+/// auto-chat).
+pub(super) fn load(manager: &SessionManager, session: &Arc<Session>, item: PendingItem) -> bool {
+    if item.kind.rules().waits == super::input::Wait::Batch {
+        return super::auto_chat::restore(manager.config(), session, item);
+    }
+    let item = super::queue::QueueItem::from_pending(item);
+    if let Err(full) = session.queue().push(item) {
+        tracing::warn!(session = %session.key(), ids = ?full.0.pending_ids, "queue full; the input stays pending for later");
+        return false;
+    }
+    true
+}

@@ -1,0 +1,279 @@
+//! Leases: which daemon runs a chat when several share one store. A lease is two records
+//! of the store's collections, written only by compare-and-set ([`KvWrite::if_unchanged`]),
+//! so every backend that keeps the [`Store`] contract (sled, PostgreSQL) holds them alike:
+//!
+//! - `lease/<name>`: the holder, `{owner, token}`. It changes only when the lease changes
+//!   hands, and the token then grows by one: the *fencing token*.
+//! - `lease_expiry/<name>`: until when the holder may act, renewed by its heartbeat.
+//!
+//! A holder's commits carry [`Held::fence`], a write of the holder record conditional on
+//! it being unchanged: once another daemon took the lease over (after it expired), the old
+//! holder's commit is refused as a whole ([`StoreError::Changed`]), however long it was
+//! paused. Expiry compares the daemons' wall clocks: keep them in sync (NTP); a skew eats
+//! into the lease's time to live.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::store::{KvWrite, Store, StoreError};
+
+/// The collection of lease holders.
+pub const LEASE_SPACE: &str = "lease";
+/// The collection of lease expiries.
+pub const EXPIRY_SPACE: &str = "lease_expiry";
+
+/// Who holds a lease, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// Schema version (1).
+    pub v: u32,
+    /// The instance holding it (its id for this run of the daemon).
+    pub owner: String,
+    /// The fencing token: one more at each change of hands.
+    pub token: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Expiry {
+    v: u32,
+    expires: DateTime<Utc>,
+}
+
+/// A lease this instance holds: the records as it last wrote them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    name: String,
+    token: u64,
+    holder: String,
+    expiry: String,
+    expires: DateTime<Utc>,
+}
+
+impl Held {
+    /// What the lease is for (a chat's session key).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its fencing token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Until when it is held unless renewed.
+    pub fn expires(&self) -> DateTime<Utc> {
+        self.expires
+    }
+
+    /// The write that makes a transaction fail unless this lease is still held as taken:
+    /// it rewrites the holder record as it is, on condition that it is unchanged.
+    pub fn fence(&self) -> KvWrite {
+        KvWrite {
+            space: LEASE_SPACE.to_owned(),
+            key: self.name.clone(),
+            value: Some(self.holder.clone()),
+            if_unchanged: Some(Some(self.holder.clone())),
+        }
+    }
+}
+
+/// What [`acquire`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// The lease is ours now.
+    Held(Held),
+    /// Another instance holds it (or took it at the same moment).
+    Busy,
+}
+
+fn json<T: Serialize>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Io(e.to_string()))
+}
+
+fn read<T: for<'de> Deserialize<'de>>(
+    store: &dyn Store,
+    space: &str,
+    name: &str,
+) -> Result<Option<(String, T)>, StoreError> {
+    let Some(text) = store.kv_get(space, name)? else {
+        return Ok(None);
+    };
+    let value = serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
+        key: format!("{space}/{name}"),
+        reason: e.to_string(),
+    })?;
+    Ok(Some((text, value)))
+}
+
+/// Takes lease `name` for `owner` until `now + ttl`, unless another instance holds it
+/// and it has not expired. Taking it makes the token grow, fencing out any earlier holder.
+pub fn acquire(
+    store: &dyn Store,
+    name: &str,
+    owner: &str,
+    now: DateTime<Utc>,
+    ttl: chrono::Duration,
+) -> Result<Taken, StoreError> {
+    let holder = read::<Holder>(store, LEASE_SPACE, name)?;
+    let expiry = read::<Expiry>(store, EXPIRY_SPACE, name)?;
+    let live = expiry.as_ref().is_some_and(|(_, e)| e.expires > now);
+    if live && holder.as_ref().is_some_and(|(_, h)| h.owner != owner) {
+        return Ok(Taken::Busy);
+    }
+    let token = holder.as_ref().map_or(0, |(_, h)| h.token) + 1;
+    let new_holder = json(&Holder {
+        v: 1,
+        owner: owner.to_owned(),
+        token,
+    })?;
+    let expires = now + ttl;
+    let new_expiry = json(&Expiry { v: 1, expires })?;
+    let written = store.kv_write(vec![
+        KvWrite {
+            space: LEASE_SPACE.to_owned(),
+            key: name.to_owned(),
+            value: Some(new_holder.clone()),
+            if_unchanged: Some(holder.map(|(text, _)| text)),
+        },
+        KvWrite {
+            space: EXPIRY_SPACE.to_owned(),
+            key: name.to_owned(),
+            value: Some(new_expiry.clone()),
+            if_unchanged: Some(expiry.map(|(text, _)| text)),
+        },
+    ]);
+    match written {
+        Ok(()) => Ok(Taken::Held(Held {
+            name: name.to_owned(),
+            token,
+            holder: new_holder,
+            expiry: new_expiry,
+            expires,
+        })),
+        Err(StoreError::Changed(_)) => Ok(Taken::Busy),
+        Err(e) => Err(e),
+    }
+}
+
+/// Extends `held` to `now + ttl`; `false` when it was lost (another instance took it over
+/// after it expired), and then it must not be used again.
+pub fn renew(
+    store: &dyn Store,
+    held: &mut Held,
+    now: DateTime<Utc>,
+    ttl: chrono::Duration,
+) -> Result<bool, StoreError> {
+    let expires = now + ttl;
+    let new_expiry = json(&Expiry { v: 1, expires })?;
+    let written = store.kv_write(vec![
+        held.fence(),
+        KvWrite {
+            space: EXPIRY_SPACE.to_owned(),
+            key: held.name.clone(),
+            value: Some(new_expiry.clone()),
+            if_unchanged: Some(Some(held.expiry.clone())),
+        },
+    ]);
+    match written {
+        Ok(()) => {
+            held.expiry = new_expiry;
+            held.expires = expires;
+            Ok(true)
+        }
+        Err(StoreError::Changed(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Lets `held` go: it expires now, so another instance may take it at once. `false` when
+/// it was lost already.
+pub fn release(store: &dyn Store, held: &Held) -> Result<bool, StoreError> {
+    let gone = json(&Expiry {
+        v: 1,
+        expires: DateTime::<Utc>::UNIX_EPOCH,
+    })?;
+    let written = store.kv_write(vec![
+        held.fence(),
+        KvWrite {
+            space: EXPIRY_SPACE.to_owned(),
+            key: held.name.clone(),
+            value: Some(gone),
+            if_unchanged: Some(Some(held.expiry.clone())),
+        },
+    ]);
+    match written {
+        Ok(()) => Ok(true),
+        Err(StoreError::Changed(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Who holds lease `name` at `now`, if anyone: (holder, expiry).
+pub fn holder(
+    store: &dyn Store,
+    name: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<(Holder, DateTime<Utc>)>, StoreError> {
+    let Some((_, holder)) = read::<Holder>(store, LEASE_SPACE, name)? else {
+        return Ok(None);
+    };
+    let Some((_, expiry)) = read::<Expiry>(store, EXPIRY_SPACE, name)? else {
+        return Ok(None);
+    };
+    Ok((expiry.expires > now).then_some((holder, expiry.expires)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::seconds(1_700_000_000 + secs)
+    }
+
+    fn held(taken: Taken) -> Held {
+        match taken {
+            Taken::Held(held) => held,
+            Taken::Busy => panic!("busy"),
+        }
+    }
+
+    #[test]
+    fn a_lease_is_held_until_it_expires_then_taken_over_and_the_old_holder_is_fenced() {
+        let store = MemoryStore::new();
+        let ttl = chrono::Duration::seconds(10);
+        let a = held(acquire(&store, "chat", "a", at(0), ttl).unwrap());
+        assert_eq!(a.token(), 1);
+        assert_eq!(
+            acquire(&store, "chat", "b", at(5), ttl).unwrap(),
+            Taken::Busy
+        );
+        let mut a2 = a.clone();
+        assert!(renew(&store, &mut a2, at(8), ttl).unwrap());
+        assert_eq!(
+            acquire(&store, "chat", "b", at(12), ttl).unwrap(),
+            Taken::Busy
+        );
+        // The renewal changed only the expiry: the fence still holds.
+        store.kv_write(vec![a2.fence()]).unwrap();
+
+        let b = held(acquire(&store, "chat", "b", at(19), ttl).unwrap());
+        assert_eq!(b.token(), 2);
+        assert!(matches!(
+            store.kv_write(vec![a2.fence()]),
+            Err(StoreError::Changed(_))
+        ));
+        assert!(!renew(&store, &mut a2, at(20), ttl).unwrap());
+        assert!(!release(&store, &a2).unwrap());
+        assert_eq!(
+            holder(&store, "chat", at(20)).unwrap().unwrap().0.owner,
+            "b"
+        );
+
+        assert!(release(&store, &b).unwrap());
+        assert_eq!(holder(&store, "chat", at(20)).unwrap(), None);
+        let a3 = held(acquire(&store, "chat", "a", at(20), ttl).unwrap());
+        assert_eq!(a3.token(), 3);
+    }
+}
