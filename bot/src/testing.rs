@@ -1107,6 +1107,7 @@ pub struct CrashStore {
     flushes_fail: AtomicBool,
     on_flush: Mutex<Option<FlushHook>>,
     refused: Mutex<Option<String>>,
+    after_read: Mutex<Option<(String, FlushHook)>>,
 }
 
 type FlushHook = Arc<dyn Fn() + Send + Sync>;
@@ -1121,7 +1122,14 @@ impl CrashStore {
             flushes_fail: AtomicBool::new(false),
             on_flush: Mutex::new(None),
             refused: Mutex::new(None),
+            after_read: Mutex::new(None),
         })
+    }
+
+    /// Runs `hook` once, right after the next read of a record of collection `space`: what
+    /// another daemon on the same store does between this one's read and its write.
+    pub fn after_next_read(&self, space: &str, hook: impl Fn() + Send + Sync + 'static) {
+        *self.after_read.lock().unwrap() = Some((space.to_owned(), Arc::new(hook)));
     }
 
     /// From now on (until `None`) every [`Store::kv_write`] touching collection `space`
@@ -1239,7 +1247,18 @@ impl Store for CrashStore {
         self.inner.set_meta(k, v)
     }
     fn kv_get(&self, s: &str, k: &str) -> Result<Option<String>, StoreError> {
-        self.inner.kv_get(s, k)
+        let value = self.inner.kv_get(s, k);
+        let hook = {
+            let mut slot = self.after_read.lock().unwrap();
+            match slot.as_ref() {
+                Some((space, _)) if space == s => slot.take().map(|(_, hook)| hook),
+                _ => None,
+            }
+        };
+        if let Some(hook) = hook {
+            hook();
+        }
+        value
     }
     fn kv_put(&self, s: &str, k: &str, v: &str) -> Result<(), StoreError> {
         self.write()?;

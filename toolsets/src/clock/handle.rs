@@ -247,6 +247,12 @@ impl ClockHandle {
         }
     }
 
+    /// Drops the index: the next look reads every task from the store again (another
+    /// daemon on the same store may have changed them).
+    pub(crate) fn reread(&self) {
+        self.lock().index = None;
+    }
+
     /// The index, loaded if it is not yet, with the chat hooks' writes that landed since
     /// filed.
     fn index<'a>(&self, state: &'a mut State) -> Result<&'a mut TaskIndex, ClockError> {
@@ -597,21 +603,36 @@ impl ClockHandle {
         Ok(())
     }
 
+    /// The next number of `counter`, taken by compare-and-set: daemons sharing the store
+    /// never hand out one twice.
     fn next_id(&self, counter: &str) -> Result<u64, ClockError> {
         let store = &self.shared.store;
-        let current = match store.kv_get(META, counter)? {
-            Some(text) => text
-                .trim()
-                .parse::<u64>()
-                .map_err(|e| StoreError::Corrupt {
-                    key: format!("{META}/{counter}"),
-                    reason: e.to_string(),
-                })?,
-            None => 0,
-        };
-        let next = current + 1;
-        store.kv_put(META, counter, &next.to_string())?;
-        Ok(next)
+        loop {
+            let stored = store.kv_get(META, counter)?;
+            let current = match &stored {
+                Some(text) => text
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|e| StoreError::Corrupt {
+                        key: format!("{META}/{counter}"),
+                        reason: e.to_string(),
+                    })?,
+                None => 0,
+            };
+            let next = current + 1;
+            let taken = store.kv_write(vec![KvWrite {
+                space: META.to_owned(),
+                key: counter.to_owned(),
+                value: Some(next.to_string()),
+                if_unchanged: Some(stored),
+            }]);
+            match taken {
+                Ok(()) => return Ok(next),
+                // Another daemon took it first: read again.
+                Err(StoreError::Changed(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     fn put_task(&self, task: &ClockTask) -> Result<(), ClockError> {
@@ -621,20 +642,31 @@ impl ClockHandle {
         Ok(())
     }
 
-    /// Appends a run to its task's log (dropping the oldest past [`RUNS_KEPT`]); the run's
-    /// id is assigned here.
-    fn add_run(&self, mut run: ClockRun) -> Result<u64, ClockError> {
+    /// The writes that append `run` to its task's log (its id assigned here, returned)
+    /// and drop the oldest past [`RUNS_KEPT`], for a transaction of the caller's.
+    fn run_writes(&self, mut run: ClockRun) -> Result<(u64, Vec<KvWrite>), ClockError> {
         run.run = self.next_id("next_run")?;
         let store = &self.shared.store;
-        store.kv_put(RUNS, &run_key(run.task, run.run), &encode(&run))?;
+        let mut writes = vec![KvWrite {
+            space: RUNS.to_owned(),
+            key: run_key(run.task, run.run),
+            value: Some(encode(&run)),
+            if_unchanged: None,
+        }];
         let prefix = format!("{}\u{1}", run.task);
         let keys = store.kv_scan(RUNS, &prefix)?;
-        if keys.len() > RUNS_KEPT {
-            for (key, _) in &keys[..keys.len() - RUNS_KEPT] {
-                store.kv_delete(RUNS, key)?;
+        // With the new one, one more than stored.
+        if keys.len() + 1 > RUNS_KEPT {
+            for (key, _) in &keys[..keys.len() + 1 - RUNS_KEPT] {
+                writes.push(KvWrite {
+                    space: RUNS.to_owned(),
+                    key: key.clone(),
+                    value: None,
+                    if_unchanged: None,
+                });
             }
         }
-        Ok(run.run)
+        Ok((run.run, writes))
     }
 
     /// At startup: runs left `started` by a crash or a kill become `cancelled`.
@@ -778,6 +810,7 @@ impl ClockHandle {
             let fire = on_time || task.missed == MissedPolicy::CatchUp;
             let chat = task.target.session_key();
             let tz = schedule.timezone();
+            let mut claim = Vec::new();
             let skipped = if fire { count - 1 } else { count };
             if task.missed == MissedPolicy::Skip && skipped > 0 {
                 let last_skipped = if fire {
@@ -790,7 +823,7 @@ impl ClockHandle {
                 } else {
                     ""
                 };
-                self.add_run(ClockRun {
+                let (_, skip_writes) = self.run_writes(ClockRun {
                     run: 0,
                     task: task.id,
                     chat: chat.clone(),
@@ -807,11 +840,12 @@ impl ClockHandle {
                     message_ids: Vec::new(),
                     missed: skipped,
                 })?;
+                claim.extend(skip_writes);
                 task.last_status = Some(RunStatus::Skipped);
             }
             let mut run = None;
             if fire {
-                run = Some(self.add_run(ClockRun {
+                let (id, run_writes) = self.run_writes(ClockRun {
                     run: 0,
                     task: task.id,
                     chat,
@@ -826,7 +860,9 @@ impl ClockHandle {
                     } else {
                         0
                     },
-                })?);
+                })?;
+                claim.extend(run_writes);
+                run = Some(id);
                 task.last_status = Some(RunStatus::Started);
             }
             task.last_fire = Some(latest);
@@ -836,7 +872,25 @@ impl ClockHandle {
                 // readable.
                 task.enabled = false;
             }
-            self.put_task(&task)?;
+            // The claim of this due time: the advance, on condition that the task is as
+            // read, with its runs, in one transaction. Another daemon on the same store
+            // that claimed it first makes this one fail: filed as it now is, not fired.
+            claim.push(KvWrite {
+                space: TASKS.to_owned(),
+                key: key.clone(),
+                value: Some(encode(&task)),
+                if_unchanged: Some(stored.clone()),
+            });
+            match self.shared.store.kv_write(claim) {
+                Ok(()) => {}
+                Err(StoreError::Changed(_)) => {
+                    tracing::debug!(clock = task.id, "due time claimed elsewhere");
+                    let now_stored = self.shared.store.kv_get(TASKS, &key)?;
+                    self.refile(index, id, now_stored.as_deref());
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
             if let Some(run) = run {
                 fires.push(Fire {
                     task: task.clone(),
@@ -972,4 +1026,58 @@ fn decode<T: DeserializeOwned>(key: &str, value: &str) -> Result<T, ClockError> 
         .into());
     }
     Ok(record.data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::WallTime;
+    use parlor_bot::store::MemoryStore;
+    use parlor_bot::testing::CrashStore;
+    use parlor_bot::tool::Role;
+
+    /// Two daemons read a due task at the same moment: the one that writes second finds the
+    /// record changed, and neither the fire nor its run is written twice.
+    #[test]
+    fn a_due_time_read_by_two_daemons_at_once_is_claimed_by_one() {
+        let start = "2026-06-01T08:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        let clock = WallTime::anchored_at(start);
+        let options = ClockOptions {
+            wall_time: clock.clone(),
+            ..ClockOptions::default()
+        };
+        let shared = Arc::new(MemoryStore::new());
+        let store_a = CrashStore::new(Arc::clone(&shared), usize::MAX);
+        let a = ClockHandle::new(store_a.clone() as Arc<dyn Store>, options.clone());
+        let b = ClockHandle::new(Arc::clone(&shared) as Arc<dyn Store>, options);
+        let target = ChatRef::new("test", "-1");
+        let task = a
+            .create(NewClock {
+                name: "tick".into(),
+                schedule: "every 1m".into(),
+                content: "tick".into(),
+                timezone: None,
+                created_in: target.session_key(),
+                target,
+                creator: Caller {
+                    user_id: "test:alice".into(),
+                    name: "alice".into(),
+                    role: Role::ChatAdmin,
+                    grants: Vec::new(),
+                },
+                missed: MissedPolicy::Skip,
+            })
+            .unwrap();
+        b.reread();
+        let due = start + TimeDelta::seconds(61);
+        let b2 = b.clone();
+        // B claims the due time right after A read the task, before A writes.
+        store_a.after_next_read(TASKS, move || {
+            assert_eq!(b2.take_due(due).unwrap().len(), 1, "B fires");
+        });
+        assert!(a.take_due(due).unwrap().is_empty(), "A does not");
+        assert_eq!(a.runs(task.id, 10).unwrap().len(), 1);
+        // A filed the task as B left it: the next due time, not this one again.
+        assert!(a.take_due(due).unwrap().is_empty());
+    }
 }

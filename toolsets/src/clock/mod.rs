@@ -96,6 +96,11 @@ pub struct ClockOptions {
     pub shutdown_grace: Duration,
     /// Where wall time comes from.
     pub wall_time: WallTime,
+    /// With several daemons on one store: how often the tasks are read again from the
+    /// store, so that a task another daemon created or changed fires here too should that
+    /// one stop. Each due time fires once whichever daemon claims it. `None`: one daemon,
+    /// whose index is always current.
+    pub reread_every: Option<Duration>,
 }
 
 impl Default for ClockOptions {
@@ -108,6 +113,7 @@ impl Default for ClockOptions {
             late_tolerance: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
             wall_time: WallTime::system(),
+            reread_every: None,
         }
     }
 }

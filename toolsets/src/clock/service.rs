@@ -68,7 +68,15 @@ impl ClockService {
         let mut fires = JoinSet::new();
         // Cancelled when the shutdown grace is over: fires stop waiting for their turns.
         let abort = CancellationToken::new();
+        let reread = self.handle.options().reread_every;
+        let mut read_at = Instant::now();
         'serve: loop {
+            if let Some(every) = reread
+                && read_at.elapsed() >= every
+            {
+                self.handle.reread();
+                read_at = Instant::now();
+            }
             let wait = match self.handle.take_due(self.handle.now()) {
                 Ok(due) => {
                     for fire in due {
@@ -95,6 +103,7 @@ impl ClockService {
                     STORE_RETRY
                 }
             };
+            let wait = reread.map_or(wait, |every| wait.min(every));
             let deadline = Instant::now() + wait;
             loop {
                 tokio::select! {

@@ -652,3 +652,44 @@ fn a_fire_quotes_its_content_and_cleans_its_name_and_creator() {
     .assert_eq(&text);
     assert!(!text.lines().any(parlor_bot::quote::looks_attributed));
 }
+
+/// Two daemons on one store (`reread_every`): a task created in one fires in either, each
+/// due time exactly once, whichever claims it; when the creator stops, the other goes on.
+#[tokio::test(start_paused = true)]
+async fn two_daemons_on_one_store_fire_each_due_time_once() {
+    let life = life("2026-06-01T08:00:00Z");
+    let shared = ClockOptions {
+        reread_every: Some(Duration::from_secs(30)),
+        ..options(&life.clock)
+    };
+    let a = life.rig("a", model(), shared.clone()).await;
+    let b = life.rig("b", model(), shared).await;
+    let id = create(&a.handle, new_clock("tick", "every 1m", group_a()));
+    life.until("2026-06-01T08:04:30Z").await;
+    let a_platform = a.platform.clone();
+    a.stop().await;
+    life.until("2026-06-01T08:07:30Z").await;
+
+    let mut posts = a_platform.sent();
+    posts.extend(b.platform.sent());
+    let mut walls: Vec<String> = posts.iter().map(|p| rfc(p.wall)).collect();
+    walls.sort();
+    assert_eq!(
+        walls,
+        [
+            "2026-06-01T08:01:00Z",
+            "2026-06-01T08:02:00Z",
+            "2026-06-01T08:03:00Z",
+            "2026-06-01T08:04:00Z",
+            "2026-06-01T08:05:00Z",
+            "2026-06-01T08:06:00Z",
+            "2026-06-01T08:07:00Z"
+        ]
+    );
+    let runs = b.runs(id);
+    assert_eq!(runs.len(), 7, "{runs:?}");
+    let mut run_ids: Vec<u64> = runs.iter().map(|r| r.run).collect();
+    run_ids.dedup();
+    assert_eq!(run_ids.len(), 7, "run ids are never handed out twice");
+    b.stop().await;
+}
