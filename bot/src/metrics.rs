@@ -55,6 +55,14 @@ pub struct Metrics {
     pub clock_fires: Family<Labels, Counter>,
     /// Requests a fallback provider answered, by provider.
     pub llm_failovers: Family<Labels, Counter>,
+    /// Chat leases this instance holds (several daemons on one store).
+    pub chat_leases: Gauge,
+    /// Chats taken over from another instance whose lease had expired.
+    pub chat_lease_takeovers: Counter,
+    /// Chat leases lost to another instance (this one stopped renewing in time).
+    pub chat_leases_lost: Counter,
+    /// Seconds one lease renewal took (a round trip to the store).
+    pub lease_renew_latency: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -141,6 +149,31 @@ impl Default for Metrics {
             "LLM requests a fallback provider answered, by provider",
             llm_failovers.clone(),
         );
+        let chat_leases = Gauge::default();
+        registry.register(
+            "chat_leases",
+            "Chat leases this instance holds",
+            chat_leases.clone(),
+        );
+        let chat_lease_takeovers = Counter::default();
+        registry.register(
+            "chat_lease_takeovers",
+            "Chats taken over from another instance whose lease had expired",
+            chat_lease_takeovers.clone(),
+        );
+        let chat_leases_lost = Counter::default();
+        registry.register(
+            "chat_leases_lost",
+            "Chat leases lost to another instance",
+            chat_leases_lost.clone(),
+        );
+        // 1 ms to ~4 s: a store on the same network answers in the first buckets.
+        let lease_renew_latency = Histogram::new(exponential_buckets(0.001, 2.0, 13));
+        registry.register(
+            "lease_renew_seconds",
+            "Seconds one chat lease renewal took",
+            lease_renew_latency.clone(),
+        );
         Metrics {
             registry,
             turns,
@@ -156,6 +189,10 @@ impl Default for Metrics {
             send_retries,
             clock_fires,
             llm_failovers,
+            chat_leases,
+            chat_lease_takeovers,
+            chat_leases_lost,
+            lease_renew_latency,
         }
     }
 }

@@ -243,6 +243,9 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         metrics
             .queued
             .set(i64::try_from(sessions.queued_items()).unwrap_or(i64::MAX));
+        metrics
+            .chat_leases
+            .set(i64::try_from(sessions.stats().leases_held).unwrap_or(i64::MAX));
     }
     if let Some(terminal) = &state.terminal {
         let mut counts: Vec<(&str, usize)> = Vec::new();

@@ -144,13 +144,18 @@ impl Dispatcher {
             .values()
             .filter_map(|chat| chat.lease.clone())
             .collect();
+        let metrics = crate::metrics::global();
         for mut lease in held {
+            let asked = std::time::Instant::now();
             let renewed = lease::renew(
                 manager.store().as_ref(),
                 &mut lease,
                 manager.now(),
                 cluster.ttl(),
             );
+            metrics
+                .lease_renew_latency
+                .observe(asked.elapsed().as_secs_f64());
             let mut map = self.map();
             let Some(chat) = map.get_mut(lease.name()) else {
                 continue;
@@ -170,6 +175,7 @@ impl Dispatcher {
                     chat.lease = None;
                     self.leases.fetch_sub(1, Ordering::Relaxed);
                     self.lost.fetch_add(1, Ordering::Relaxed);
+                    metrics.chat_leases_lost.inc();
                     chat.session.queue().clear();
                     chat.session.batch().clear();
                     if let Some(cancel) = chat.session.running() {
@@ -343,8 +349,9 @@ impl Chats<'_> {
                 return false;
             }
         };
-        if held.token() > 1 {
+        if held.took_over() {
             self.dispatcher.takeovers.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::global().chat_lease_takeovers.inc();
         }
         self.dispatcher.leases.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(session = %key, token = held.token(), "took the chat's lease");

@@ -47,9 +47,16 @@ pub struct Held {
     holder: String,
     expiry: String,
     expires: DateTime<Utc>,
+    took_over: bool,
 }
 
 impl Held {
+    /// Whether it was taken from another instance that let it expire (died, hung, or lost
+    /// the store) rather than let it go.
+    pub fn took_over(&self) -> bool {
+        self.took_over
+    }
+
     /// What the lease is for (a chat's session key).
     pub fn name(&self) -> &str {
         &self.name
@@ -121,6 +128,10 @@ pub fn acquire(
         return Ok(Taken::Busy);
     }
     let token = holder.as_ref().map_or(0, |(_, h)| h.token) + 1;
+    let took_over = holder.as_ref().is_some_and(|(_, h)| h.owner != owner)
+        && expiry
+            .as_ref()
+            .is_some_and(|(_, e)| e.expires != DateTime::<Utc>::UNIX_EPOCH);
     let new_holder = json(&Holder {
         v: 1,
         owner: owner.to_owned(),
@@ -149,6 +160,7 @@ pub fn acquire(
             holder: new_holder,
             expiry: new_expiry,
             expires,
+            took_over,
         })),
         Err(StoreError::Changed(_)) => Ok(Taken::Busy),
         Err(e) => Err(e),
@@ -260,6 +272,7 @@ mod tests {
 
         let b = held(acquire(&store, "chat", "b", at(19), ttl).unwrap());
         assert_eq!(b.token(), 2);
+        assert!(b.took_over());
         assert!(matches!(
             store.kv_write(vec![a2.fence()]),
             Err(StoreError::Changed(_))
@@ -275,5 +288,7 @@ mod tests {
         assert_eq!(holder(&store, "chat", at(20)).unwrap(), None);
         let a3 = held(acquire(&store, "chat", "a", at(20), ttl).unwrap());
         assert_eq!(a3.token(), 3);
+        assert!(!a3.took_over(), "let go, not taken over");
+        assert!(!a.took_over(), "a first lease");
     }
 }
