@@ -76,10 +76,7 @@ impl PgStore {
     /// Every statement is bounded by `statement_timeout`, and connecting by
     /// `connect_timeout`; both are set here unless the URL sets its own.
     pub fn open(url: &str, options: StoreOptions) -> Result<PgStore, StoreError> {
-        let mut config: Config = url.parse().map_err(|e: postgres::Error| {
-            // The parser's message names the option it did not understand, not the value.
-            StoreError::Io(format!("the PostgreSQL URL cannot be read: {e}"))
-        })?;
+        let mut config = parse_url(url)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(pool::CONNECT_TIMEOUT);
         }
@@ -113,6 +110,19 @@ impl PgStore {
     pub fn server(&self) -> &str {
         self.pool.server()
     }
+
+    /// The server and database a URL names, as `host:port/dbname` (never its password),
+    /// without connecting: what `parlor check-config` shows.
+    pub fn describe_url(url: &str) -> Result<String, StoreError> {
+        Ok(pool::describe_server(&parse_url(url)?))
+    }
+}
+
+fn parse_url(url: &str) -> Result<Config, StoreError> {
+    url.parse().map_err(|e: postgres::Error| {
+        // The parser's message names the option it did not understand, not the value.
+        StoreError::Io(format!("the PostgreSQL URL cannot be read: {e}"))
+    })
 }
 
 impl Store for PgStore {
