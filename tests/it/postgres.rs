@@ -24,6 +24,32 @@ async fn start(
     DaemonProcess::spawn_polling(command, telegram, WAIT).await
 }
 
+/// Waits until the daemon has marked every reply sent, read from the database.
+async fn unsent_outbox_empties(url: &str) {
+    let url = url.to_owned();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let url = url.clone();
+        let unsent: i64 = tokio::task::spawn_blocking(move || {
+            let mut client = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            client
+                .query_one("SELECT count(*) FROM parlor_outbox", &[])
+                .unwrap()
+                .get(0)
+        })
+        .await
+        .unwrap();
+        if unsent == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a reply stayed unsent"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_a_turn_killed_with_sigkill_is_answered_once_after_the_restart_from_the_same_history()
  {
@@ -49,6 +75,9 @@ async fn on_postgres_a_turn_killed_with_sigkill_is_answered_once_after_the_resta
         .await
         .unwrap();
     assert_eq!(sent.last().unwrap().text, "the first answer");
+    // The kill must not fall between Telegram taking the answer and the outbox marking it
+    // sent: the Bot API has no idempotency key, so that window resends (docs/operating.md).
+    unsent_outbox_empties(&url).await;
     let q2 = telegram
         .group_message(GROUP, alice(), "@parlor_bot second question")
         .mention_bot()
@@ -95,4 +124,32 @@ async fn on_postgres_a_turn_killed_with_sigkill_is_answered_once_after_the_resta
     );
     let status = second.terminate(WAIT).await;
     assert!(status.success(), "{}", second.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_server_that_cannot_be_reached_stops_the_start_with_a_clear_error() {
+    // A port nobody listens on (bound, then let go): the connection is refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &telegram, "[store]\nbackend = \"postgres\"\n");
+    let mut command = daemon_command(&config, &llm);
+    command.env(
+        "PARLOR_DATABASE_URL",
+        format!("postgresql://parlor:hunter2-secret@127.0.0.1:{port}/parlor"),
+    );
+    let out = tokio::time::timeout(WAIT, command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("cannot open the PostgreSQL store"), "{log}");
+    assert!(log.contains(&format!("127.0.0.1:{port}/parlor")), "{log}");
+    assert!(!log.contains("hunter2"), "never the password: {log}");
 }
