@@ -10,7 +10,7 @@
 //! Secrets (the API key, the bot tokens) are resolved once, at start
 //! ([`Config::resolve_secrets`]): a `*_file` key, then the value in the file, then a systemd
 //! credential (`$CREDENTIALS_DIRECTORY/llm_api_key`, `telegram_token`, `discord_token`,
-//! `onebot_token`),
+//! `onebot_token`, `database_url`),
 //! then the environment. Then `main` scrubs them out of the process environment
 //! ([`Config::secret_env_names`]). They are [`Secret`]s, so `Debug` of a config never shows
 //! them.
@@ -47,6 +47,8 @@ pub struct Config {
     /// `[http]`: `/healthz`, `/readyz`, `/metrics` and the console (off unless `listen`
     /// is set).
     pub http: HttpSection,
+    /// `[store]`: where the daemon keeps its state (sled under `data_dir`, or PostgreSQL).
+    pub store: StoreSection,
     /// The file this configuration came from (the sandbox hides it).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -71,6 +73,8 @@ struct Secrets {
     fallback_keys: Vec<Option<Secret>>,
     /// The console's token (`http.token_env`).
     http_token: Option<Secret>,
+    /// The PostgreSQL URL (`store.url_env`, `store.url_file`), with `backend = "postgres"`.
+    database_url: Option<Secret>,
 }
 
 /// Names of the systemd credentials parlor reads (`LoadCredential=<name>:<path>`).
@@ -81,6 +85,8 @@ pub const CREDENTIAL_TELEGRAM: &str = "telegram_token";
 pub const CREDENTIAL_DISCORD: &str = "discord_token";
 /// See [`CREDENTIAL_API_KEY`].
 pub const CREDENTIAL_ONEBOT: &str = "onebot_token";
+/// See [`CREDENTIAL_API_KEY`]: the PostgreSQL URL (it may hold a password).
+pub const CREDENTIAL_DATABASE_URL: &str = "database_url";
 
 /// `[bot]`
 #[derive(Debug, Clone, Deserialize)]
@@ -491,6 +497,44 @@ pub struct DiscordSection {
     pub api_url: Option<String>,
     /// Whether replies may ping `@everyone`, `@here` and roles.
     pub allow_mass_mentions: bool,
+}
+
+/// `[store]`: which store backend keeps the daemon's state.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// `sled` (the default: an embedded database under `data_dir`) or `postgres`.
+    pub backend: StoreBackend,
+    /// With `postgres`: the environment variable holding the connection URL
+    /// (`postgresql://user:password@host:5432/parlor`), read at start and then scrubbed
+    /// from the environment like the other secrets.
+    pub url_env: String,
+    /// With `postgres`: a file holding the URL instead (it wins over `url_env`).
+    pub url_file: Option<PathBuf>,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        StoreSection {
+            backend: StoreBackend::Sled,
+            url_env: DEFAULT_DATABASE_URL_ENV.to_owned(),
+            url_file: None,
+        }
+    }
+}
+
+/// The environment variable the PostgreSQL URL is read from unless `store.url_env` names
+/// another.
+pub const DEFAULT_DATABASE_URL_ENV: &str = "PARLOR_DATABASE_URL";
+
+/// `store.backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// sled under `data_dir`.
+    Sled,
+    /// A PostgreSQL database.
+    Postgres,
 }
 
 /// `[http]`: the operator's listener.
@@ -1484,7 +1528,27 @@ impl Config {
             }
             None => None,
         };
+        let database_url = match self.store.backend {
+            StoreBackend::Postgres => Some(
+                resolve(
+                    self.store.url_file.as_deref(),
+                    "store.url_file",
+                    None,
+                    CREDENTIAL_DATABASE_URL,
+                    &self.store.url_env,
+                )?
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "store.backend = \"postgres\" needs the database URL: set {} (or \
+                         store.url_file, or the systemd credential {CREDENTIAL_DATABASE_URL})",
+                        self.store.url_env
+                    )
+                })?,
+            ),
+            StoreBackend::Sled => None,
+        };
         self.secrets = Secrets {
+            database_url,
             http_token,
             api_key,
             telegram_token,
@@ -1508,6 +1572,7 @@ impl Config {
             "DISCORD_BOT_TOKEN",
             self.toolsets.web.brave_api_key_env.as_str(),
             "ONEBOT_ACCESS_TOKEN",
+            self.store.url_env.as_str(),
         ] {
             if !names.iter().any(|n| n == name) {
                 names.push(name.to_owned());
@@ -1557,6 +1622,7 @@ impl Config {
                 &self.discord.token_file,
                 &self.toolsets.web.brave_api_key_file,
                 &self.onebot.access_token_file,
+                &self.store.url_file,
             ]
             .into_iter()
             .flatten()
@@ -1614,6 +1680,11 @@ impl Config {
         } else {
             None
         }
+    }
+
+    /// The PostgreSQL URL, once resolved (with `store.backend = "postgres"` only).
+    pub fn database_url(&self) -> Option<&Secret> {
+        self.secrets.database_url.as_ref()
     }
 
     /// The Telegram token, once resolved.

@@ -280,6 +280,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("warning: {warning}");
             }
             let problems = skill_problems(&config);
+            println!("{}", wiring::store_line(&config));
             if let Some(listen) = &config.http.listen {
                 println!(
                     "{}",

@@ -14,7 +14,7 @@ use parlor_bot::llm::{
 };
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager, SystemReceiver, system_inputs};
-use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
+use parlor_bot::store::{MemoryStore, PgStore, SledStore, Store, StoreOptions};
 use parlor_bot::time::WallTime;
 use parlor_bot::tool::{ToolProfile, ToolRegistry, ToolSet};
 use parlor_toolsets::clock::{ClockChatHook, ClockHandle, ClockOptions, ClockService};
@@ -33,7 +33,7 @@ use parlor_toolsets::{WebOptions, web_toolset};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{CacheTtl, Config, SandboxKind, TerminalPolicy, WebProvider};
+use crate::config::{CacheTtl, Config, SandboxKind, StoreBackend, TerminalPolicy, WebProvider};
 
 /// The services toolsets are built over, each present when its toolset is enabled.
 #[derive(Clone)]
@@ -606,20 +606,47 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
         .with_observer(metrics))
 }
 
-/// Opens the store under the data directory; fails clearly when another parlor holds it.
+/// Opens the store `[store]` names: sled under the data directory (failing clearly when
+/// another parlor holds it), or the PostgreSQL database (failing clearly when it cannot be
+/// reached; its schema is brought up to date).
 pub fn store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let options = StoreOptions {
+        max_messages_per_chat: config.bot.max_messages_per_chat,
+        ..StoreOptions::default()
+    };
+    if config.store.backend == StoreBackend::Postgres {
+        let url = config.database_url().with_context(|| {
+            format!(
+                "store.backend = \"postgres\" but no database URL was read (set {})",
+                config.store.url_env
+            )
+        })?;
+        let store =
+            PgStore::open(url.expose(), options).context("cannot open the PostgreSQL store")?;
+        tracing::info!(server = store.server(), "store: PostgreSQL");
+        return Ok(Arc::new(store));
+    }
     let dir = config.data_dir();
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
-    let store = SledStore::open(
-        &dir.join("db"),
-        StoreOptions {
-            max_messages_per_chat: config.bot.max_messages_per_chat,
-            ..StoreOptions::default()
-        },
-    )
-    .with_context(|| format!("cannot open the store in {}", dir.display()))?;
+    let store = SledStore::open(&dir.join("db"), options)
+        .with_context(|| format!("cannot open the store in {}", dir.display()))?;
     Ok(Arc::new(store))
+}
+
+/// What `parlor check-config` says of the store: which backend, and where.
+pub fn store_line(config: &Config) -> String {
+    match config.store.backend {
+        StoreBackend::Sled => format!("store: sled in {}", config.data_dir().join("db").display()),
+        StoreBackend::Postgres => match config
+            .database_url()
+            .map(|url| PgStore::describe_url(url.expose()))
+        {
+            Some(Ok(server)) => format!("store: postgres at {server}"),
+            Some(Err(e)) => format!("store: postgres, but {e}"),
+            None => "store: postgres, but no database URL was read".to_owned(),
+        },
+    }
 }
 
 /// The running runtime: sessions, and the services that live beside them.

@@ -15,6 +15,8 @@
 //!   recording what it says.
 //! - [`TestPost`]: a turn's way to post ([`Post`](crate::tool::Post)), recording what it
 //!   posts.
+//! - [`PgCluster`] (`testing/pg.rs`): a throwaway PostgreSQL server, one database per test,
+//!   for the [`PgStore`](crate::store::PgStore) tests.
 //!
 //! With them the small builders tests share: completions ([`text`], [`calls`], [`echo`]),
 //! a request ([`chat_request`]), an incoming group message ([`message`]), an image
@@ -29,6 +31,10 @@
 //! Not for production: nothing here has a bound on memory, and locks are unwrapped (a
 //! poisoned lock in a test is the test's failure).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod pg;
+
+pub use pg::{PgCluster, REQUIRE_POSTGRES};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

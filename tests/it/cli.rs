@@ -893,3 +893,54 @@ async fn the_compact_tool_profile_shrinks_the_prompt_and_keeps_the_tools_contrac
         );
     }
 }
+
+#[tokio::test]
+async fn check_config_names_the_store_and_postgres_needs_its_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let sled = write_config(dir.path(), "[bot]\ndata_dir = \"/var/lib/parlor-test\"\n");
+    let out = run(parlor().arg("--config").arg(&sled).arg("check-config")).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_contains(&stdout(&out), "store: sled in /var/lib/parlor-test/db");
+
+    let pg = write_config(dir.path(), "[store]\nbackend = \"postgres\"\n");
+    let out = run(parlor().arg("--config").arg(&pg).arg("check-config").env(
+        "PARLOR_DATABASE_URL",
+        "postgresql://parlor:hunter2-secret@db.internal:6543/chats",
+    ))
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_contains(&text, "store: postgres at db.internal:6543/chats");
+    assert!(!text.contains("hunter2"), "never the password: {text}");
+
+    // Without a URL: a clear error naming where it is read from.
+    let out = run(parlor().arg("--config").arg(&pg).arg("check-config")).await;
+    assert!(!out.status.success());
+    assert_contains(&stderr(&out), "PARLOR_DATABASE_URL");
+
+    // From a file named by url_file, and url_env naming another variable.
+    let url_file = dir.path().join("database_url");
+    std::fs::write(&url_file, "postgresql://parlor@127.0.0.1:5433/fromfile\n").unwrap();
+    let from_file = write_config(
+        dir.path(),
+        &format!(
+            "[store]\nbackend = \"postgres\"\nurl_file = \"{}\"\n",
+            url_file.display()
+        ),
+    );
+    let out = run(parlor().arg("--config").arg(&from_file).arg("check-config")).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_contains(&stdout(&out), "store: postgres at 127.0.0.1:5433/fromfile");
+    let other_env = write_config(
+        dir.path(),
+        "[store]\nbackend = \"postgres\"\nurl_env = \"MY_DB\"\n",
+    );
+    let out = run(parlor()
+        .arg("--config")
+        .arg(&other_env)
+        .arg("check-config")
+        .env("MY_DB", "host=127.0.0.1 port=5434 dbname=fromenv"))
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_contains(&stdout(&out), "store: postgres at 127.0.0.1:5434/fromenv");
+}

@@ -19,6 +19,7 @@ mod http;
 mod llm_faults;
 mod metrics;
 mod onebot_auth;
+mod postgres;
 mod restart;
 mod upgrade;
 mod vision;

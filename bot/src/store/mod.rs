@@ -23,13 +23,14 @@
 //! (the platform acknowledged, a reply sent) waits for durability first, and no lock of
 //! the session layer is held while waiting.
 //!
-//! Implementations: [`SledStore`] (sled 0.34, the default) and [`MemoryStore`] (tests,
-//! ephemeral runs). Every value is versioned JSON so that later versions can read it.
+//! Implementations: [`SledStore`] (sled 0.34, the default), [`PgStore`] (PostgreSQL, for
+//! state on a database server) and [`MemoryStore`] (tests, ephemeral runs). Every value is versioned JSON so that later versions can read it.
 
 mod common;
 mod group_commit;
 mod history;
 mod memory;
+mod pg;
 mod sled_step;
 mod sled_store;
 
@@ -44,6 +45,7 @@ use crate::tool::Caller;
 pub use common::StoreOptions;
 pub use group_commit::{GroupCommit, Ticket};
 pub use memory::MemoryStore;
+pub use pg::PgStore;
 pub use sled_store::SledStore;
 
 /// How long the record of a sent (or given-up) reply is kept.

@@ -59,8 +59,11 @@ use serde_json::Value;
 use sled::transaction::ConflictableTransactionError;
 use sled::{Db, IVec, Tree};
 
-use super::common::{StoreOptions, check_session, is_pending_for, migrated_record};
-use super::history::{HISTORY_VERSION, StoredTurn};
+use super::common::{
+    StoreOptions, check_session, decode, decode_history_entry, encode, encode_turn, is_pending_for,
+    migrated_record,
+};
+use super::history::HISTORY_VERSION;
 use super::sled_step::{StepTree, Steps};
 use super::{
     ChatRecord, Edited, GroupCommit, HistoryChange, Inbound, Intake, KvWrite, OutboxEntry,
@@ -74,10 +77,6 @@ use crate::time::WallTime;
 /// How often [`Store::migrate_session`] re-reads and retries when the sessions it moves
 /// changed between its read and its step.
 const MIGRATE_ATTEMPTS: usize = 8;
-
-/// The schema version written into every value (history messages have their own,
-/// [`HISTORY_VERSION`]).
-const VERSION: u64 = 1;
 
 /// The `meta` key saying which history schema every history message is at.
 const HISTORY_SCHEMA_KEY: &str = "schema.history";
@@ -1137,54 +1136,6 @@ struct HistoryRecord {
     messages: Vec<Message>,
 }
 
-/// One message of a history in the format of releases up to a271e69 (schema version 1):
-/// OpenAI's wire JSON under `message`.
-#[derive(serde::Deserialize)]
-struct HistoryEntry {
-    message: Message,
-}
-
-/// A history message as stored, read from `history_messages`: parlor's own form (version
-/// 2, see `history.rs`), or version 1 until [`SledStore::open`] has migrated it.
-fn decode_history_entry(bytes: &[u8], key: impl Fn() -> String) -> Result<Message, StoreError> {
-    // The encoder writes the version first, so one look at the bytes finds the common case
-    // and it is read in one pass (a turn reads every message of its history).
-    if bytes.starts_with(b"{\"v\":2,")
-        && let Ok(turn) = serde_json::from_slice::<StoredTurn>(bytes)
-    {
-        return Ok(turn.into());
-    }
-    match history_version(bytes, &key)? {
-        1 => decode_version::<HistoryEntry>(bytes, 1, key).map(|entry| entry.message),
-        _ => decode_version::<StoredTurn>(bytes, HISTORY_VERSION, key).map(Message::from),
-    }
-}
-
-/// The schema version of a `history_messages` value, 1 or 2; anything else is corrupt.
-fn history_version(bytes: &[u8], key: &impl Fn() -> String) -> Result<u64, StoreError> {
-    #[derive(serde::Deserialize)]
-    struct Version {
-        v: Option<Value>,
-    }
-    let corrupt = |reason: String| StoreError::Corrupt { key: key(), reason };
-    let version = serde_json::from_slice::<Version>(bytes)
-        .map_err(|e| corrupt(format!("invalid JSON: {e}")))?;
-    match version.v {
-        Some(v) if v.as_u64() == Some(1) => Ok(1),
-        Some(v) if v.as_u64() == Some(HISTORY_VERSION) => Ok(HISTORY_VERSION),
-        Some(v) => Err(corrupt(format!(
-            "unknown schema version {v} (this parlor reads history versions 1 and \
-             {HISTORY_VERSION}; was it written by a newer one?)"
-        ))),
-        None => Err(corrupt("no schema version \"v\"".to_owned())),
-    }
-}
-
-/// A history message as its `history_messages` value (version 2).
-fn encode_turn(message: &Message) -> Result<Vec<u8>, StoreError> {
-    encode_version(&StoredTurn::from(message), HISTORY_VERSION)
-}
-
 /// The raw values a history was read from: a migration moves it only if they are unchanged
 /// inside its step.
 #[derive(Debug, PartialEq)]
@@ -1421,77 +1372,10 @@ fn describe_id(key: &IVec) -> String {
     }
 }
 
-/// Serializes `value` (a struct) as a JSON object with `"v": VERSION` added.
-fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, StoreError> {
-    encode_version(value, VERSION)
-}
-
-/// [`encode`] with another schema version.
-fn encode_version<T: Serialize + ?Sized>(value: &T, version: u64) -> Result<Vec<u8>, StoreError> {
-    // Serialized straight, then the version spliced in as the first member: going through a
-    // `serde_json::Value` to insert it cost more than the rest of a turn's store work.
-    let json = serde_json::to_vec(value)
-        .map_err(|e| StoreError::Io(format!("cannot encode a value: {e}")))?;
-    let Some(members) = json.strip_prefix(b"{") else {
-        return Err(StoreError::Io(
-            "cannot encode a value: not a JSON object".to_owned(),
-        ));
-    };
-    let version = format!("{{\"v\":{version}");
-    let mut out = Vec::with_capacity(json.len() + version.len() + 1);
-    out.extend_from_slice(version.as_bytes());
-    if members != b"}" {
-        out.push(b',');
-    }
-    out.extend_from_slice(members);
-    Ok(out)
-}
-
 fn encode_abort<T: Serialize + ?Sized>(
     value: &T,
 ) -> Result<Vec<u8>, ConflictableTransactionError<StoreError>> {
     encode(value).map_err(ConflictableTransactionError::Abort)
-}
-
-/// Reads a versioned JSON object; `key` names the value in errors.
-fn decode<T: DeserializeOwned>(bytes: &[u8], key: impl Fn() -> String) -> Result<T, StoreError> {
-    decode_version(bytes, VERSION, key)
-}
-
-/// [`decode`] of a value that must be at schema version `expected`.
-fn decode_version<T: DeserializeOwned>(
-    bytes: &[u8],
-    expected: u64,
-    key: impl Fn() -> String,
-) -> Result<T, StoreError> {
-    /// The version member alone; every other member is skipped without being built.
-    #[derive(serde::Deserialize)]
-    struct Version {
-        v: Option<Value>,
-    }
-    let corrupt = |reason: String| StoreError::Corrupt { key: key(), reason };
-    if bytes.trim_ascii_start().first() != Some(&b'{') {
-        return Err(
-            match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
-                Err(e) => corrupt(format!("invalid JSON: {e}")),
-                Ok(_) => corrupt("not a JSON object".to_owned()),
-            },
-        );
-    }
-    let version = serde_json::from_slice::<Version>(bytes)
-        .map_err(|e| corrupt(format!("invalid JSON: {e}")))?;
-    match version.v {
-        Some(v) if v.as_u64() == Some(expected) => {}
-        Some(v) => {
-            return Err(corrupt(format!(
-                "unknown schema version {v} (this parlor reads version {expected}; \
-                 was it written by a newer one?)"
-            )));
-        }
-        None => return Err(corrupt("no schema version \"v\"".to_owned())),
-    }
-    // Stored types ignore members they do not know, `v` among them.
-    serde_json::from_slice(bytes).map_err(|e| corrupt(format!("unexpected content: {e}")))
 }
 
 pub(super) fn sled_error(e: sled::Error) -> StoreError {

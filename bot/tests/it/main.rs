@@ -19,6 +19,7 @@ mod quoting;
 mod roles;
 mod session;
 mod store;
+mod store_pg;
 mod tool_bridge;
 mod tool_refresh;
 mod tool_schema;

@@ -1,6 +1,8 @@
 //! The `Store` contract (docs/contract.md, "Storage"). Every behaviour has one test body that runs against
-//! both backends ([`MemoryStore`] and a [`SledStore`] in a temporary directory); restart,
-//! locking, corruption and the format of earlier releases are sled-only.
+//! every backend ([`MemoryStore`], a [`SledStore`] in a temporary directory and a
+//! [`PgStore`] on a database of a throwaway PostgreSQL, `testing::PgCluster`); restart,
+//! locking, corruption and the format of earlier releases are sled-only, sharing and
+//! reconnecting PostgreSQL-only (`store_pg.rs`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -10,9 +12,10 @@ use parlor_bot::llm::{Content, ContentPart, ImageUrl, Message, ToolCall};
 use parlor_bot::platform::{ChatRef, ImageRef, Sender};
 use parlor_bot::store::{
     ChatRecord, Edited, HistoryChange, Inbound, Intake, KvWrite, MemoryStore, OutboxEntry,
-    PendingItem, PendingKind, SledStore, Store, StoreError, StoreOptions, StoredMessage, Summary,
-    TurnCommit,
+    PendingItem, PendingKind, PgStore, SledStore, Store, StoreError, StoreOptions, StoredMessage,
+    Summary, TurnCommit,
 };
+use parlor_bot::testing::PgCluster;
 use parlor_bot::time::WallTime;
 use parlor_bot::tool::{Caller, Role};
 
@@ -177,12 +180,17 @@ fn ids(messages: &[StoredMessage]) -> Vec<&str> {
     messages.iter().map(|m| m.message_id.as_str()).collect()
 }
 
-/// Runs `f` against a fresh [`MemoryStore`] and a fresh [`SledStore`] with `options`.
+/// Runs `f` against a fresh [`MemoryStore`], a fresh [`SledStore`] and, where PostgreSQL
+/// is installed, a [`PgStore`] on a database of its own, with `options`.
 fn each_store_with(options: StoreOptions, f: impl Fn(&str, &dyn Store)) {
     f("memory", &MemoryStore::with_options(options.clone()));
     let dir = tempfile::tempdir().expect("tempdir");
-    let sled = SledStore::open(dir.path(), options).expect("open sled store");
+    let sled = SledStore::open(dir.path(), options.clone()).expect("open sled store");
     f("sled", &sled);
+    if let Some(cluster) = PgCluster::start() {
+        let pg = PgStore::open(&cluster.database(), options).expect("open PostgreSQL store");
+        f("postgres", &pg);
+    }
 }
 
 /// The times a store stamps itself (a done reply's `done_at`, a migrated chat's `since`)
