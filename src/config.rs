@@ -49,6 +49,8 @@ pub struct Config {
     pub http: HttpSection,
     /// `[store]`: where the daemon keeps its state (sled under `data_dir`, or PostgreSQL).
     pub store: StoreSection,
+    /// `[cluster]`: several daemons on one PostgreSQL store, chats held by lease.
+    pub cluster: ClusterSection,
     /// The file this configuration came from (the sandbox hides it).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -497,6 +499,35 @@ pub struct DiscordSection {
     pub api_url: Option<String>,
     /// Whether replies may ping `@everyone`, `@here` and roles.
     pub allow_mass_mentions: bool,
+}
+
+/// `[cluster]`: several daemons sharing one PostgreSQL store. Each chat runs in one of
+/// them at a time, held by a lease it renews (`parlor_bot::session::cluster`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// Whether this daemon shares its store with others.
+    pub enabled: bool,
+    /// Its name in logs and leases (a random part is added at each start); the host name
+    /// when unset.
+    pub instance: Option<String>,
+    /// How long a lease lasts unrenewed: how long the chats of a daemon killed without
+    /// letting them go wait for another (2 to 300).
+    pub lease_ttl_secs: u64,
+    /// How often a daemon looks for input other daemons took for chats it holds, and for
+    /// chats nobody holds (50 to 60000).
+    pub sweep_interval_ms: u64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            enabled: false,
+            instance: None,
+            lease_ttl_secs: 10,
+            sweep_interval_ms: 1000,
+        }
+    }
 }
 
 /// `[store]`: which store backend keeps the daemon's state.
@@ -1066,6 +1097,7 @@ impl Config {
 
     /// Checks values a type cannot: ranges, names, time zones, URLs. Each error names the key.
     pub fn check(&self) -> anyhow::Result<()> {
+        self.check_cluster()?;
         let base_url = self.base_url();
         if !base_url.starts_with("http://") && !base_url.starts_with("https://") {
             bail!("llm.base_url must start with http:// or https://, got {base_url:?}");
@@ -1371,6 +1403,43 @@ impl Config {
     }
 
     /// `[toolsets.web]`: URLs, networks, the page size.
+    fn check_cluster(&self) -> anyhow::Result<()> {
+        let c = &self.cluster;
+        if !c.enabled {
+            return Ok(());
+        }
+        if self.store.backend != StoreBackend::Postgres {
+            bail!(
+                "cluster.enabled needs store.backend = \"postgres\": sled is one daemon's \
+                 store"
+            );
+        }
+        if !(2..=300).contains(&c.lease_ttl_secs) {
+            bail!(
+                "cluster.lease_ttl_secs must be 2 to 300, got {}",
+                c.lease_ttl_secs
+            );
+        }
+        if !(50..=60_000).contains(&c.sweep_interval_ms) {
+            bail!(
+                "cluster.sweep_interval_ms must be 50 to 60000, got {}",
+                c.sweep_interval_ms
+            );
+        }
+        if let Some(name) = &c.instance
+            && (name.is_empty()
+                || name.len() > 64
+                || !name
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '_' | '.')))
+        {
+            bail!(
+                "cluster.instance must be 1 to 64 letters, digits, '-', '_' or '.', got {name:?}"
+            );
+        }
+        Ok(())
+    }
+
     fn check_web(&self) -> anyhow::Result<()> {
         let web = &self.toolsets.web;
         self.url_guard()?;
@@ -2092,6 +2161,34 @@ api_key_file = "{}"
             [Some("sk-main"), Some("sk-main"), None, Some("sk-eyes-file")]
         );
         assert!(config.secret_paths().contains(&key_file));
+    }
+
+    #[test]
+    fn a_cluster_needs_postgres_and_sane_timing() {
+        let parse = |extra: &str| Config::parse(&format!("[llm]\nmodel = \"m\"\n{extra}"));
+        let sled = parse("[cluster]\nenabled = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(sled.contains("store.backend = \"postgres\""), "{sled}");
+        let pg = "[store]\nbackend = \"postgres\"\n[cluster]\nenabled = true\n";
+        let config = parse(pg).unwrap();
+        assert_eq!(
+            (
+                config.cluster.lease_ttl_secs,
+                config.cluster.sweep_interval_ms
+            ),
+            (10, 1000)
+        );
+        for (bad, key) in [
+            ("lease_ttl_secs = 1", "cluster.lease_ttl_secs"),
+            ("sweep_interval_ms = 10", "cluster.sweep_interval_ms"),
+            ("instance = \"a b\"", "cluster.instance"),
+        ] {
+            let e = parse(&format!("{pg}{bad}\n")).unwrap_err().to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+        // Off, nothing is checked: the defaults of a single daemon.
+        parse("[cluster]\nlease_ttl_secs = 1\n").unwrap();
     }
 
     #[test]

@@ -337,6 +337,8 @@ pub fn clock_handle(
             min_interval: Duration::from_secs(c.min_interval_secs),
             run_timeout: Duration::from_secs(c.run_timeout_secs),
             wall_time,
+            // Tasks another daemon made fire here too should that one stop.
+            reread_every: config.cluster.enabled.then_some(CLOCK_REREAD),
             ..ClockOptions::default()
         },
     )))
@@ -636,6 +638,18 @@ pub fn store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
 
 /// What `parlor check-config` says of the store: which backend, and where.
 pub fn store_line(config: &Config) -> String {
+    let line = store_backend_line(config);
+    if config.cluster.enabled {
+        format!(
+            "{line}, shared with other daemons (cluster: leases of {} s)",
+            config.cluster.lease_ttl_secs
+        )
+    } else {
+        line
+    }
+}
+
+fn store_backend_line(config: &Config) -> String {
     match config.store.backend {
         StoreBackend::Sled => format!("store: sled in {}", config.data_dir().join("db").display()),
         StoreBackend::Postgres => match config
@@ -782,6 +796,13 @@ pub fn runtime(
             .iter()
             .map(|a| a.to_runtime())
             .collect(),
+        cluster: config.cluster.enabled.then(|| {
+            let mut cluster = parlor_bot::session::Cluster::new(instance_id(config));
+            cluster.lease_ttl = Duration::from_secs(config.cluster.lease_ttl_secs);
+            cluster.sweep_every = Duration::from_millis(config.cluster.sweep_interval_ms);
+            tracing::info!(instance = %cluster.instance, "sharing the store with other daemons; chats are held by lease");
+            cluster
+        }),
         ..SessionConfig::default()
     };
     // Made first: the terminal, the sub-agents and the clock send on it, and the sessions
@@ -838,4 +859,29 @@ pub fn runtime(
         clock_stop: CancellationToken::new(),
         system: std::sync::Mutex::new(Some(system)),
     })
+}
+
+/// With `[cluster]`: how often the clock reads its tasks again from the shared store.
+const CLOCK_REREAD: Duration = Duration::from_secs(30);
+
+/// This run's instance id: `cluster.instance` (else the host name) and a random part, so a
+/// restarted daemon never takes its predecessor's leases for its own.
+fn instance_id(config: &Config) -> String {
+    let name = config.cluster.instance.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "parlor".to_owned())
+    });
+    let mut bytes = [0u8; 4];
+    // Without randomness, the process id and the time keep starts apart.
+    if getrandom::fill(&mut bytes).is_err() {
+        let seed = std::process::id()
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+        bytes = seed.to_be_bytes();
+    }
+    format!("{name}-{:08x}", u32::from_be_bytes(bytes))
 }
