@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::builders::TgUser;
+use super::webhook::Webhook;
 use super::records::{
     ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage,
 };
@@ -165,6 +166,8 @@ pub(super) struct Inner {
     pub(super) actions: Vec<ChatAction>,
     pub(super) edits: Vec<EditedMessage>,
     pub(super) commands: Value,
+    /// The webhook `setWebhook` set; `getUpdates` is refused while there is one.
+    pub(super) webhook: Option<Webhook>,
 }
 
 impl Inner {
@@ -192,6 +195,7 @@ impl Inner {
             actions: Vec::new(),
             edits: Vec::new(),
             commands: json!([]),
+            webhook: None,
         }
     }
 
