@@ -162,13 +162,99 @@ impl WebhookReceiver {
     }
 }
 
-fn parse_url(webhook: &WebhookConfig) -> Result<reqwest::Url, PlatformError> {
-    reqwest::Url::parse(webhook.url.trim()).map_err(|error| {
-        PlatformError::Refused(format!(
-            "invalid Telegram webhook_url `{}`: {error}",
-            webhook.url
-        ))
+/// The shortest path secret (the URL's last path segment): random enough that the route
+/// cannot be guessed, and long enough never to be one of the listener's own routes.
+pub const MIN_PATH_SECRET_CHARS: usize = 16;
+
+/// What [`check_url`] found wrong with a webhook URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookUrlError {
+    /// It does not parse.
+    #[error("is not a URL ({0})")]
+    NotUrl(String),
+    /// Not https, and not http to a loopback host.
+    #[error(
+        "must start with https:// (Telegram posts only over TLS; http:// only to a loopback host)"
+    )]
+    NotHttps,
+    /// A query or fragment, which the route (the path) would not see.
+    #[error("must not have a query or a fragment: the route is its path")]
+    QueryOrFragment,
+    /// A path character outside `A-Za-z0-9-_.~/`.
+    #[error("its path may hold only letters, digits and - _ . ~ /")]
+    PathChars,
+    /// The last path segment is shorter than [`MIN_PATH_SECRET_CHARS`].
+    #[error(
+        "must end in a random path secret of at least 16 characters, like \
+         https://bot.example.com/telegram/3f9c2a7d0b6e41c8a5d2 (`openssl rand -hex 16`)"
+    )]
+    ShortPathSecret,
+}
+
+/// A webhook URL [`check_url`] accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookUrl {
+    /// The whole URL, as given to `setWebhook`.
+    pub url: reqwest::Url,
+    /// The host name, lowercase (an IPv6 address in brackets), as a `Host` header names it.
+    pub host: String,
+    /// Whether the host is loopback (`localhost`, 127.0.0.0/8, `::1`).
+    pub loopback: bool,
+    /// The path: the route the listener serves.
+    pub path: String,
+}
+
+/// Checks a webhook URL: https (http only to a loopback host, for tests and a local Bot API
+/// server), no query or fragment, a plain path whose last segment is a path secret of at
+/// least [`MIN_PATH_SECRET_CHARS`] characters.
+pub fn check_url(url: &str) -> Result<WebhookUrl, WebhookUrlError> {
+    let parsed =
+        reqwest::Url::parse(url.trim()).map_err(|e| WebhookUrlError::NotUrl(e.to_string()))?;
+    let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare == "localhost"
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match parsed.scheme() {
+        "https" if !host.is_empty() => {}
+        "http" if loopback => {}
+        _ => return Err(WebhookUrlError::NotHttps),
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(WebhookUrlError::QueryOrFragment);
+    }
+    let path = parsed.path().to_owned();
+    if !path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/-_.~".contains(&b))
+    {
+        return Err(WebhookUrlError::PathChars);
+    }
+    let secret = path.rsplit('/').next().unwrap_or_default();
+    if secret.len() < MIN_PATH_SECRET_CHARS {
+        return Err(WebhookUrlError::ShortPathSecret);
+    }
+    Ok(WebhookUrl {
+        url: parsed,
+        host,
+        loopback,
+        path,
     })
+}
+
+/// Telegram's rule for a webhook's `secret_token`: 1-256 characters of `A-Za-z0-9_-`.
+pub fn valid_secret_token(secret: &str) -> bool {
+    (1..=256).contains(&secret.len())
+        && secret
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn parse_url(webhook: &WebhookConfig) -> Result<reqwest::Url, PlatformError> {
+    check_url(&webhook.url)
+        .map(|checked| checked.url)
+        .map_err(|error| PlatformError::Refused(format!("the Telegram webhook URL {error}")))
 }
 
 impl TelegramAdapter {
@@ -268,5 +354,67 @@ mod tests {
         assert_eq!(WebhookAnswer::Unauthorized.status(), 401);
         assert_eq!(WebhookAnswer::StoreFailed.status(), 500);
         assert_eq!(WebhookAnswer::ShuttingDown.status(), 503);
+    }
+
+    const SECRET: &str = "3f9c2a7d0b6e41c8a5d2";
+
+    #[test]
+    fn a_webhook_url_is_https_with_a_path_secret() {
+        let good = check_url(&format!("https://Bot.Example.com/telegram/{SECRET}")).expect("valid");
+        assert_eq!(good.host, "bot.example.com");
+        assert_eq!(good.path, format!("/telegram/{SECRET}"));
+        assert!(!good.loopback);
+        for loopback in [
+            format!("http://127.0.0.1:8080/{SECRET}"),
+            format!("http://localhost/{SECRET}"),
+            format!("http://[::1]:9/{SECRET}"),
+        ] {
+            assert!(check_url(&loopback).is_ok_and(|u| u.loopback), "{loopback}");
+        }
+        let cases = [
+            ("not a url".to_owned(), "NotUrl"),
+            (format!("http://bot.example.com/{SECRET}"), "NotHttps"),
+            (format!("http://10.0.0.1/{SECRET}"), "NotHttps"),
+            (format!("ftp://bot.example.com/{SECRET}"), "NotHttps"),
+            (
+                format!("https://bot.example.com/{SECRET}?a=1"),
+                "QueryOrFragment",
+            ),
+            (
+                format!("https://bot.example.com/{SECRET}#x"),
+                "QueryOrFragment",
+            ),
+            (format!("https://bot.example.com/%7B{SECRET}"), "PathChars"),
+            (
+                "https://bot.example.com/telegram".to_owned(),
+                "ShortPathSecret",
+            ),
+            ("https://bot.example.com/".to_owned(), "ShortPathSecret"),
+            (
+                format!("https://bot.example.com/{SECRET}/"),
+                "ShortPathSecret",
+            ),
+        ];
+        for (url, expected) in cases {
+            let kind = match check_url(&url) {
+                Err(WebhookUrlError::NotUrl(_)) => "NotUrl",
+                Err(WebhookUrlError::NotHttps) => "NotHttps",
+                Err(WebhookUrlError::QueryOrFragment) => "QueryOrFragment",
+                Err(WebhookUrlError::PathChars) => "PathChars",
+                Err(WebhookUrlError::ShortPathSecret) => "ShortPathSecret",
+                Ok(_) => "Ok",
+            };
+            assert_eq!(kind, expected, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_secret_token_follows_telegrams_rule() {
+        assert!(valid_secret_token("abc_DEF-123"));
+        assert!(valid_secret_token(&"a".repeat(256)));
+        assert!(!valid_secret_token(""));
+        assert!(!valid_secret_token(&"a".repeat(257)));
+        assert!(!valid_secret_token("no spaces"));
+        assert!(!valid_secret_token("é"));
     }
 }

@@ -224,9 +224,7 @@ async fn call(
             shared.lock().commands = json!([]);
             Ok(json!(true))
         }
- "answercallbackquery" | "sendmessagedraft" | "deletemessage" => {
-            Ok(json!(true))
-        }
+        "answercallbackquery" | "sendmessagedraft" | "deletemessage" => Ok(json!(true)),
         _ => {
             shared.lock().unknown.push(name.to_owned());
             Err(ApiErr {

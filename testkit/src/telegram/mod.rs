@@ -126,8 +126,8 @@ use tokio_util::sync::CancellationToken;
 use builders::Target;
 pub use builders::{MessageBuilder, TgUser, utf16_len};
 pub use records::{ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage};
-pub use webhook::{SECRET_HEADER, Webhook, WebhookError};
 use state::{Inner, Shared, update_id};
+pub use webhook::{SECRET_HEADER, Webhook, WebhookError};
 
 use crate::server::{self, Server, Unmet, WaitTimeout, at_least};
 

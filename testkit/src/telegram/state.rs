@@ -11,10 +11,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::builders::TgUser;
-use super::webhook::Webhook;
 use super::records::{
     ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage,
 };
+use super::webhook::Webhook;
 
 /// The first `update_id` handed out when an update has none.
 const FIRST_UPDATE_ID: i64 = 100_000;

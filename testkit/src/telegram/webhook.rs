@@ -76,7 +76,9 @@ pub(super) fn set_webhook(shared: &Shared, params: &Params) -> Result<Value, Api
                 .collect()
         })
     });
-    let drop_pending_updates = params.get("drop_pending_updates").map(|_| params.bool("drop_pending_updates"));
+    let drop_pending_updates = params
+        .get("drop_pending_updates")
+        .map(|_| params.bool("drop_pending_updates"));
     let mut inner = shared.lock();
     if drop_pending_updates == Some(true) {
         inner.updates.clear();
