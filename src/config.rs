@@ -9,8 +9,8 @@
 //!
 //! Secrets (the API key, the bot tokens) are resolved once, at start
 //! ([`Config::resolve_secrets`]): a `*_file` key, then the value in the file, then a systemd
-//! credential (`$CREDENTIALS_DIRECTORY/llm_api_key`, `telegram_token`, `discord_token`,
-//! `onebot_token`, `database_url`),
+//! credential (`$CREDENTIALS_DIRECTORY/llm_api_key`, `telegram_token`,
+//! `telegram_webhook_secret`, `discord_token`, `onebot_token`, `database_url`),
 //! then the environment. Then `main` scrubs them out of the process environment
 //! ([`Config::secret_env_names`]). They are [`Secret`]s, so `Debug` of a config never shows
 //! them.
@@ -64,6 +64,8 @@ pub struct Config {
 struct Secrets {
     api_key: Option<Secret>,
     telegram_token: Option<Secret>,
+    /// The secret token of `telegram.webhook_url`.
+    telegram_webhook_secret: Option<Secret>,
     discord_token: Option<Secret>,
     /// Per MCP server (by name): each environment variable it names, read at start.
     mcp: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Secret>>,
@@ -83,6 +85,8 @@ struct Secrets {
 pub const CREDENTIAL_API_KEY: &str = "llm_api_key";
 /// See [`CREDENTIAL_API_KEY`].
 pub const CREDENTIAL_TELEGRAM: &str = "telegram_token";
+/// See [`CREDENTIAL_API_KEY`].
+pub const CREDENTIAL_TELEGRAM_WEBHOOK: &str = "telegram_webhook_secret";
 /// See [`CREDENTIAL_API_KEY`].
 pub const CREDENTIAL_DISCORD: &str = "discord_token";
 /// See [`CREDENTIAL_API_KEY`].
@@ -472,6 +476,16 @@ pub struct TelegramSection {
     pub api_url: String,
     /// Long-poll timeout of `getUpdates`.
     pub poll_timeout_secs: u32,
+    /// Webhook mode when set: the public HTTPS URL Telegram posts updates to, whose last
+    /// path segment is a random path secret. Served by `[http] listen` at the URL's path.
+    /// Unset: long polling.
+    pub webhook_url: Option<String>,
+    /// File holding the webhook's secret token (Telegram sends it back in
+    /// `X-Telegram-Bot-Api-Secret-Token`).
+    pub webhook_secret_file: Option<PathBuf>,
+    /// The environment variable holding the webhook's secret token, when neither
+    /// `webhook_secret_file` nor the `telegram_webhook_secret` credential gives it.
+    pub webhook_secret_env: String,
 }
 
 impl Default for TelegramSection {
@@ -481,7 +495,31 @@ impl Default for TelegramSection {
             token_file: None,
             api_url: "https://api.telegram.org".to_owned(),
             poll_timeout_secs: 30,
+            webhook_url: None,
+            webhook_secret_file: None,
+            webhook_secret_env: "TELEGRAM_WEBHOOK_SECRET".to_owned(),
         }
+    }
+}
+
+impl TelegramSection {
+    /// Checks `webhook_url` (see [`check_url`](parlor_adapters::telegram::webhook::check_url))
+    /// and that `[http] listen` is there to serve it.
+    fn check_webhook(&self, http: &HttpSection) -> anyhow::Result<()> {
+        let Some(url) = &self.webhook_url else {
+            return Ok(());
+        };
+        if let Err(error) = parlor_adapters::telegram::webhook::check_url(url) {
+            bail!("telegram.webhook_url {error}; got {url:?}");
+        }
+        if http.listen.is_none() {
+            bail!(
+                "telegram.webhook_url needs [http] listen: Telegram's updates come in through \
+                 that listener (put a TLS proxy in front and list the webhook's host in \
+                 http.allowed_hosts)"
+            );
+        }
+        Ok(())
     }
 }
 
@@ -1140,6 +1178,7 @@ impl Config {
             bail!("discord.api_url must start with http:// or https://, got {api_url:?}");
         }
         self.http.listen_addr()?;
+        self.telegram.check_webhook(&self.http)?;
         let mut auto_chats = std::collections::HashSet::new();
         for (i, auto) in self.bot.auto_chat.iter().enumerate() {
             auto.check(i)?;
@@ -1525,6 +1564,10 @@ impl Config {
             CREDENTIAL_TELEGRAM,
             "TELEGRAM_BOT_TOKEN",
         )?;
+        let telegram_webhook_secret = match &self.telegram.webhook_url {
+            Some(_) => Some(self.webhook_secret()?),
+            None => None,
+        };
         let discord_token = resolve(
             self.discord.token_file.as_deref(),
             "discord.token_file",
@@ -1621,6 +1664,7 @@ impl Config {
             http_token,
             api_key,
             telegram_token,
+            telegram_webhook_secret,
             discord_token,
             mcp,
             brave_api_key,
@@ -1631,6 +1675,35 @@ impl Config {
         Ok(())
     }
 
+    /// The webhook's secret token: `webhook_secret_file`, the systemd credential, the
+    /// environment; required, and checked against Telegram's rule.
+    fn webhook_secret(&self) -> anyhow::Result<Secret> {
+        let section = &self.telegram;
+        let secret = resolve(
+            section.webhook_secret_file.as_deref(),
+            "telegram.webhook_secret_file",
+            None,
+            CREDENTIAL_TELEGRAM_WEBHOOK,
+            &section.webhook_secret_env,
+        )?;
+        // Without it anyone who learns the URL could post updates as any member.
+        let Some(secret) = secret else {
+            bail!(
+                "telegram.webhook_url needs a secret token: set {} (or \
+                 telegram.webhook_secret_file, or the systemd credential \
+                 {CREDENTIAL_TELEGRAM_WEBHOOK}) to 1-256 characters of A-Z a-z 0-9 _ -",
+                section.webhook_secret_env
+            );
+        };
+        if !parlor_adapters::telegram::webhook::valid_secret_token(secret.expose()) {
+            bail!(
+                "the Telegram webhook secret token must be 1-256 characters of A-Z a-z 0-9 _ - \
+                 (Telegram's rule)"
+            );
+        }
+        Ok(secret)
+    }
+
     /// Environment variables that hold (or may hold) secrets: the ones parlor reads, and
     /// `OPENAI_API_KEY` also when `api_key_env` names another.
     pub fn secret_env_names(&self) -> Vec<String> {
@@ -1638,6 +1711,7 @@ impl Config {
         for name in [
             "OPENAI_API_KEY",
             "TELEGRAM_BOT_TOKEN",
+            self.telegram.webhook_secret_env.as_str(),
             "DISCORD_BOT_TOKEN",
             self.toolsets.web.brave_api_key_env.as_str(),
             "ONEBOT_ACCESS_TOKEN",
@@ -1688,6 +1762,7 @@ impl Config {
             [
                 &self.llm.api_key_file,
                 &self.telegram.token_file,
+                &self.telegram.webhook_secret_file,
                 &self.discord.token_file,
                 &self.toolsets.web.brave_api_key_file,
                 &self.onebot.access_token_file,
@@ -1759,6 +1834,17 @@ impl Config {
     /// The Telegram token, once resolved.
     pub fn telegram_token(&self) -> Option<&Secret> {
         self.secrets.telegram_token.as_ref()
+    }
+
+    /// Webhook mode's settings for the adapter, once the secret is resolved; `None` in
+    /// polling mode.
+    pub fn telegram_webhook(&self) -> Option<parlor_adapters::telegram::WebhookConfig> {
+        let url = self.telegram.webhook_url.as_ref()?;
+        let secret = self.secrets.telegram_webhook_secret.as_ref()?;
+        Some(parlor_adapters::telegram::WebhookConfig {
+            url: url.trim().to_owned(),
+            secret_token: secret.expose().to_owned().into(),
+        })
     }
 
     /// The Discord token, once resolved.
@@ -2070,6 +2156,95 @@ access_token = "onebot-secret-999"
         }
     }
 
+    const WEBHOOK: &str = "https://bot.example.com/telegram/3f9c2a7d0b6e41c8a5d2";
+
+    #[test]
+    fn telegram_polls_unless_a_webhook_url_is_set_and_served() {
+        let polling = Config::parse("").unwrap();
+        assert_eq!(polling.telegram.webhook_url, None);
+        assert_eq!(polling.telegram_webhook().map(|w| w.url), None);
+        let listen = "[http]\nlisten = \"127.0.0.1:9464\"\n";
+        Config::parse(&format!(
+            "[telegram]\nwebhook_url = \"{WEBHOOK}\"\n{listen}"
+        ))
+        .unwrap();
+        Config::parse(&format!(
+            "[telegram]\nwebhook_url = \"http://127.0.0.1:8443/3f9c2a7d0b6e41c8a5d2\"\n{listen}"
+        ))
+        .unwrap();
+        for (url, http, says) in [
+            (WEBHOOK, "", "needs [http] listen"),
+            (
+                "http://bot.example.com/telegram/3f9c2a7d0b6e41c8a5d2",
+                listen,
+                "https://",
+            ),
+            ("https://bot.example.com/telegram", listen, "path secret"),
+            ("bot.example.com/x", listen, "is not a URL"),
+            (
+                "https://bot.example.com/3f9c2a7d0b6e41c8a5d2?x=1",
+                listen,
+                "query",
+            ),
+        ] {
+            let error =
+                Config::parse(&format!("[telegram]\nwebhook_url = \"{url}\"\n{http}")).unwrap_err();
+            let said = format!("{error:#}");
+            assert!(said.contains(says), "{url}: {said}");
+            assert!(said.contains("telegram.webhook_url"), "{said}");
+        }
+    }
+
+    #[test]
+    fn a_webhook_needs_a_secret_token_of_telegrams_alphabet() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secret");
+        let config = |extra: &str| {
+            Config::parse(&format!(
+                "[telegram]\nwebhook_url = \"{WEBHOOK}\"\n{extra}\n[http]\nlisten = \"127.0.0.1:9464\"\n"
+            ))
+            .unwrap()
+        };
+        let with_file = format!("webhook_secret_file = \"{}\"", file.display());
+
+        std::fs::write(&file, "s3cret_TOKEN-1\n").unwrap();
+        let mut good = config(&with_file);
+        good.resolve_secrets().unwrap();
+        let webhook = good.telegram_webhook().unwrap();
+        assert_eq!(webhook.url, WEBHOOK);
+        assert_eq!(
+            good.secrets
+                .telegram_webhook_secret
+                .as_ref()
+                .map(Secret::expose),
+            Some("s3cret_TOKEN-1")
+        );
+        assert!(good.secret_paths().contains(&file));
+        assert!(
+            good.secret_env_names()
+                .contains(&"TELEGRAM_WEBHOOK_SECRET".to_owned())
+        );
+
+        for bad in ["has space", "semi;colon", &"a".repeat(257)] {
+            std::fs::write(&file, bad).unwrap();
+            let error = config(&with_file).resolve_secrets().unwrap_err();
+            assert!(
+                format!("{error:#}").contains("1-256 characters"),
+                "{bad}: {error:#}"
+            );
+        }
+
+        let mut missing =
+            config("webhook_secret_env = \"PARLOR_TEST_WEBHOOK_SECRET_THAT_IS_NEVER_SET\"");
+        let error = missing.resolve_secrets().unwrap_err();
+        let said = format!("{error:#}");
+        assert!(said.contains("needs a secret token"), "{said}");
+        assert!(
+            said.contains("PARLOR_TEST_WEBHOOK_SECRET_THAT_IS_NEVER_SET"),
+            "{said}"
+        );
+    }
+
     #[test]
     fn an_enabled_terminal_must_name_its_sandbox() {
         let e = Config::parse("[terminal]\nenabled = true\n").unwrap_err();
@@ -2119,6 +2294,7 @@ access_token = "onebot-secret-999"
                 "MY_LLM_KEY",
                 "OPENAI_API_KEY",
                 "TELEGRAM_BOT_TOKEN",
+                "TELEGRAM_WEBHOOK_SECRET",
                 "DISCORD_BOT_TOKEN",
                 "BRAVE_API_KEY",
                 "ONEBOT_ACCESS_TOKEN"

@@ -38,12 +38,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(addr) => Some(crate::http::bind(addr).await?),
         None => None,
     };
+    if config.telegram_webhook().is_some() && http.is_none() {
+        // `Config::check` refuses this; kept so the daemon never sets a webhook it cannot serve.
+        anyhow::bail!("telegram.webhook_url needs [http] listen");
+    }
     let http_store = Arc::clone(&store);
     let telegram = match telegram_token {
         Some(token) => Some(
             TelegramAdapter::connect(TelegramConfig {
                 api_url: config.telegram.api_url.clone(),
                 poll_timeout_secs: config.telegram.poll_timeout_secs,
+                webhook: config.telegram_webhook(),
                 ..TelegramConfig::new(token)
             })
             .await
@@ -79,6 +84,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     runtime.resume().await?;
     let manager = runtime.sessions.clone();
 
+    // Built before the adapter runs: Telegram may post as soon as `setWebhook` returns, and
+    // the bound listener holds those connections until it serves.
+    let telegram_webhook = match &telegram {
+        Some(telegram) => parlor_adapters::telegram::webhook::WebhookReceiver::new(
+            telegram,
+            Arc::new(manager.clone()),
+        )
+        .context("cannot set up the Telegram webhook")?,
+        None => None,
+    };
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     // READY once every adapter is receiving.
@@ -179,6 +194,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             console,
             terminal: runtime.terminal.clone(),
             allowed_hosts: config.http.allowed_hosts.clone(),
+            telegram_webhook,
         };
         tasks.spawn(async move { crate::http::serve(listener, state, shutdown).await });
     }

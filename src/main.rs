@@ -287,6 +287,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     http::console_line(listen, config.http_token().is_some())
                 );
             }
+            for line in http::webhook::telegram_lines(&config) {
+                println!("{line}");
+            }
             if problems.is_empty() {
                 println!("configuration is valid");
                 Ok(ExitCode::SUCCESS)

@@ -15,10 +15,13 @@
 //!   route passes.
 //! - [`console`]: the console's pages and actions, server-rendered HTML.
 //! - [`errors`]: the ring of recent warnings and errors, filled by a `tracing` layer.
+//! - [`webhook`]: the Telegram webhook's route (`telegram.webhook_url`), which answers
+//!   without the console's token: Telegram proves itself with the webhook's secret token.
 
 pub mod auth;
 pub mod console;
 pub mod errors;
+pub mod webhook;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -49,6 +52,8 @@ pub struct HttpState {
     /// Host names answered besides the loopback ones (`[http] allowed_hosts`), lowercase,
     /// without port.
     pub allowed_hosts: Vec<String>,
+    /// The Telegram webhook's receiver, in webhook mode.
+    pub telegram_webhook: Option<parlor_adapters::telegram::webhook::WebhookReceiver>,
 }
 
 /// The routes, for [`serve`] and for tests.
@@ -61,6 +66,10 @@ pub fn router(state: HttpState) -> Router {
     let routes = match state.console {
         Some(console) => probes.merge(console::router(console)),
         None => probes,
+    };
+    let routes = match state.telegram_webhook {
+        Some(receiver) => routes.merge(webhook::router(receiver)),
+        None => routes,
     };
     let hosts: Arc<[String]> = state
         .allowed_hosts

@@ -8,8 +8,8 @@
 //!   streamed events: text, tool use, thinking with signatures, cache usage, 529s, error
 //!   events, cut streams) that records every request;
 //! - [`telegram`]: [`FakeTelegram`], a fake Bot API (long polling with
-//!   offsets, sending, files, administrators, scripted 429/409 failures) that
-//!   the real teloxide client can talk to;
+//!   offsets, webhooks set and delivered to, sending, files, administrators,
+//!   scripted 429/409 failures) that the real teloxide client can talk to;
 //! - [`discord`]: [`FakeDiscord`], a fake Discord REST API (`/api/v10/...`) and
 //!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
 //!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to;
@@ -22,7 +22,7 @@
 //!   CQ strings, notices, heartbeats, `echo`ed answers, scripted `retcode`s and dropped
 //!   connections, images over HTTP;
 //! - [`process`]: [`DaemonProcess`], a daemon under test as a child process, ready once it
-//!   polls the fake Telegram, its stderr collected.
+//!   polls the fake Telegram (or sets its webhook), its stderr collected.
 //!
 //! What the fakes have in common (a loopback server that stops with the fake,
 //! the state lock, bounded waits and their [`WaitTimeout`]) lives once, in the
@@ -63,7 +63,7 @@ pub use onebot::{DialError, FakeOneBot, OneBotFailure, OneBotMessageBuilder, One
 pub use process::DaemonProcess;
 pub use telegram::{
     ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
-    SentMessage, TgUser, teloxide_fixture, utf16_len,
+    SentMessage, TgUser, Webhook, WebhookError, teloxide_fixture, utf16_len,
 };
 pub use web::{
     FakePage, FakeWeb, SearchHit, WebRequest, brave_json, duckduckgo_html, searxng_json,

@@ -1,6 +1,6 @@
 //! A daemon under test as a child process: started, its stderr collected, ready once it
-//! polls a [`FakeTelegram`], and stopped with SIGKILL. The command line is the test's: this
-//! crate knows no parlor binary.
+//! polls a [`FakeTelegram`] (or sets its webhook there), and stopped with SIGKILL. The
+//! command line is the test's: this crate knows no parlor binary.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,12 +28,43 @@ impl DaemonProcess {
     ///
     /// # Panics
     /// If it cannot be spawned or does not poll within `wait` (with its log).
-    pub async fn spawn_polling(
-        mut command: Command,
-        telegram: &FakeTelegram,
-        wait: Duration,
-    ) -> Self {
+    pub async fn spawn_polling(command: Command, telegram: &FakeTelegram, wait: Duration) -> Self {
         let calls_before = telegram.calls("getUpdates");
+        let daemon = Self::spawn(command);
+        if let Err(e) = telegram
+            .wait_for_calls("getUpdates", calls_before + 1, wait)
+            .await
+        {
+            panic!("the daemon never polled: {e}\n{}", daemon.log());
+        }
+        daemon
+    }
+
+    /// Spawns `command` like [`DaemonProcess::spawn_polling`] and waits until it calls
+    /// `setWebhook` on `telegram` once more than before and Telegram holds a webhook.
+    ///
+    /// # Panics
+    /// If it cannot be spawned or sets no webhook within `wait` (with its log).
+    pub async fn spawn_webhook(command: Command, telegram: &FakeTelegram, wait: Duration) -> Self {
+        let calls_before = telegram.calls("setWebhook");
+        let daemon = Self::spawn(command);
+        if let Err(e) = telegram
+            .wait_for_calls("setWebhook", calls_before + 1, wait)
+            .await
+        {
+            panic!("the daemon never set its webhook: {e}\n{}", daemon.log());
+        }
+        if let Err(e) = telegram.wait_for_webhook(wait).await {
+            panic!("Telegram holds no webhook: {e}\n{}", daemon.log());
+        }
+        daemon
+    }
+
+    /// Spawns `command` with stderr piped and collected, stdout discarded.
+    ///
+    /// # Panics
+    /// If it cannot be spawned.
+    pub fn spawn(mut command: Command) -> Self {
         let mut child = command
             .stderr(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
@@ -58,19 +89,12 @@ impl DaemonProcess {
                 }
             }));
         }
-        let daemon = Self {
+        Self {
             child,
             log,
             logged,
             reader,
-        };
-        if let Err(e) = telegram
-            .wait_for_calls("getUpdates", calls_before + 1, wait)
-            .await
-        {
-            panic!("the daemon never polled: {e}\n{}", daemon.log());
         }
-        daemon
     }
 
     /// Everything it wrote to stderr so far.

@@ -46,6 +46,23 @@ pub struct TelegramConfig {
     pub allowed_updates: Vec<String>,
     /// Waits between retries of failed requests (network trouble, 409 conflicts).
     pub backoff: Backoff,
+    /// Webhook mode when set: Telegram POSTs updates to a URL instead of parlor polling
+    /// (see [`webhook`](super::webhook)). `None`, the default, long-polls `getUpdates`.
+    pub webhook: Option<WebhookConfig>,
+}
+
+/// Where Telegram posts updates in webhook mode, and how it proves it is Telegram.
+///
+/// `Debug` never shows the secret token.
+#[derive(Clone, Debug)]
+pub struct WebhookConfig {
+    /// The public HTTPS URL given to `setWebhook`. The receiving route is its path, so a
+    /// proxy in front must pass the path on unchanged.
+    pub url: String,
+    /// The `secret_token` of `setWebhook`: Telegram sends it back in the
+    /// `X-Telegram-Bot-Api-Secret-Token` header of every update, and a request without it
+    /// is refused. 1-256 characters of `A-Za-z0-9_-` (the caller checks).
+    pub secret_token: SecretString,
 }
 
 impl TelegramConfig {
@@ -62,6 +79,7 @@ impl TelegramConfig {
                 .map(|&kind| kind.to_owned())
                 .collect(),
             backoff: Backoff::default(),
+            webhook: None,
         }
     }
 

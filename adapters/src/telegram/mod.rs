@@ -1,4 +1,4 @@
-//! The Telegram adapter: Bot API long polling in, [`Platform`] out.
+//! The Telegram adapter: Bot API long polling (or a webhook) in, [`Platform`] out.
 //!
 //! ## Receiving
 //! As a [`Receiver`](crate::Receiver) the adapter long-polls `getUpdates` itself rather than
@@ -9,6 +9,10 @@
 //! `getUpdates` carry an `offset` past it. If the daemon stops or crashes before that,
 //! Telegram delivers the update again and the runtime's dedupe on `(chat, message_id)`
 //! absorbs the repeat. Updates parlor cannot represent are acknowledged and skipped.
+//!
+//! In webhook mode ([`webhook`]) Telegram POSTs each update to the binary's HTTP listener
+//! instead; the same conversion and the same inbox take it, and the HTTP answer is the
+//! acknowledgement.
 //!
 //! ## Normalizing ([`convert_message`])
 //! - A chat is `telegram:{chat_id}`; a forum topic is its own session
@@ -42,6 +46,7 @@ mod convert;
 mod error;
 mod poll;
 mod render;
+pub mod webhook;
 
 use std::fmt;
 use std::sync::Arc;
@@ -59,6 +64,7 @@ use teloxide_core::{Bot, RequestError};
 
 pub use config::{
     Backoff, DEFAULT_ALLOWED_UPDATES, DEFAULT_API_URL, TELEGRAM_MAX_DOWNLOAD_BYTES, TelegramConfig,
+    WebhookConfig,
 };
 pub use convert::{BotIdentity, Received, convert_message, convert_update};
 pub use render::{MAX_MESSAGE_UTF16, RenderedPart, render};

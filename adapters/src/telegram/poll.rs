@@ -81,6 +81,10 @@ impl Receiver for TelegramAdapter {
     /// - 401: returns [`PlatformError::Unauthorized`].
     ///
     /// Every wait also ends on `shutdown`.
+    ///
+    /// Polling starts with `deleteWebhook` (pending updates kept), since Telegram refuses
+    /// `getUpdates` while a webhook is set. With [`TelegramConfig::webhook`](super::TelegramConfig::webhook)
+    /// set, it registers the webhook instead and waits for shutdown (see [`super::webhook`]).
     async fn run_with_ready<R>(
         &self,
         inbox: Arc<dyn Inbox>,
@@ -91,6 +95,22 @@ impl Receiver for TelegramAdapter {
         R: FnOnce() + Send,
     {
         let config = &self.inner.config;
+        if let Some(webhook) = &config.webhook {
+            return self.run_webhook(webhook, shutdown, ready).await;
+        }
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Ok(()),
+            deleted = self.delete_webhook() => match deleted {
+                Ok(()) => {}
+                Err(PlatformError::Unauthorized) => {
+                    tracing::error!("Telegram rejected the bot token; stopping");
+                    return Err(PlatformError::Unauthorized);
+                }
+                // The poll loop reports the conflict if a webhook is still set.
+                Err(error) => tracing::warn!(%error, "could not remove a webhook before polling"),
+            },
+        }
         // The next `getUpdates` offset: every update below it was delivered or skipped.
         let mut offset: Option<i32> = None;
         // The offset Telegram has confirmed receiving (the last successful poll's).
@@ -294,7 +314,7 @@ impl TelegramAdapter {
 
     /// The message or event an update carries, normalized; `None` for everything parlor
     /// skips.
-    fn incoming(&self, update: &Update) -> Option<Received> {
+    pub(super) fn incoming(&self, update: &Update) -> Option<Received> {
         if let UpdateKind::Error(_) = &update.kind {
             tracing::warn!(
                 update_id = update.id.0,

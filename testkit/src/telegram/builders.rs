@@ -171,6 +171,11 @@ impl<'a> MessageBuilder<'a> {
         self
     }
 
+    /// The fake the message is for.
+    pub(super) fn fake(&self) -> &'a FakeTelegram {
+        self.fake
+    }
+
     /// Queues the message as `{"update_id":..,"message":..}` and returns its
     /// `message_id`.
     pub fn push(self) -> i64 {

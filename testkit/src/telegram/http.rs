@@ -15,6 +15,7 @@ use super::encoding::{Params, parse_params, percent_decode};
 use super::methods;
 use super::records::{Failure, RecordedCall};
 use super::state::Shared;
+use super::webhook;
 
 impl Failure {
     pub(super) fn render(&self) -> Response {
@@ -195,6 +196,12 @@ async fn call(
     }
 
     let response = match lower.as_str() {
+        "getupdates" if shared.lock().webhook.is_some() => {
+            return api_error(
+                StatusCode::CONFLICT,
+                "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first",
+            );
+        }
         "getupdates" => return methods::get_updates(shared, &params).await,
         "getme" => Ok(shared.lock().bot.me_json()),
         "sendmessage" => methods::send_message(shared, name, &params),
@@ -204,11 +211,9 @@ async fn call(
         "getfile" => methods::get_file(shared, &params),
         "getchatadministrators" => methods::get_chat_administrators(shared, &params),
         "getchatmember" => methods::get_chat_member(shared, &params),
-        "getwebhookinfo" => Ok(json!({
-            "url": "",
-            "has_custom_certificate": false,
-            "pending_update_count": shared.lock().updates.len(),
-        })),
+        "getwebhookinfo" => Ok(webhook::webhook_info(shared)),
+        "setwebhook" => webhook::set_webhook(shared, &params),
+        "deletewebhook" => Ok(webhook::delete_webhook(shared, &params)),
         "setmycommands" => {
             let commands = params.json("commands").unwrap_or_else(|| json!([]));
             shared.lock().commands = commands;
@@ -219,9 +224,7 @@ async fn call(
             shared.lock().commands = json!([]);
             Ok(json!(true))
         }
-        "deletewebhook" | "answercallbackquery" | "sendmessagedraft" | "deletemessage" => {
-            Ok(json!(true))
-        }
+        "answercallbackquery" | "sendmessagedraft" | "deletemessage" => Ok(json!(true)),
         _ => {
             shared.lock().unknown.push(name.to_owned());
             Err(ApiErr {

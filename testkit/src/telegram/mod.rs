@@ -25,8 +25,8 @@
 //!
 //! Served methods: `getMe`, `getUpdates`, `sendMessage`, `sendPhoto`,
 //! `sendDocument`, `editMessageText`, `sendChatAction`, `sendMessageDraft`,
-//! `getFile`, `getChatAdministrators`, `getChatMember`, `deleteWebhook`,
-//! `getWebhookInfo`, `setMyCommands`, `getMyCommands`, `deleteMyCommands`,
+//! `getFile`, `getChatAdministrators`, `getChatMember`, `setWebhook`,
+//! `deleteWebhook`, `getWebhookInfo`, `setMyCommands`, `getMyCommands`, `deleteMyCommands`,
 //! `answerCallbackQuery`, `deleteMessage`. Anything else gets
 //! `404 "Not Found: method not found"` and is listed by
 //! [`FakeTelegram::unknown_methods`].
@@ -53,6 +53,12 @@
 //!   parsing fails with `400 Bad Request: message is too long`.
 //! - A new `getUpdates` call ends a still-waiting long poll with `409
 //!   Conflict: terminated by other getUpdates request; ...`.
+//! - While a webhook is set (`setWebhook`, or [`FakeTelegram::set_webhook`]),
+//!   `getUpdates` fails with `409 Conflict: can't use getUpdates method while
+//!   webhook is active; ...`. Webhook delivery is the test's move:
+//!   [`FakeTelegram::deliver_webhook`] POSTs an update (from
+//!   [`MessageBuilder::webhook_update`] or [`FakeTelegram::webhook_update`]) to
+//!   the registered URL with the registered secret token.
 //!
 //! ```
 //! use std::time::Duration;
@@ -88,6 +94,7 @@
 //! - `html`: the HTML parse mode;
 //! - `builders`: [`TgUser`] and [`MessageBuilder`] for incoming messages;
 //! - `life`: the bot added or removed, a group upgraded, a message edited;
+//! - `webhook`: `setWebhook`, `deleteWebhook`, and delivering to the bot's URL;
 //! - `records`: [`SentMessage`] and the other records, and [`Failure`].
 //!
 //! Binding, the server task, the state lock and bounded waits are
@@ -101,6 +108,7 @@ mod life;
 mod methods;
 mod records;
 mod state;
+mod webhook;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -119,6 +127,7 @@ use builders::Target;
 pub use builders::{MessageBuilder, TgUser, utf16_len};
 pub use records::{ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage};
 use state::{Inner, Shared, update_id};
+pub use webhook::{SECRET_HEADER, Webhook, WebhookError};
 
 use crate::server::{self, Server, Unmet, WaitTimeout, at_least};
 

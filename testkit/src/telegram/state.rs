@@ -14,6 +14,7 @@ use super::builders::TgUser;
 use super::records::{
     ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage,
 };
+use super::webhook::Webhook;
 
 /// The first `update_id` handed out when an update has none.
 const FIRST_UPDATE_ID: i64 = 100_000;
@@ -165,6 +166,8 @@ pub(super) struct Inner {
     pub(super) actions: Vec<ChatAction>,
     pub(super) edits: Vec<EditedMessage>,
     pub(super) commands: Value,
+    /// The webhook `setWebhook` set; `getUpdates` is refused while there is one.
+    pub(super) webhook: Option<Webhook>,
 }
 
 impl Inner {
@@ -192,6 +195,7 @@ impl Inner {
             actions: Vec::new(),
             edits: Vec::new(),
             commands: json!([]),
+            webhook: None,
         }
     }
 
