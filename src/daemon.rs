@@ -49,6 +49,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 api_url: config.telegram.api_url.clone(),
                 poll_timeout_secs: config.telegram.poll_timeout_secs,
                 webhook: config.telegram_webhook(),
+                poll_lease: wiring::telegram_poll_lease(&config, &store, &token),
                 ..TelegramConfig::new(token)
             })
             .await

@@ -864,9 +864,15 @@ pub fn runtime(
 /// With `[cluster]`: how often the clock reads its tasks again from the shared store.
 const CLOCK_REREAD: Duration = Duration::from_secs(30);
 
-/// This run's instance id: `cluster.instance` (else the host name) and a random part, so a
-/// restarted daemon never takes its predecessor's leases for its own.
-fn instance_id(config: &Config) -> String {
+/// This run's instance id, the same for every part of the daemon: `cluster.instance` (else
+/// the host name) and a random part, so a restarted daemon never takes its predecessor's
+/// leases for its own.
+pub fn instance_id(config: &Config) -> String {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| new_instance_id(config)).clone()
+}
+
+fn new_instance_id(config: &Config) -> String {
     let name = config.cluster.instance.clone().unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .ok()
@@ -884,4 +890,24 @@ fn instance_id(config: &Config) -> String {
         bytes = seed.to_be_bytes();
     }
     format!("{name}-{:08x}", u32::from_be_bytes(bytes))
+}
+
+/// With `[cluster]`: the lease only whose holder long-polls Telegram for bot `token`'s
+/// updates (the bot id, the part of the token before `:`, names it; it is public).
+pub fn telegram_poll_lease(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    token: &str,
+) -> Option<Arc<parlor_bot::session::lease::Keeper>> {
+    if !config.cluster.enabled || config.telegram_webhook().is_some() {
+        return None;
+    }
+    let bot = token.split(':').next().unwrap_or_default();
+    Some(Arc::new(parlor_bot::session::lease::Keeper::new(
+        Arc::clone(store),
+        &format!("telegram:poll:{bot}"),
+        &instance_id(config),
+        Duration::from_secs(config.cluster.lease_ttl_secs),
+        parlor_bot::time::WallTime::system(),
+    )))
 }

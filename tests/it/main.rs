@@ -10,6 +10,7 @@ mod anthropic;
 mod autochat;
 mod chaos;
 mod cli;
+mod cluster;
 mod console;
 mod cost;
 mod daemon;

@@ -25,7 +25,7 @@ async fn start(
 }
 
 /// Waits until the daemon has marked every reply sent, read from the database.
-async fn unsent_outbox_empties(url: &str) {
+pub async fn unsent_outbox_empties(url: &str) {
     let url = url.to_owned();
     let deadline = std::time::Instant::now() + WAIT;
     loop {

@@ -49,6 +49,10 @@ pub struct TelegramConfig {
     /// Webhook mode when set: Telegram POSTs updates to a URL instead of parlor polling
     /// (see [`webhook`](super::webhook)). `None`, the default, long-polls `getUpdates`.
     pub webhook: Option<WebhookConfig>,
+    /// Several daemons sharing one store (`[cluster]`): only the holder of this lease polls
+    /// (Telegram answers 409 to a second poller), each poll then lasting at most a third of
+    /// the lease so the holder renews in time; the others wait to take it over.
+    pub poll_lease: Option<std::sync::Arc<parlor_bot::session::lease::Keeper>>,
 }
 
 /// Where Telegram posts updates in webhook mode, and how it proves it is Telegram.
@@ -80,6 +84,7 @@ impl TelegramConfig {
                 .collect(),
             backoff: Backoff::default(),
             webhook: None,
+            poll_lease: None,
         }
     }
 

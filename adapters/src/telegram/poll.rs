@@ -124,11 +124,22 @@ impl Receiver for TelegramAdapter {
         );
         ready();
 
+        let mut poll_timeout = config.poll_timeout_secs;
+        if let Some(lease) = &config.poll_lease {
+            let period = u32::try_from(lease.period().as_secs()).unwrap_or(u32::MAX);
+            poll_timeout = poll_timeout.min(period.max(1));
+        }
         loop {
+            if let Some(lease) = &config.poll_lease {
+                // A daemon waiting for the poll is a standby, not a broken adapter.
+                if !lease.hold(&shutdown).await {
+                    break;
+                }
+            }
             let fetched = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                fetched = self.fetch(offset, config.poll_timeout_secs, None) => fetched,
+                fetched = self.fetch(offset, poll_timeout, None) => fetched,
             };
             let wait = match fetched {
                 Ok(batch) => {
@@ -196,6 +207,10 @@ impl Receiver for TelegramAdapter {
             && acknowledged != Some(offset)
         {
             self.acknowledge(offset).await;
+        }
+        if let Some(lease) = &config.poll_lease {
+            // After the acknowledgement: the next poller starts past what was delivered.
+            lease.release();
         }
         tracing::info!("stopped polling Telegram");
         Ok(())

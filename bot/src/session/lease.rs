@@ -235,6 +235,130 @@ pub fn holder(
     Ok((expiry.expires > now).then_some((holder, expiry.expires)))
 }
 
+/// A lease one loop keeps for itself (a platform connection only one daemon may hold, such
+/// as Telegram's long poll): taken when free, renewed each time the loop comes round, which
+/// must be well within the lease's time to live.
+pub struct Keeper {
+    store: std::sync::Arc<dyn Store>,
+    name: String,
+    owner: String,
+    ttl: std::time::Duration,
+    wall: crate::time::WallTime,
+    held: std::sync::Mutex<Option<Held>>,
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeper")
+            .field("name", &self.name)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Keeper {
+    /// Keeps lease `name` for `owner` in `store`, `ttl` long at each renewal.
+    pub fn new(
+        store: std::sync::Arc<dyn Store>,
+        name: &str,
+        owner: &str,
+        ttl: std::time::Duration,
+        wall: crate::time::WallTime,
+    ) -> Self {
+        Keeper {
+            store,
+            name: name.to_owned(),
+            owner: owner.to_owned(),
+            ttl,
+            wall,
+            held: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// How long the loop may spend between two calls of [`Keeper::hold`]: a third of the
+    /// lease, so that one failed renewal still leaves time for the next.
+    pub fn period(&self) -> std::time::Duration {
+        self.ttl / 3
+    }
+
+    fn chrono_ttl(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.ttl).unwrap_or(chrono::Duration::seconds(10))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Renews the lease, or waits until it can be taken; `false` when `stop` ended the
+    /// wait. Another holder, or a store that cannot be reached, is waited out a
+    /// [period](Keeper::period) at a time.
+    pub async fn hold(&self, stop: &tokio_util::sync::CancellationToken) -> bool {
+        let mut waited = false;
+        loop {
+            let now = self.wall.now();
+            let held = self.slot().clone();
+            match held {
+                Some(mut held) => {
+                    match renew(self.store.as_ref(), &mut held, now, self.chrono_ttl()) {
+                        Ok(true) => {
+                            *self.slot() = Some(held);
+                            return true;
+                        }
+                        Ok(false) => {
+                            tracing::warn!(lease = %self.name, "lost to another instance; waiting to take it again");
+                            *self.slot() = None;
+                        }
+                        // Still ours until it expires: the next round tries again.
+                        Err(e) if held.expires() > now + self.chrono_ttl() / 3 => {
+                            tracing::warn!(lease = %self.name, error = %e, "cannot renew; still held");
+                            return true;
+                        }
+                        Err(e) => {
+                            tracing::warn!(lease = %self.name, error = %e, "cannot renew; letting it go");
+                            *self.slot() = None;
+                        }
+                    }
+                }
+                None => match acquire(
+                    self.store.as_ref(),
+                    &self.name,
+                    &self.owner,
+                    now,
+                    self.chrono_ttl(),
+                ) {
+                    Ok(Taken::Held(held)) => {
+                        tracing::info!(lease = %self.name, took_over = held.took_over(), "holding the lease");
+                        *self.slot() = Some(held);
+                        return true;
+                    }
+                    Ok(Taken::Busy) => {
+                        if !waited {
+                            tracing::info!(lease = %self.name, "another instance holds the lease; waiting");
+                            waited = true;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(lease = %self.name, error = %e, "cannot take the lease")
+                    }
+                },
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.period()) => {}
+                () = stop.cancelled() => return false,
+            }
+        }
+    }
+
+    /// Lets the lease go (shutdown): another instance takes it at its next try.
+    pub fn release(&self) {
+        if let Some(held) = self.slot().take()
+            && let Err(e) = release(self.store.as_ref(), &held)
+        {
+            tracing::warn!(lease = %self.name, error = %e, "cannot let the lease go; it expires by itself");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,5 +414,55 @@ mod tests {
         assert_eq!(a3.token(), 3);
         assert!(!a3.took_over(), "let go, not taken over");
         assert!(!a.took_over(), "a first lease");
+    }
+}
+
+#[cfg(test)]
+mod keeper_tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::store::MemoryStore;
+    use crate::time::WallTime;
+
+    #[tokio::test(start_paused = true)]
+    async fn one_keeper_holds_the_other_waits_and_takes_over_after_a_release_or_an_expiry() {
+        let store = Arc::new(MemoryStore::new());
+        let keeper = |owner: &str| {
+            Keeper::new(
+                Arc::clone(&store) as Arc<dyn Store>,
+                "telegram:poll",
+                owner,
+                Duration::from_secs(9),
+                WallTime::tokio_anchored(),
+            )
+        };
+        let (a, b) = (keeper("a"), keeper("b"));
+        let stop = CancellationToken::new();
+        assert!(a.hold(&stop).await);
+        let waiting = tokio::time::timeout(Duration::from_secs(5), b.hold(&stop)).await;
+        assert!(
+            waiting.is_err(),
+            "b waits while a's lease lives: {waiting:?}"
+        );
+        a.release();
+        assert!(b.hold(&stop).await, "taken at once after the release");
+        // b stops coming round: once its lease expired, a takes it.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(30), a.hold(&stop))
+                .await
+                .unwrap()
+        );
+        let lost = tokio::time::timeout(Duration::from_secs(5), b.hold(&stop)).await;
+        assert!(lost.is_err(), "b lost it and waits");
+        assert!(b.slot().is_none());
+        stop.cancel();
+        assert!(
+            !keeper("c").hold(&stop).await,
+            "a stopped wait returns false"
+        );
     }
 }

@@ -1,0 +1,133 @@
+//! Two `parlor run` daemons on one PostgreSQL database with `[cluster]`: one polls Telegram
+//! (the poll lease), both may run chats (chat leases). When the polling daemon is killed
+//! with SIGKILL mid-turn, the other takes the poll and the chats over once the leases
+//! expire: every question is answered once. Skipped without PostgreSQL (a failure under
+//! `PARLOR_REQUIRE_POSTGRES=1`, as in CI).
+
+use std::time::Duration;
+
+use parlor_bot::testing::PgCluster;
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply};
+
+use crate::support::{self, TOKEN, WAIT, alice, config, daemon_command, echo};
+
+const GROUPS: [i64; 3] = [-100_701, -100_702, -100_703];
+
+const CLUSTER: &str = "[store]\nbackend = \"postgres\"\n\
+    [cluster]\nenabled = true\nlease_ttl_secs = 2\nsweep_interval_ms = 100\n";
+
+fn command(
+    dir: &std::path::Path,
+    name: &str,
+    llm: &FakeLlm,
+    telegram: &FakeTelegram,
+    url: &str,
+) -> tokio::process::Command {
+    let extra = format!("{CLUSTER}instance = \"{name}\"\n");
+    let mut command = daemon_command(&config(dir, telegram, &extra), llm);
+    command.env("PARLOR_DATABASE_URL", url);
+    command
+}
+
+/// How many of the messages sent in `chat` reply to message `id`.
+fn replies_to(telegram: &FakeTelegram, chat: i64, id: i64) -> usize {
+    telegram
+        .sent_messages()
+        .iter()
+        .filter(|m| m.chat_id == chat && m.reply_to_message_id == Some(id))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_daemons_poll_and_chats_go_to_the_other_and_each_question_is_answered_once() {
+    let Some(cluster) = PgCluster::start() else {
+        return;
+    };
+    let url = cluster.database();
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let llm_a = FakeLlm::start().await;
+    for _ in GROUPS {
+        llm_a.push(Reply::text("answered by a"));
+    }
+    // A's next turn never ends: A is killed in the middle of it.
+    llm_a.push(Reply::text("never sent").delay(Duration::from_secs(600)));
+    let llm_b = FakeLlm::start().await;
+    echo(&llm_b);
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = DaemonProcess::spawn_polling(
+        command(dir_a.path(), "a", &llm_a, &telegram, &url),
+        &telegram,
+        WAIT,
+    )
+    .await;
+    let mut b = DaemonProcess::spawn(command(dir_b.path(), "b", &llm_b, &telegram, &url));
+    b.wait_for_log("another instance holds the lease", WAIT)
+        .await;
+
+    let mut first = Vec::new();
+    for chat in GROUPS {
+        let id = telegram
+            .group_message(chat, alice(), "@parlor_bot first")
+            .mention_bot()
+            .push();
+        first.push((chat, id));
+    }
+    for &(chat, id) in &first {
+        telegram
+            .wait_for_sent_where(WAIT, |m| {
+                m.chat_id == chat && m.reply_to_message_id == Some(id)
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        llm_b.request_count(),
+        0,
+        "A took the chats it received first"
+    );
+    // Past the send window (docs/operating.md): every reply is marked sent.
+    crate::postgres::unsent_outbox_empties(&url).await;
+
+    let interrupted = telegram
+        .group_message(GROUPS[0], alice(), "@parlor_bot second")
+        .mention_bot()
+        .push();
+    llm_a
+        .wait_for_requests(GROUPS.len() + 1, WAIT)
+        .await
+        .unwrap();
+    a.kill9().await;
+
+    let mut second = vec![(GROUPS[0], interrupted)];
+    for chat in &GROUPS[1..] {
+        let id = telegram
+            .group_message(*chat, alice(), "@parlor_bot second")
+            .mention_bot()
+            .push();
+        second.push((*chat, id));
+    }
+    // B takes the poll and, once A's leases expired, the chats.
+    for &(chat, id) in &second {
+        telegram
+            .wait_for_sent_where(WAIT, |m| {
+                m.chat_id == chat && m.reply_to_message_id == Some(id)
+            })
+            .await
+            .unwrap();
+    }
+    for chat in GROUPS {
+        support::sentinel(&telegram, chat).await;
+    }
+    for &(chat, id) in first.iter().chain(&second) {
+        assert_eq!(
+            replies_to(&telegram, chat, id),
+            1,
+            "chat {chat}, message {id}"
+        );
+    }
+    assert!(telegram.sent_messages().iter().all(|m| m.text != "never sent"));
+    let metrics_log = b.log();
+    assert!(metrics_log.contains("holding the lease"), "{metrics_log}");
+    let status = b.terminate(WAIT).await;
+    assert!(status.success(), "{}", b.log());
+}
