@@ -682,6 +682,8 @@ pub struct Runtime {
     clock_stop: CancellationToken,
     /// The system inputs' receiving side, until [`Runtime::resume`] serves it.
     system: std::sync::Mutex<Option<SystemReceiver>>,
+    /// With `[cluster]`: this daemon's instance id.
+    instance: Option<String>,
 }
 
 impl Runtime {
@@ -698,6 +700,15 @@ impl Runtime {
         let receiver = self.system.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(receiver) = receiver {
             self.sessions.serve_system(receiver);
+        }
+        if let Some(instance) = &self.instance {
+            // Before recovering: rows of daemons still alive are theirs.
+            if let Some(subagents) = &self.subagents {
+                subagents.run_as(instance);
+            }
+            if let Some(terminal) = &self.terminal {
+                terminal.run_as(instance);
+            }
         }
         if let Some(subagents) = &self.subagents {
             subagents
@@ -858,6 +869,7 @@ pub fn runtime(
         clock: std::sync::Mutex::new(None),
         clock_stop: CancellationToken::new(),
         system: std::sync::Mutex::new(Some(system)),
+        instance: config.cluster.enabled.then(|| instance_id(config)),
     })
 }
 

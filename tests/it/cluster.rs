@@ -125,7 +125,12 @@ async fn a_killed_daemons_poll_and_chats_go_to_the_other_and_each_question_is_an
             "chat {chat}, message {id}"
         );
     }
-    assert!(telegram.sent_messages().iter().all(|m| m.text != "never sent"));
+    assert!(
+        telegram
+            .sent_messages()
+            .iter()
+            .all(|m| m.text != "never sent")
+    );
     let metrics_log = b.log();
     assert!(metrics_log.contains("holding the lease"), "{metrics_log}");
     let status = b.terminate(WAIT).await;

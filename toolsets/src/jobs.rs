@@ -94,6 +94,9 @@ pub(crate) struct Jobs<R, H> {
     rows: tokio::sync::Mutex<()>,
     /// What time it is (ids, start and end times).
     wall_time: WallTime,
+    /// With several daemons on one store: this one's instance id, written into the rows it
+    /// starts, so that another daemon's recovery leaves them alone while it lives.
+    runner: std::sync::OnceLock<String>,
 }
 
 impl<R: JobRow, H: Clone> Jobs<R, H> {
@@ -108,6 +111,27 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
             running: Mutex::default(),
             rows: tokio::sync::Mutex::new(()),
             wall_time,
+            runner: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Marks the rows started from now on as run by instance `id` (cluster mode).
+    pub fn set_runner(&self, id: &str) {
+        let _ = self.runner.set(id.to_owned());
+    }
+
+    /// The instance id rows started here carry (cluster mode).
+    pub fn runner(&self) -> Option<String> {
+        self.runner.get().cloned()
+    }
+
+    /// Whether `row` runs in another daemon that is still alive (cluster mode).
+    fn elsewhere(&self, row: &R, now: DateTime<Utc>) -> bool {
+        match (row.runner(), self.runner.get()) {
+            (Some(runner), Some(me)) if runner != me => {
+                parlor_bot::session::cluster::instance_alive(self.table.store(), runner, now)
+            }
+            _ => false,
         }
     }
 
@@ -307,7 +331,7 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
         let mut marked = 0;
         let mut to_tell: BTreeMap<String, (ChatRef, Vec<R>)> = BTreeMap::new();
         for mut row in self.table.list(None) {
-            if live.iter().any(|id| id == row.id()) {
+            if live.iter().any(|id| id == row.id()) || self.elsewhere(&row, now) {
                 continue;
             }
             if row.phase() == Phase::Running {
@@ -436,6 +460,9 @@ macro_rules! job_row {
             }
             fn told_mut(&mut self) -> &mut $crate::notice::Told {
                 &mut self.told
+            }
+            fn runner(&self) -> Option<&str> {
+                self.runner.as_deref()
             }
         }
 

@@ -124,6 +124,8 @@ pub trait NoticeRow: Clone + Serialize + DeserializeOwned {
     fn told(&self) -> &Told;
     /// The same, to change.
     fn told_mut(&mut self) -> &mut Told;
+    /// The daemon running it, with several on one store; `None` with one.
+    fn runner(&self) -> Option<&str>;
     /// The store write that saves this row as it is.
     fn write(&self) -> Result<KvWrite, StoreError> {
         let key = row_key(self.session(), self.id());
@@ -196,6 +198,11 @@ impl<R: NoticeRow> Rows<R> {
             .collect();
         rows.sort_by(|a, b| a.started().cmp(&b.started()).then(a.id().cmp(b.id())));
         rows
+    }
+
+    /// The store the rows are in.
+    pub fn store(&self) -> &dyn Store {
+        self.store.as_ref()
     }
 
     /// Writes `row` (not flushed).

@@ -188,6 +188,9 @@ pub struct SubagentRecord {
     /// Where it stands with its chat (its notice's pending id, withdrawn, told).
     #[serde(flatten)]
     pub told: Told,
+    /// The daemon running it, with several on one store (`[cluster]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<String>,
 }
 
 impl SubagentRecord {
@@ -542,6 +545,7 @@ impl SubagentService {
             started: self.jobs.now(),
             ended: None,
             told: Told::default(),
+            runner: self.jobs.runner(),
         };
         let table = self.jobs.table();
         if let Err(e) = table.save(&row).and_then(|()| table.flush()) {
@@ -675,6 +679,12 @@ impl SubagentService {
     fn list(&self, cx: &ToolContext) -> ToolResult {
         self.jobs
             .list_result(&cx.session, "sub-agents", "subagents", row_json)
+    }
+
+    /// With several daemons on one store: background runs started here carry `instance`,
+    /// and another daemon's recovery leaves them alone while this one lives.
+    pub fn run_as(&self, instance: &str) {
+        self.jobs.set_runner(instance);
     }
 
     /// After a restart: rows still `running` belong to a previous daemon; they become

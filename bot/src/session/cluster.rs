@@ -105,15 +105,46 @@ pub(super) fn spawn(manager: &SessionManager, cluster: &Cluster) {
     });
     let beat = (cluster.lease_ttl / 3).max(Duration::from_millis(50));
     let beater = manager.clone();
+    // This instance's own lease says it is alive: what it runs in the background (a
+    // command, a sub-agent) is its own while it holds it (`instance_alive`).
+    let alive = super::lease::Keeper::new(
+        Arc::clone(manager.store()),
+        &instance_lease(&cluster.instance),
+        &cluster.instance,
+        cluster.lease_ttl,
+        manager.config().wall_time.clone(),
+    );
     manager.tracker().spawn(async move {
         loop {
+            if !alive.hold(beater.draining()).await {
+                break;
+            }
             tokio::select! {
                 () = tokio::time::sleep(beat) => {}
-                () = beater.draining().cancelled() => return,
+                () = beater.draining().cancelled() => break,
             }
             beater.dispatcher().renew(&beater);
         }
+        alive.release();
     });
+}
+
+/// The name of the lease by which `instance` says it is alive.
+pub fn instance_lease(instance: &str) -> String {
+    format!("instance:{instance}")
+}
+
+/// Whether `instance` (another daemon on the store) is alive: it renewed its own lease
+/// within the lease's time to live. An unreadable store counts as alive, so that nothing
+/// of a live daemon is taken for lost.
+pub fn instance_alive(
+    store: &dyn crate::store::Store,
+    instance: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    super::lease::holder(store, &instance_lease(instance), now).map_or(true, |holder| {
+        holder.is_some_and(|(h, _)| h.owner == instance)
+    })
 }
 
 /// One sweep: see the module docs.

@@ -62,7 +62,7 @@
 //! whose turn stopped the daemon twice instead of replaying it forever.
 
 pub mod auto_chat;
-mod cluster;
+pub mod cluster;
 mod commands;
 mod commit;
 mod compact;

@@ -108,6 +108,9 @@ pub struct TaskRecord {
     /// withdrawn (the output read with `task_output` first), whether the chat was told.
     #[serde(flatten)]
     pub told: Told,
+    /// The daemon running it, with several on one store (`[cluster]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<String>,
 }
 
 job_row!(
@@ -306,6 +309,7 @@ impl TerminalService {
             log_path,
             pgid,
             told: Told::default(),
+            runner: self.jobs.runner(),
         };
         self.jobs.table().save_logged(&row);
         tracing::info!(task = %id, session = %cx.session, pgid, "background task started");
@@ -469,6 +473,12 @@ impl TerminalService {
     pub(crate) fn task_list(&self, cx: &ToolContext) -> ToolResult {
         self.jobs
             .list_result(&cx.session, "tasks", "tasks", row_json)
+    }
+
+    /// With several daemons on one store: tasks started here carry `instance`, and another
+    /// daemon's recovery leaves them (and their processes) alone while this one lives.
+    pub fn run_as(&self, instance: &str) {
+        self.jobs.set_runner(instance);
     }
 
     /// After a restart: rows still `running` belong to a previous daemon; their leftover

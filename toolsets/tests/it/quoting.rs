@@ -215,6 +215,7 @@ fn a_terminal_task_notice_never_yields_an_attribution() {
             log_path: log,
             pgid: 0,
             told: Told::default(),
+            runner: None,
         };
         let text = parlor_toolsets::terminal::notice_block(&row, Some(&fields[3]));
         assert_quoted("terminal notice", case, &fields, &text);
@@ -243,6 +244,7 @@ fn a_sub_agent_notice_never_yields_an_attribution() {
             started: Utc::now(),
             ended: Some(Utc::now()),
             told: Told::default(),
+            runner: None,
         };
         let text = parlor_toolsets::subagent::notice_block(&row, Some(&fields[3]));
         assert_quoted("sub-agent notice", case, &fields, &text);

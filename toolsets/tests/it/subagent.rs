@@ -596,6 +596,7 @@ async fn after_a_restart_a_running_sub_agent_is_interrupted_and_its_chat_told_on
         started: Utc::now(),
         ended: None,
         told: Told::default(),
+        runner: None,
     };
     store
         .kv_put(
@@ -691,6 +692,7 @@ fn a_notice_quotes_a_hostile_task_and_result_line_by_line() {
         started: Utc::now(),
         ended: Some(Utc::now()),
         told: Told::default(),
+        runner: None,
     };
     let block = parlor_toolsets::subagent::notice_block(&row, None);
     expect_test::expect![[r#"

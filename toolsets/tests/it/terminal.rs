@@ -794,6 +794,7 @@ fn running_row(id: &str, pgid: u32, log: std::path::PathBuf) -> TaskRecord {
         log_path: log,
         pgid,
         told: Default::default(),
+        runner: None,
     }
 }
 
@@ -1253,4 +1254,53 @@ async fn a_task_takes_its_id_and_times_from_the_wall_time_it_was_given() {
     let id = start_bg(&*rig.tools, "true", "nothing").await;
     let row = wait_status(&rig.service, &id, TaskStatus::Completed).await;
     crate::support::assert_stamped(&id, "task", row.started, row.ended, at);
+}
+
+/// Several daemons on one store: a running task of a daemon that still renews its instance
+/// lease is not taken for a leftover by another daemon's start; once that daemon is gone
+/// (its lease let go or expired), the next start marks the task interrupted and tells once.
+#[tokio::test]
+async fn a_task_of_a_daemon_still_alive_is_left_alone_and_recovered_once_it_is_gone() {
+    use parlor_bot::session::{cluster, lease};
+    let rig = rig();
+    let log = rig.service.config().data_dir.join("a.log");
+    std::fs::write(&log, "working\n").unwrap();
+    let mut row = running_row("task-a", 999_999, log);
+    row.runner = Some("a-1".into());
+    rig.store
+        .kv_put(
+            TASKS_SPACE,
+            &format!("{}|task-a", row.session),
+            &serde_json::to_string(&row).unwrap(),
+        )
+        .unwrap();
+    let alive = match lease::acquire(
+        rig.store.as_ref(),
+        &cluster::instance_lease("a-1"),
+        "a-1",
+        Utc::now(),
+        chrono::Duration::seconds(60),
+    )
+    .unwrap()
+    {
+        lease::Taken::Held(held) => held,
+        lease::Taken::Busy => panic!("free"),
+    };
+
+    let other = TerminalService::new(
+        rig.store.clone(),
+        rig.notes.clone(),
+        rig.service.config().clone(),
+    );
+    other.run_as("b-1");
+    assert_eq!(other.recover().await.unwrap(), 0, "a-1 is alive");
+    let row = other.task(&group().session_key(), "task-a").unwrap();
+    assert_eq!(row.status, TaskStatus::Running);
+    assert!(rig.notes.notices().is_empty());
+
+    assert!(lease::release(rig.store.as_ref(), &alive).unwrap());
+    assert_eq!(other.recover().await.unwrap(), 1, "a-1 is gone");
+    let row = other.task(&group().session_key(), "task-a").unwrap();
+    assert_eq!(row.status, TaskStatus::Interrupted);
+    assert_eq!(rig.notes.notices().len(), 1);
 }
