@@ -2297,7 +2297,8 @@ access_token = "onebot-secret-999"
                 "TELEGRAM_WEBHOOK_SECRET",
                 "DISCORD_BOT_TOKEN",
                 "BRAVE_API_KEY",
-                "ONEBOT_ACCESS_TOKEN"
+                "ONEBOT_ACCESS_TOKEN",
+                "PARLOR_DATABASE_URL"
             ]
         );
     }
