@@ -31,8 +31,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
              listen). To try parlor without one, run `parlor chat`"
         );
     }
-    let onebot = onebot(&config)?;
     let store = wiring::store(&config)?;
+    let onebot = onebot(&config, &store)?;
     // Bound before anything connects: a taken port fails the start, not the first scrape.
     let http = match config.http.listen_addr()? {
         Some(addr) => Some(crate::http::bind(addr).await?),
@@ -60,6 +60,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let discord = match discord_token {
         Some(token) => Some(
             DiscordAdapter::connect(DiscordConfig {
+                // The token's first part is the bot's user id (base64): it names the gateway.
+                connection_lease: wiring::connection_lease(
+                    &config,
+                    &store,
+                    &format!(
+                        "discord:gateway:{}",
+                        token.split('.').next().unwrap_or_default()
+                    ),
+                ),
                 api_url: config.discord.api_url.clone(),
                 allow_mass_mentions: config.discord.allow_mass_mentions,
                 ..DiscordConfig::new(token)
@@ -239,7 +248,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
 /// The OneBot adapter `[onebot]` asks for, if any. Nothing is dialled yet: the adapter
 /// connects (or listens) when it runs.
-fn onebot(config: &Config) -> anyhow::Result<Option<OneBotAdapter>> {
+fn onebot(
+    config: &Config,
+    store: &Arc<dyn parlor_bot::store::Store>,
+) -> anyhow::Result<Option<OneBotAdapter>> {
     let section = &config.onebot;
     let transport = match (&section.url, section.listen_addr()?) {
         (Some(url), _) => Transport::Forward {
@@ -249,7 +261,15 @@ fn onebot(config: &Config) -> anyhow::Result<Option<OneBotAdapter>> {
         (None, Some(listen)) => Transport::Reverse { listen },
         (None, None) => return Ok(None),
     };
+    // One forward connection per account: its URL names it (never the token).
+    let lease = match &transport {
+        Transport::Forward { url } => {
+            wiring::connection_lease(config, store, &format!("onebot:{url}"))
+        }
+        Transport::Reverse { .. } => None,
+    };
     let mut adapter_config = OneBotConfig {
+        connection_lease: lease,
         request_timeout: Duration::from_secs(section.request_timeout_secs),
         min_send_interval: Duration::from_millis(section.min_send_interval_ms),
         max_message_chars: section.max_message_chars,

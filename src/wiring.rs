@@ -911,15 +911,27 @@ pub fn telegram_poll_lease(
     store: &Arc<dyn Store>,
     token: &str,
 ) -> Option<Arc<parlor_bot::session::lease::Keeper>> {
-    if !config.cluster.enabled || config.telegram_webhook().is_some() {
+    if config.telegram_webhook().is_some() {
         return None;
     }
     let bot = token.split(':').next().unwrap_or_default();
-    Some(Arc::new(parlor_bot::session::lease::Keeper::new(
-        Arc::clone(store),
-        &format!("telegram:poll:{bot}"),
-        &instance_id(config),
-        Duration::from_secs(config.cluster.lease_ttl_secs),
-        parlor_bot::time::WallTime::system(),
-    )))
+    connection_lease(config, store, &format!("telegram:poll:{bot}"))
+}
+
+/// With `[cluster]`: a lease only whose holder keeps connection `name` (a platform allows
+/// one per bot); `None` for a single daemon.
+pub fn connection_lease(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    name: &str,
+) -> Option<Arc<parlor_bot::session::lease::Keeper>> {
+    config.cluster.enabled.then(|| {
+        Arc::new(parlor_bot::session::lease::Keeper::new(
+            Arc::clone(store),
+            name,
+            &instance_id(config),
+            Duration::from_secs(config.cluster.lease_ttl_secs),
+            parlor_bot::time::WallTime::system(),
+        ))
+    })
 }

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use parlor_bot::backoff::Backoff;
 use parlor_bot::platform::PlatformError;
+use parlor_bot::session::lease::Keeper;
 use tokio_util::sync::CancellationToken;
 
 /// Attempts to store what a connection delivered before it is given up: neither Discord's
@@ -80,23 +81,70 @@ impl Reconnect {
 }
 
 /// Runs `session` until it ends for good or `shutdown` is cancelled, waiting the backoff
-/// between runs. `session` watches `shutdown` itself (so it can close its connection
-/// properly) and answers [`Session::Shutdown`]; the waits here end on it too.
+/// between runs. `session` watches the token it is given (so it can close its connection
+/// properly) and answers [`Session::Shutdown`]; the waits here end on `shutdown` too.
+///
+/// With `lease` (several daemons on one store), a run starts only while this daemon holds
+/// it, and the lease is renewed while the run lasts: a lease lost ends the run (its token
+/// is cancelled) and the loop waits to take it again; the last run lets it go.
 pub(crate) async fn supervise<F, Fut>(
     policy: &Reconnect,
+    lease: Option<&Keeper>,
     shutdown: &CancellationToken,
     mut session: F,
 ) -> Result<(), PlatformError>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = Session>,
+{
+    let ended = supervise_runs(policy, lease, shutdown, &mut session).await;
+    if let Some(lease) = lease {
+        lease.release();
+    }
+    ended
+}
+
+async fn supervise_runs<F, Fut>(
+    policy: &Reconnect,
+    lease: Option<&Keeper>,
+    shutdown: &CancellationToken,
+    session: &mut F,
+) -> Result<(), PlatformError>
+where
+    F: FnMut(CancellationToken) -> Fut,
     Fut: Future<Output = Session>,
 {
     let mut failures = 0u32;
     // The reason last logged while the connection is down; `None` while it is (or was) up.
     let mut logged: Option<String> = None;
     loop {
+        if let Some(lease) = lease
+            && !lease.hold(shutdown).await
+        {
+            return Ok(());
+        }
         let started = tokio::time::Instant::now();
-        let ended = session().await;
+        let run = shutdown.child_token();
+        let ended = match lease {
+            None => session(run).await,
+            Some(lease) => {
+                let connection = session(run.clone());
+                tokio::pin!(connection);
+                loop {
+                    tokio::select! {
+                        ended = &mut connection => break ended,
+                        () = tokio::time::sleep(lease.period()) => {
+                            if !lease.renew_now() {
+                                // Another daemon holds it now: this connection must close.
+                                run.cancel();
+                                let _ = (&mut connection).await;
+                                break Session::Dropped(format!("{} went to another instance", policy.what));
+                            }
+                        }
+                    }
+                }
+            }
+        };
         if started.elapsed() > policy.healthy_after {
             failures = 0;
         }
@@ -165,7 +213,7 @@ mod tests {
         let started = tokio::time::Instant::now();
         let mut runs = VecDeque::from(runs);
         let mut starts = Vec::new();
-        let result = supervise(&policy(), &CancellationToken::new(), || {
+        let result = supervise(&policy(), None, &CancellationToken::new(), |_| {
             starts.push(started.elapsed());
             let (lasts, ended) = runs
                 .pop_front()
@@ -216,7 +264,7 @@ mod tests {
     async fn shutdown_ends_a_wait() {
         let shutdown = CancellationToken::new();
         let runs = AtomicU32::new(0);
-        let result = supervise(&policy(), &shutdown, || async {
+        let result = supervise(&policy(), None, &shutdown, |_| async {
             runs.fetch_add(1, Ordering::SeqCst);
             shutdown.cancel();
             Session::Unreachable("refused".into())
@@ -224,6 +272,137 @@ mod tests {
         .await;
         assert!(result.is_ok());
         assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    /// Two daemons keep one connection: the second connects only once the first is gone,
+    /// and a lease lost while connected ends the run.
+    #[tokio::test(start_paused = true)]
+    async fn with_a_lease_only_its_holder_connects() {
+        use std::sync::Arc;
+
+        use parlor_bot::session::lease::{self, Keeper};
+        use parlor_bot::store::{MemoryStore, Store};
+        use parlor_bot::time::WallTime;
+
+        let store = Arc::new(MemoryStore::new());
+        let keeper = |owner: &str| {
+            Keeper::new(
+                Arc::clone(&store) as Arc<dyn Store>,
+                "onebot:1",
+                owner,
+                Duration::from_secs(9),
+                WallTime::tokio_anchored(),
+            )
+        };
+        let (a, b) = (keeper("a"), keeper("b"));
+        let stop_a = CancellationToken::new();
+        let shutdown = CancellationToken::new();
+        let connected = Arc::new(AtomicU32::new(0));
+        // A: connected until its shutdown, then lets the lease go.
+        let a_runs = Arc::clone(&connected);
+        let policy = policy();
+        let a_run = supervise(&policy, Some(&a), &stop_a, move |stop| {
+            let a_runs = Arc::clone(&a_runs);
+            async move {
+                a_runs.fetch_add(1, Ordering::SeqCst);
+                stop.cancelled().await;
+                Session::Shutdown
+            }
+        });
+        let b_connected = Arc::new(AtomicU32::new(0));
+        let b_runs = Arc::clone(&b_connected);
+        let b_run = supervise(&policy, Some(&b), &shutdown, move |stop| {
+            let b_runs = Arc::clone(&b_runs);
+            async move {
+                b_runs.fetch_add(1, Ordering::SeqCst);
+                stop.cancelled().await;
+                Session::Shutdown
+            }
+        });
+        let stopper = async {
+            // A long while with both running: A renews, B only waits.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            assert_eq!(connected.load(Ordering::SeqCst), 1);
+            assert_eq!(b_connected.load(Ordering::SeqCst), 0, "B waits");
+            stop_a.cancel();
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            assert_eq!(b_connected.load(Ordering::SeqCst), 1, "B took over");
+            let held = lease::holder(store.as_ref(), "onebot:1", WallTime::tokio_anchored().now())
+                .unwrap()
+                .unwrap();
+            assert!(held.0.owner == "b");
+            shutdown.cancel();
+        };
+        let (a_ended, b_ended, ()) = tokio::join!(a_run, b_run, stopper);
+        assert!(a_ended.is_ok() && b_ended.is_ok());
+        assert_eq!(
+            lease::holder(store.as_ref(), "onebot:1", WallTime::tokio_anchored().now()).unwrap(),
+            None,
+            "let go at the end"
+        );
+    }
+
+    /// A lease lost while connected (another daemon took it after this one's store went
+    /// away) ends the run: the connection is closed and the loop waits to take it again.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_lost_while_connected_ends_the_run() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+
+        use parlor_bot::session::lease::{self, Keeper};
+        use parlor_bot::store::{KvWrite, MemoryStore, Store};
+        use parlor_bot::time::WallTime;
+
+        let store = Arc::new(MemoryStore::new());
+        let a = Keeper::new(
+            Arc::clone(&store) as Arc<dyn Store>,
+            "discord:0",
+            "a",
+            Duration::from_secs(9),
+            WallTime::tokio_anchored(),
+        );
+        let shutdown = CancellationToken::new();
+        let closed = Arc::new(AtomicBool::new(false));
+        let runs = Arc::new(AtomicU32::new(0));
+        let (closed_in, runs_in) = (Arc::clone(&closed), Arc::clone(&runs));
+        let policy = policy();
+        let supervised = supervise(&policy, Some(&a), &shutdown, move |stop| {
+            let (closed, runs) = (Arc::clone(&closed_in), Arc::clone(&runs_in));
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                stop.cancelled().await;
+                closed.store(true, Ordering::SeqCst);
+                Session::Shutdown
+            }
+        });
+        let thief = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+            // Another daemon's records, as if it had taken the lease over.
+            let far = WallTime::tokio_anchored().now() + chrono::Duration::hours(1);
+            store
+                .kv_write(vec![
+                    KvWrite {
+                        space: lease::LEASE_SPACE.into(),
+                        key: "discord:0".into(),
+                        value: Some(r#"{"v":1,"owner":"c","token":9}"#.into()),
+                        if_unchanged: None,
+                    },
+                    KvWrite {
+                        space: lease::EXPIRY_SPACE.into(),
+                        key: "discord:0".into(),
+                        value: Some(format!(r#"{{"v":1,"expires":"{}"}}"#, far.to_rfc3339())),
+                        if_unchanged: None,
+                    },
+                ])
+                .unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert!(closed.load(Ordering::SeqCst), "the connection was closed");
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "and not opened again");
+            shutdown.cancel();
+        };
+        let (ended, ()) = tokio::join!(supervised, thief);
+        assert!(ended.is_ok());
     }
 
     #[test]

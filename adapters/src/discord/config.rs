@@ -32,6 +32,9 @@ pub struct DiscordConfig {
     pub sends_per_window: usize,
     /// See [`sends_per_window`](Self::sends_per_window).
     pub send_window: Duration,
+    /// Several daemons on one store (`[cluster]`): only the holder of this lease keeps the
+    /// gateway connection (one shard: the bot's whole gateway); the others wait to take it.
+    pub connection_lease: Option<std::sync::Arc<parlor_bot::session::lease::Keeper>>,
 }
 
 impl DiscordConfig {
@@ -45,6 +48,7 @@ impl DiscordConfig {
             request_timeout: Duration::from_secs(30),
             sends_per_window: 5,
             send_window: Duration::from_secs(5),
+            connection_lease: None,
         }
     }
 }

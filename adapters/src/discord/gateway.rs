@@ -99,8 +99,16 @@ impl Receiver for DiscordAdapter {
         R: FnOnce() + Send,
     {
         let ready = ReadyOnce::new(ready);
-        supervise(&RECONNECT, &shutdown, || {
-            self.run_client(&inbox, &shutdown, &ready)
+        let ready = &ready;
+        let inbox = &inbox;
+        let lease = self.inner.config.connection_lease.clone();
+        if lease.is_some() {
+            // A daemon waiting for the gateway is a standby that serves chats through the
+            // store: ready all the same.
+            ready.call();
+        }
+        supervise(&RECONNECT, lease.as_deref(), &shutdown, |stop| async move {
+            self.run_client(inbox, &stop, ready).await
         })
         .await
     }

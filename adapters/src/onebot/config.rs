@@ -55,6 +55,10 @@ pub struct OneBotConfig {
     /// A connection that sent a heartbeat is dead once this many of its heartbeat
     /// intervals pass without any frame.
     pub missed_heartbeats: u32,
+    /// Several daemons on one store (`[cluster]`): only the holder of this lease keeps the
+    /// forward connection (one per account); the others wait to take it. A reverse
+    /// connection goes to whichever daemon the implementation dials.
+    pub connection_lease: Option<std::sync::Arc<parlor_bot::session::lease::Keeper>>,
 }
 
 impl OneBotConfig {
@@ -68,6 +72,7 @@ impl OneBotConfig {
             max_message_chars: DEFAULT_MAX_MESSAGE_CHARS,
             max_image_bytes: ONEBOT_MAX_IMAGE_BYTES,
             missed_heartbeats: 3,
+            connection_lease: None,
         }
     }
 

@@ -78,33 +78,45 @@ impl OneBotAdapter {
     where
         R: FnOnce() + Send,
     {
-        let ready = ReadyOnce::new(ready);
-        supervise(&RECONNECT, &shutdown, || async {
-            let ended = match self.dial(url).await {
-                Ok(ws) => {
-                    tracing::info!(url, "connected to the OneBot implementation");
-                    parlor_bot::health::global().set_ready(HEALTH);
-                    ready.call();
-                    match self.serve(ws, &inbox, &shutdown).await {
-                        Ended::Shutdown => return Session::Shutdown,
-                        Ended::Lost(why) => Session::Dropped(why),
+        let ready = &ReadyOnce::new(ready);
+        let inbox = &inbox;
+        let lease = self.inner.config.connection_lease.clone();
+        if lease.is_some() {
+            // A daemon waiting for the connection is a standby that serves chats through
+            // the store: ready all the same.
+            ready.call();
+        }
+        supervise(
+            &RECONNECT,
+            lease.as_deref(),
+            &shutdown,
+            |shutdown| async move {
+                let ended = match self.dial(url).await {
+                    Ok(ws) => {
+                        tracing::info!(url, "connected to the OneBot implementation");
+                        parlor_bot::health::global().set_ready(HEALTH);
+                        ready.call();
+                        match self.serve(ws, inbox, &shutdown).await {
+                            Ended::Shutdown => return Session::Shutdown,
+                            Ended::Lost(why) => Session::Dropped(why),
+                        }
                     }
+                    Err(Dial::Refused(status)) => {
+                        tracing::error!(
+                            url,
+                            status,
+                            "the OneBot implementation refused the access token"
+                        );
+                        return Session::Fatal(PlatformError::Unauthorized);
+                    }
+                    Err(Dial::Failed(why)) => Session::Unreachable(why),
+                };
+                if let Session::Dropped(why) | Session::Unreachable(why) = &ended {
+                    parlor_bot::health::global().set_down(HEALTH, format!("not connected: {why}"));
                 }
-                Err(Dial::Refused(status)) => {
-                    tracing::error!(
-                        url,
-                        status,
-                        "the OneBot implementation refused the access token"
-                    );
-                    return Session::Fatal(PlatformError::Unauthorized);
-                }
-                Err(Dial::Failed(why)) => Session::Unreachable(why),
-            };
-            if let Session::Dropped(why) | Session::Unreachable(why) = &ended {
-                parlor_bot::health::global().set_down(HEALTH, format!("not connected: {why}"));
-            }
-            ended
-        })
+                ended
+            },
+        )
         .await
     }
 

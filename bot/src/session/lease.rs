@@ -295,56 +295,64 @@ impl Keeper {
     pub async fn hold(&self, stop: &tokio_util::sync::CancellationToken) -> bool {
         let mut waited = false;
         loop {
+            if self.slot().is_some() && self.renew_now() {
+                return true;
+            }
+            // Not held (never, or lost just now): take it if it is free.
             let now = self.wall.now();
-            let held = self.slot().clone();
-            match held {
-                Some(mut held) => {
-                    match renew(self.store.as_ref(), &mut held, now, self.chrono_ttl()) {
-                        Ok(true) => {
-                            *self.slot() = Some(held);
-                            return true;
-                        }
-                        Ok(false) => {
-                            tracing::warn!(lease = %self.name, "lost to another instance; waiting to take it again");
-                            *self.slot() = None;
-                        }
-                        // Still ours until it expires: the next round tries again.
-                        Err(e) if held.expires() > now + self.chrono_ttl() / 3 => {
-                            tracing::warn!(lease = %self.name, error = %e, "cannot renew; still held");
-                            return true;
-                        }
-                        Err(e) => {
-                            tracing::warn!(lease = %self.name, error = %e, "cannot renew; letting it go");
-                            *self.slot() = None;
-                        }
+            match acquire(
+                self.store.as_ref(),
+                &self.name,
+                &self.owner,
+                now,
+                self.chrono_ttl(),
+            ) {
+                Ok(Taken::Held(held)) => {
+                    tracing::info!(lease = %self.name, took_over = held.took_over(), "holding the lease");
+                    *self.slot() = Some(held);
+                    return true;
+                }
+                Ok(Taken::Busy) => {
+                    if !waited {
+                        tracing::info!(lease = %self.name, "another instance holds the lease; waiting");
+                        waited = true;
                     }
                 }
-                None => match acquire(
-                    self.store.as_ref(),
-                    &self.name,
-                    &self.owner,
-                    now,
-                    self.chrono_ttl(),
-                ) {
-                    Ok(Taken::Held(held)) => {
-                        tracing::info!(lease = %self.name, took_over = held.took_over(), "holding the lease");
-                        *self.slot() = Some(held);
-                        return true;
-                    }
-                    Ok(Taken::Busy) => {
-                        if !waited {
-                            tracing::info!(lease = %self.name, "another instance holds the lease; waiting");
-                            waited = true;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(lease = %self.name, error = %e, "cannot take the lease")
-                    }
-                },
+                Err(e) => tracing::warn!(lease = %self.name, error = %e, "cannot take the lease"),
             }
             tokio::select! {
                 () = tokio::time::sleep(self.period()) => {}
                 () = stop.cancelled() => return false,
+            }
+        }
+    }
+
+    /// Renews the lease if held, without waiting: `false` when it is not held (lost to
+    /// another instance, or never taken). A store that cannot be reached keeps it until
+    /// it would expire.
+    pub fn renew_now(&self) -> bool {
+        let Some(mut held) = self.slot().clone() else {
+            return false;
+        };
+        let now = self.wall.now();
+        match renew(self.store.as_ref(), &mut held, now, self.chrono_ttl()) {
+            Ok(true) => {
+                *self.slot() = Some(held);
+                true
+            }
+            Ok(false) => {
+                tracing::warn!(lease = %self.name, "lost to another instance");
+                *self.slot() = None;
+                false
+            }
+            Err(e) if held.expires() > now + self.chrono_ttl() / 3 => {
+                tracing::warn!(lease = %self.name, error = %e, "cannot renew; still held");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(lease = %self.name, error = %e, "cannot renew; letting it go");
+                *self.slot() = None;
+                false
             }
         }
     }
