@@ -63,6 +63,8 @@ pub struct Metrics {
     pub chat_leases_lost: Counter,
     /// Seconds one lease renewal took (a round trip to the store).
     pub lease_renew_latency: Histogram,
+    /// Seconds the store took to answer `/readyz`'s probe read.
+    pub store_round_trip: Histogram,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -174,6 +176,12 @@ impl Default for Metrics {
             "Seconds one chat lease renewal took",
             lease_renew_latency.clone(),
         );
+        let store_round_trip = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "store_probe_seconds",
+            "Seconds the store took to answer the readiness probe's read",
+            store_round_trip.clone(),
+        );
         Metrics {
             registry,
             turns,
@@ -193,6 +201,7 @@ impl Default for Metrics {
             chat_lease_takeovers,
             chat_leases_lost,
             lease_renew_latency,
+            store_round_trip,
         }
     }
 }

@@ -217,13 +217,20 @@ pub async fn serve(
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     // The store answers from memory when it is open; a wedged disk must not wedge the probe.
     let store = Arc::clone(&state.store);
+    let asked = std::time::Instant::now();
     let probe = tokio::time::timeout(
         Duration::from_secs(2),
         tokio::task::spawn_blocking(move || store.get_meta("parlor_readyz_probe")),
     )
     .await;
+    let round_trip = asked.elapsed();
     let store_down = match probe {
-        Ok(Ok(Ok(_))) => None,
+        Ok(Ok(Ok(_))) => {
+            parlor_bot::metrics::global()
+                .store_round_trip
+                .observe(round_trip.as_secs_f64());
+            None
+        }
         Ok(Ok(Err(e))) => Some(format!("store: {e}")),
         Ok(Err(e)) => Some(format!("store: the probe failed: {e}")),
         Err(_) => Some("store: did not answer within 2 s".to_owned()),
@@ -234,7 +241,20 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
         .chain(adapters.err().map(|down| down.to_string()))
         .collect();
     if reasons.is_empty() {
-        (StatusCode::OK, "ready\n".to_owned())
+        let mut body = format!(
+            "ready\nstore answered in {:.1} ms\n",
+            round_trip.as_secs_f64() * 1000.0
+        );
+        if let Some(sessions) = &state.sessions
+            && let Some(instance) = sessions.instance()
+        {
+            let stats = sessions.stats();
+            body.push_str(&format!(
+                "instance {instance}: {} chat leases held, {} taken over, {} lost\n",
+                stats.leases_held, stats.takeovers, stats.leases_lost
+            ));
+        }
+        (StatusCode::OK, body)
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -23,7 +23,7 @@ fn command(
     telegram: &FakeTelegram,
     url: &str,
 ) -> tokio::process::Command {
-    let extra = format!("{CLUSTER}instance = \"{name}\"\n");
+    let extra = format!("{CLUSTER}instance = \"{name}\"\n[http]\nlisten = \"127.0.0.1:0\"\n");
     let mut command = daemon_command(&config(dir, telegram, &extra), llm);
     command.env("PARLOR_DATABASE_URL", url);
     command
@@ -131,8 +131,20 @@ async fn a_killed_daemons_poll_and_chats_go_to_the_other_and_each_question_is_an
             .iter()
             .all(|m| m.text != "never sent")
     );
-    let metrics_log = b.log();
-    assert!(metrics_log.contains("holding the lease"), "{metrics_log}");
+    // B says what it took: on /readyz and in /metrics.
+    let addr = support::http_addr(&b).await;
+    let get = |path: &str| {
+        let url = format!("http://{addr}{path}");
+        async move { reqwest::get(url).await.unwrap().text().await.unwrap() }
+    };
+    let ready = get("/readyz").await;
+    assert!(ready.contains("instance b-"), "{ready}");
+    assert!(ready.contains("3 taken over"), "{ready}");
+    let metrics = get("/metrics").await;
+    assert!(
+        metrics.contains("parlor_chat_lease_takeovers_total 3"),
+        "{metrics}"
+    );
     let status = b.terminate(WAIT).await;
     assert!(status.success(), "{}", b.log());
 }

@@ -633,6 +633,15 @@ impl SessionManager {
         Ok(true)
     }
 
+    /// This daemon's instance id, with several daemons on one store (`[cluster]`).
+    pub fn instance(&self) -> Option<&str> {
+        self.inner
+            .config
+            .cluster
+            .as_ref()
+            .map(|c| c.instance.as_str())
+    }
+
     /// Number of sessions in memory.
     pub fn live_sessions(&self) -> usize {
         self.inner.dispatcher.len()
