@@ -148,3 +148,107 @@ async fn a_killed_daemons_poll_and_chats_go_to_the_other_and_each_question_is_an
     let status = b.terminate(WAIT).await;
     assert!(status.success(), "{}", b.log());
 }
+
+/// Three daemons on one database under steady traffic, restarted one after the other
+/// (SIGTERM, then started again): each lets its chats and the poll go as it stops, the
+/// others answer meanwhile, and every question is answered exactly once. The longest wait
+/// for an answer is printed, not asserted (a slow machine must not fail it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_nothing() {
+    let Some(cluster) = PgCluster::start() else {
+        return;
+    };
+    let url = cluster.database();
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let llm = FakeLlm::start().await;
+    echo(&llm);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let names = ["a", "b", "c"];
+    let start = |i: usize| DaemonProcess::spawn(command(dirs[i].path(), names[i], &llm, &telegram, &url));
+    let mut daemons: Vec<DaemonProcess> = (0..3).map(start).collect();
+    for daemon in &daemons {
+        daemon.wait_for_log("sharing the store with other daemons", WAIT).await;
+    }
+
+    let chats: Vec<i64> = (0..6).map(|i| -100_800 - i).collect();
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(i64, i64, std::time::Instant)>::new()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let traffic = {
+        let (telegram, asked, stop, chats) = (telegram.clone(), asked.clone(), stop.clone(), chats.clone());
+        tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.is_cancelled() {
+                let chat = chats[n % chats.len()];
+                let id = telegram
+                    .group_message(chat, alice(), &format!("@parlor_bot question {n}"))
+                    .mention_bot()
+                    .push();
+                asked.lock().unwrap().push((chat, id, std::time::Instant::now()));
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    // When each answer was first seen, by the message it answers (50 ms resolution).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<i64, std::time::Instant>::new()));
+    let watching = tokio_util::sync::CancellationToken::new();
+    let watcher = {
+        let (telegram, seen, watching) = (telegram.clone(), seen.clone(), watching.clone());
+        tokio::spawn(async move {
+            while !watching.is_cancelled() {
+                let now = std::time::Instant::now();
+                let mut seen = seen.lock().unwrap();
+                for m in telegram.sent_messages() {
+                    if let Some(id) = m.reply_to_message_id {
+                        seen.entry(id).or_insert(now);
+                    }
+                }
+                drop(seen);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    for i in 0..3 {
+        let status = daemons[i].terminate(WAIT).await;
+        assert!(status.success(), "{}", daemons[i].log());
+        daemons[i] = start(i);
+        daemons[i].wait_for_log("sharing the store with other daemons", WAIT).await;
+        // Some traffic on the new set before the next one goes.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stop.cancel();
+    traffic.await.unwrap();
+
+    let asked = asked.lock().unwrap().clone();
+    for &(chat, id, _) in &asked {
+        telegram
+            .wait_for_sent_where(WAIT, |m| m.chat_id == chat && m.reply_to_message_id == Some(id))
+            .await
+            .unwrap_or_else(|| panic!("chat {chat}: question {id} unanswered"));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    watching.cancel();
+    watcher.await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let longest = asked
+        .iter()
+        .filter_map(|(_, id, at)| seen.get(id).map(|answered| answered.duration_since(*at)))
+        .max()
+        .unwrap_or_default();
+    for &chat in &chats {
+        support::sentinel(&telegram, chat).await;
+    }
+    for &(chat, id, _) in &asked {
+        assert_eq!(replies_to(&telegram, chat, id), 1, "chat {chat}, message {id}");
+    }
+    println!(
+        "rolling restart: {} questions in {} chats, each answered once; longest wait for an \
+         answer {longest:?}",
+        asked.len(),
+        chats.len()
+    );
+    for daemon in &mut daemons {
+        let status = daemon.terminate(WAIT).await;
+        assert!(status.success(), "{}", daemon.log());
+    }
+}
