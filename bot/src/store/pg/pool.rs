@@ -162,7 +162,11 @@ impl Conn {
     /// Drops the connection after an error that may have broken it; the next call connects
     /// again. A server's refusal of one statement (a constraint, a conflict) leaves it up.
     fn after_error(&mut self, e: &postgres::Error) {
-        if e.as_db_error().is_none() || e.is_closed() {
+        // FATAL: the server ends the session (terminated by an operator, shutting down).
+        let fatal = e
+            .as_db_error()
+            .is_none_or(|db| matches!(db.severity(), "FATAL" | "PANIC"));
+        if fatal || e.is_closed() {
             self.client = None;
             self.statements.clear();
         }
