@@ -28,6 +28,13 @@
 //! ## Threads
 //! `postgres::Client` cannot be used from a tokio thread; every call runs on one of a few
 //! connection threads (`pool.rs`).
+//!
+//! ## Adding to it
+//! Another trait on the same database (leases for several instances, say) is a file beside
+//! these: its tables in a new `bot/migrations/postgres/000N_*.sql` listed in `schema.rs`,
+//! its calls through the same pool (the `pool` field, which a child module of `pg` reaches;
+//! one transaction per call), so that its writes can share a transaction with the store's
+//! row helpers (`rows.rs`).
 
 mod migrate;
 mod pool;

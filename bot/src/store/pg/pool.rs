@@ -337,9 +337,11 @@ impl Pool {
                 self.server,
                 CALL_TIMEOUT.as_secs()
             ))),
-            Err(RecvTimeoutError::Disconnected) => Err(StoreError::Io(
-                "a PostgreSQL connection thread ended during a call".to_owned(),
-            )),
+            Err(RecvTimeoutError::Disconnected) => Err(StoreError::Io(format!(
+                "a call to PostgreSQL at {} failed unexpectedly (a value of an unexpected \
+                 type?)",
+                self.server
+            ))),
         }
     }
 }
@@ -373,7 +375,14 @@ fn serve(mut conn: Conn, jobs: &Mutex<Receiver<Job>>) {
                 Err(_) => return,
             }
         };
-        job(&mut conn);
+        // A value of an unexpected type (a schema changed by hand) panics in `Row::get`;
+        // the caller then gets an error (its reply sender is dropped), and the thread
+        // goes on with a fresh connection rather than the pool losing it.
+        let run = std::panic::AssertUnwindSafe(|| job(&mut conn));
+        if std::panic::catch_unwind(run).is_err() {
+            conn.client = None;
+            conn.statements.clear();
+        }
     }
 }
 

@@ -88,18 +88,31 @@ pub(super) fn append_history<C: postgres::GenericClient>(
             &[&session, &dropped],
         )?;
     }
-    for value in values {
-        db.execute(
-            "INSERT INTO parlor_history (session, seq, value) VALUES ($1, $2, $3)",
-            &[&session, &next, value],
-        )?;
-        next += 1;
-    }
+    next = insert_history(db, session, next, values)?;
     db.execute(
         "UPDATE parlor_history_heads SET next = $2 WHERE session = $1",
         &[&session, &next],
     )?;
     Ok(())
+}
+
+/// Inserts `values` as history messages `first..`, in one statement (one round trip
+/// whatever their number); returns the seq after the last.
+fn insert_history<C: postgres::GenericClient>(
+    db: &mut Db<'_, C>,
+    session: &str,
+    first: i64,
+    values: &[String],
+) -> TxResult<i64> {
+    if !values.is_empty() {
+        db.execute(
+            "INSERT INTO parlor_history (session, seq, value)
+             SELECT $1, $2 + ordinality - 1, value
+             FROM unnest($3::text[]) WITH ORDINALITY AS new (value, ordinality)",
+            &[&session, &first, &values],
+        )?;
+    }
+    Ok(first.saturating_add(i64::try_from(values.len()).unwrap_or(i64::MAX)))
 }
 
 /// Replaces a whole history by `values` (none: the session has no history left).
@@ -117,14 +130,7 @@ pub(super) fn replace_history<C: postgres::GenericClient>(
         )?;
         return Ok(());
     }
-    let mut next = 0_i64;
-    for value in values {
-        db.execute(
-            "INSERT INTO parlor_history (session, seq, value) VALUES ($1, $2, $3)",
-            &[&session, &next, value],
-        )?;
-        next += 1;
-    }
+    let next = insert_history(db, session, 0, values)?;
     db.execute(
         "UPDATE parlor_history_heads SET next = $2 WHERE session = $1",
         &[&session, &next],
