@@ -233,3 +233,34 @@ fn racing_conditional_writes_let_exactly_one_through() {
         );
     }
 }
+
+/// Connections the server ended while they were idle (a restart, an idle timeout) are made
+/// again by the next call, which then succeeds: nothing of it had reached the server.
+#[test]
+fn connections_ended_while_idle_are_made_again_without_an_error() {
+    let Some(url) = database() else { return };
+    let store = open(&url);
+    // Several calls at once, so that more than one connection is open.
+    std::thread::scope(|scope| {
+        for i in 0..8 {
+            let store = &store;
+            scope.spawn(move || store.set_meta(&format!("k{i}"), "0").unwrap());
+        }
+    });
+    let mut killer = admin(&url);
+    let killed = killer
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE application_name = 'parlor' AND datname = current_database()",
+            &[],
+        )
+        .unwrap();
+    assert!(!killed.is_empty(), "the store had connections");
+    for i in 0..16 {
+        store.set_meta(&format!("k{}", i % 8), "1").unwrap();
+        assert_eq!(
+            store.get_meta(&format!("k{}", i % 8)).unwrap().as_deref(),
+            Some("1")
+        );
+    }
+}
