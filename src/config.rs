@@ -2032,6 +2032,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let key_file = dir.path().join("key");
         std::fs::write(&key_file, "sk-from-a-file-31337\n").unwrap();
+        let url_file = dir.path().join("database_url");
+        std::fs::write(&url_file, "postgresql://parlor:db-secret-555@db/parlor\n").unwrap();
         let mut config = Config::parse(&format!(
             r#"
 [llm]
@@ -2044,8 +2046,12 @@ token = "discord-secret-888"
 [onebot]
 url = "ws://127.0.0.1:3001"
 access_token = "onebot-secret-999"
+[store]
+backend = "postgres"
+url_file = "{}"
 "#,
-            key_file.display()
+            key_file.display(),
+            url_file.display()
         ))
         .unwrap();
         config.resolve_secrets().unwrap();
@@ -2058,6 +2064,10 @@ access_token = "onebot-secret-999"
             config.telegram_token().map(Secret::expose),
             Some("123:telegram-secret-777")
         );
+        assert_eq!(
+            config.database_url().map(Secret::expose),
+            Some("postgresql://parlor:db-secret-555@db/parlor")
+        );
         let debug = format!("{config:?}");
         let pretty = format!("{config:#?}");
         for secret in [
@@ -2066,6 +2076,7 @@ access_token = "onebot-secret-999"
             "telegram-secret-777",
             "discord-secret-888",
             "onebot-secret-999",
+            "db-secret-555",
         ] {
             assert!(!debug.contains(secret), "{secret} in {debug}");
             assert!(!pretty.contains(secret), "{secret} in {pretty}");
@@ -2301,6 +2312,9 @@ access_token = "onebot-secret-999"
                 "PARLOR_DATABASE_URL"
             ]
         );
+        let config =
+            Config::parse("[store]\nbackend = \"postgres\"\nurl_env = \"MY_DB\"\n").unwrap();
+        assert!(config.secret_env_names().contains(&"MY_DB".to_owned()));
     }
 
     #[test]

@@ -12,8 +12,10 @@ use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::llm::Message;
 use parlor_bot::platform::{ChatRef, Delivery, Inbox, Platform, Sender};
 use parlor_bot::session::{SessionConfig, SessionManager};
-use parlor_bot::store::{HistoryChange, SledStore, Store, StoreOptions, StoredMessage, TurnCommit};
-use parlor_bot::testing::{ScriptedLlm, TestPlatform};
+use parlor_bot::store::{
+    HistoryChange, PgStore, SledStore, Store, StoreOptions, StoredMessage, TurnCommit,
+};
+use parlor_bot::testing::{PgCluster, ScriptedLlm, TestPlatform};
 use parlor_bot::tool::ToolRegistry;
 
 fn message(id: usize) -> StoredMessage {
@@ -87,22 +89,67 @@ fn main() {
     concurrent_async_intake(&store, n + 100);
     turn_commits(&store);
     drop(store);
-    session_burst();
+    let dir = tempfile::tempdir().expect("tempdir");
+    session_burst("SledStore", || {
+        Arc::new(SledStore::open(dir.path(), StoreOptions::default()).unwrap())
+    });
+    postgres();
 }
 
-/// The session layer on a SledStore, with an instant model and an instant platform: a
-/// burst of mentions in as many chats, taken as one batch (as a `getUpdates` answer is),
-/// until every reply is sent and marked sent. Flushes and process CPU per turn.
-fn session_burst() {
+/// The same on a [`PgStore`] on a throwaway local PostgreSQL (fsync off: the figures are
+/// round trips and the store's own work, not the disk), when PostgreSQL is installed.
+/// Process CPU leaves out the server's.
+fn postgres() {
+    let Some(cluster) = PgCluster::start() else {
+        println!("PostgreSQL: not installed, no figures");
+        return;
+    };
+    let store = PgStore::open(&cluster.database(), StoreOptions::default()).expect("open");
+    println!("PostgreSQL ({}):", store.server());
+    let n = 2000;
+    let start = Instant::now();
+    for i in 0..n {
+        let session = if i % 2 == 0 {
+            "telegram:-1001"
+        } else {
+            "telegram:-1002"
+        };
+        store.record_message(session, &message(i)).expect("record");
+    }
+    println!(
+        "record_message (durable at once): {n} in {:?} ({:.1} µs each)",
+        start.elapsed(),
+        start.elapsed().as_secs_f64() * 1e6 / n as f64
+    );
+    let start = Instant::now();
+    for _ in 0..200 {
+        store.recent_messages("telegram:-1001", 50).expect("recent");
+    }
+    println!(
+        "recent_messages(50): {:.1} µs each",
+        start.elapsed().as_secs_f64() * 1e6 / 200.0
+    );
+    concurrent_intake(&store, n + 100);
+    concurrent_async_intake(&store, n + 100);
+    turn_commits(&store);
+    let url = cluster.database();
+    session_burst("PgStore", || {
+        Arc::new(PgStore::open(&url, StoreOptions::default()).unwrap())
+    });
+}
+
+/// The session layer on a store `open` makes, with an instant model and an instant
+/// platform: a burst of mentions in as many chats, taken as one batch (as a `getUpdates`
+/// answer is), until every reply is sent and marked sent. Flushes and process CPU per turn.
+fn session_burst<S: Store>(name: &str, open: impl FnOnce() -> Arc<S>) {
     const CHATS: u32 = 200;
-    let dir = tempfile::tempdir().expect("tempdir");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = Arc::new(SledStore::open(dir.path(), StoreOptions::default()).unwrap());
+        let store = open();
         let platform = TestPlatform::new();
         let agent = Agent::new(
             ScriptedLlm::echo().shared(),
@@ -137,7 +184,7 @@ fn session_burst() {
         let (elapsed, cpu) = (start.elapsed(), cpu_seconds() - cpu_start);
         let flushes = store.flushes() - flushes_before;
         println!(
-            "session burst, {CHATS} mentions in {CHATS} chats, one batch: all sent in \
+            "{name}: session burst, {CHATS} mentions in {CHATS} chats, one batch: all sent in \
              {elapsed:?}, CPU {:.0} µs per turn, {:.2} flushes per turn",
             cpu * 1e6 / f64::from(CHATS),
             flushes as f64 / f64::from(CHATS)
@@ -148,7 +195,7 @@ fn session_burst() {
 
 /// Durable intake from several chats at once: each of `THREADS` threads records a message
 /// and waits for it to be durable (`flush`), `PER_THREAD` times.
-fn concurrent_intake(store: &SledStore, base: usize) {
+fn concurrent_intake<S: Store + Clone>(store: &S, base: usize) {
     const THREADS: usize = 8;
     const PER_THREAD: usize = 200;
     let store = Arc::new(store.clone());
@@ -183,7 +230,7 @@ fn concurrent_intake(store: &SledStore, base: usize) {
 
 /// The same from tasks on a two-worker runtime, as the session layer waits
 /// (`Store::durable`).
-fn concurrent_async_intake(store: &SledStore, base: usize) {
+fn concurrent_async_intake<S: Store + Clone>(store: &S, base: usize) {
     const TASKS: usize = 64;
     const PER_TASK: usize = 25;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -232,7 +279,7 @@ fn flushes(flushes: u64, writes: usize) -> String {
 
 /// A turn's store work in a long history: `HISTORY` messages stored; each turn loads the
 /// history, adds four messages and the trim drops four.
-fn turn_commits(store: &SledStore) {
+fn turn_commits(store: &dyn Store) {
     const HISTORY: usize = 200;
     const TURNS: usize = 200;
     let session = "telegram:-3000";

@@ -162,9 +162,12 @@ impl PgCluster {
         self.url(&name)
     }
 
-    /// The URL of database `name` on this cluster.
+    /// The URL of database `name` on this cluster (connecting gives up after 10 s).
     pub fn url(&self, name: &str) -> String {
-        format!("postgresql://postgres@127.0.0.1:{}/{name}", self.port)
+        format!(
+            "postgresql://postgres@127.0.0.1:{}/{name}?connect_timeout=10",
+            self.port
+        )
     }
 
     /// The port the server listens on (127.0.0.1).

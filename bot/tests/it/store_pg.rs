@@ -175,3 +175,92 @@ fn a_store_is_called_from_both_kinds_of_tokio_runtime() {
         Some("current")
     );
 }
+
+/// Conditional writes racing on one record from several connections: exactly one of them
+/// lands, whether the record existed (its row is locked) or had to stay absent (the
+/// placeholder a concurrent insert waits on); every other one is refused whole.
+#[test]
+fn racing_conditional_writes_let_exactly_one_through() {
+    let Some(url) = database() else { return };
+    let store = open(&url);
+    store.kv_put("clocks", "present", "v0").unwrap();
+    for (key, expected) in [("present", Some("v0")), ("absent", None)] {
+        let results: Vec<Result<(), StoreError>> = std::thread::scope(|scope| {
+            let writers: Vec<_> = (0..8)
+                .map(|i| {
+                    let store = &store;
+                    scope.spawn(move || {
+                        store.kv_write(vec![
+                            parlor_bot::store::KvWrite {
+                                space: "clocks".to_owned(),
+                                key: key.to_owned(),
+                                value: Some(format!("writer {i}")),
+                                if_unchanged: Some(expected.map(str::to_owned)),
+                            },
+                            // Lands with it or not at all.
+                            parlor_bot::store::KvWrite {
+                                space: "clock_runs".to_owned(),
+                                key: format!("{key} {i}"),
+                                value: Some("ran".to_owned()),
+                                if_unchanged: None,
+                            },
+                        ])
+                    })
+                })
+                .collect();
+            writers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let won: Vec<usize> = (0..8).filter(|&i| results[i].is_ok()).collect();
+        assert_eq!(won.len(), 1, "{key}: {results:?}");
+        assert!(
+            results
+                .iter()
+                .filter(|r| r.is_err())
+                .all(|r| matches!(r, Err(StoreError::Changed(_)))),
+            "{key}: {results:?}"
+        );
+        let winner = won[0];
+        assert_eq!(
+            store.kv_get("clocks", key).unwrap(),
+            Some(format!("writer {winner}")),
+            "{key}"
+        );
+        let runs = store.kv_scan("clock_runs", &format!("{key} ")).unwrap();
+        assert_eq!(
+            runs,
+            vec![(format!("{key} {winner}"), "ran".to_owned())],
+            "{key}"
+        );
+    }
+}
+
+/// Connections the server ended while they were idle (a restart, an idle timeout) are made
+/// again by the next call, which then succeeds: nothing of it had reached the server.
+#[test]
+fn connections_ended_while_idle_are_made_again_without_an_error() {
+    let Some(url) = database() else { return };
+    let store = open(&url);
+    // Several calls at once, so that more than one connection is open.
+    std::thread::scope(|scope| {
+        for i in 0..8 {
+            let store = &store;
+            scope.spawn(move || store.set_meta(&format!("k{i}"), "0").unwrap());
+        }
+    });
+    let mut killer = admin(&url);
+    let killed = killer
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE application_name = 'parlor' AND datname = current_database()",
+            &[],
+        )
+        .unwrap();
+    assert!(!killed.is_empty(), "the store had connections");
+    for i in 0..16 {
+        store.set_meta(&format!("k{}", i % 8), "1").unwrap();
+        assert_eq!(
+            store.get_meta(&format!("k{}", i % 8)).unwrap().as_deref(),
+            Some("1")
+        );
+    }
+}

@@ -8,8 +8,10 @@
 //! moves its other tasks off the thread while it waits).
 //!
 //! A connection that failed is dropped; the next call on that thread connects again. A
-//! call is never retried after a connection failure: the transaction may or may not have
-//! committed, and the caller (intake, a commit) already handles a failed write.
+//! write is not retried once its transaction began: if the connection broke after that, it
+//! may or may not have committed, and the caller (intake, a commit) already handles a
+//! failed write. A connection found broken at `BEGIN` (ended while idle), or under a read,
+//! is made again and the call goes on, since nothing of it had changed anything.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -161,27 +163,44 @@ impl Conn {
 
     /// Drops the connection after an error that may have broken it; the next call connects
     /// again. A server's refusal of one statement (a constraint, a conflict) leaves it up.
-    fn after_error(&mut self, e: &postgres::Error) {
-        if e.as_db_error().is_none() || e.is_closed() {
+    /// `true` when it dropped the connection.
+    fn after_error(&mut self, e: &postgres::Error) -> bool {
+        // FATAL: the server ends the session (terminated by an operator, shutting down).
+        let fatal = e
+            .as_db_error()
+            .is_none_or(|db| matches!(db.severity(), "FATAL" | "PANIC"));
+        if fatal || e.is_closed() {
             self.client = None;
             self.statements.clear();
+            return true;
         }
+        false
     }
 
     /// Runs `body` in one READ COMMITTED transaction (the server's default), committed when
-    /// it returns `Ok`; a transient conflict runs it again.
+    /// it returns `Ok`; a transient conflict runs it again. A connection found broken at
+    /// `BEGIN` (the server restarted, or ended an idle session) is made again and the
+    /// transaction started on it: nothing of it had reached the server.
     fn write<T>(
         &mut self,
         body: &mut dyn FnMut(&mut Db<'_, postgres::Transaction<'_>>) -> TxResult<T>,
     ) -> Result<T, StoreError> {
         let server = Arc::clone(&self.server);
-        let mut attempt = 0;
+        let (mut attempt, mut reconnected) = (0, false);
         loop {
             attempt += 1;
             match self.try_write(body) {
                 Ok(value) => return Ok(value),
-                Err(TxError::Store(e)) => return Err(e),
-                Err(TxError::Pg(e)) => {
+                Err(Failure::Begin(e)) => {
+                    if self.after_error(&e) && !reconnected {
+                        reconnected = true;
+                        tracing::debug!(error = %describe(&e), "PostgreSQL connection lost while idle; again");
+                        continue;
+                    }
+                    return Err(pg_error(&server, &e));
+                }
+                Err(Failure::Tx(TxError::Store(e))) => return Err(e),
+                Err(Failure::Tx(TxError::Pg(e))) => {
                     self.after_error(&e);
                     if is_transient(&e) && attempt < CONFLICT_ATTEMPTS {
                         tracing::debug!(error = %describe(&e), attempt, "PostgreSQL conflict; again");
@@ -196,45 +215,61 @@ impl Conn {
     fn try_write<T>(
         &mut self,
         body: &mut dyn FnMut(&mut Db<'_, postgres::Transaction<'_>>) -> TxResult<T>,
-    ) -> TxResult<T> {
-        self.client()?;
+    ) -> Result<T, Failure> {
+        self.client().map_err(|e| Failure::Tx(TxError::Store(e)))?;
         let Conn {
             client, statements, ..
         } = self;
-        let client = client
-            .as_mut()
-            .ok_or_else(|| StoreError::Io("no PostgreSQL connection".to_owned()))?;
-        let mut tx = client.transaction()?;
+        let client = client.as_mut().ok_or_else(|| {
+            Failure::Tx(TxError::Store(StoreError::Io(
+                "no PostgreSQL connection".to_owned(),
+            )))
+        })?;
+        let mut tx = client.transaction().map_err(Failure::Begin)?;
         let value = body(&mut Db {
             client: &mut tx,
             statements,
-        })?;
-        tx.commit()?;
+        })
+        .map_err(Failure::Tx)?;
+        tx.commit().map_err(|e| Failure::Tx(TxError::Pg(e)))?;
         Ok(value)
     }
 
-    /// Runs `body` outside a transaction: one read statement sees one snapshot.
+    /// Runs `body` outside a transaction: one read statement sees one snapshot. A read that
+    /// failed on a broken connection runs once more on a new one (it changed nothing).
     fn read<T>(
         &mut self,
         body: &mut dyn FnMut(&mut Db<'_, Client>) -> TxResult<T>,
     ) -> Result<T, StoreError> {
         let server = Arc::clone(&self.server);
-        self.client()?;
-        let Conn {
-            client, statements, ..
-        } = self;
-        let Some(client) = client.as_mut() else {
-            return Err(StoreError::Io("no PostgreSQL connection".to_owned()));
-        };
-        match body(&mut Db { client, statements }) {
-            Ok(value) => Ok(value),
-            Err(TxError::Store(e)) => Err(e),
-            Err(TxError::Pg(e)) => {
-                self.after_error(&e);
-                Err(pg_error(&server, &e))
+        let mut reconnected = false;
+        loop {
+            self.client()?;
+            let Conn {
+                client, statements, ..
+            } = self;
+            let Some(client) = client.as_mut() else {
+                return Err(StoreError::Io("no PostgreSQL connection".to_owned()));
+            };
+            match body(&mut Db { client, statements }) {
+                Ok(value) => return Ok(value),
+                Err(TxError::Store(e)) => return Err(e),
+                Err(TxError::Pg(e)) => {
+                    if self.after_error(&e) && !reconnected {
+                        reconnected = true;
+                        continue;
+                    }
+                    return Err(pg_error(&server, &e));
+                }
             }
         }
     }
+}
+
+/// How a transaction failed: before any of it reached the server (at `BEGIN`), or in it.
+enum Failure {
+    Begin(postgres::Error),
+    Tx(TxError),
 }
 
 /// A call, run on a connection thread.
@@ -333,9 +368,11 @@ impl Pool {
                 self.server,
                 CALL_TIMEOUT.as_secs()
             ))),
-            Err(RecvTimeoutError::Disconnected) => Err(StoreError::Io(
-                "a PostgreSQL connection thread ended during a call".to_owned(),
-            )),
+            Err(RecvTimeoutError::Disconnected) => Err(StoreError::Io(format!(
+                "a call to PostgreSQL at {} failed unexpectedly (a value of an unexpected \
+                 type?)",
+                self.server
+            ))),
         }
     }
 }
@@ -369,7 +406,14 @@ fn serve(mut conn: Conn, jobs: &Mutex<Receiver<Job>>) {
                 Err(_) => return,
             }
         };
-        job(&mut conn);
+        // A value of an unexpected type (a schema changed by hand) panics in `Row::get`;
+        // the caller then gets an error (its reply sender is dropped), and the thread
+        // goes on with a fresh connection rather than the pool losing it.
+        let run = std::panic::AssertUnwindSafe(|| job(&mut conn));
+        if std::panic::catch_unwind(run).is_err() {
+            conn.client = None;
+            conn.statements.clear();
+        }
     }
 }
 
