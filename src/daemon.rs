@@ -21,6 +21,7 @@ use crate::{systemd, wiring};
 
 /// Runs the daemon until a signal arrives or an adapter fails for good.
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    let mut sigterm = listen_for_sigterm();
     let telegram_token = config.telegram_token().map(|t| t.expose().to_owned());
     let discord_token = config.discord_token().map(|t| t.expose().to_owned());
     if telegram_token.is_none() && discord_token.is_none() && !config.onebot.enabled() {
@@ -218,7 +219,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let mut result = Ok(());
     tokio::select! {
-        signal = wait_for_signal() => {
+        signal = wait_for_signal(sigterm.as_mut()) => {
             tracing::info!(signal, "shutting down");
         }
         Some(ended) = tasks.join_next() => {
@@ -332,15 +333,24 @@ impl Readiness {
     }
 }
 
-async fn wait_for_signal() -> &'static str {
+/// SIGTERM, listened for from the first moment of the start: one that arrives while the
+/// daemon still connects is a clean stop once it can stop, never the default kill.
+fn listen_for_sigterm() -> Option<tokio::signal::unix::Signal> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
+    signal(SignalKind::terminate())
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the daemon");
+        })
+        .ok()
+}
+
+async fn wait_for_signal(term: Option<&mut tokio::signal::unix::Signal>) -> &'static str {
+    match term {
+        Some(term) => tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = tokio::signal::ctrl_c() => "SIGINT",
         },
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the daemon");
+        None => {
             let _ = tokio::signal::ctrl_c().await;
             "SIGINT"
         }

@@ -159,22 +159,35 @@ async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_noth
         return;
     };
     let url = cluster.database();
-    let telegram = FakeTelegram::start(TOKEN).await;
+    let telegram = std::sync::Arc::new(FakeTelegram::start(TOKEN).await);
     let llm = FakeLlm::start().await;
     echo(&llm);
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let names = ["a", "b", "c"];
-    let start = |i: usize| DaemonProcess::spawn(command(dirs[i].path(), names[i], &llm, &telegram, &url));
+    let start = |i: usize| {
+        DaemonProcess::spawn(command(
+            dirs[i].path(),
+            names[i],
+            &llm,
+            telegram.as_ref(),
+            &url,
+        ))
+    };
     let mut daemons: Vec<DaemonProcess> = (0..3).map(start).collect();
     for daemon in &daemons {
-        daemon.wait_for_log("sharing the store with other daemons", WAIT).await;
+        daemon
+            .wait_for_log("sharing the store with other daemons", WAIT)
+            .await;
     }
 
     let chats: Vec<i64> = (0..6).map(|i| -100_800 - i).collect();
-    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(i64, i64, std::time::Instant)>::new()));
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(
+        Vec::<(i64, i64, std::time::Instant)>::new(),
+    ));
     let stop = tokio_util::sync::CancellationToken::new();
     let traffic = {
-        let (telegram, asked, stop, chats) = (telegram.clone(), asked.clone(), stop.clone(), chats.clone());
+        let (telegram, asked, stop, chats) =
+            (telegram.clone(), asked.clone(), stop.clone(), chats.clone());
         tokio::spawn(async move {
             let mut n = 0usize;
             while !stop.is_cancelled() {
@@ -183,27 +196,34 @@ async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_noth
                     .group_message(chat, alice(), &format!("@parlor_bot question {n}"))
                     .mention_bot()
                     .push();
-                asked.lock().unwrap().push((chat, id, std::time::Instant::now()));
+                asked
+                    .lock()
+                    .unwrap()
+                    .push((chat, id, std::time::Instant::now()));
                 n += 1;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
     };
     // When each answer was first seen, by the message it answers (50 ms resolution).
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<i64, std::time::Instant>::new()));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        i64,
+        std::time::Instant,
+    >::new()));
     let watching = tokio_util::sync::CancellationToken::new();
     let watcher = {
         let (telegram, seen, watching) = (telegram.clone(), seen.clone(), watching.clone());
         tokio::spawn(async move {
             while !watching.is_cancelled() {
                 let now = std::time::Instant::now();
-                let mut seen = seen.lock().unwrap();
-                for m in telegram.sent_messages() {
-                    if let Some(id) = m.reply_to_message_id {
-                        seen.entry(id).or_insert(now);
+                {
+                    let mut seen = seen.lock().unwrap();
+                    for m in telegram.sent_messages() {
+                        if let Some(id) = m.reply_to_message_id {
+                            seen.entry(id).or_insert(now);
+                        }
                     }
                 }
-                drop(seen);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
@@ -212,7 +232,9 @@ async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_noth
         let status = daemons[i].terminate(WAIT).await;
         assert!(status.success(), "{}", daemons[i].log());
         daemons[i] = start(i);
-        daemons[i].wait_for_log("sharing the store with other daemons", WAIT).await;
+        daemons[i]
+            .wait_for_log("sharing the store with other daemons", WAIT)
+            .await;
         // Some traffic on the new set before the next one goes.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -222,9 +244,11 @@ async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_noth
     let asked = asked.lock().unwrap().clone();
     for &(chat, id, _) in &asked {
         telegram
-            .wait_for_sent_where(WAIT, |m| m.chat_id == chat && m.reply_to_message_id == Some(id))
+            .wait_for_sent_where(WAIT, |m| {
+                m.chat_id == chat && m.reply_to_message_id == Some(id)
+            })
             .await
-            .unwrap_or_else(|| panic!("chat {chat}: question {id} unanswered"));
+            .unwrap_or_else(|e| panic!("chat {chat}: question {id} unanswered: {e:?}"));
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     watching.cancel();
@@ -236,10 +260,14 @@ async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_noth
         .max()
         .unwrap_or_default();
     for &chat in &chats {
-        support::sentinel(&telegram, chat).await;
+        support::sentinel(telegram.as_ref(), chat).await;
     }
     for &(chat, id, _) in &asked {
-        assert_eq!(replies_to(&telegram, chat, id), 1, "chat {chat}, message {id}");
+        assert_eq!(
+            replies_to(telegram.as_ref(), chat, id),
+            1,
+            "chat {chat}, message {id}"
+        );
     }
     println!(
         "rolling restart: {} questions in {} chats, each answered once; longest wait for an \
