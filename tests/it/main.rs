@@ -23,3 +23,4 @@ mod restart;
 mod upgrade;
 mod vision;
 mod web;
+mod webhook;
