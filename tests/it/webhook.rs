@@ -201,7 +201,10 @@ async fn check_config_names_the_mode_and_refuses_a_webhook_without_a_listener() 
     let (ok, said) = check(&webhook).await;
     assert!(ok, "{said}");
     assert!(said.contains("telegram: webhook"), "{said}");
-    assert!(!said.contains(PATH_SECRET), "the path secret is not printed: {said}");
+    assert!(
+        !said.contains(PATH_SECRET),
+        "the path secret is not printed: {said}"
+    );
 
     // The same webhook without `[http]`.
     let text = std::fs::read_to_string(&webhook).unwrap();
