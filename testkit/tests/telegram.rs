@@ -1066,8 +1066,10 @@ async fn latency_delays_every_call_but_get_updates() {
 async fn a_webhook_refuses_get_updates_and_delivers_with_its_secret() {
     use std::sync::{Arc, Mutex};
 
+    /// What each POST carried: the secret header and the update.
+    type Seen = Arc<Mutex<Vec<(Option<String>, Value)>>>;
     // The bot's side: records what each POST carried and answers 200.
-    let seen: Arc<Mutex<Vec<(Option<String>, Value)>>> = Arc::default();
+    let seen: Seen = Arc::default();
     let app = axum::Router::new().route(
         "/hook/3f9c2a7d0b6e41c8",
         axum::routing::post({
