@@ -15,7 +15,8 @@
 //!
 //! ## Layout
 //! - [`telegram`] — the Telegram Bot API adapter: long polling with acknowledgement after
-//!   durable delivery, message normalization (topics, mentions, commands, images), sending
+//!   durable delivery, or a webhook whose receiver the binary's HTTP listener mounts
+//!   ([`telegram::webhook`]), message normalization (topics, mentions, commands, images), sending
 //!   with splitting and bounded retries.
 //! - [`discord`] — the Discord adapter (serenity): gateway with resume, normalization (one
 //!   session per channel/thread/DM, mentions, replies, commands, images), sending in parts of

@@ -81,3 +81,48 @@ pub fn telegram_lines(config: &Config) -> Vec<String> {
     }
     lines
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `check-config`'s lines for a webhook at `url` with `allowed_hosts`.
+    fn lines(url: &str, allowed_hosts: &str) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "s3cret").unwrap();
+        let mut config = Config::parse(&format!(
+            "[telegram]\ntoken = \"123:abc\"\nwebhook_url = \"{url}\"\n\
+             webhook_secret_file = \"{}\"\n\
+             [http]\nlisten = \"127.0.0.1:9464\"\nallowed_hosts = {allowed_hosts}\n",
+            secret.display()
+        ))
+        .unwrap();
+        config.resolve_secrets().unwrap();
+        telegram_lines(&config)
+    }
+
+    #[test]
+    fn check_config_warns_of_an_unlisted_host_and_a_port_telegram_does_not_post_to() {
+        let url = "https://bot.example.com/telegram/3f9c2a7d0b6e41c8a5d2";
+        let listed = lines(url, "[\"Bot.Example.com:443\"]");
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(listed[0].starts_with("telegram: webhook"), "{listed:?}");
+        assert!(!listed[0].contains("3f9c2a7d0b6e41c8a5d2"), "{listed:?}");
+
+        let unlisted = lines(url, "[]");
+        assert!(
+            unlisted[1].contains("not in http.allowed_hosts"),
+            "{unlisted:?}"
+        );
+
+        let odd_port = lines(
+            "https://bot.example.com:9000/telegram/3f9c2a7d0b6e41c8a5d2",
+            "[\"bot.example.com\"]",
+        );
+        assert!(odd_port[1].contains("443, 80, 88 and 8443"), "{odd_port:?}");
+
+        let loopback = lines("http://127.0.0.1:8080/telegram/3f9c2a7d0b6e41c8a5d2", "[]");
+        assert_eq!(loopback.len(), 1, "{loopback:?}");
+    }
+}

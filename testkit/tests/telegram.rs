@@ -1061,3 +1061,96 @@ async fn latency_delays_every_call_but_get_updates() {
         .expect("getUpdates is not delayed");
     assert_eq!(polled.as_array().map(Vec::len), Some(1));
 }
+
+#[tokio::test]
+async fn a_webhook_refuses_get_updates_and_delivers_with_its_secret() {
+    use std::sync::{Arc, Mutex};
+
+    /// What each POST carried: the secret header and the update.
+    type Seen = Arc<Mutex<Vec<(Option<String>, Value)>>>;
+    // The bot's side: records what each POST carried and answers 200.
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new().route(
+        "/hook/3f9c2a7d0b6e41c8",
+        axum::routing::post({
+            let seen = Arc::clone(&seen);
+            move |headers: axum::http::HeaderMap, axum::Json(update): axum::Json<Value>| async move {
+                let secret = headers
+                    .get(parlor_testkit::telegram::SECRET_HEADER)
+                    .map(|v| v.to_str().unwrap().to_owned());
+                seen.lock().unwrap().push((secret, update));
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/hook/3f9c2a7d0b6e41c8",
+        listener.local_addr().unwrap()
+    );
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let fake = FakeTelegram::start(TOKEN).await;
+    let update = fake.group_message(GROUP, alice(), "hi").webhook_update();
+    assert!(matches!(
+        fake.deliver_webhook(&update).await,
+        Err(parlor_testkit::WebhookError::NotSet)
+    ));
+    let (status, answer) = api(
+        &fake,
+        "setWebhook",
+        json!({"url": url, "secret_token": "bad secret"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    ok_result(
+        &fake,
+        "setWebhook",
+        json!({"url": url, "secret_token": "s3cret", "drop_pending_updates": false}),
+    )
+    .await;
+    let webhook = fake.webhook().unwrap();
+    assert_eq!(webhook.secret_token.as_deref(), Some("s3cret"));
+    assert_eq!(webhook.drop_pending_updates, Some(false));
+    let info = ok_result(&fake, "getWebhookInfo", json!({})).await;
+    assert_eq!(info["url"], json!(url));
+
+    let (status, answer) = api(&fake, "getUpdates", json!({})).await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["description"]
+            .as_str()
+            .unwrap()
+            .contains("webhook is active"),
+        "{answer}"
+    );
+
+    assert_eq!(fake.deliver_webhook(&update).await.unwrap(), 200);
+    assert_eq!(
+        fake.deliver_webhook_with_secret(&update, None)
+            .await
+            .unwrap(),
+        200
+    );
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen[0], (Some("s3cret".to_owned()), update.clone()));
+        assert_eq!(seen[1].0, None);
+        assert!(seen[0].1["update_id"].as_i64().is_some());
+    }
+    assert!(
+        fake.pending_updates().is_empty(),
+        "not queued for getUpdates"
+    );
+
+    ok_result(
+        &fake,
+        "deleteWebhook",
+        json!({"drop_pending_updates": false}),
+    )
+    .await;
+    assert_eq!(fake.webhook(), None);
+    let (status, _) = api(&fake, "getUpdates", json!({})).await;
+    assert_eq!(status, 200);
+    server.abort();
+}

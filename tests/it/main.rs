@@ -25,3 +25,4 @@ mod restart;
 mod upgrade;
 mod vision;
 mod web;
+mod webhook;

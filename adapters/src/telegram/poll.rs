@@ -63,10 +63,10 @@ impl Receiver for TelegramAdapter {
     /// Long-polls Telegram and delivers every message to `inbox` until `shutdown` is
     /// cancelled, then returns `Ok(())` promptly (an in-flight long poll is abandoned).
     ///
-    /// `ready` is called once, right before the first `getUpdates`: the token was accepted
-    /// at [`connect`](Self::connect) and from now on updates are received. The daemon hooks
-    /// systemd's `READY=1` onto it. (Not after the first answer: on a quiet chat that takes
-    /// a whole long-poll timeout.)
+    /// `ready` is called once, right before `deleteWebhook` and the first `getUpdates`: the
+    /// token was accepted at [`connect`](Self::connect) and from now on updates are
+    /// received. The daemon hooks systemd's `READY=1` onto it. (Not after the first answer:
+    /// on a quiet chat that takes a whole long-poll timeout.)
     ///
     /// An update is acknowledged (the next `getUpdates` offset moves past it) only after
     /// `inbox.deliver_all` took it durably. When the inbox answers `ShuttingDown`, the loop
@@ -98,6 +98,20 @@ impl Receiver for TelegramAdapter {
         if let Some(webhook) = &config.webhook {
             return self.run_webhook(webhook, shutdown, ready).await;
         }
+        // The next `getUpdates` offset: every update below it was delivered or skipped.
+        let mut offset: Option<i32> = None;
+        // The offset Telegram has confirmed receiving (the last successful poll's).
+        let mut acknowledged: Option<i32> = None;
+        let mut failures = Failures::new(config.backoff);
+
+        tracing::info!(
+            username = ?self.inner.me.username,
+            poll_timeout_secs = config.poll_timeout_secs,
+            "polling Telegram for updates"
+        );
+        ready();
+        // After `ready`, which promises only that the token works: a slow or failing
+        // deleteWebhook must not hold back systemd's READY=1.
         tokio::select! {
             biased;
             () = shutdown.cancelled() => return Ok(()),
@@ -111,18 +125,6 @@ impl Receiver for TelegramAdapter {
                 Err(error) => tracing::warn!(%error, "could not remove a webhook before polling"),
             },
         }
-        // The next `getUpdates` offset: every update below it was delivered or skipped.
-        let mut offset: Option<i32> = None;
-        // The offset Telegram has confirmed receiving (the last successful poll's).
-        let mut acknowledged: Option<i32> = None;
-        let mut failures = Failures::new(config.backoff);
-
-        tracing::info!(
-            username = ?self.inner.me.username,
-            poll_timeout_secs = config.poll_timeout_secs,
-            "polling Telegram for updates"
-        );
-        ready();
 
         let mut poll_timeout = config.poll_timeout_secs;
         if let Some(lease) = &config.poll_lease {

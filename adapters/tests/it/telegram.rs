@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parlor_adapters::Receiver;
-use parlor_adapters::telegram::{Backoff, TelegramAdapter, TelegramConfig};
+use parlor_adapters::telegram::webhook::{WebhookAnswer, WebhookReceiver};
+use parlor_adapters::telegram::{Backoff, TelegramAdapter, TelegramConfig, WebhookConfig};
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::platform::{
     ChatEvent, ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError,
@@ -1013,4 +1014,135 @@ mod capture {
         fn enter(&self, _: &Id) {}
         fn exit(&self, _: &Id) {}
     }
+}
+
+// --- webhook ---------------------------------------------------------------------------
+
+const WEBHOOK_SECRET: &str = "hook_Secret-42";
+
+fn webhook_config(fake: &FakeTelegram) -> TelegramConfig {
+    let mut config = config(fake);
+    config.webhook = Some(WebhookConfig {
+        // Nobody listens there: the receiver is driven directly below.
+        url: "http://127.0.0.1:9/telegram/3f9c2a7d0b6e41c8a5d2".to_owned(),
+        secret_token: WEBHOOK_SECRET.into(),
+    });
+    config
+}
+
+#[tokio::test]
+async fn polling_first_removes_a_webhook_and_keeps_its_pending_updates() {
+    let (fake, adapter) = connected().await;
+    fake.set_webhook("https://old.example.com/hook", Some("old"));
+    let id = fake
+        .group_message(GROUP, alice(), "@parlor_bot still there?")
+        .mention_bot()
+        .push();
+    let inbox = TestInbox::new(InboxMode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let got = inbox.wait_for(1).await;
+    assert_eq!(got[0].message_id, id.to_string());
+    assert_eq!(fake.webhook(), None);
+    let deleted = fake.wait_for_calls("deleteWebhook", 1, WAIT).await.unwrap();
+    let drop_pending = &deleted[0].params["drop_pending_updates"];
+    assert!(
+        drop_pending == &json!(false) || drop_pending == &json!("false"),
+        "{drop_pending}"
+    );
+    run.stop(STOP).await.unwrap();
+}
+
+#[tokio::test]
+async fn webhook_mode_sets_the_webhook_retrying_and_never_polls() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = TelegramAdapter::connect(webhook_config(&fake))
+        .await
+        .unwrap();
+    fake.fail_next(
+        "setWebhook",
+        Failure::BadRequest("bad webhook: Failed to resolve host".to_owned()),
+    );
+    let ready = Arc::new(AtomicBool::new(false));
+    let run = Running::spawn(&adapter, TestInbox::new(InboxMode::Accept), {
+        let ready = ready.clone();
+        move || ready.store(true, Ordering::SeqCst)
+    });
+    let webhook = fake.wait_for_webhook(WAIT).await.unwrap();
+    assert_eq!(
+        webhook.url,
+        "http://127.0.0.1:9/telegram/3f9c2a7d0b6e41c8a5d2"
+    );
+    assert_eq!(webhook.secret_token.as_deref(), Some(WEBHOOK_SECRET));
+    assert_eq!(webhook.drop_pending_updates, Some(false));
+    assert_eq!(fake.calls("setWebhook"), 2, "the refused call was retried");
+    eventually("ready", || ready.load(Ordering::SeqCst).then_some(())).await;
+    run.stop(STOP).await.unwrap();
+    assert_eq!(fake.calls("getUpdates"), 0);
+    assert!(
+        fake.webhook().is_some(),
+        "left in place for the next instance"
+    );
+}
+
+#[tokio::test]
+async fn the_webhook_receiver_records_an_update_only_with_the_secret() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = TelegramAdapter::connect(webhook_config(&fake))
+        .await
+        .unwrap();
+    let inbox = TestInbox::new(InboxMode::Accept);
+    let receiver = WebhookReceiver::new(&adapter, inbox.clone())
+        .unwrap()
+        .expect("webhook mode");
+    assert_eq!(receiver.path(), "/telegram/3f9c2a7d0b6e41c8a5d2");
+    let update = fake
+        .group_message(GROUP, alice(), "hi")
+        .mention_bot()
+        .webhook_update();
+    let body = serde_json::to_vec(&update).unwrap();
+
+    for secret in [
+        None,
+        Some(&b"hook_Secret-43"[..]),
+        Some(&b"hook_Secret-4"[..]),
+    ] {
+        assert_eq!(
+            receiver.receive(secret, &body).await,
+            WebhookAnswer::Unauthorized
+        );
+    }
+    assert_eq!(inbox.attempts(), 0, "nothing read without the secret");
+
+    let secret = Some(WEBHOOK_SECRET.as_bytes());
+    assert_eq!(
+        receiver.receive(secret, &body).await,
+        WebhookAnswer::Accepted
+    );
+    let got = inbox.messages();
+    assert_eq!(got.len(), 1);
+    assert!(got[0].mentions_bot);
+    assert_eq!(got[0].chat, group());
+
+    // Signed but unreadable: skipped like a broken polled update, or refused if not one.
+    let broken = br#"{"update_id":7,"message":"not an object"}"#;
+    assert_eq!(
+        receiver.receive(secret, broken).await,
+        WebhookAnswer::Accepted
+    );
+    assert_eq!(
+        receiver.receive(secret, b"<html>").await,
+        WebhookAnswer::BadRequest
+    );
+    assert_eq!(inbox.messages().len(), 1);
+
+    for (mode, answer) in [
+        (InboxMode::FailStore, WebhookAnswer::StoreFailed),
+        (InboxMode::ShuttingDown, WebhookAnswer::ShuttingDown),
+    ] {
+        let receiver = WebhookReceiver::new(&adapter, TestInbox::new(mode))
+            .unwrap()
+            .expect("webhook mode");
+        assert_eq!(receiver.receive(secret, &body).await, answer);
+    }
+    assert_eq!(WebhookAnswer::StoreFailed.status(), 500);
 }
