@@ -193,7 +193,7 @@ async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_noth
             while !stop.is_cancelled() {
                 let chat = chats[n % chats.len()];
                 let id = telegram
-                    .group_message(chat, alice(), &format!("@parlor_bot question {n}"))
+                    .group_message(chat, alice(), format!("@parlor_bot question {n}"))
                     .mention_bot()
                     .push();
                 asked
@@ -228,11 +228,11 @@ async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_noth
             }
         })
     };
-    for i in 0..3 {
-        let status = daemons[i].terminate(WAIT).await;
-        assert!(status.success(), "{}", daemons[i].log());
-        daemons[i] = start(i);
-        daemons[i]
+    for (i, daemon) in daemons.iter_mut().enumerate() {
+        let status = daemon.terminate(WAIT).await;
+        assert!(status.success(), "{}", daemon.log());
+        *daemon = start(i);
+        daemon
             .wait_for_log("sharing the store with other daemons", WAIT)
             .await;
         // Some traffic on the new set before the next one goes.
