@@ -15,6 +15,11 @@
 //!   holder), its running turn is cancelled, and its commit would be refused anyway (the
 //!   fence).
 //!
+//! **Sized honestly.** Each heartbeat writes how many chats the instance holds; each sweep
+//! reads the live instances' loads and sets this one's share (all their chats, plus one,
+//! spread evenly). Past it, an instance takes no chat it does not hold: it records the
+//! input, and an instance below its share takes the chat at its next sweep.
+//!
 //! A pending input is queued once: the queue refuses an id it holds or runs, and each
 //! session remembers the ids its worker took ([`Handled`]) until a sweep that began after
 //! they ended, since a snapshot read before a commit still shows the input pending.
@@ -23,6 +28,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::manager::{Session, SessionManager};
@@ -124,9 +130,64 @@ pub(super) fn spawn(manager: &SessionManager, cluster: &Cluster) {
                 () = beater.draining().cancelled() => break,
             }
             beater.dispatcher().renew(&beater);
+            let load = Load {
+                v: 1,
+                chats: beater.dispatcher().leases_held(),
+            };
+            if let Ok(json) = serde_json::to_string(&load)
+                && let Some(cluster) = &beater.config().cluster
+                && let Err(e) = beater.store().kv_put(LOAD_SPACE, &cluster.instance, &json)
+            {
+                tracing::debug!(error = %e, "cannot write this instance's load");
+            }
         }
         alive.release();
+        if let Some(cluster) = &beater.config().cluster {
+            let _ = beater.store().kv_delete(LOAD_SPACE, &cluster.instance);
+        }
     });
+}
+
+/// The name of chat `key`'s lease.
+pub fn chat_lease(key: &str) -> String {
+    format!("chat:{key}")
+}
+
+/// The collection of the instances' loads: how many chats each holds, written by its
+/// heartbeat, read by the others' sweeps to size their share.
+pub const LOAD_SPACE: &str = "instance_load";
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Load {
+    v: u32,
+    chats: usize,
+}
+
+/// This instance's share of the chats: the chats all live instances hold, plus one, spread
+/// evenly (rounded up). Some instance is always below its share, so a chat nobody holds
+/// always finds a taker. 0 (no limit) when the loads cannot be read.
+fn share(manager: &SessionManager, me: &str) -> usize {
+    let store = manager.store().as_ref();
+    let now = manager.now();
+    let Ok(instances) = store.kv_scan(super::lease::LEASE_SPACE, "instance:") else {
+        return 0;
+    };
+    let mut alive = 0usize;
+    let mut chats = 0usize;
+    for (name, _) in instances {
+        let Some(instance) = name.strip_prefix("instance:") else {
+            continue;
+        };
+        if instance != me && !instance_alive(store, instance, now) {
+            continue;
+        }
+        alive += 1;
+        chats += match store.kv_get(LOAD_SPACE, instance) {
+            Ok(Some(json)) => serde_json::from_str::<Load>(&json).map_or(0, |l| l.chats),
+            _ => 0,
+        };
+    }
+    (chats + 1).div_ceil(alive.max(1))
 }
 
 /// The name of the lease by which `instance` says it is alive.
@@ -150,6 +211,11 @@ pub fn instance_alive(
 /// One sweep: see the module docs.
 pub(super) fn sweep(manager: &SessionManager) {
     let started = Instant::now();
+    if let Some(cluster) = &manager.config().cluster {
+        manager
+            .dispatcher()
+            .set_share(share(manager, &cluster.instance));
+    }
     let pending = match manager.store().pending() {
         Ok(pending) => pending,
         Err(e) => {

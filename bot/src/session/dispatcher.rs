@@ -45,6 +45,9 @@ pub(super) struct Dispatcher {
     leases: AtomicUsize,
     takeovers: AtomicU64,
     lost: AtomicU64,
+    /// Cluster mode: the most chats this instance takes while others have room (0: no
+    /// limit), from the instances' loads the sweep reads.
+    share: AtomicUsize,
 }
 
 /// Workers started, running, sessions that left memory, and (cluster mode) leases held,
@@ -127,6 +130,16 @@ impl Dispatcher {
         }
     }
 
+    /// Chat leases held here now.
+    pub(super) fn leases_held(&self) -> usize {
+        self.leases.load(Ordering::Relaxed)
+    }
+
+    /// Sets this instance's share of the chats (0: no limit).
+    pub(super) fn set_share(&self, share: usize) {
+        self.share.store(share, Ordering::Relaxed);
+    }
+
     /// Whether this instance may run `key` now (always, outside cluster mode).
     pub(super) fn holds(&self, manager: &SessionManager, key: &str) -> bool {
         manager.config().cluster.is_none()
@@ -139,13 +152,13 @@ impl Dispatcher {
         let Some(cluster) = &manager.config().cluster else {
             return;
         };
-        let held: Vec<Held> = self
+        let held: Vec<(String, Held)> = self
             .map()
-            .values()
-            .filter_map(|chat| chat.lease.clone())
+            .iter()
+            .filter_map(|(key, chat)| Some((key.clone(), chat.lease.clone()?)))
             .collect();
         let metrics = crate::metrics::global();
-        for mut lease in held {
+        for (key, mut lease) in held {
             let asked = std::time::Instant::now();
             let renewed = lease::renew(
                 manager.store().as_ref(),
@@ -157,7 +170,7 @@ impl Dispatcher {
                 .lease_renew_latency
                 .observe(asked.elapsed().as_secs_f64());
             let mut map = self.map();
-            let Some(chat) = map.get_mut(lease.name()) else {
+            let Some(chat) = map.get_mut(&key) else {
                 continue;
             };
             // Let go meanwhile (the worker left): nothing to keep.
@@ -171,7 +184,7 @@ impl Dispatcher {
             match renewed {
                 Ok(true) => chat.lease = Some(lease),
                 Ok(false) => {
-                    tracing::warn!(session = %lease.name(), "lost the chat's lease to another instance; its inputs are theirs now");
+                    tracing::warn!(session = %key, "lost the chat's lease to another instance; its inputs are theirs now");
                     chat.lease = None;
                     self.leases.fetch_sub(1, Ordering::Relaxed);
                     self.lost.fetch_add(1, Ordering::Relaxed);
@@ -185,7 +198,7 @@ impl Dispatcher {
                 Err(e) => {
                     // Kept: it may still be renewed before it expires; if not, the fence
                     // refuses this instance's commits.
-                    tracing::warn!(session = %lease.name(), error = %e, "cannot renew a chat's lease");
+                    tracing::warn!(session = %key, error = %e, "cannot renew a chat's lease");
                 }
             }
         }
@@ -332,7 +345,22 @@ impl Chats<'_> {
             return true;
         }
         let store = manager.store().as_ref();
-        let taken = lease::acquire(store, key, &cluster.instance, manager.now(), cluster.ttl());
+        let name = super::cluster::chat_lease(key);
+        // Sized honestly: past its share of the chats, this instance leaves a chat it does
+        // not hold to the others (their sweep takes it within `sweep_every`).
+        let share = self.dispatcher.share.load(Ordering::Relaxed);
+        let over = share > 0 && self.dispatcher.leases.load(Ordering::Relaxed) >= share;
+        let taken = if over {
+            Ok(Taken::Busy)
+        } else {
+            lease::acquire(
+                store,
+                &name,
+                &cluster.instance,
+                manager.now(),
+                cluster.ttl(),
+            )
+        };
         let held = match taken {
             Ok(Taken::Held(held)) => held,
             Ok(Taken::Busy) => {

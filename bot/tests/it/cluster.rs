@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use parlor_bot::agent::AgentConfig;
 use parlor_bot::platform::Inbox;
-use parlor_bot::session::lease;
 use parlor_bot::session::{Cluster, SessionConfig, SessionManager};
+use parlor_bot::session::{cluster, lease};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{
     CrashStore, ScriptedLlm, TestPlatform, WAIT_LIMIT, group, message, text, toolless_manager,
@@ -115,9 +115,13 @@ async fn a_holder_that_stops_renewing_loses_the_chat_and_its_late_commit_is_fenc
         .await;
     assert_eq!(sent[0].text, "from b");
     assert_eq!(b.manager.stats().takeovers, 1);
-    let holder = lease::holder(shared.as_ref(), &key, WallTime::tokio_anchored().now())
-        .unwrap()
-        .unwrap();
+    let holder = lease::holder(
+        shared.as_ref(),
+        &cluster::chat_lease(&key),
+        WallTime::tokio_anchored().now(),
+    )
+    .unwrap()
+    .unwrap();
     assert!(holder.0.owner.starts_with("b-"), "{holder:?}");
     assert_eq!(holder.0.token, 2);
 
@@ -156,7 +160,7 @@ async fn a_shutdown_hands_the_chats_over_at_once() {
     let before = WallTime::tokio_anchored().now();
     a.manager.shutdown(Duration::from_secs(5)).await;
     assert_eq!(
-        lease::holder(shared.as_ref(), &key, before).unwrap(),
+        lease::holder(shared.as_ref(), &cluster::chat_lease(&key), before).unwrap(),
         None,
         "let go, not left to expire"
     );
@@ -168,4 +172,43 @@ async fn a_shutdown_hands_the_chats_over_at_once() {
     let sent = b.platform.wait_sent(1).await;
     assert_eq!(sent[0].text, "from b");
     assert_eq!(shared.load_history(&key).unwrap().len(), 4);
+}
+
+/// Sized honestly: one instance takes every message (it polls), yet past its share of the
+/// chats it leaves a new chat to the other, whose sweep takes it.
+#[tokio::test(start_paused = true)]
+async fn an_instance_past_its_share_leaves_new_chats_to_the_others() {
+    let shared = Arc::new(MemoryStore::new());
+    let a = instance(&shared, "a", answering("from a"));
+    let b = instance(&shared, "b", answering("from b"));
+    a.manager.resume().await.unwrap();
+    b.manager.resume().await.unwrap();
+    let chat = |n: u32| parlor_bot::platform::ChatRef::new("test", format!("-{n}"));
+
+    a.manager
+        .deliver(message(&chat(1), 1, "alice", "@parlor hi"))
+        .await
+        .unwrap();
+    a.platform.wait_sent(1).await;
+    // Heartbeats write the loads, sweeps read them: A holds 1 of 1, its share is 1.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    a.manager
+        .deliver(message(&chat(2), 2, "alice", "@parlor hi"))
+        .await
+        .unwrap();
+    let sent = b.platform.wait_sent(1).await;
+    assert_eq!(
+        (sent[0].chat.clone(), sent[0].text.as_str()),
+        (chat(2), "from b")
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // One each: A's share is 2 now, and it takes the next chat itself.
+    a.manager
+        .deliver(message(&chat(3), 3, "alice", "@parlor hi"))
+        .await
+        .unwrap();
+    let sent = a.platform.wait_sent(2).await;
+    assert_eq!(sent[1].chat, chat(3));
+    assert_eq!(a.manager.stats().leases_held, 2);
+    assert_eq!(b.manager.stats().leases_held, 1);
 }
