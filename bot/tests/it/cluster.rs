@@ -51,17 +51,23 @@ fn instance(shared: &Arc<MemoryStore>, name: &str, llm: ScriptedLlm) -> Instance
     }
 }
 
+/// Two instances on one fresh store, both resumed (their sweeps and heartbeats running).
+async fn pair(a: ScriptedLlm, b: ScriptedLlm) -> (Arc<MemoryStore>, Instance, Instance) {
+    let shared = Arc::new(MemoryStore::new());
+    let a = instance(&shared, "a", a);
+    let b = instance(&shared, "b", b);
+    a.manager.resume().await.unwrap();
+    b.manager.resume().await.unwrap();
+    (shared, a, b)
+}
+
 fn answering(word: &'static str) -> ScriptedLlm {
     ScriptedLlm::answering(move |_, _| Ok(text(word)))
 }
 
 #[tokio::test(start_paused = true)]
 async fn input_taken_by_another_instance_is_answered_once_by_the_chats_holder() {
-    let shared = Arc::new(MemoryStore::new());
-    let a = instance(&shared, "a", answering("from a"));
-    let b = instance(&shared, "b", answering("from b"));
-    a.manager.resume().await.unwrap();
-    b.manager.resume().await.unwrap();
+    let (shared, a, b) = pair(answering("from a"), answering("from b")).await;
 
     a.manager
         .deliver(message(&group(), 1, "alice", "@parlor hi"))
@@ -90,11 +96,7 @@ async fn input_taken_by_another_instance_is_answered_once_by_the_chats_holder() 
 
 #[tokio::test(start_paused = true)]
 async fn a_holder_that_stops_renewing_loses_the_chat_and_its_late_commit_is_fenced_out() {
-    let shared = Arc::new(MemoryStore::new());
-    let a = instance(&shared, "a", answering("late from a").gated());
-    let b = instance(&shared, "b", answering("from b"));
-    a.manager.resume().await.unwrap();
-    b.manager.resume().await.unwrap();
+    let (shared, a, b) = pair(answering("late from a").gated(), answering("from b")).await;
     let key = group().session_key();
 
     a.manager
@@ -146,11 +148,7 @@ async fn a_holder_that_stops_renewing_loses_the_chat_and_its_late_commit_is_fenc
 
 #[tokio::test(start_paused = true)]
 async fn a_shutdown_hands_the_chats_over_at_once() {
-    let shared = Arc::new(MemoryStore::new());
-    let a = instance(&shared, "a", answering("from a"));
-    let b = instance(&shared, "b", answering("from b"));
-    a.manager.resume().await.unwrap();
-    b.manager.resume().await.unwrap();
+    let (shared, a, b) = pair(answering("from a"), answering("from b")).await;
     let key = group().session_key();
     a.manager
         .deliver(message(&group(), 1, "alice", "@parlor hi"))
@@ -178,11 +176,7 @@ async fn a_shutdown_hands_the_chats_over_at_once() {
 /// chats it leaves a new chat to the other, whose sweep takes it.
 #[tokio::test(start_paused = true)]
 async fn an_instance_past_its_share_leaves_new_chats_to_the_others() {
-    let shared = Arc::new(MemoryStore::new());
-    let a = instance(&shared, "a", answering("from a"));
-    let b = instance(&shared, "b", answering("from b"));
-    a.manager.resume().await.unwrap();
-    b.manager.resume().await.unwrap();
+    let (_, a, b) = pair(answering("from a"), answering("from b")).await;
     let chat = |n: u32| parlor_bot::platform::ChatRef::new("test", format!("-{n}"));
 
     a.manager
