@@ -48,6 +48,9 @@ pub const QUESTIONS: usize = 400;
 pub const IN_FLIGHT: usize = 16;
 /// How long one question may wait for its answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(30);
+/// No question is asked after this much time into a setup (a setup that lost its way
+/// would otherwise wait out every question).
+const SETUP_LIMIT: Duration = Duration::from_secs(90);
 /// After the last answer: long enough for a second answer to any question to show.
 const SETTLE: Duration = Duration::from_millis(2_500);
 /// The webhook's secret token, and its path secret.
@@ -425,6 +428,9 @@ async fn run_setup(bin: &Path, setup: &Setup, db: Option<&str>) -> Figures {
             let chat = -1_009_000_000_000 - c as i64;
             let mut asked = Vec::new();
             for n in 0..per_chat {
+                if t0.elapsed() > SETUP_LIMIT {
+                    break;
+                }
                 let tag = Tag { chat, n: n as u32 };
                 let Ok(_permit) = gate.acquire().await else {
                     break;
@@ -528,7 +534,15 @@ pub fn rows(c: &ClusterFigures, report: &mut Report) {
         let asked = f.answered_once + f.unanswered.len() + f.twice.len();
         report.row(
             "    questions answered exactly once",
-            format!("{} of {asked}", f.answered_once),
+            format!(
+                "{} of {asked}{}",
+                f.answered_once,
+                if asked < QUESTIONS {
+                    format!(" asked ({QUESTIONS} meant; the rest past the time limit)")
+                } else {
+                    String::new()
+                }
+            ),
         );
         if !f.unanswered.is_empty() || !f.twice.is_empty() {
             let shown: Vec<String> = f
