@@ -9,7 +9,8 @@
 //! that records when updates are handed out, when replies arrive and how long the LLM took.
 //! The fakes, the proxies and the daemon share the machine's cores.
 //! The cost phase (`cost.rs`) counts how much of a busy group's prompt a prefix cache
-//! could serve, from the request bodies the LLM proxy keeps.
+//! could serve, from the request bodies the LLM proxy keeps. The cluster phase
+//! (`cluster.rs`) compares one daemon on sled with one to three on one PostgreSQL database.
 //!
 //! It prints figures, never fails on a missed target, and is not part of `cargo test`.
 
@@ -30,6 +31,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 mod clock;
+mod cluster;
 mod cost;
 
 const TOKEN: &str = "123456:BENCH-token";
@@ -67,6 +69,8 @@ struct ProxyLog {
     /// (chat, message id) -> when a `getUpdates` answer first carried it to the daemon.
     handed: HashMap<(i64, i64), Instant>,
     sends: Vec<SendRec>,
+    /// (chat, message replied to) -> when each `sendMessage` replying to it arrived.
+    replies: HashMap<(i64, i64), Vec<Instant>>,
     llm: Vec<LlmRec>,
     /// LLM request bodies as sent, kept only after [`Proxy::keep_bodies`] (the cost phase).
     bodies: Vec<Vec<u8>>,
@@ -229,12 +233,21 @@ fn observe(p: &ProxyState, path: &str, req: &[u8], resp: &[u8], arrive: Instant,
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_owned();
-            p.log.lock().expect("proxy log").sends.push(SendRec {
+            let reply_to = v
+                .pointer("/reply_parameters/message_id")
+                .or_else(|| v.get("reply_to_message_id"))
+                .and_then(Value::as_i64);
+            let mut log = p.log.lock().expect("proxy log");
+            if let Some(id) = reply_to {
+                log.replies.entry((chat, id)).or_default().push(arrive);
+            }
+            log.sends.push(SendRec {
                 chat,
                 text,
                 arrive,
                 done,
             });
+            drop(log);
             p.sends.fetch_add(1, Ordering::SeqCst);
             p.changed.notify_waiters();
         }
@@ -1204,6 +1217,20 @@ async fn main() {
         report.print();
         return;
     }
+    // `parlor-bench cluster`: sled against one, two and three daemons on PostgreSQL alone.
+    if std::env::args().nth(1).as_deref() == Some("cluster") {
+        let machine = machine();
+        let mut report = Report::default();
+        let cluster = cluster::run(&bin).await;
+        cluster::rows(&cluster, &mut report);
+        println!("parlor-bench cluster — {machine}");
+        report.print();
+        println!(
+            "\n(total bench time {:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
+        return;
+    }
     let mut report = Report::default();
     let machine = machine();
     eprintln!("machine: {machine}");
@@ -1220,6 +1247,9 @@ async fn main() {
     eprintln!("cost phase: a {}-turn busy group...", cost::TURNS);
     let cost = cost::run(&bin).await;
     cost::rows(&cost, &mut report);
+    eprintln!("cluster phase: sled, then one to three daemons on PostgreSQL...");
+    let cluster = cluster::run(&bin).await;
+    cluster::rows(&cluster, &mut report);
 
     println!("parlor-bench — {}", machine);
     println!(
