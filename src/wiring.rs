@@ -684,6 +684,11 @@ pub struct Runtime {
     system: std::sync::Mutex<Option<SystemReceiver>>,
     /// With `[cluster]`: this daemon's instance id.
     instance: Option<String>,
+    /// With `[cluster]`: how often the background jobs of daemons that died are looked for
+    /// (a lease's life).
+    recover_every: Duration,
+    /// The loop that looks for them; it stops with `clock_stop`.
+    recovery: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Runtime {
@@ -730,6 +735,15 @@ impl Runtime {
                 );
             }
         }
+        if self.instance.is_some() {
+            let task = tokio::spawn(recover_dead_daemons_jobs(
+                self.terminal.clone(),
+                self.subagents.clone(),
+                self.recover_every,
+                self.clock_stop.clone(),
+            ));
+            *self.recovery.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        }
         let service = self
             .clock_service
             .lock()
@@ -765,6 +779,44 @@ impl Runtime {
             && let Err(e) = task.await
         {
             tracing::error!(error = %e, "the clock service failed");
+        }
+        let recovery = self
+            .recovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(task) = recovery
+            && let Err(e) = task.await
+        {
+            tracing::error!(error = %e, "the recovery of other daemons' jobs failed");
+        }
+    }
+}
+
+/// With `[cluster]`: every `every`, the background commands and sub-agents of daemons that
+/// stopped renewing their lease (died, or paused past it) become `interrupted` and their
+/// chats are told, each once whichever daemon gets there first (the rows change on
+/// condition). Without this they would wait for some daemon's next start.
+async fn recover_dead_daemons_jobs(
+    terminal: Option<Arc<TerminalService>>,
+    subagents: Option<Arc<SubagentService>>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.cancelled() => return,
+        }
+        if let Some(terminal) = &terminal
+            && let Err(e) = terminal.recover().await
+        {
+            tracing::warn!(error = %e, "cannot recover other daemons' terminal tasks; trying again");
+        }
+        if let Some(subagents) = &subagents
+            && let Err(e) = subagents.recover().await
+        {
+            tracing::warn!(error = %e, "cannot recover other daemons' sub-agents; trying again");
         }
     }
 }
@@ -870,6 +922,8 @@ pub fn runtime(
         clock_stop: CancellationToken::new(),
         system: std::sync::Mutex::new(Some(system)),
         instance: config.cluster.enabled.then(|| instance_id(config)),
+        recover_every: Duration::from_secs(config.cluster.lease_ttl_secs.max(1)),
+        recovery: std::sync::Mutex::new(None),
     })
 }
 

@@ -289,7 +289,7 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
         end: impl FnOnce(&mut R) -> Option<Vec<KvWrite>>,
     ) {
         let _rows = self.rows.lock().await;
-        let Some(mut row) = self.table.get(session, id) else {
+        let Some((mut row, was)) = self.table.get_raw(session, id) else {
             tracing::error!(
                 kind = R::SYSTEM_NAME,
                 id,
@@ -306,15 +306,34 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
             (Phase::Ended, None) if R::TOLD_WITHOUT_CHAT => row.told_mut().notified = true,
             _ => {}
         }
-        // The final status is stored before the notice, so a slow notifier never hides it.
-        self.table.save_logged_with(&row, also);
+        // The final status is stored before the notice, so a slow notifier never hides it;
+        // only over the row as this daemon left it: a daemon that was paused past its lease
+        // may find its job recovered (interrupted and told) by another meanwhile.
+        let saved = self
+            .table
+            .save_if(&row, &was, also)
+            .and_then(|saved| self.table.flush().map(|()| saved));
+        match saved {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(
+                    kind = R::SYSTEM_NAME,
+                    id,
+                    "another daemon recovered this job meanwhile; its end is not recorded here"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::error!(kind = R::SYSTEM_NAME, id, error = %e, "cannot store a row");
+            }
+        }
         if let (Phase::Ended, Some(chat)) = (row.phase(), chat) {
             let text = row.notice_text(None);
             let caller = row.notice_caller();
-            if notice::tell_once(self.notifier.as_ref(), &chat, text, caller, &mut row)
-                .await
-                .is_some()
-            {
+            if matches!(
+                notice::tell_once(self.notifier.as_ref(), &chat, text, caller, &mut row).await,
+                Some(notice::Telling::Queued(_) | notice::Telling::GivenUp)
+            ) {
                 self.table.save_logged(&row);
             }
         }
@@ -330,16 +349,28 @@ impl<R: JobRow, H: Clone> Jobs<R, H> {
         let live: Vec<String> = self.lock_running().keys().cloned().collect();
         let mut marked = 0;
         let mut to_tell: BTreeMap<String, (ChatRef, Vec<R>)> = BTreeMap::new();
-        for mut row in self.table.list(None) {
+        for (mut row, was) in self.table.list_raw() {
             if live.iter().any(|id| id == row.id()) || self.elsewhere(&row, now) {
                 continue;
             }
+            // Each change is conditional on the row as read: another daemon recovering the
+            // same dead daemon's rows at the same moment changes it first, and it is theirs.
             if row.phase() == Phase::Running {
                 lost(&row);
                 row.interrupt(now);
                 row.told_mut().notified = false;
-                self.table.save(&row)?;
+                if !self.table.save_if(&row, &was, Vec::new())? {
+                    continue;
+                }
                 marked += 1;
+            } else if row.phase() == Phase::Stopped || row.told().notified {
+                continue;
+            } else if row.write()?.value.as_deref() != Some(was.as_str())
+                && !self.table.save_if(&row, &was, Vec::new())?
+            {
+                // Stored as an older version wrote it: rewritten, so the notice's condition
+                // compares like with like.
+                continue;
             }
             if row.phase() == Phase::Stopped || row.told().notified {
                 continue;

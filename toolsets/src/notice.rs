@@ -42,6 +42,10 @@ pub enum NotifyError {
     /// The daemon is shutting down; the notice can be given after the next start.
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    /// The rows changed since they were read: another daemon on the store recovered or
+    /// told them (cluster mode). Nothing was queued.
+    #[error("the rows changed meanwhile: {0}")]
+    Changed(String),
     /// Any other failure (no adapter for the chat, a full queue, storage).
     #[error("{0}")]
     Failed(String),
@@ -68,6 +72,7 @@ pub trait Notifier: Send + Sync {
 fn submit_error(e: SubmitError) -> NotifyError {
     match e {
         SubmitError::ShuttingDown => NotifyError::ShuttingDown,
+        SubmitError::Store(StoreError::Changed(what)) => NotifyError::Changed(what),
         // Anything else (no adapter, storage) is logged by the caller; the work is unharmed.
         other => NotifyError::Failed(other.to_string()),
     }
@@ -215,6 +220,60 @@ impl<R: NoticeRow> Rows<R> {
         )
     }
 
+    /// The row `id` of `session` and its stored text (what a conditional write compares).
+    pub fn get_raw(&self, session: &str, id: &str) -> Option<(R, String)> {
+        let text = match self.store.kv_get(R::SPACE, &row_key(session, id)) {
+            Ok(text) => text?,
+            Err(e) => {
+                tracing::error!(space = R::SPACE, id, error = %e, "cannot read a row");
+                return None;
+            }
+        };
+        match serde_json::from_str(&text) {
+            Ok(row) => Some((row, text)),
+            Err(e) => {
+                tracing::error!(space = R::SPACE, id, error = %e, "unreadable row");
+                None
+            }
+        }
+    }
+
+    /// Every row with its stored text, oldest first; unreadable ones are logged and skipped.
+    pub fn list_raw(&self) -> Vec<(R, String)> {
+        let rows = match self.store.kv_scan(R::SPACE, "") {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(space = R::SPACE, error = %e, "cannot list rows");
+                return Vec::new();
+            }
+        };
+        let mut rows: Vec<(R, String)> = rows
+            .into_iter()
+            .filter_map(|(k, v)| {
+                serde_json::from_str(&v)
+                    .inspect_err(|e| tracing::error!(space = R::SPACE, key = k, error = %e, "unreadable row skipped"))
+                    .ok()
+                    .map(|row| (row, v))
+            })
+            .collect();
+        rows.sort_by(|(a, _), (b, _)| a.started().cmp(&b.started()).then(a.id().cmp(b.id())));
+        rows
+    }
+
+    /// Writes `row` and `also` in one transaction if the row is still stored as `was`;
+    /// `false` when it changed meanwhile (another daemon recovered or told it).
+    pub fn save_if(&self, row: &R, was: &str, also: Vec<KvWrite>) -> Result<bool, StoreError> {
+        let mut write = row.write()?;
+        write.if_unchanged = Some(Some(was.to_owned()));
+        let mut writes = vec![write];
+        writes.extend(also);
+        match self.store.kv_write(writes) {
+            Ok(()) => Ok(true),
+            Err(StoreError::Changed(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Writes and flushes `row`; a failure is logged (the work goes on either way).
     pub fn save_logged(&self, row: &R) {
         self.save_logged_with(row, Vec::new());
@@ -252,7 +311,10 @@ impl<R: NoticeRow> Rows<R> {
             let text = rows.iter().map(&block).collect::<Vec<_>>().join("\n");
             let callers: Vec<Caller> = rows.iter().map(&starter).collect();
             let caller = starters(&callers, system_name);
-            if tell(notifier, &chat, text, caller, &mut rows).await != Telling::Later {
+            if matches!(
+                tell(notifier, &chat, text, caller, &mut rows).await,
+                Telling::Queued(_) | Telling::GivenUp
+            ) {
                 for row in &rows {
                     self.save(row)?;
                 }
@@ -271,10 +333,14 @@ pub enum Telling {
     Later,
     /// Given up (logged); the rows count as told, so nothing retries it.
     GivenUp,
+    /// The rows changed since they were read (another daemon told or recovered them):
+    /// nothing was queued, and they are that daemon's.
+    Elsewhere,
 }
 
 /// Queues one notice about `rows` (all for `chat`), the rows saved as told in the same
-/// transaction. Updates the rows' [`Told`] to what happened; the caller saves them (the
+/// transaction, on condition that each is still stored as it is now (so two daemons
+/// recovering one dead daemon's rows tell them once). Updates the rows' [`Told`] to what happened; the caller saves them (the
 /// pending id is known only now). A store failure building the rows' writes is given up.
 pub async fn tell<R: NoticeRow>(
     notifier: &dyn Notifier,
@@ -286,9 +352,12 @@ pub async fn tell<R: NoticeRow>(
     let also = rows
         .iter()
         .map(|row| {
+            let was = row.write()?.value;
             let mut told = row.clone();
             told.told_mut().notified = true;
-            told.write()
+            let mut write = told.write()?;
+            write.if_unchanged = Some(was);
+            Ok::<KvWrite, StoreError>(write)
         })
         .collect::<Result<Vec<_>, _>>();
     let outcome = match also {
@@ -303,6 +372,10 @@ pub async fn tell<R: NoticeRow>(
                 Ok(Err(NotifyError::ShuttingDown)) => {
                     tracing::info!(chat = %chat, "shutting down; the notice is sent after the next start");
                     Telling::Later
+                }
+                Ok(Err(NotifyError::Changed(what))) => {
+                    tracing::info!(chat = %chat, row = %what, "another daemon told this notice");
+                    Telling::Elsewhere
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(chat = %chat, error = %e, "a notice could not be queued");
@@ -323,7 +396,7 @@ pub async fn tell<R: NoticeRow>(
                 told.notified = true;
             }
             Telling::GivenUp => told.notified = true,
-            Telling::Later => {}
+            Telling::Later | Telling::Elsewhere => {}
         }
     }
     outcome

@@ -1304,3 +1304,43 @@ async fn a_task_of_a_daemon_still_alive_is_left_alone_and_recovered_once_it_is_g
     assert_eq!(row.status, TaskStatus::Interrupted);
     assert_eq!(rig.notes.notices().len(), 1);
 }
+
+/// Two daemons recover the tasks of a third that died, at the same moment: each row is
+/// marked interrupted by one of them and its chat told once (every change is conditional on
+/// the row as read). A paused runner that wakes after that records no end of its own.
+#[tokio::test]
+async fn two_daemons_recovering_a_dead_daemons_task_at_once_tell_it_once() {
+    let rig = rig();
+    rig.notes.writes_to(rig.store.clone());
+    let log = rig.service.config().data_dir.join("a.log");
+    std::fs::write(&log, "working\n").unwrap();
+    let mut row = running_row("task-a", 999_999, log);
+    row.runner = Some("a-1".into());
+    rig.store
+        .kv_put(
+            TASKS_SPACE,
+            &format!("{}|task-a", row.session),
+            &serde_json::to_string(&row).unwrap(),
+        )
+        .unwrap();
+    let daemon = |name: &str| {
+        let service = TerminalService::new(
+            rig.store.clone(),
+            rig.notes.clone(),
+            rig.service.config().clone(),
+        );
+        service.run_as(name);
+        service
+    };
+    let (b, c) = (daemon("b-1"), daemon("c-1"));
+    // a-1 holds no instance lease: it is gone.
+    let (by_b, by_c) = tokio::join!(b.recover(), c.recover());
+    assert_eq!(by_b.unwrap() + by_c.unwrap(), 1, "marked once");
+    let row = b.task(&group().session_key(), "task-a").unwrap();
+    assert_eq!(row.status, TaskStatus::Interrupted);
+    assert_eq!(rig.notes.notices().len(), 1, "told once");
+    // Later rounds find nothing more to do.
+    assert_eq!(b.recover().await.unwrap(), 0);
+    assert_eq!(c.recover().await.unwrap(), 0);
+    assert_eq!(rig.notes.notices().len(), 1);
+}

@@ -64,6 +64,9 @@ pub struct TestNotifier {
     notices: watch::Sender<Vec<Notice>>,
     withdrawn: Mutex<Vec<u64>>,
     shutting_down: AtomicBool,
+    /// Where the notices' `also` writes go, as the session layer stores them with the
+    /// notice (none: they are dropped).
+    store: Mutex<Option<std::sync::Arc<dyn parlor_bot::store::Store>>>,
 }
 
 impl Default for TestNotifier {
@@ -72,6 +75,7 @@ impl Default for TestNotifier {
             notices: watch::Sender::new(Vec::new()),
             withdrawn: Mutex::default(),
             shutting_down: AtomicBool::new(false),
+            store: Mutex::default(),
         }
     }
 }
@@ -98,6 +102,12 @@ impl TestNotifier {
         self.withdrawn.lock().unwrap().clone()
     }
 
+    /// Stores each notice's `also` writes in `store` (one transaction, conditions checked),
+    /// as the session layer does: a notice whose rows changed is refused.
+    pub fn writes_to(&self, store: std::sync::Arc<dyn parlor_bot::store::Store>) {
+        *self.store.lock().unwrap() = Some(store);
+    }
+
     /// Refuses notices (as shutting down) while `on`.
     pub fn set_shutting_down(&self, on: bool) {
         self.shutting_down.store(on, Ordering::SeqCst);
@@ -111,10 +121,20 @@ impl Notifier for TestNotifier {
         chat: &ChatRef,
         text: String,
         caller: Caller,
-        _also: Vec<KvWrite>,
+        also: Vec<KvWrite>,
     ) -> Result<u64, NotifyError> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(NotifyError::ShuttingDown);
+        }
+        let store = self.store.lock().unwrap().clone();
+        if let Some(store) = store {
+            match store.kv_write(also) {
+                Ok(()) => {}
+                Err(parlor_bot::store::StoreError::Changed(what)) => {
+                    return Err(NotifyError::Changed(what));
+                }
+                Err(e) => return Err(NotifyError::Failed(e.to_string())),
+            }
         }
         let mut pending_id = 0;
         self.notices.send_modify(|all| {
