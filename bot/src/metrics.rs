@@ -61,6 +61,8 @@ pub struct Metrics {
     pub chat_lease_takeovers: Counter,
     /// Chat leases lost to another instance (this one stopped renewing in time).
     pub chat_leases_lost: Counter,
+    /// Turn commits refused because another instance held the chat by then (the fence).
+    pub fenced_commits: Counter,
     /// Seconds one lease renewal took (a round trip to the store).
     pub lease_renew_latency: Histogram,
     /// Seconds the store took to answer `/readyz`'s probe read.
@@ -169,6 +171,12 @@ impl Default for Metrics {
             "Chat leases lost to another instance",
             chat_leases_lost.clone(),
         );
+        let fenced_commits = Counter::default();
+        registry.register(
+            "fenced_commits",
+            "Turn commits refused because another instance held the chat by then",
+            fenced_commits.clone(),
+        );
         // 1 ms to ~4 s: a store on the same network answers in the first buckets.
         let lease_renew_latency = Histogram::new(exponential_buckets(0.001, 2.0, 13));
         registry.register(
@@ -200,6 +208,7 @@ impl Default for Metrics {
             chat_leases,
             chat_lease_takeovers,
             chat_leases_lost,
+            fenced_commits,
             lease_renew_latency,
             store_round_trip,
         }

@@ -10,6 +10,8 @@
 //!   other instances recorded; for a chat nobody holds (its holder died or let it go), it
 //!   takes the lease, then reads that chat's pending inputs afresh, so nothing the old
 //!   holder answered comes back.
+//!   A chat it holds also gets the unsent replies older than a lease's life that its lane
+//!   does not hold: another instance's intake made them and left them (`may_send`).
 //! - **The heartbeat** renews the held leases every third of `lease_ttl`. A lease it could
 //!   not renew is lost: the chat's queue is emptied (its inputs stay pending for the new
 //!   holder), its running turn is cancelled, and its commit would be refused anyway (the
@@ -208,6 +210,14 @@ pub fn instance_alive(
     })
 }
 
+fn cluster_ttl(manager: &SessionManager) -> chrono::Duration {
+    manager
+        .config()
+        .cluster
+        .as_ref()
+        .map_or(chrono::Duration::seconds(10), Cluster::ttl)
+}
+
 /// One sweep: see the module docs.
 pub(super) fn sweep(manager: &SessionManager) {
     let started = Instant::now();
@@ -227,10 +237,16 @@ pub(super) fn sweep(manager: &SessionManager) {
     for item in pending {
         by_chat.entry(item.session.clone()).or_default().push(item);
     }
-    // A chat with replies and no input left (its holder died between commit and send).
-    if let Ok(unsent) = manager.store().unsent_outbox() {
-        for entry in unsent {
-            by_chat.entry(entry.session).or_default();
+    // A chat with replies and no input left (its holder died between commit and send), and
+    // replies another instance's intake made and left (`Dispatcher::may_send`).
+    let stale = manager.now() - cluster_ttl(manager);
+    let mut unsent: BTreeMap<String, Vec<crate::store::OutboxEntry>> = BTreeMap::new();
+    if let Ok(rows) = manager.store().unsent_outbox() {
+        for entry in rows {
+            by_chat.entry(entry.session.clone()).or_default();
+            if entry.created < stale {
+                unsent.entry(entry.session.clone()).or_default().push(entry);
+            }
         }
     }
     for (key, items) in by_chat {
@@ -246,6 +262,10 @@ pub(super) fn sweep(manager: &SessionManager) {
                 if !session.handled().holds(item.id) {
                     load(manager, &session, item);
                 }
+            }
+            // The lane refuses a row it holds or sent lately.
+            for entry in unsent.remove(&key).unwrap_or_default() {
+                manager.enqueue_reply(entry, Vec::new());
             }
             // Touched, so that a worker starts for what was queued.
             chats.session(&key);

@@ -122,6 +122,15 @@ impl ChatWorker {
         }
         let outbox_id = match committed {
             Ok(id) => id,
+            Err(crate::store::StoreError::Changed(what))
+                if what.starts_with(super::lease::LEASE_SPACE) || what.contains("the lease of") =>
+            {
+                // Fenced: this instance lost the chat (paused past its lease, or cut off from
+                // the store) and the new holder answers its inputs.
+                crate::metrics::global().fenced_commits.inc();
+                tracing::warn!(session = %session.key(), "the turn's commit was refused: another instance holds the chat now (fenced); its inputs are answered there");
+                return;
+            }
             Err(e) => {
                 // The input stays pending and runs again after a restart; replying now could
                 // answer twice after a crash.

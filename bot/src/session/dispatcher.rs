@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::lease::{self, Held, Taken};
 use super::manager::{Session, SessionManager};
-use crate::store::KvWrite;
+use crate::store::{KvWrite, OutboxEntry};
 
 /// A live chat: its session, whether its worker runs, and (cluster mode) its lease.
 struct Chat {
@@ -130,6 +130,47 @@ impl Dispatcher {
         }
     }
 
+    /// Whether this instance may send `entry` now: always outside cluster mode; in it,
+    /// while it holds the chat's lease unexpired, or (a reply its intake made for a chat held
+    /// elsewhere) while the row is younger than half a lease's life. Past that the holder
+    /// sends it (the sweep hands it rows older than a lease's life), so a paused instance
+    /// that wakes after its lease was taken sends nothing twice.
+    pub(super) fn may_send(&self, manager: &SessionManager, entry: &OutboxEntry) -> bool {
+        let Some(cluster) = &manager.config().cluster else {
+            return true;
+        };
+        let now = manager.now();
+        if let Some(held) = self
+            .map()
+            .get(&entry.session)
+            .and_then(|chat| chat.lease.as_ref())
+        {
+            return held.expires() > now;
+        }
+        entry.created > now - cluster.ttl() / 2
+    }
+
+    /// Drops `key`'s lease if it expired unrenewed (this instance was paused, or could not
+    /// reach the store): lost, as when the heartbeat finds it taken.
+    pub(super) fn drop_lapsed(&self, manager: &SessionManager, key: &str) {
+        let now = manager.now();
+        let mut map = self.map();
+        let Some(chat) = map.get_mut(key) else {
+            return;
+        };
+        if chat
+            .lease
+            .as_ref()
+            .is_some_and(|held| held.expires() <= now)
+        {
+            tracing::warn!(session = %key, "the chat's lease lapsed unrenewed; its inputs are for the next holder");
+            chat.lease = None;
+            self.leases.fetch_sub(1, Ordering::Relaxed);
+            self.lost.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::global().chat_leases_lost.inc();
+        }
+    }
+
     /// Chat leases held here now.
     pub(super) fn leases_held(&self) -> usize {
         self.leases.load(Ordering::Relaxed)
@@ -140,10 +181,18 @@ impl Dispatcher {
         self.share.store(share, Ordering::Relaxed);
     }
 
-    /// Whether this instance may run `key` now (always, outside cluster mode).
+    /// Whether this instance may run `key` now: always outside cluster mode; in it, while it
+    /// holds the chat's lease unexpired (a daemon that wakes from a pause past its lease
+    /// starts nothing more there, even before its heartbeat finds the lease taken).
     pub(super) fn holds(&self, manager: &SessionManager, key: &str) -> bool {
-        manager.config().cluster.is_none()
-            || self.map().get(key).is_some_and(|chat| chat.lease.is_some())
+        if manager.config().cluster.is_none() {
+            return true;
+        }
+        let now = manager.now();
+        self.map()
+            .get(key)
+            .and_then(|chat| chat.lease.as_ref())
+            .is_some_and(|held| held.expires() > now)
     }
 
     /// The heartbeat: renews every held lease; a lost one empties its chat's queue and
@@ -209,7 +258,14 @@ impl Dispatcher {
         let mut map = self.map();
         let idle: Vec<String> = map
             .iter()
-            .filter(|(_, chat)| chat.lease.is_some() && !chat.worker && !chat.session.has_work())
+            .filter(|(key, chat)| {
+                chat.lease.is_some()
+                    && !chat.worker
+                    && !chat.session.has_work()
+                    // Kept while its replies are sent from here: a new holder would send
+                    // them again.
+                    && !manager.lanes().busy(key)
+            })
             .map(|(key, _)| key.clone())
             .collect();
         for key in idle {
@@ -259,6 +315,10 @@ impl Dispatcher {
             return true;
         };
         chat.worker = false;
+        if manager.config().cluster.is_some() && manager.lanes().busy(session.key()) {
+            // Its lease is kept while its replies are sent; a sweep lets it go after.
+            return true;
+        }
         self.let_go(manager, chat);
         if !session.agent().tools().holds_session_state() {
             map.remove(session.key());

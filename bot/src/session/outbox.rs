@@ -42,10 +42,17 @@ const BACKOFF: Backoff = Backoff {
 /// enough for a healthy platform, short of the tool call's own timeout.
 const POST_WAIT: Duration = Duration::from_secs(20);
 
+/// How long a row's id is remembered after the lane marked it sent: longer than a sweep's
+/// read of the unsent rows takes, so that a read from before the mark does not send it
+/// again (cluster mode).
+const SENT_MEMORY: Duration = Duration::from_secs(60);
+
 /// The lanes of every chat with replies to send.
 #[derive(Default)]
 pub(super) struct Lanes {
     lanes: Mutex<HashMap<String, VecDeque<Row>>>,
+    /// The rows marked sent lately, oldest first.
+    sent: Mutex<VecDeque<(u64, tokio::time::Instant)>>,
 }
 
 /// A row to send, and who waits to learn what became of it (a clock fire's run).
@@ -66,11 +73,20 @@ impl Lanes {
 
     /// Hands a committed (durable) row to its chat's lane, starting the lane if it is idle;
     /// `done` learn what became of it.
+    /// A row already in the lane, or marked sent lately, is not queued twice (its waiters
+    /// join the queued one).
     pub(super) fn enqueue(&self, manager: &SessionManager, entry: OutboxEntry, done: Vec<Waiter>) {
+        if self.sent_lately(entry.id) {
+            return;
+        }
         let key = entry.session.clone();
         let start = {
             let mut lanes = self.lock();
             let lane = lanes.entry(key.clone()).or_default();
+            if let Some(row) = lane.iter_mut().find(|row| row.entry.id == entry.id) {
+                row.done.extend(done);
+                return;
+            }
             lane.push_back(Row { entry, done });
             // A lane with one row was idle: the task of a busy lane pops only after a send.
             lane.len() == 1
@@ -82,6 +98,31 @@ impl Lanes {
             };
             manager.tracker().spawn(lane.run());
         }
+    }
+
+    /// Whether chat `key` has rows to send here.
+    pub(super) fn busy(&self, key: &str) -> bool {
+        self.lock().contains_key(key)
+    }
+
+    fn remember_sent(&self, id: u64) {
+        let now = tokio::time::Instant::now();
+        let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        while sent
+            .front()
+            .is_some_and(|(_, at)| now.duration_since(*at) > SENT_MEMORY)
+        {
+            sent.pop_front();
+        }
+        sent.push_back((id, now));
+    }
+
+    fn sent_lately(&self, id: u64) -> bool {
+        self.sent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|(sent, _)| *sent == id)
     }
 
     /// Drops every waiter (shutdown): the rows stay unsent for the next start.
@@ -98,6 +139,9 @@ enum Sent {
     Done(ScheduledOutcome),
     /// Shutdown: the row stays unsent for the next start.
     Abandoned,
+    /// Cluster mode: the row is another instance's to send now (its chat's lease holder);
+    /// it leaves this lane and stays unsent for that one.
+    Elsewhere,
 }
 
 /// One chat's lane at work: the task that sends its rows.
@@ -120,14 +164,18 @@ impl Lane {
                 .and_then(|lane| lane.front().map(|row| row.entry.clone()));
             let Some(entry) = next else { return };
             let outcome = match self.send_row(&entry).await {
-                Sent::Done(outcome) => outcome,
+                Sent::Done(outcome) => Some(outcome),
+                Sent::Elsewhere => None,
                 Sent::Abandoned => return,
             };
             let mut lanes = self.manager.lanes().lock();
             if let Some(lane) = lanes.get_mut(key) {
                 for waiter in lane.pop_front().into_iter().flat_map(|row| row.done) {
-                    // The submitter may have given up waiting.
-                    let _ = waiter.send(outcome.clone());
+                    // The submitter may have given up waiting; without an outcome it learns
+                    // the row is queued.
+                    if let Some(outcome) = &outcome {
+                        let _ = waiter.send(outcome.clone());
+                    }
                 }
                 if lane.is_empty() {
                     lanes.remove(key);
@@ -153,6 +201,10 @@ impl Lane {
         // The parts sent so far, as recorded on the row.
         let mut parts = entry.sent_ids.clone();
         loop {
+            if !self.manager.dispatcher().may_send(&self.manager, entry) {
+                tracing::info!(outbox = entry.id, session = %entry.session, "another instance holds the chat now; the reply is theirs to send");
+                return Sent::Elsewhere;
+            }
             let before = parts.len();
             let attempt = tokio::time::timeout(
                 SEND_TIMEOUT,
@@ -235,6 +287,7 @@ impl Lane {
         if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "reply sent but not marked; it may be sent again after a restart");
         }
+        self.manager.lanes().remember_sent(entry.id);
     }
 
     /// A long reply was cut after some parts: record them on the row, so that no retry,
@@ -257,6 +310,7 @@ impl Lane {
         if let Err(e) = marked {
             tracing::error!(outbox = entry.id, error = %e, "cannot record the refused reply");
         }
+        self.manager.lanes().remember_sent(entry.id);
     }
 }
 

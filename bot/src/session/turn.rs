@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::commit::Finished;
 use super::input::Action;
-use super::manager::Session;
+use super::manager::{Session, SessionManager};
 use super::queue::QueueItem;
 use super::trace::TurnFacts;
 use super::usage::{BUDGET_NOTICE, Budget, MEMBER_BUDGET_NOTICE};
@@ -183,7 +183,45 @@ impl ChatWorker {
             shutdown: manager.abort(),
             prices: &manager.config().prices,
         };
-        run(deps, kept, item, cancel).await
+        if manager.config().cluster.is_none() {
+            return run(deps, kept, item, cancel).await;
+        }
+        // Cluster mode: the turn stops once this instance no longer holds the chat's lease
+        // unexpired (lost to another, or past its expiry after a pause), before its next
+        // model request or tool; its commit would be refused anyway (the fence). Polled
+        // first, so that a daemon waking from a pause cancels before it goes on.
+        let lapsed = lease_lapsed(manager, session.key(), cancel);
+        let outcome = tokio::select! {
+            biased;
+            () = lapsed => None,
+            outcome = run(deps, kept, item, cancel) => outcome,
+        };
+        // Stopped because the chat moved on (or it did as the turn ended): abandoned, so
+        // that its input stays pending for the new holder rather than being committed as
+        // cancelled.
+        if !manager.dispatcher().holds(manager, session.key()) {
+            return None;
+        }
+        outcome
+    }
+}
+
+/// Cancels `cancel` once this instance no longer holds `key`'s lease unexpired; never
+/// ends (the turn ends by itself, cancelled).
+async fn lease_lapsed(manager: &SessionManager, key: &str, cancel: &CancellationToken) {
+    let every = manager
+        .config()
+        .cluster
+        .as_ref()
+        .map_or(Duration::from_secs(1), |c| c.lease_ttl / 10)
+        .max(Duration::from_millis(50));
+    loop {
+        if !manager.dispatcher().holds(manager, key) {
+            tracing::info!(session = %key, "this instance no longer holds the chat; the turn stops");
+            cancel.cancel();
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(every).await;
     }
 }
 

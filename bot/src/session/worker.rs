@@ -69,6 +69,7 @@ impl ChatWorker {
             if !manager.dispatcher().holds(&manager, session.key()) {
                 // Lost to another instance (cluster mode): what was queued is pending in
                 // the store for the new holder.
+                manager.dispatcher().drop_lapsed(&manager, session.key());
                 session.queue().clear();
                 session.batch().clear();
                 if manager.dispatcher().retire(&manager, &session) {
