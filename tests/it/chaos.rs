@@ -34,31 +34,54 @@ use serde_json::{Value, json};
 
 use crate::support::{self, TOKEN, WAIT, config, daemon_command};
 
-const GROUPS: [i64; 8] = [
+pub(crate) const GROUPS: [i64; 8] = [
     -100_901, -100_902, -100_903, -100_904, -100_905, -100_906, -100_907, -100_908,
 ];
 /// The longest a kill may come after Telegram accepted a send for the resend to count as the
 /// documented window: marking a row sent is one flushed store write after the answer.
-const WINDOW: Duration = Duration::from_secs(1);
+pub(crate) const WINDOW: Duration = Duration::from_secs(1);
 
-fn env_u64(name: &str) -> Option<u64> {
+pub(crate) fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
 /// What one answer of the model (a final text, not a tool call) covered.
 #[derive(Debug, Default, Clone)]
-struct Answer {
+pub(crate) struct Answer {
     mentions: BTreeSet<String>,
     clocks: BTreeSet<u64>,
     tasks: BTreeSet<String>,
 }
 
+/// One request the model answered: which daemon (slot) asked, when, when the answer was
+/// complete, the turn's input, and the reply id of a final answer.
+#[derive(Debug, Clone)]
+pub(crate) struct Call {
+    pub(crate) slot: usize,
+    pub(crate) at: Instant,
+    pub(crate) done: Instant,
+    pub(crate) input: String,
+    /// The first request of a turn (it ends with the turn's input, not tool results).
+    pub(crate) first: bool,
+    pub(crate) reply: Option<u64>,
+}
+
 /// The model's side of the run: every final answer by its reply id (`R<n>` in its text).
 #[derive(Default)]
-struct Model {
-    answers: BTreeMap<u64, Answer>,
+pub(crate) struct Model {
+    pub(crate) answers: BTreeMap<u64, Answer>,
+    pub(crate) calls: Vec<Call>,
     next: u64,
     rng: Option<Rng>,
+}
+
+impl Model {
+    pub(crate) fn new(seed: u64) -> Self {
+        Model {
+            rng: Some(Rng(seed ^ 0x5EED)),
+            ..Model::default()
+        }
+    }
 }
 
 /// The turn's input: the user messages before the tool rounds at the end of the request.
@@ -138,13 +161,32 @@ fn reply_id(text: &str) -> Option<u64> {
     rest.split(' ').next()?.parse().ok()
 }
 
+/// The serial numbers a turn's input names: `m-`, `c-`, `b-` tags, and the `k` and `t`
+/// tags a clock fire or a task notice carries (one number per member's message).
+pub(crate) fn serials(text: &str) -> BTreeSet<u64> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter_map(|t| {
+            let digits = t
+                .strip_prefix("m-")
+                .or_else(|| t.strip_prefix("c-"))
+                .or_else(|| t.strip_prefix("b-"))
+                .or_else(|| t.strip_prefix('k'))
+                .or_else(|| t.strip_prefix('t'))?;
+            (digits.len() == 5 && digits.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| digits.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
 /// The fake model: a clock or shell request in the turn's input becomes a tool call (one
 /// per request, in one reply); after the tools, or without a request, a text answer
 /// `ack R<n> ...` naming what it covers. Each reply comes after a seeded delay, so kills
 /// land inside turns.
-fn script(llm: &FakeLlm, model: &Arc<Mutex<Model>>) {
+pub(crate) fn script(llm: &FakeLlm, model: &Arc<Mutex<Model>>, slot: usize) {
     let model = Arc::clone(model);
     llm.respond_with(move |body| {
+        let at = Instant::now();
         let input = turn_input(body);
         let last_role = body["messages"]
             .as_array()
@@ -188,6 +230,14 @@ fn script(llm: &FakeLlm, model: &Arc<Mutex<Model>>) {
                 ));
             }
             if !calls.is_empty() {
+                model.calls.push(Call {
+                    slot,
+                    at,
+                    done: at + delay,
+                    input,
+                    first: true,
+                    reply: None,
+                });
                 return Reply::tool_calls(calls).delay(delay);
             }
         }
@@ -202,12 +252,20 @@ fn script(llm: &FakeLlm, model: &Arc<Mutex<Model>>) {
             text.push_str(m);
         }
         model.answers.insert(n, answer);
+        model.calls.push(Call {
+            slot,
+            at,
+            done: at + delay,
+            input,
+            first: last_role == "user",
+            reply: Some(n),
+        });
         Reply::text(text).delay(delay)
     });
 }
 
 /// The run's config: the operator Alice, no rate limit to speak of, the shell unsandboxed.
-const EXTRA: &str = r#"turns_per_minute = 1000
+pub(crate) const EXTRA: &str = r#"turns_per_minute = 1000
 queue_capacity = 64
 admins = ["telegram:1001"]
 [terminal]
@@ -224,29 +282,40 @@ async fn start(config: &Path, llm: &FakeLlm, telegram: &FakeTelegram) -> DaemonP
 
 /// What the members wrote: every mention's tag, and the clock and shell requests.
 #[derive(Default)]
-struct Traffic {
-    mentions: Vec<String>,
+pub(crate) struct Traffic {
+    pub(crate) mentions: Vec<String>,
+    /// The group of each message's serial number.
+    pub(crate) groups: BTreeMap<u64, i64>,
     clock_requests: usize,
     shell_requests: usize,
 }
 
+/// One member's message, to push to Telegram or deliver by webhook.
+pub(crate) struct Message {
+    pub(crate) group: i64,
+    pub(crate) user: parlor_testkit::TgUser,
+    pub(crate) text: String,
+    pub(crate) mention: bool,
+}
+
 /// One message from a random member into a random group: mostly mentions, some chatter,
 /// some asking for a clock one-shot or a background task.
-fn push_one(telegram: &FakeTelegram, rng: &mut Rng, traffic: &mut Traffic, serial: &mut u64) {
+pub(crate) fn next_message(rng: &mut Rng, traffic: &mut Traffic, serial: &mut u64) -> Message {
     *serial += 1;
     let n = *serial;
     let group = GROUPS[rng.range(0, GROUPS.len() as u64) as usize];
+    traffic.groups.insert(n, group);
     let roll = rng.range(0, 100);
     if roll < 10 {
-        let bob = support::bob();
-        telegram
-            .group_message(group, bob, format!("just chatting {n}"))
-            .push();
-        return;
+        return Message {
+            group,
+            user: support::bob(),
+            text: format!("just chatting {n}"),
+            mention: false,
+        };
     }
     // Mentions come from the operator: a merged turn runs with the least role of its
     // senders, and the shell is for operators only.
-    let user = support::alice();
     let tag = format!("m-{n:05}");
     let text = if roll < 20 {
         traffic.clock_requests += 1;
@@ -257,11 +326,23 @@ fn push_one(telegram: &FakeTelegram, rng: &mut Rng, traffic: &mut Traffic, seria
     } else {
         format!("@parlor_bot hello {tag}")
     };
-    telegram
-        .group_message(group, user, text)
-        .mention_bot()
-        .push();
     traffic.mentions.push(tag);
+    Message {
+        group,
+        user: support::alice(),
+        text,
+        mention: true,
+    }
+}
+
+/// Queues `message` for `getUpdates`.
+pub(crate) fn push(telegram: &FakeTelegram, message: Message) {
+    let builder = telegram.group_message(message.group, message.user, message.text);
+    if message.mention {
+        builder.mention_bot().push();
+    } else {
+        builder.push();
+    }
 }
 
 /// How one life of the daemon ends.
@@ -316,7 +397,7 @@ async fn live(
             if rng.chance(35) {
                 let mut traffic = traffic.lock().unwrap();
                 let mut serial = serial.lock().unwrap();
-                push_one(telegram, &mut rng, &mut traffic, &mut serial);
+                push(telegram, next_message(&mut rng, &mut traffic, &mut serial));
             }
             rng.range(5, 40)
         };
@@ -326,7 +407,7 @@ async fn live(
 }
 
 /// The mentions no sent reply covers yet.
-fn unanswered(traffic: &Traffic, sent: &[SentMessage], model: &Model) -> Vec<String> {
+pub(crate) fn unanswered(traffic: &Traffic, sent: &[SentMessage], model: &Model) -> Vec<String> {
     let covered: BTreeSet<&String> = sent
         .iter()
         .filter_map(|s| reply_id(&s.text))
@@ -376,12 +457,9 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     println!("chaos: seed {seed} (PARLOR_CHAOS_SEED={seed} replays it), {kills} kills");
     let begun = Instant::now();
     let rng = Mutex::new(Rng(seed));
-    let model = Arc::new(Mutex::new(Model {
-        rng: Some(Rng(seed ^ 0x5EED)),
-        ..Model::default()
-    }));
+    let model = Arc::new(Mutex::new(Model::new(seed)));
     let llm = FakeLlm::start().await;
-    script(&llm, &model);
+    script(&llm, &model, 0);
     let telegram = FakeTelegram::start(TOKEN).await;
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &telegram, EXTRA);
@@ -443,10 +521,12 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
     logs.push_str(&daemon.log());
     assert!(exit.success(), "seed {seed}: {logs}");
 
+    let store =
+        SledStore::open(&dir.path().join("data").join("db"), StoreOptions::default()).unwrap();
     let report = check(
-        dir.path(),
+        &store,
         &telegram,
-        &llm,
+        &llm.requests(),
         &model.lock().unwrap(),
         &traffic.lock().unwrap(),
         &kill_times,
@@ -484,28 +564,28 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
 }
 
 #[derive(Default)]
-struct Report {
-    problems: Vec<String>,
-    mentions: usize,
-    requests: usize,
-    turns: usize,
-    replies: usize,
-    in_window: usize,
-    window_gap: Duration,
-    clocks: usize,
-    clocks_fired: usize,
-    clocks_skipped: usize,
-    clocks_cancelled: usize,
-    clocks_other: usize,
-    notices: usize,
-    tasks: usize,
-    tasks_interrupted: usize,
+pub(crate) struct Report {
+    pub(crate) problems: Vec<String>,
+    pub(crate) mentions: usize,
+    pub(crate) requests: usize,
+    pub(crate) turns: usize,
+    pub(crate) replies: usize,
+    pub(crate) in_window: usize,
+    pub(crate) window_gap: Duration,
+    pub(crate) clocks: usize,
+    pub(crate) clocks_fired: usize,
+    pub(crate) clocks_skipped: usize,
+    pub(crate) clocks_cancelled: usize,
+    pub(crate) clocks_other: usize,
+    pub(crate) notices: usize,
+    pub(crate) tasks: usize,
+    pub(crate) tasks_interrupted: usize,
 }
 
-fn check(
-    dir: &Path,
+pub(crate) fn check(
+    store: &dyn Store,
     telegram: &FakeTelegram,
-    llm: &FakeLlm,
+    requests: &[parlor_testkit::RecordedRequest],
     model: &Model,
     traffic: &Traffic,
     kills: &[Instant],
@@ -515,10 +595,9 @@ fn check(
         turns: model.answers.len(),
         ..Report::default()
     };
-    let requests = llm.requests();
     r.requests = requests.len();
     if std::env::var_os("PARLOR_CHAOS_DEBUG").is_some() {
-        for request in &requests {
+        for request in requests {
             if let Some(last) = request.messages().last().filter(|m| m["role"] == "tool") {
                 println!("tool result: {}", last["content"]);
             }
@@ -594,7 +673,6 @@ fn check(
         }
     }
 
-    let store = SledStore::open(&dir.join("data").join("db"), StoreOptions::default()).unwrap();
     match store.pending() {
         Ok(p) if p.is_empty() => {}
         Ok(p) => r

@@ -11,6 +11,7 @@ mod autochat;
 mod chaos;
 mod cli;
 mod cluster;
+mod cluster_chaos;
 mod console;
 mod cost;
 mod daemon;
