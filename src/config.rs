@@ -537,6 +537,9 @@ pub struct DiscordSection {
     pub api_url: Option<String>,
     /// Whether replies may ping `@everyone`, `@here` and roles.
     pub allow_mass_mentions: bool,
+    /// How many shards the gateway is split into (0 or 1: one connection). With
+    /// `[cluster]` the shards are spread across the daemons, one lease each.
+    pub shards: u32,
 }
 
 /// `[cluster]`: several daemons sharing one PostgreSQL store. Each chat runs in one of

@@ -62,14 +62,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Some(token) => Some(
             DiscordAdapter::connect(DiscordConfig {
                 // The token's first part is the bot's user id (base64): it names the gateway.
-                connection_lease: wiring::connection_lease(
+                shard_leases: wiring::discord_shard_leases(
                     &config,
                     &store,
-                    &format!(
-                        "discord:gateway:{}",
-                        token.split('.').next().unwrap_or_default()
-                    ),
+                    token.split('.').next().unwrap_or_default(),
                 ),
+                shards: config.discord.shards.max(1),
                 api_url: config.discord.api_url.clone(),
                 allow_mass_mentions: config.discord.allow_mass_mentions,
                 ..DiscordConfig::new(token)

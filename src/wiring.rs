@@ -972,6 +972,50 @@ pub fn telegram_poll_lease(
     connection_lease(config, store, &format!("telegram:poll:{bot}"))
 }
 
+/// With `[cluster]`: one lease per shard of the Discord gateway of bot `bot` (the token's
+/// public first part), spread across the daemons: one takes a shard while it holds fewer
+/// than its share (the shards over the live daemons, rounded up) and lets one go when it
+/// holds more, for a daemon that started later.
+pub fn discord_shard_leases(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    bot: &str,
+) -> Vec<Arc<parlor_bot::session::lease::Keeper>> {
+    let shards = config.discord.shards.max(1);
+    if !config.cluster.enabled {
+        return Vec::new();
+    }
+    let all: Arc<std::sync::OnceLock<Vec<Arc<parlor_bot::session::lease::Keeper>>>> =
+        Arc::default();
+    let keepers: Vec<_> = (0..shards)
+        .map(|shard| {
+            let (all, shared) = (Arc::clone(&all), Arc::clone(store));
+            let wall = parlor_bot::time::WallTime::system();
+            let gate: parlor_bot::session::lease::Gate = Arc::new(move |holding: bool| {
+                let held = all
+                    .get()
+                    .map_or(0, |all| all.iter().filter(|k| k.is_held()).count());
+                let live =
+                    parlor_bot::session::cluster::live_instances(shared.as_ref(), wall.now());
+                let share = (shards as usize).div_ceil(live);
+                if holding { held <= share } else { held < share }
+            });
+            Arc::new(
+                parlor_bot::session::lease::Keeper::new(
+                    Arc::clone(store),
+                    &format!("discord:gateway:{bot}:shard:{shard}/{shards}"),
+                    &instance_id(config),
+                    Duration::from_secs(config.cluster.lease_ttl_secs),
+                    parlor_bot::time::WallTime::system(),
+                )
+                .with_gate(gate),
+            )
+        })
+        .collect();
+    let _ = all.set(keepers.clone());
+    keepers
+}
+
 /// With `[cluster]`: a lease only whose holder keeps connection `name` (a platform allows
 /// one per bot); `None` for a single daemon.
 pub fn connection_lease(

@@ -321,6 +321,13 @@ struct Inner {
     pending: VecDeque<(String, Value)>,
     connection: Option<Connection>,
     connections: u64,
+    /// Sharded mode ([`FakeDiscord::set_shards`] above 1): the identified connection of
+    /// each shard, its sequence number and the events waiting for it. Resumes are refused
+    /// (the client identifies again).
+    shards: u32,
+    shard_conns: HashMap<u32, Connection>,
+    shard_seq: HashMap<u32, u64>,
+    shard_pending: HashMap<u32, VecDeque<(String, Value)>>,
     identifies: Vec<Value>,
     resumes: Vec<Value>,
     heartbeats: u64,
@@ -376,10 +383,46 @@ impl Shared {
     fn dispatch(&self, t: &str, d: Value) {
         let mut inner = self.lock();
         inner.dispatched.push(json!({"t": t, "d": d.clone()}));
+        if inner.shards > 1 {
+            // Discord's rule: a server's events go to shard (server id >> 22) % shards;
+            // DMs to shard 0.
+            let guild = d
+                .get("guild_id")
+                .and_then(Value::as_str)
+                .and_then(|g| g.parse::<u64>().ok());
+            let shard = guild.map_or(0, |g| ((g >> 22) % u64::from(inner.shards)) as u32);
+            inner
+                .shard_pending
+                .entry(shard)
+                .or_default()
+                .push_back((t.to_owned(), d));
+            flush_shard(&mut inner, shard);
+            drop(inner);
+            self.changed.notify_waiters();
+            return;
+        }
         inner.pending.push_back((t.to_owned(), d));
         flush_pending(&mut inner);
         drop(inner);
         self.changed.notify_waiters();
+    }
+}
+
+/// Sharded mode: sends shard `shard`'s pending events on its connection, if it has one.
+fn flush_shard(inner: &mut Inner, shard: u32) {
+    let Some(tx) = inner.shard_conns.get(&shard).map(|c| c.tx.clone()) else {
+        return;
+    };
+    let events: Vec<_> = inner
+        .shard_pending
+        .get_mut(&shard)
+        .map(|p| p.drain(..).collect())
+        .unwrap_or_default();
+    for (t, d) in events {
+        let seq = inner.shard_seq.entry(shard).or_insert(1);
+        *seq += 1;
+        let payload = json!({"op": 0, "s": *seq, "t": t, "d": d});
+        let _ = tx.send(WsMessage::Text(payload.to_string()));
     }
 }
 
@@ -442,6 +485,10 @@ impl FakeDiscord {
                 pending: VecDeque::new(),
                 connection: None,
                 connections: 0,
+                shards: 1,
+                shard_conns: HashMap::new(),
+                shard_seq: HashMap::new(),
+                shard_pending: HashMap::new(),
                 identifies: Vec::new(),
                 resumes: Vec::new(),
                 heartbeats: 0,
@@ -644,6 +691,35 @@ impl FakeDiscord {
             }
         }
         self.shared.dispatch(t, d);
+    }
+
+    /// Splits the gateway into `shards` shards (before the bot connects): each connection
+    /// must identify as one of them, and a server's events go only to its shard's
+    /// connection, `(server id >> 22) % shards`, as on Discord.
+    pub fn set_shards(&self, shards: u32) {
+        self.shared.lock().shards = shards.max(1);
+    }
+
+    /// Sharded mode: the shards that have a live connection now.
+    pub fn connected_shards(&self) -> Vec<u32> {
+        let mut shards: Vec<u32> = self.shared.lock().shard_conns.keys().copied().collect();
+        shards.sort_unstable();
+        shards
+    }
+
+    /// Sharded mode: waits until every shard has a live connection.
+    pub async fn wait_for_all_shards(&self, timeout: Duration) -> Result<(), WaitTimeout> {
+        self.wait_until(timeout, |inner| {
+            if inner.shard_conns.len() as u32 >= inner.shards {
+                Ok(())
+            } else {
+                Err((
+                    format!("{} shards connected", inner.shards),
+                    format!("{} connected", inner.shard_conns.len()),
+                ))
+            }
+        })
+        .await
     }
 
     /// Closes the live gateway connection with close code 4000 (resumable). Returns whether
@@ -958,12 +1034,15 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
         let mut inner = shared.lock();
         inner.connections += 1;
         let id = inner.connections;
-        // A new connection replaces the old one, as on Discord.
-        inner.connection = Some(Connection {
-            id,
-            tx: tx.clone(),
-            ready: false,
-        });
+        // A new connection replaces the old one, as on Discord (sharded: one per shard,
+        // known once it identifies).
+        if inner.shards <= 1 {
+            inner.connection = Some(Connection {
+                id,
+                tx: tx.clone(),
+                ready: false,
+            });
+        }
         let hello = fixture("gateway.Example_Hello_Event.L129.json");
         let _ = tx.send(WsMessage::Text(hello.to_string()));
         id
@@ -1004,10 +1083,73 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
         if inner.connection.as_ref().is_some_and(|c| c.id == conn_id) {
             inner.connection = None;
         }
+        inner.shard_conns.retain(|_, c| c.id != conn_id);
     }
     shared.changed.notify_waiters();
     drop(tx);
     let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
+}
+
+/// Sharded mode: Identify with `shard: [i, n]`, `n` the fake's shard count, makes the
+/// connection shard `i`'s (replacing an older one) and gets a READY naming the shard and
+/// its servers; any other shard field is closed with 4010 (Invalid shard).
+fn identify_shard(
+    shared: &Shared,
+    inner: &mut Inner,
+    conn_id: u64,
+    tx: &mpsc::UnboundedSender<WsMessage>,
+    d: &Value,
+) -> bool {
+    let n = inner.shards;
+    let shard = d
+        .get("shard")
+        .and_then(Value::as_array)
+        .and_then(|a| Some((a.first()?.as_u64()?, a.get(1)?.as_u64()?)));
+    let Some((i, _)) = shard.filter(|&(i, total)| total == u64::from(n) && i < total) else {
+        let _ = tx.send(WsMessage::Close(Some(CloseFrame {
+            code: CloseCode::from(4010),
+            reason: "Invalid shard.".into(),
+        })));
+        return false;
+    };
+    let i = i as u32;
+    if let Some(old) = inner.shard_conns.insert(
+        i,
+        Connection {
+            id: conn_id,
+            tx: tx.clone(),
+            ready: true,
+        },
+    ) {
+        let _ = old.tx.send(WsMessage::Close(Some(CloseFrame {
+            code: CloseCode::from(4000),
+            reason: "fake discord: replaced by a new connection".into(),
+        })));
+    }
+    inner.shard_seq.insert(i, 1);
+    let guilds: Vec<Value> = inner
+        .guilds
+        .keys()
+        .filter(|g| ((**g >> 22) % u64::from(n)) as u32 == i)
+        .map(|id| json!({"id": id.to_string(), "unavailable": true}))
+        .collect();
+    let ready = json!({
+        "op": 0,
+        "s": 1,
+        "t": "READY",
+        "d": {
+            "v": 10,
+            "user": inner.bot.to_json(),
+            "guilds": guilds,
+            "session_id": format!("fake-session-{}", shared.snowflake()),
+            "resume_gateway_url": shared.ws_url(),
+            "shard": [i, n],
+            "application": {"id": inner.bot.id.to_string(), "flags": 0},
+        }
+    });
+    let _ = tx.send(WsMessage::Text(ready.to_string()));
+    flush_shard(inner, i);
+    true
 }
 
 /// Answers one client payload; false to hang up.
@@ -1040,6 +1182,8 @@ fn handle_gateway_payload(
                     reason: "Authentication failed.".into(),
                 })));
                 false
+            } else if inner.shards > 1 {
+                identify_shard(shared, &mut inner, conn_id, tx, &d)
             } else if current {
                 let session_id = format!("fake-session-{}", shared.snowflake());
                 inner.session_id = Some(session_id.clone());

@@ -309,3 +309,104 @@ async fn a_rolling_restart_of_three_daemons_under_traffic_loses_and_doubles_noth
         assert!(status.success(), "{}", daemon.log());
     }
 }
+
+/// Discord's gateway in two shards on two daemons: the first takes both while alone, lets
+/// one go when the second starts (each then holds its share, one), and the second takes both
+/// once the first is killed. A server's messages arrive on its own shard, whichever daemon
+/// holds it, and each mention is answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_split_discords_shards_and_one_takes_both_when_the_other_dies() {
+    use parlor_testkit::{DiscordUser, FakeDiscord};
+    const DISCORD_TOKEN: &str = "discord-shard-token";
+    // Shard (id >> 22) % 2: 0 and 1.
+    const GUILDS: [(u64, u64); 2] = [(5, 6), ((1 << 22) + 5, (1 << 22) + 6)];
+    let Some(cluster) = PgCluster::start() else {
+        return;
+    };
+    let url = cluster.database();
+    let telegram = FakeTelegram::start(TOKEN).await;
+    let discord = FakeDiscord::start(DISCORD_TOKEN).await;
+    discord.set_shards(2);
+    for (guild, channel) in GUILDS {
+        discord.guild(guild, 1);
+        discord.text_channel(guild, channel);
+    }
+    let llm = FakeLlm::start().await;
+    echo(&llm);
+    let start = |dir: &std::path::Path, name: &str| {
+        let mut command = command(dir, name, &llm, &telegram, &url);
+        let path = dir.join("config.toml");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!(
+            "[discord]\napi_url = \"{}\"\nshards = 2\n",
+            discord.api_url()
+        ));
+        std::fs::write(&path, text).unwrap();
+        command.env("DISCORD_BOT_TOKEN", DISCORD_TOKEN);
+        DaemonProcess::spawn(command)
+    };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = start(dir_a.path(), "a");
+    discord.wait_for_all_shards(WAIT).await.unwrap();
+    let shards_of = |daemon: &DaemonProcess| {
+        daemon
+            .log()
+            .matches("connecting a shard of the Discord gateway")
+            .count()
+    };
+    assert_eq!(shards_of(&a), 2, "alone, A runs both shards");
+
+    let b = start(dir_b.path(), "b");
+    b.wait_for_log("connecting a shard of the Discord gateway", WAIT)
+        .await;
+    a.wait_for_log("over this daemon's share", WAIT).await;
+    // Discord keeps no events for a closed connection: what comes while a shard changes
+    // hands is lost, so the test asks once the handover is over.
+    a.wait_for_log("went to another instance", WAIT).await;
+    discord.wait_for_all_shards(WAIT).await.unwrap();
+    assert_eq!(shards_of(&b), 1, "B took one shard, its share");
+
+    let dana = DiscordUser::new(77, "dana");
+    let ask = |channel: u64, guild: u64| {
+        discord
+            .message(channel, &dana, "hello shard")
+            .guild(guild)
+            .mention_bot()
+            .push()
+    };
+    let mut asked: Vec<(u64, String)> = GUILDS
+        .iter()
+        .map(|&(guild, channel)| (channel, ask(channel, guild)))
+        .collect();
+    if let Err(e) = discord.wait_for_sent(2, WAIT).await {
+        panic!("{e:?}\n--- a ---\n{}\n--- b ---\n{}", a.log(), b.log());
+    }
+
+    a.kill9().await;
+    // Once A's leases expired, B's share is both shards.
+    let deadline = std::time::Instant::now() + WAIT;
+    while shards_of(&b) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B never took A's shard:\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    discord.wait_for_all_shards(WAIT).await.unwrap();
+    for &(guild, channel) in &GUILDS {
+        asked.push((channel, ask(channel, guild)));
+    }
+    discord.wait_for_sent(4, WAIT).await.unwrap();
+    let sent = discord.sent_messages();
+    for (channel, id) in &asked {
+        let replies = sent
+            .iter()
+            .filter(|m| m.channel_id == channel.to_string() && m.reply_to().as_ref() == Some(id))
+            .count();
+        assert_eq!(replies, 1, "channel {channel}, message {id}");
+    }
+    let mut b = b;
+    let status = b.terminate(WAIT).await;
+    assert!(status.success(), "{}", b.log());
+}

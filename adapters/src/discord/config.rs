@@ -32,9 +32,14 @@ pub struct DiscordConfig {
     pub sends_per_window: usize,
     /// See [`sends_per_window`](Self::sends_per_window).
     pub send_window: Duration,
-    /// Several daemons on one store (`[cluster]`): only the holder of this lease keeps the
-    /// gateway connection (one shard: the bot's whole gateway); the others wait to take it.
-    pub connection_lease: Option<std::sync::Arc<parlor_bot::session::lease::Keeper>>,
+    /// How many shards the bot's gateway is split into (Discord requires several past 2,500
+    /// servers); each shard is one connection, carrying the servers with
+    /// `(server id >> 22) % shards` equal to its number. 1: one connection.
+    pub shards: u32,
+    /// Several daemons on one store (`[cluster]`): one lease per shard, by shard number;
+    /// a shard runs only in the daemon holding its lease, and the others wait to take it.
+    /// Empty: every shard runs here.
+    pub shard_leases: Vec<std::sync::Arc<parlor_bot::session::lease::Keeper>>,
 }
 
 impl DiscordConfig {
@@ -48,7 +53,8 @@ impl DiscordConfig {
             request_timeout: Duration::from_secs(30),
             sends_per_window: 5,
             send_window: Duration::from_secs(5),
-            connection_lease: None,
+            shards: 1,
+            shard_leases: Vec::new(),
         }
     }
 }

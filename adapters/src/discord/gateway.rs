@@ -101,16 +101,26 @@ impl Receiver for DiscordAdapter {
         let ready = ReadyOnce::new(ready);
         let ready = &ready;
         let inbox = &inbox;
-        let lease = self.inner.config.connection_lease.clone();
-        if lease.is_some() {
+        let config = &self.inner.config;
+        let shards = config.shards.max(1);
+        if !config.shard_leases.is_empty() {
             // A daemon waiting for the gateway is a standby that serves chats through the
             // store: ready all the same.
             ready.call();
         }
-        supervise(&RECONNECT, lease.as_deref(), &shutdown, |stop| async move {
-            self.run_client(inbox, &stop, ready).await
-        })
-        .await
+        let shutdown = &shutdown;
+        let runs = (0..shards).map(|shard| {
+            let lease = config.shard_leases.get(shard as usize).cloned();
+            async move {
+                supervise(&RECONNECT, lease.as_deref(), shutdown, |stop| async move {
+                    self.run_client(inbox, &stop, ready, shard, shards).await
+                })
+                .await
+            }
+        });
+        // One shard failing for good (a revoked token) ends them all: the others would fail
+        // the same way.
+        futures::future::try_join_all(runs).await.map(|_| ())
     }
 }
 
@@ -120,6 +130,8 @@ impl DiscordAdapter {
         inbox: &Arc<dyn Inbox>,
         shutdown: &CancellationToken,
         ready: &ReadyOnce<R>,
+        shard: u32,
+        shards: u32,
     ) -> Session
     where
         R: FnOnce() + Send,
@@ -146,8 +158,11 @@ impl DiscordAdapter {
                 return Session::Unreachable(self.inner.rest.token().redact(&error.to_string()));
             }
         };
-        let shards = client.shard_manager.clone();
-        let mut running = tokio::spawn(async move { client.start().await });
+        let manager = client.shard_manager.clone();
+        if shards > 1 {
+            tracing::info!(shard, shards, "connecting a shard of the Discord gateway");
+        }
+        let mut running = tokio::spawn(async move { client.start_shard(shard, shards).await });
 
         let ended = loop {
             let item = tokio::select! {
@@ -180,7 +195,7 @@ impl DiscordAdapter {
         // When the client already ended, its shards are gone: asking them to shut down would
         // only wait out serenity's 5 s confirmation timeout.
         if !running.is_finished() {
-            shards.shutdown_all().await;
+            manager.shutdown_all().await;
             let _ = tokio::time::timeout(Duration::from_secs(5), &mut running).await;
             running.abort();
         }

@@ -192,6 +192,25 @@ fn share(manager: &SessionManager, me: &str) -> usize {
     (chats + 1).div_ceil(alive.max(1))
 }
 
+/// How many daemons are alive on `store` (each renews its instance lease); at least 1.
+pub fn live_instances(
+    store: &dyn crate::store::Store,
+    now: chrono::DateTime<chrono::Utc>,
+) -> usize {
+    let Ok(instances) = store.kv_scan(super::lease::LEASE_SPACE, "instance:") else {
+        return 1;
+    };
+    instances
+        .iter()
+        .filter_map(|(name, _)| name.strip_prefix("instance:"))
+        .filter(|instance| {
+            super::lease::holder(store, &instance_lease(instance), now)
+                .is_ok_and(|h| h.is_some_and(|(h, _)| h.owner == *instance))
+        })
+        .count()
+        .max(1)
+}
+
 /// The name of the lease by which `instance` says it is alive.
 pub fn instance_lease(instance: &str) -> String {
     format!("instance:{instance}")

@@ -245,7 +245,13 @@ pub struct Keeper {
     ttl: std::time::Duration,
     wall: crate::time::WallTime,
     held: std::sync::Mutex<Option<Held>>,
+    /// Whether this daemon may hold the lease (`true`: it holds it now) or take it
+    /// (`false`), when some are to be spread across daemons (Discord's shards).
+    gate: Option<Gate>,
 }
+
+/// See [`Keeper::with_gate`].
+pub type Gate = std::sync::Arc<dyn Fn(bool) -> bool + Send + Sync>;
 
 impl std::fmt::Debug for Keeper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -272,7 +278,26 @@ impl Keeper {
             ttl,
             wall,
             held: std::sync::Mutex::new(None),
+            gate: None,
         }
+    }
+
+    /// Asks `gate` before taking the lease (`gate(false)`) and at each renewal
+    /// (`gate(true)`): a daemon over its share of several such leases takes no more, and
+    /// lets one go for a daemon with fewer.
+    #[must_use]
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Whether this daemon holds the lease now (as far as it knows).
+    pub fn is_held(&self) -> bool {
+        self.slot().is_some()
+    }
+
+    fn may(&self, held: bool) -> bool {
+        self.gate.as_ref().is_none_or(|gate| gate(held))
     }
 
     /// How long the loop may spend between two calls of [`Keeper::hold`]: a third of the
@@ -300,13 +325,19 @@ impl Keeper {
             }
             // Not held (never, or lost just now): take it if it is free.
             let now = self.wall.now();
-            match acquire(
-                self.store.as_ref(),
-                &self.name,
-                &self.owner,
-                now,
-                self.chrono_ttl(),
-            ) {
+            let taken = if self.may(false) {
+                acquire(
+                    self.store.as_ref(),
+                    &self.name,
+                    &self.owner,
+                    now,
+                    self.chrono_ttl(),
+                )
+            } else {
+                // Past this daemon's share: left to the others.
+                Ok(Taken::Busy)
+            };
+            match taken {
                 Ok(Taken::Held(held)) => {
                     tracing::info!(lease = %self.name, took_over = held.took_over(), "holding the lease");
                     *self.slot() = Some(held);
@@ -334,6 +365,11 @@ impl Keeper {
         let Some(mut held) = self.slot().clone() else {
             return false;
         };
+        if !self.may(true) {
+            tracing::info!(lease = %self.name, "over this daemon's share; letting it go to another");
+            self.release();
+            return false;
+        }
         let now = self.wall.now();
         match renew(self.store.as_ref(), &mut held, now, self.chrono_ttl()) {
             Ok(true) => {
@@ -472,5 +508,38 @@ mod keeper_tests {
             !keeper("c").hold(&stop).await,
             "a stopped wait returns false"
         );
+    }
+
+    /// A gated keeper takes the lease only when its gate allows, and lets it go at a
+    /// renewal when the gate says it is over its share; another keeper takes it then.
+    #[tokio::test(start_paused = true)]
+    async fn a_gated_keeper_takes_only_within_its_share_and_lets_go_past_it() {
+        let store = Arc::new(MemoryStore::new());
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gate: Gate = {
+            let open = Arc::clone(&open);
+            Arc::new(move |_holding| open.load(std::sync::atomic::Ordering::SeqCst))
+        };
+        let keeper = |owner: &str| {
+            Keeper::new(
+                Arc::clone(&store) as Arc<dyn Store>,
+                "discord:shard:0/2",
+                owner,
+                Duration::from_secs(9),
+                WallTime::tokio_anchored(),
+            )
+        };
+        let a = keeper("a").with_gate(gate);
+        let b = keeper("b");
+        let stop = CancellationToken::new();
+        let shut = tokio::time::timeout(Duration::from_secs(20), a.hold(&stop)).await;
+        assert!(shut.is_err(), "a closed gate: a waits though the lease is free");
+        open.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(a.hold(&stop).await);
+        assert!(a.is_held());
+        open.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(!a.renew_now(), "past its share, a lets go");
+        assert!(!a.is_held());
+        assert!(b.hold(&stop).await, "b takes it at once");
     }
 }
