@@ -530,6 +530,7 @@ async fn kill_9_at_random_moments_loses_and_doubles_nothing() {
         &model.lock().unwrap(),
         &traffic.lock().unwrap(),
         &kill_times,
+        &[],
     );
     let elapsed = begun.elapsed();
     if !report.problems.is_empty() {
@@ -589,6 +590,7 @@ pub(crate) fn check(
     model: &Model,
     traffic: &Traffic,
     kills: &[Instant],
+    pauses: &[(Instant, Instant)],
 ) -> Report {
     let mut r = Report {
         mentions: traffic.mentions.len(),
@@ -629,7 +631,13 @@ pub(crate) fn check(
             let kill = kills
                 .iter()
                 .find(|&&k| k + Duration::from_millis(50) >= first);
+            // A daemon stopped (SIGSTOP) with the send on the wire: the same window, however
+            // long the pause.
+            let paused = pauses
+                .iter()
+                .any(|&(from, to)| first + WINDOW >= from && first <= to + WINDOW && again > first);
             match kill {
+                _ if paused => r.in_window += 1,
                 Some(&k) if k < again && k.saturating_duration_since(first) <= WINDOW => {
                     r.in_window += 1;
                     r.window_gap = r.window_gap.max(k.saturating_duration_since(first));
@@ -718,6 +726,11 @@ pub(crate) fn check(
                 if fires == 1 {
                     r.clocks_fired += 1;
                 }
+            }
+            // Several daemons: fired in one, run by the chat's holder.
+            ["handed_over"] if fires <= 1 => {
+                r.clocks_other += 1;
+                r.clocks_fired += fires;
             }
             ["failed" | "timed_out"] if fires <= 1 => {
                 r.clocks_other += 1;

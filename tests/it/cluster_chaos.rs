@@ -309,7 +309,16 @@ async fn run(mode: Mode) {
     let all_requests: Vec<_> = slots.iter().flat_map(|s| s.llm.requests()).collect();
     let model = model.lock().unwrap();
     let traffic = traffic.lock().unwrap();
-    let mut report = chaos::check(&store, &telegram, &all_requests, &model, &traffic, &moments);
+    let paused: Vec<(Instant, Instant)> = pauses.iter().map(|&(_, from, to)| (from, to)).collect();
+    let mut report = chaos::check(
+        &store,
+        &telegram,
+        &all_requests,
+        &model,
+        &traffic,
+        &moments,
+        &paused,
+    );
     let (paused_overlaps, starved_overlaps) = overlaps(
         &model,
         &traffic,

@@ -238,7 +238,7 @@ impl Dispatcher {
                     self.leases.fetch_sub(1, Ordering::Relaxed);
                     self.lost.fetch_add(1, Ordering::Relaxed);
                     metrics.chat_leases_lost.inc();
-                    chat.session.queue().clear();
+                    super::queue::handed_over(chat.session.queue().clear());
                     chat.session.batch().clear();
                     if let Some(cancel) = chat.session.running() {
                         cancel.cancel();

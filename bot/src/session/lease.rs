@@ -533,7 +533,10 @@ mod keeper_tests {
         let b = keeper("b");
         let stop = CancellationToken::new();
         let shut = tokio::time::timeout(Duration::from_secs(20), a.hold(&stop)).await;
-        assert!(shut.is_err(), "a closed gate: a waits though the lease is free");
+        assert!(
+            shut.is_err(),
+            "a closed gate: a waits though the lease is free"
+        );
         open.store(true, std::sync::atomic::Ordering::SeqCst);
         assert!(a.hold(&stop).await);
         assert!(a.is_held());

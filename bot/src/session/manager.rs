@@ -564,7 +564,8 @@ impl SessionManager {
         item.done.extend(done);
         if !chats.runs_here(&key) {
             // Held by another instance (cluster mode): its sweep finds the input pending.
-            // Its outcome is not reported here (the waiter is dropped).
+            // Its outcome is not known here.
+            super::queue::handed_over(vec![item]);
             return Ok(id);
         }
         // A finished task or a due clock task waits over the capacity (`input.rs`).

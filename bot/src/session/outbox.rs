@@ -351,9 +351,15 @@ impl Post for TurnPost {
                 "the platform refused the message for good: {why}"
             ))),
             // Not taken yet (an outage, a rate limit, shutdown): the lane keeps it.
-            Ok(Ok(ScheduledOutcome::NoReply | ScheduledOutcome::Failed(_)) | Err(_)) | Err(_) => {
-                Ok(Posted::Queued)
-            }
+            Ok(
+                Ok(
+                    ScheduledOutcome::NoReply
+                    | ScheduledOutcome::Failed(_)
+                    | ScheduledOutcome::Elsewhere,
+                )
+                | Err(_),
+            )
+            | Err(_) => Ok(Posted::Queued),
         }
     }
 }

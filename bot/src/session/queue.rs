@@ -25,6 +25,17 @@ pub enum ScheduledOutcome {
     NotDelivered(String),
     /// The model could not be reached (the reason); the chat was told.
     Failed(String),
+    /// Another daemon holds the chat and runs the input there (several daemons on one
+    /// store): its outcome is not known here.
+    Elsewhere,
+}
+
+/// Tells each of `items`' waiters that another daemon runs them now.
+pub(super) fn handed_over(items: Vec<QueueItem>) {
+    for waiter in items.into_iter().flat_map(|item| item.done) {
+        // The submitter may have given up waiting.
+        let _ = waiter.send(ScheduledOutcome::Elsewhere);
+    }
 }
 
 /// Told what became of a queued input; dropped unanswered when its turn is abandoned.

@@ -110,6 +110,16 @@ impl ChatWorker {
         };
         session.item_ended();
         let Some(outcome) = outcome else {
+            if !self
+                .manager
+                .dispatcher()
+                .holds(&self.manager, session.key())
+            {
+                // The chat moved to another daemon, which runs the input.
+                for waiter in done {
+                    let _ = waiter.send(super::queue::ScheduledOutcome::Elsewhere);
+                }
+            }
             // Abandoned (shutdown, store failure): the input stays pending; the waiter is
             // dropped and its submitter sees the turn cancelled. Not the input's fault.
             if !item.images.is_empty() {

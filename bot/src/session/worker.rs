@@ -70,7 +70,7 @@ impl ChatWorker {
                 // Lost to another instance (cluster mode): what was queued is pending in
                 // the store for the new holder.
                 manager.dispatcher().drop_lapsed(&manager, session.key());
-                session.queue().clear();
+                super::queue::handed_over(session.queue().clear());
                 session.batch().clear();
                 if manager.dispatcher().retire(&manager, &session) {
                     return true;

@@ -247,5 +247,9 @@ fn from_outcome(outcome: ScheduledOutcome) -> RunEnd {
             RunStatus::Failed,
             format!("the model could not be reached: {reason}"),
         ),
+        ScheduledOutcome::Elsewhere => RunEnd::not_posted(
+            RunStatus::HandedOver,
+            "another daemon holds the chat and runs the fire there",
+        ),
     }
 }

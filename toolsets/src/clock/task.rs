@@ -106,6 +106,9 @@ pub enum RunStatus {
     Skipped,
     /// Interrupted: shutdown, a crash, or `/stop` in the chat.
     Cancelled,
+    /// Several daemons on one store: the chat is held by another daemon, which runs the
+    /// fire; its outcome is in that chat, not here.
+    HandedOver,
 }
 
 impl RunStatus {
@@ -118,6 +121,7 @@ impl RunStatus {
             RunStatus::TimedOut => "timed_out",
             RunStatus::Skipped => "skipped",
             RunStatus::Cancelled => "cancelled",
+            RunStatus::HandedOver => "handed_over",
         }
     }
 }

@@ -198,7 +198,7 @@ pub fn toolset(handle: ClockHandle) -> Result<ToolSetBridge, BridgeError> {
             "clock_log",
             "Show the run log of one clock task, or of every task of this chat: due time, \
              status (ok = posted, with the message ids; failed, timed_out, skipped, \
-             cancelled) and the error.",
+             cancelled, handed_over = run by another daemon of the bot) and the error.",
             |h: Arc<ClockHandle>, args: LogArgs, cx: ToolContext| async move {
                 finish(log(&h, args, &cx))
             },
