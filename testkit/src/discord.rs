@@ -1127,13 +1127,23 @@ fn identify_shard(
         })));
     }
     inner.shard_seq.insert(i, 1);
+    let session_id = format!("fake-session-{}", shared.snowflake());
+    let ready = ready_event(shared, inner, session_id, (i, n));
+    let _ = tx.send(WsMessage::Text(ready.to_string()));
+    flush_shard(inner, i);
+    true
+}
+
+/// The READY event of session `session_id` on shard `(i, n)`: the servers of that shard,
+/// each unavailable until its GUILD_CREATE, as Discord sends it.
+fn ready_event(shared: &Shared, inner: &Inner, session_id: String, (i, n): (u32, u32)) -> Value {
     let guilds: Vec<Value> = inner
         .guilds
         .keys()
         .filter(|g| ((**g >> 22) % u64::from(n)) as u32 == i)
         .map(|id| json!({"id": id.to_string(), "unavailable": true}))
         .collect();
-    let ready = json!({
+    json!({
         "op": 0,
         "s": 1,
         "t": "READY",
@@ -1141,15 +1151,12 @@ fn identify_shard(
             "v": 10,
             "user": inner.bot.to_json(),
             "guilds": guilds,
-            "session_id": format!("fake-session-{}", shared.snowflake()),
+            "session_id": session_id,
             "resume_gateway_url": shared.ws_url(),
             "shard": [i, n],
             "application": {"id": inner.bot.id.to_string(), "flags": 0},
         }
-    });
-    let _ = tx.send(WsMessage::Text(ready.to_string()));
-    flush_shard(inner, i);
-    true
+    })
 }
 
 /// Answers one client payload; false to hang up.
@@ -1189,22 +1196,7 @@ fn handle_gateway_payload(
                 inner.session_id = Some(session_id.clone());
                 inner.seq = 1;
                 inner.backlog.clear();
-                let ready = json!({
-                    "op": 0,
-                    "s": 1,
-                    "t": "READY",
-                    "d": {
-                        "v": 10,
-                        "user": inner.bot.to_json(),
-                        "guilds": inner.guilds.keys()
-                            .map(|id| json!({"id": id.to_string(), "unavailable": true}))
-                            .collect::<Vec<_>>(),
-                        "session_id": session_id,
-                        "resume_gateway_url": shared.ws_url(),
-                        "shard": [0, 1],
-                        "application": {"id": inner.bot.id.to_string(), "flags": 0},
-                    }
-                });
+                let ready = ready_event(shared, &inner, session_id, (0, 1));
                 inner.backlog.push((1, ready.clone()));
                 let _ = tx.send(WsMessage::Text(ready.to_string()));
                 if let Some(conn) = inner.connection.as_mut() {

@@ -1256,13 +1256,8 @@ async fn a_task_takes_its_id_and_times_from_the_wall_time_it_was_given() {
     crate::support::assert_stamped(&id, "task", row.started, row.ended, at);
 }
 
-/// Several daemons on one store: a running task of a daemon that still renews its instance
-/// lease is not taken for a leftover by another daemon's start; once that daemon is gone
-/// (its lease let go or expired), the next start marks the task interrupted and tells once.
-#[tokio::test]
-async fn a_task_of_a_daemon_still_alive_is_left_alone_and_recovered_once_it_is_gone() {
-    use parlor_bot::session::{cluster, lease};
-    let rig = rig();
+/// Stores a task `task-a` left running by daemon `a-1`.
+fn store_row_of_daemon_a(rig: &Rig) {
     let log = rig.service.config().data_dir.join("a.log");
     std::fs::write(&log, "working\n").unwrap();
     let mut row = running_row("task-a", 999_999, log);
@@ -1274,6 +1269,16 @@ async fn a_task_of_a_daemon_still_alive_is_left_alone_and_recovered_once_it_is_g
             &serde_json::to_string(&row).unwrap(),
         )
         .unwrap();
+}
+
+/// Several daemons on one store: a running task of a daemon that still renews its instance
+/// lease is not taken for a leftover by another daemon's start; once that daemon is gone
+/// (its lease let go or expired), the next start marks the task interrupted and tells once.
+#[tokio::test]
+async fn a_task_of_a_daemon_still_alive_is_left_alone_and_recovered_once_it_is_gone() {
+    use parlor_bot::session::{cluster, lease};
+    let rig = rig();
+    store_row_of_daemon_a(&rig);
     let alive = match lease::acquire(
         rig.store.as_ref(),
         &cluster::instance_lease("a-1"),
@@ -1312,17 +1317,7 @@ async fn a_task_of_a_daemon_still_alive_is_left_alone_and_recovered_once_it_is_g
 async fn two_daemons_recovering_a_dead_daemons_task_at_once_tell_it_once() {
     let rig = rig();
     rig.notes.writes_to(rig.store.clone());
-    let log = rig.service.config().data_dir.join("a.log");
-    std::fs::write(&log, "working\n").unwrap();
-    let mut row = running_row("task-a", 999_999, log);
-    row.runner = Some("a-1".into());
-    rig.store
-        .kv_put(
-            TASKS_SPACE,
-            &format!("{}|task-a", row.session),
-            &serde_json::to_string(&row).unwrap(),
-        )
-        .unwrap();
+    store_row_of_daemon_a(&rig);
     let daemon = |name: &str| {
         let service = TerminalService::new(
             rig.store.clone(),
