@@ -181,6 +181,44 @@ pub enum ChatEvent {
     },
     /// A message was edited: its new version, under the same `message_id`.
     Edited(IncomingMessage),
+    /// Someone pressed one of the bot's buttons ([`Button`]): Telegram's `callback_query`,
+    /// a Discord component interaction. The adapter acknowledges the press to the platform
+    /// only as far as it must at once (Discord's three seconds); the runtime answers it with
+    /// [`Platform::answer_button`] once it has decided.
+    Button(ButtonPress),
+}
+
+/// A button under one of the bot's posts: what it says and what a press sends back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Button {
+    /// The label people see.
+    pub label: String,
+    /// What a press reports in [`ButtonPress::data`]: at most [`Button::MAX_DATA`] bytes
+    /// (Telegram's `callback_data` limit; Discord's `custom_id` allows 100).
+    pub data: String,
+}
+
+impl Button {
+    /// The longest `data`, in bytes.
+    pub const MAX_DATA: usize = 64;
+}
+
+/// A press of a [`Button`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ButtonPress {
+    /// The chat of the message that carries the button.
+    pub chat: ChatRef,
+    /// Who pressed it.
+    pub sender: Sender,
+    /// The button's [`Button::data`], as the platform reported it (outside input: parse it
+    /// as such).
+    pub data: String,
+    /// What the adapter needs to answer the press: Telegram's callback query id, Discord's
+    /// interaction id and token.
+    pub answer: String,
+    /// The id of the message that carries the button, when the platform says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
 }
 
 impl ChatEvent {
@@ -190,6 +228,7 @@ impl ChatEvent {
             ChatEvent::Joined { chat, .. } | ChatEvent::Removed { chat, .. } => chat,
             ChatEvent::Migrated { from, .. } => from,
             ChatEvent::Edited(message) => &message.chat,
+            ChatEvent::Button(press) => &press.chat,
         }
     }
 }
@@ -251,6 +290,34 @@ pub trait Platform: Send + Sync {
         key: Option<&str>,
         sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError>;
+
+    /// [`Platform::send`] with `buttons` in one row under the message (under its last part
+    /// when it is cut). The default sends without them: every post with buttons also says in
+    /// its text the command that does the same (`/approve CODE`).
+    async fn send_buttons(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+        key: Option<&str>,
+        sent: &mut Vec<String>,
+        buttons: &[Button],
+    ) -> Result<SentMessage, PlatformError> {
+        let _ = buttons;
+        self.send(chat, text, reply_to, key, sent).await
+    }
+
+    /// Answers a [`ButtonPress`]: `text`, when given, is shown to the presser alone
+    /// (Telegram's callback answer as an alert, a Discord ephemeral follow-up); `None` only
+    /// acknowledges. Called once per press. The default does nothing (no buttons).
+    async fn answer_button(
+        &self,
+        press: &ButtonPress,
+        text: Option<&str>,
+    ) -> Result<(), PlatformError> {
+        let _ = (press, text);
+        Ok(())
+    }
 
     /// Shows "typing..." in `chat` for a few seconds.
     async fn send_typing(&self, chat: &ChatRef) -> Result<(), PlatformError>;

@@ -165,6 +165,7 @@ impl Intake<'_> {
             } => self.removed(&chat, &status, &by, time),
             ChatEvent::Migrated { from, to } => self.migrated(&from, &to),
             ChatEvent::Edited(message) => self.edited(&message),
+            ChatEvent::Button(press) => self.button_pressed(press),
         }
     }
 
@@ -317,6 +318,12 @@ impl Intake<'_> {
             session.queue().push_over_capacity(item);
         }
         Ok(Accepted::durable())
+    }
+
+    /// A button press: handed to [`super::governance`], which decides off intake.
+    fn button_pressed(&self, press: crate::platform::ButtonPress) -> Result<Accepted, InboxError> {
+        tracing::debug!(chat = %press.chat, sender = %press.sender.id, "button press ignored: nothing handles buttons yet");
+        Ok(Accepted::nothing())
     }
 
     fn edited(&self, message: &IncomingMessage) -> Result<Accepted, InboxError> {
