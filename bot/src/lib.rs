@@ -28,6 +28,7 @@ pub mod agent;
 pub mod backoff;
 pub mod health;
 pub mod image;
+pub mod lang;
 pub mod llm;
 pub mod metrics;
 pub mod net;

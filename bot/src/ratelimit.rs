@@ -31,6 +31,14 @@ impl SlidingWindow {
         Err(window.saturating_sub(now.duration_since(oldest)))
     }
 
+    /// How many remembered events fell in the last `window` before `now`.
+    pub fn count(&self, now: Instant, window: Duration) -> usize {
+        self.times
+            .iter()
+            .filter(|t| now.duration_since(**t) < window)
+            .count()
+    }
+
     /// When the newest event was, if any is remembered.
     pub fn last(&self) -> Option<Instant> {
         self.times.back().copied()

@@ -429,6 +429,10 @@ impl SubagentService {
             // retried, recorded as the bot's messages (its message toolset has the bot's
             // name too).
             post: cx.post.clone(),
+            // The chat's toolsets and approvals hold for its sub-agents too.
+            toolsets: cx.toolsets.clone(),
+            approver: cx.approver.clone(),
+            persona: None,
         };
         let turn = agent.run_turn(&[], input, cancel.clone());
         tokio::pin!(turn);

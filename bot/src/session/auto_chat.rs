@@ -80,14 +80,35 @@ impl AutoChat {
     }
 }
 
-/// The auto-chat settings of `chat`, if the config names it.
-pub(super) fn auto_chat_for<'a>(config: &'a SessionConfig, chat: &ChatRef) -> Option<&'a AutoChat> {
-    let key = chat.session_key();
-    let plain = format!("{}:{}", chat.platform, chat.chat_id);
+/// The auto-chat settings the operator's config names for `chat`, if any.
+fn configured<'a>(config: &'a SessionConfig, session: &str) -> Option<&'a AutoChat> {
+    // `platform:chat_id` names every thread of the chat.
+    let plain = session.split('/').next().unwrap_or(session);
     config
         .auto_chat
         .iter()
-        .find(|a| a.chat == key || a.chat == plain)
+        .find(|a| a.chat == session || a.chat == plain)
+}
+
+/// Whether the operator's config runs auto-chat in the chat of `session` by default.
+pub(super) fn listed(config: &SessionConfig, session: &str) -> bool {
+    configured(config, session).is_some()
+}
+
+/// The auto-chat settings of `chat` when its reply mode is `auto` (the operator's
+/// `[[bot.auto_chat]]` default, or a group's choice within `[groups]`' budget).
+pub(super) fn auto_chat_for(manager: &SessionManager, chat: &ChatRef) -> Option<AutoChat> {
+    let key = chat.session_key();
+    if manager.effective(&key).reply_mode != super::settings::ReplyMode::Auto {
+        return None;
+    }
+    let config = manager.config();
+    configured(config, &key).cloned().or_else(|| {
+        config.groups.auto_chat.as_ref().map(|template| AutoChat {
+            chat: key.clone(),
+            ..template.clone()
+        })
+    })
 }
 
 /// The unaddressed messages of one chat waiting for their auto-chat turn. Bounded: past
@@ -257,12 +278,12 @@ impl Intake<'_> {
 
     /// Whether `message` is one auto-chat reads: unaddressed, in a group the config names,
     /// from a person (bots only when the config does not ignore them).
-    pub(super) fn auto_chat_of<'a>(&'a self, message: &IncomingMessage) -> Option<&'a AutoChat> {
+    pub(super) fn auto_chat_of(&self, message: &IncomingMessage) -> Option<AutoChat> {
         let config = self.manager.config();
         if message.kind == ChatKind::Private || (message.sender.is_bot && config.ignore_bots) {
             return None;
         }
-        auto_chat_for(config, &message.chat)
+        auto_chat_for(self.manager, &message.chat)
     }
 }
 
@@ -278,7 +299,7 @@ impl ChatWorker {
         if item.kind.rules().caller != CallerRule::AutoChat {
             return None;
         }
-        let limits = auto_chat_for(self.manager.config(), &item.chat)?.clone();
+        let limits = auto_chat_for(&self.manager, &item.chat)?;
         Some(Arc::new(AutoChatTurn {
             manager: self.manager.clone(),
             session: item.chat.session_key(),
@@ -293,8 +314,8 @@ impl ChatWorker {
 /// An auto-chat input from before a restart: back into its chat's batch, due at once
 /// (its wait may long be over). `false` when the chat is no longer an auto-chat one:
 /// the caller drops it.
-pub(super) fn restore(config: &SessionConfig, session: &Session, item: PendingItem) -> bool {
-    if auto_chat_for(config, &item.chat).is_none() {
+pub(super) fn restore(manager: &SessionManager, session: &Session, item: PendingItem) -> bool {
+    if auto_chat_for(manager, &item.chat).is_none() {
         return false;
     }
     let mut batch = session.batch();

@@ -305,7 +305,7 @@ pub(super) fn sweep(manager: &SessionManager) {
 /// auto-chat).
 pub(super) fn load(manager: &SessionManager, session: &Arc<Session>, item: PendingItem) -> bool {
     if item.kind.rules().waits == super::input::Wait::Batch {
-        return super::auto_chat::restore(manager.config(), session, item);
+        return super::auto_chat::restore(manager, session, item);
     }
     let item = super::queue::QueueItem::from_pending(item);
     if let Err(full) = session.queue().push(item) {

@@ -5,6 +5,8 @@
 
 use super::inbox::Intake;
 use super::manager::Session;
+use super::settings::Effective;
+use crate::lang::{Lang, Msg, say};
 use crate::tool::catalog;
 
 /// A command of ours.
@@ -16,6 +18,14 @@ pub(super) enum Command {
     Stop,
     Status,
     Reload,
+    /// `/settings` (and `/settings log`): answered at intake.
+    Settings,
+    /// `/set key value`: queued, checked and applied by the worker.
+    Set,
+    /// `/approve CODE`, `/deny CODE`: decided off intake ([`super::approvals`]).
+    Approve,
+    #[allow(missing_docs)]
+    Deny,
 }
 
 impl Command {
@@ -30,6 +40,10 @@ impl Command {
             "/stop" => Some(Command::Stop),
             "/status" => Some(Command::Status),
             "/reload" => Some(Command::Reload),
+            "/settings" => Some(Command::Settings),
+            "/set" => Some(Command::Set),
+            "/approve" => Some(Command::Approve),
+            "/deny" => Some(Command::Deny),
             _ => None,
         }
     }
@@ -44,23 +58,34 @@ pub(super) fn argument(text: &str) -> &str {
 
 impl Intake<'_> {
     /// The answer to `/help`: the commands and the tools with the role each needs.
-    pub(super) fn help_text(&self) -> String {
+    pub(super) fn help_text(&self, lang: Lang) -> String {
         let tools = catalog::to_help(self.manager.template().tools());
         format!(
-            "Mention me or reply to one of my messages to talk to me.\n\n\
-             Commands:\n/help — this text\n/status — what I am doing\n\
-             /stop — stop my current answer\n/reset — forget this chat's conversation \
-             and plan, after the current answer; its memory stays (chat admins in groups)\n\
-             /compact [topic] — summarize the older part of the conversation, focused on \
-             the topic if given (chat admins in groups)\n\
-             /reload — re-read the skills and other files the tools load (operators)\n\n\
-             Tools I can use:\n{}",
+            "{}\n\n{}\n\n{}\n{}",
+            say(lang, Msg::HelpIntro, &[]),
+            say(lang, Msg::HelpCommands, &[]),
+            say(lang, Msg::HelpTools, &[]),
             if tools.is_empty() {
-                "none".to_owned()
+                say(lang, Msg::SettingsNone, &[])
             } else {
                 tools
             }
         )
+    }
+
+    /// The answer to `/settings` (`argument` empty) or `/settings log`.
+    pub(super) fn settings_text(&self, key: &str, effective: &Effective, argument: &str) -> String {
+        let store = self.manager.store().as_ref();
+        if argument.trim() == "log" {
+            return match super::settings::log(store, super::settings::chat_key(key), 20) {
+                Ok(changes) => super::settings::log_text(&changes, effective.language),
+                Err(e) => {
+                    tracing::warn!(session = key, error = %e, "cannot read the settings log");
+                    say(effective.language, Msg::SettingsStoreFailed, &[])
+                }
+            };
+        }
+        super::settings::settings_text(&self.manager.config().groups, effective)
     }
 
     /// The answer to `/status` for the chat of `key` (its live session, if any), asked by
@@ -117,26 +142,51 @@ impl Intake<'_> {
             }
             (used, None) => used.to_string(),
         };
+        let effective = self.manager.effective(key);
+        let turns_line = effective
+            .member_turns_per_hour
+            .map(|limit| {
+                let used =
+                    self.manager
+                        .member_turns()
+                        .used(key, member, tokio::time::Instant::now());
+                format!(
+                    "\n{}",
+                    say(
+                        effective.language,
+                        Msg::StatusMemberTurns,
+                        &[("used", &used.to_string()), ("limit", &limit.to_string())]
+                    )
+                )
+            })
+            .unwrap_or_default();
+        let model = effective
+            .model
+            .as_deref()
+            .and_then(|name| self.manager.group_model(name))
+            .map_or_else(
+                || self.manager.template().config().model.clone(),
+                |m| m.model.clone(),
+            );
         format!(
             "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
              Summary: {summary}\n\
              Turns since start: {turns}\nTokens today (UTC): {tokens} ({cache})\n\
-             Your tokens today, in every chat: {yours}\nModel: {}{answered}\nTools: {}\nUp for {} min",
+             Your tokens today, in every chat: {yours}{turns_line}\nModel: {model}{answered}\nTools: {}\nUp for {} min",
             if running {
                 "Working on an answer."
             } else {
                 "Idle."
             },
-            self.manager.template().config().model,
             self.manager.template().tools().names().len(),
             self.manager.started().elapsed().as_secs() / 60
         )
     }
 
     /// The answer to `/reload` from `user_id`: done for an operator, refused otherwise.
-    pub(super) fn reload_text(&self, user_id: &str) -> String {
+    pub(super) fn reload_text(&self, user_id: &str, lang: Lang) -> String {
         if !super::policy::is_operator(self.manager.config(), user_id) {
-            return "Only an operator of the bot may /reload.".to_owned();
+            return say(lang, Msg::ReloadNotOperator, &[]);
         }
         let lines = self.manager.reload();
         if lines.is_empty() {
@@ -151,10 +201,11 @@ impl Intake<'_> {
     pub(super) fn stop(
         &self,
         session: Option<&Session>,
+        lang: Lang,
     ) -> (String, Option<tokio_util::sync::CancellationToken>) {
         match session.and_then(|s| s.running()) {
-            Some(token) => ("Stopped.".to_owned(), Some(token)),
-            None => ("I am not working on anything.".to_owned(), None),
+            Some(token) => (say(lang, Msg::Stopped, &[]), Some(token)),
+            None => (say(lang, Msg::NothingToStop, &[]), None),
         }
     }
 }

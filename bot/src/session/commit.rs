@@ -60,6 +60,7 @@ impl ChatWorker {
             )
         });
         let compact_due = outcome.compact_due;
+        let settings_written = !outcome.also.is_empty();
         let also = self.turn_records(
             session.key(),
             &item,
@@ -68,9 +69,11 @@ impl ChatWorker {
             started,
             reply.as_mut(),
         );
+        let extra = outcome.also;
         // Only a turn with images marked its inputs (`quarantine.rs`): a text turn's commit
         // carries no extra write.
         let also = also.map(|mut also| {
+            also.extend(extra);
             if !item.images.is_empty() {
                 also.extend(super::quarantine::cleared(&item.pending_ids));
             }
@@ -121,7 +124,12 @@ impl ChatWorker {
             };
         }
         let outbox_id = match committed {
-            Ok(id) => id,
+            Ok(id) => {
+                if settings_written {
+                    self.manager.settings_changed(session.key());
+                }
+                id
+            }
             Err(crate::store::StoreError::Changed(what))
                 if what.starts_with(super::lease::LEASE_SPACE) || what.contains("the lease of") =>
             {

@@ -23,6 +23,7 @@ use super::worker::ChatWorker;
 use crate::agent::compact::keep_from;
 use crate::agent::history::{estimate_tokens, trim_to_budget};
 use crate::agent::{CompactError, SummaryInput};
+use crate::lang::{Msg, say};
 use crate::llm::Message;
 use crate::platform::ChatRef;
 use crate::store::{HistoryChange, OutboxEntry, StoreError, Summary, TurnCommit};
@@ -207,9 +208,10 @@ impl ChatWorker {
         item: &QueueItem,
         cancel: &CancellationToken,
     ) -> Option<Outcome> {
+        let lang = self.manager.effective(session.key()).language;
         if !item.private && item.caller().role < Role::ChatAdmin {
             return Some(Outcome {
-                reply: Some("Only an admin can compact this chat.".to_owned()),
+                reply: Some(say(lang, Msg::CompactNotAdmin, &[])),
                 ..Outcome::default()
             });
         }
@@ -220,27 +222,28 @@ impl ChatWorker {
             Err(e) => {
                 tracing::error!(session = %session.key(), error = %e, "cannot read the history to compact it");
                 return Some(Outcome {
-                    reply: Some(
-                        "I could not read this conversation to summarize it; nothing was changed."
-                            .to_owned(),
-                    ),
+                    reply: Some(say(lang, Msg::CompactUnreadable, &[])),
                     ..Outcome::default()
                 });
             }
         };
         let reply = match found {
             Compaction::Cancelled if self.manager.abort().is_cancelled() => return None,
-            Compaction::Cancelled => "Stopped: nothing was changed.".to_owned(),
-            Compaction::Nothing { turns } => format!(
-                "There is nothing to summarize yet: the conversation is {turns} turn(s) long, \
-                 and I keep the last {} word for word.",
-                self.manager.config().compact_keep_turns
+            Compaction::Cancelled => say(lang, Msg::CompactStopped, &[]),
+            Compaction::Nothing { turns } => say(
+                lang,
+                Msg::CompactNothing,
+                &[
+                    ("turns", &turns.to_string()),
+                    (
+                        "keep",
+                        &self.manager.config().compact_keep_turns.to_string(),
+                    ),
+                ],
             ),
             Compaction::Failed(reason) => {
                 tracing::warn!(session = %session.key(), %reason, "/compact: no summary");
-                "I could not summarize the conversation (the model did not answer usefully); \
-                 nothing was changed."
-                    .to_owned()
+                say(lang, Msg::CompactFailed, &[])
             }
             Compaction::Summarized {
                 dropped,
@@ -248,10 +251,17 @@ impl ChatWorker {
                 kept_turns,
             } => {
                 tracing::info!(session = %session.key(), dropped, chars = summary.text.len(), "compacted on /compact");
-                let reply = format!(
-                    "Done: I summarized {dropped} older messages into about {} tokens; the last \
-                     {kept_turns} turn(s) stay word for word.",
-                    estimate_tokens(&Message::system(&summary.text))
+                let reply = say(
+                    lang,
+                    Msg::CompactDone,
+                    &[
+                        ("dropped", &dropped.to_string()),
+                        (
+                            "tokens",
+                            &estimate_tokens(&Message::system(&summary.text)).to_string(),
+                        ),
+                        ("kept", &kept_turns.to_string()),
+                    ],
                 );
                 return Some(Outcome {
                     history: Some(HistoryChange::Append {
@@ -281,6 +291,7 @@ impl ChatWorker {
         let cancel = self.manager.abort().child_token();
         // `/stop` and `/status` see the compaction as the chat's current work.
         session.compacting(&cancel);
+        let lang = self.manager.effective(session.key()).language;
         let found = self.summarize_older(session, None, &cancel).await;
         session.item_ended();
         let (history, summary, notice) = match found {
@@ -291,8 +302,7 @@ impl ChatWorker {
                 (
                     dropped,
                     Some(summary),
-                    "(This conversation is getting long for my memory, so I summarized its older \
-                     part; the last few turns stay word for word.)",
+                    say(lang, Msg::CompactedAtThreshold, &[]),
                 )
             }
             Ok(Compaction::Failed(reason)) => {
@@ -300,12 +310,7 @@ impl ChatWorker {
                 let Some(dropped) = self.trim_for_room(session) else {
                     return;
                 };
-                (
-                    dropped,
-                    None,
-                    "(This conversation is getting long for my memory and I could not summarize \
-                     it, so I let its older part go.)",
-                )
+                (dropped, None, say(lang, Msg::TrimmedAtThreshold, &[]))
             }
             // Nothing older than the kept turns: the per-turn trim is what keeps the
             // requests within the context then.
@@ -315,15 +320,8 @@ impl ChatWorker {
                 return;
             }
         };
-        let reply = tell.then(|| {
-            OutboxEntry::new(
-                session.key(),
-                chat,
-                notice.to_owned(),
-                None,
-                self.manager.now(),
-            )
-        });
+        let reply =
+            tell.then(|| OutboxEntry::new(session.key(), chat, notice, None, self.manager.now()));
         self.commit_compaction(session, history, summary, reply)
             .await;
     }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::lang::{Lang, Msg, say};
 use crate::ratelimit::SlidingWindow;
 
 /// The window of both limits.
@@ -56,6 +57,7 @@ impl CommandLimits {
         now: Instant,
         per_member: usize,
         per_chat: usize,
+        lang: Lang,
     ) -> Admit {
         if self.entries.len() >= MAX_ENTRIES {
             self.prune(now);
@@ -64,11 +66,17 @@ impl CommandLimits {
         // The member's own limit first: one member's flood does not use up the chat's.
         let member = self.entries.entry(member_key).or_default();
         if let Err(wait) = member.window.try_take(now, per_member, WINDOW) {
-            return refuse(member, now, wait, "you sent");
+            return refuse(
+                member,
+                now,
+                wait,
+                say(lang, Msg::CommandFloodMember, &[]),
+                lang,
+            );
         }
         let chat = self.entries.entry(session.to_owned()).or_default();
         if let Err(wait) = chat.window.try_take(now, per_chat, WINDOW) {
-            return refuse(chat, now, wait, "this chat sent");
+            return refuse(chat, now, wait, say(lang, Msg::CommandFloodChat, &[]), lang);
         }
         Admit::Yes
     }
@@ -103,15 +111,16 @@ impl CommandLimits {
     }
 }
 
-fn refuse(entry: &mut Entry, now: Instant, wait: Duration, who: &str) -> Admit {
+fn refuse(entry: &mut Entry, now: Instant, wait: Duration, who: String, lang: Lang) -> Admit {
     if entry.told_until.is_some_and(|t| t > now) {
         return Admit::Quiet;
     }
     entry.told_until = Some(now + wait);
     let secs = wait.as_secs().max(1);
-    Admit::Notice(format!(
-        "Too many commands: {who} several in the last minute. I will answer commands again \
-         in about {secs} s; mentions are answered as usual."
+    Admit::Notice(say(
+        lang,
+        Msg::CommandFlood,
+        &[("who", &who), ("secs", &secs.to_string())],
     ))
 }
 
@@ -124,16 +133,22 @@ mod tests {
         let mut limits = CommandLimits::default();
         let now = Instant::now();
         let outcomes: Vec<Admit> = (0..60)
-            .map(|_| limits.admit("t:1", "t:bob", now, 3, 10))
+            .map(|_| limits.admit("t:1", "t:bob", now, 3, 10, Lang::En))
             .collect();
         assert_eq!(&outcomes[..3], &[Admit::Yes, Admit::Yes, Admit::Yes]);
         assert!(matches!(outcomes[3], Admit::Notice(_)), "{outcomes:?}");
         assert!(outcomes[4..].iter().all(|o| *o == Admit::Quiet));
         // Another member still has the chat's remaining room, not bob's.
-        assert_eq!(limits.admit("t:1", "t:carol", now, 3, 10), Admit::Yes);
+        assert_eq!(
+            limits.admit("t:1", "t:carol", now, 3, 10, Lang::En),
+            Admit::Yes
+        );
         // A minute later bob is answered again.
         let later = now + WINDOW;
-        assert_eq!(limits.admit("t:1", "t:bob", later, 3, 10), Admit::Yes);
+        assert_eq!(
+            limits.admit("t:1", "t:bob", later, 3, 10, Lang::En),
+            Admit::Yes
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -141,7 +156,7 @@ mod tests {
         let mut limits = CommandLimits::default();
         let now = Instant::now();
         let admitted = (0..30)
-            .filter(|i| limits.admit("t:1", &format!("t:{i}"), now, 3, 10) == Admit::Yes)
+            .filter(|i| limits.admit("t:1", &format!("t:{i}"), now, 3, 10, Lang::En) == Admit::Yes)
             .count();
         assert_eq!(admitted, 10);
     }
@@ -152,7 +167,7 @@ mod tests {
         let start = Instant::now();
         for i in 0..(MAX_ENTRIES * 3) {
             let now = start + Duration::from_millis(i as u64);
-            limits.admit(&format!("t:{i}"), "t:x", now, 3, 10);
+            limits.admit(&format!("t:{i}"), "t:x", now, 3, 10, Lang::En);
             assert!(limits.len() <= MAX_ENTRIES + 2, "{}", limits.len());
         }
     }

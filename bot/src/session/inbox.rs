@@ -20,19 +20,18 @@ use async_trait::async_trait;
 
 use super::commands::Command;
 use super::flood::Admit;
+use super::limits::TurnAdmit;
 use super::manager::SessionManager;
 use super::policy::{self, Addressed};
 use super::queue::QueueItem;
+use super::settings::ReplyMode;
+use crate::lang::{Msg, say};
 use crate::platform::{
     BatchError, ChatEvent, ChatKind, Delivery, Inbox, InboxError, IncomingMessage,
 };
 use crate::store::Intake as Recorded;
 use crate::store::{Inbound, OutboxEntry, PendingItem, PendingKind, StoredMessage};
 use crate::tool::{Caller, Role};
-
-/// Told to a chat whose queue is full, instead of silently dropping the message.
-const OVERFLOW_NOTICE: &str =
-    "I have too many messages waiting in this chat; please ask again in a minute.";
 
 fn store_error(e: crate::store::StoreError) -> InboxError {
     InboxError::Store(e.to_string())
@@ -149,7 +148,19 @@ impl Intake<'_> {
         let key = message.chat.session_key();
         let stored = StoredMessage::received(&message);
         let reply_to = Some(message.message_id.clone());
-        let addressed = policy::addressed(config, &message);
+        // The group's own settings (cached): its reply mode, limits and language.
+        let effective = self.manager.effective(&key);
+        let lang = effective.language;
+        let addressed = match policy::addressed(config, &message) {
+            Addressed::No
+                if effective.reply_mode == ReplyMode::All
+                    && message.kind != ChatKind::Private
+                    && !(message.sender.is_bot && config.ignore_bots) =>
+            {
+                Addressed::Turn
+            }
+            addressed => addressed,
+        };
         if let Addressed::Command(_) = addressed
             && !policy::is_operator(config, &message.sender.id)
         {
@@ -164,6 +175,7 @@ impl Intake<'_> {
                     tokio::time::Instant::now(),
                     config.commands_per_member_per_minute,
                     config.commands_per_chat_per_minute,
+                    lang,
                 );
             match admit {
                 Admit::Yes => {}
@@ -185,7 +197,7 @@ impl Intake<'_> {
         match addressed {
             Addressed::No => {
                 if let Some(auto) = self.auto_chat_of(&message) {
-                    return self.record_auto_chat(&message, &stored, auto);
+                    return self.record_auto_chat(&message, &stored, &auto);
                 }
                 // Context only: not waited for (see `Accepted::durable`).
                 self.manager
@@ -195,20 +207,42 @@ impl Intake<'_> {
                 Ok(Accepted::nothing())
             }
             Addressed::Command(
-                command @ (Command::Help | Command::Status | Command::Stop | Command::Reload),
+                command @ (Command::Help
+                | Command::Status
+                | Command::Stop
+                | Command::Reload
+                | Command::Settings),
             ) => {
                 let session = self.manager.live_session(&key);
                 let (text, cancel) = match command {
-                    Command::Help => (self.help_text(), None),
+                    Command::Help => (self.help_text(lang), None),
                     Command::Status => (
                         self.status_text(&key, session.as_deref(), &message.sender.id),
                         None,
                     ),
-                    Command::Reload => (self.reload_text(&message.sender.id), None),
-                    _ => self.stop(session.as_deref()),
+                    Command::Reload => (self.reload_text(&message.sender.id, lang), None),
+                    Command::Settings => (
+                        self.settings_text(
+                            &key,
+                            &effective,
+                            super::commands::argument(&message.text),
+                        ),
+                        None,
+                    ),
+                    _ => self.stop(session.as_deref(), lang),
                 };
-                let answer =
+                let mut answer =
                     OutboxEntry::new(&key, &message.chat, text, reply_to, self.manager.now());
+                if command == Command::Settings
+                    && super::commands::argument(&message.text).is_empty()
+                    && message.kind != ChatKind::Private
+                {
+                    answer = answer.with_buttons(super::settings::settings_buttons(
+                        &config.groups,
+                        &effective,
+                        super::auto_chat::listed(config, &key),
+                    ));
+                }
                 let accepted = self.record_and_answer(&key, &stored, answer)?;
                 if let (false, Some(cancel)) = (accepted.replies.is_empty(), cancel) {
                     cancel.cancel();
@@ -223,7 +257,56 @@ impl Intake<'_> {
                 let topic = crate::text::ellipsize(topic, config.max_input_chars).into_owned();
                 self.record_and_queue(&message, &stored, PendingKind::Compact, topic)
             }
+            Addressed::Command(Command::Set) => {
+                let line = super::commands::argument(&message.text);
+                let line = crate::text::ellipsize(line, config.max_input_chars).into_owned();
+                self.record_and_queue(&message, &stored, PendingKind::Settings, line)
+            }
+            Addressed::Command(command @ (Command::Approve | Command::Deny)) => {
+                let code = super::commands::argument(&message.text).to_owned();
+                self.decide_by_command(&message, &stored, command == Command::Approve, code, lang)
+            }
             Addressed::Turn => {
+                if let Some(limit) = effective.member_turns_per_hour
+                    && !policy::is_operator(config, &message.sender.id)
+                {
+                    let admit = self.manager.member_turns().admit(
+                        &key,
+                        &message.sender.id,
+                        tokio::time::Instant::now(),
+                        limit,
+                    );
+                    match admit {
+                        TurnAdmit::Yes => {}
+                        TurnAdmit::Notice(wait) => {
+                            tracing::info!(session = %key, sender = %message.sender.id, limit, "member over their turns per hour; told once");
+                            let text = say(
+                                lang,
+                                Msg::MemberTurnsSpent,
+                                &[
+                                    ("name", &crate::quote::name(&message.sender.name, 64)),
+                                    ("limit", &limit.to_string()),
+                                    ("minutes", &wait.as_secs().div_ceil(60).max(1).to_string()),
+                                ],
+                            );
+                            let notice = OutboxEntry::new(
+                                &key,
+                                &message.chat,
+                                text,
+                                reply_to,
+                                self.manager.now(),
+                            );
+                            return self.record_and_answer(&key, &stored, notice);
+                        }
+                        TurnAdmit::Quiet => {
+                            self.manager
+                                .store()
+                                .record_inbound(&key, &stored, Recorded::Record)
+                                .map_err(store_error)?;
+                            return Ok(Accepted::nothing());
+                        }
+                    }
+                }
                 let line =
                     policy::attribute(&message.sender, &message.text, config.max_input_chars);
                 self.record_and_queue(&message, &stored, PendingKind::UserMessage, line)
@@ -233,7 +316,7 @@ impl Intake<'_> {
 
     /// Records a command and its answer, in one transaction; the answer is in the returned
     /// replies unless the message was a duplicate (nothing written).
-    fn record_and_answer(
+    pub(super) fn record_and_answer(
         &self,
         key: &str,
         stored: &StoredMessage,
@@ -303,7 +386,7 @@ impl Intake<'_> {
             let notice = OutboxEntry::new(
                 &key,
                 &message.chat,
-                OVERFLOW_NOTICE.to_owned(),
+                say(self.manager.effective(&key).language, Msg::QueueFull, &[]),
                 Some(message.message_id.clone()),
                 self.manager.now(),
             );

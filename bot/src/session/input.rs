@@ -36,6 +36,8 @@ pub enum Action {
     Reset,
     /// `/compact [topic]`: the older turns are summarized.
     Compact,
+    /// `/set key value`: a group setting changes.
+    Settings,
 }
 
 /// Where an input waits for its turn.
@@ -132,6 +134,12 @@ impl PendingKind {
             PendingKind::Compact => InputRules {
                 action: Action::Compact,
                 roles: RoleLookup::First,
+                ..TURN
+            },
+            PendingKind::Settings => InputRules {
+                action: Action::Settings,
+                roles: RoleLookup::First,
+                rate_limited: false,
                 ..TURN
             },
         }

@@ -320,10 +320,40 @@ impl Intake<'_> {
         Ok(Accepted::durable())
     }
 
-    /// A button press: handed to [`super::governance`], which decides off intake.
+    /// A button press: an approval's decision ([`super::approvals`], decided off intake), or
+    /// a setting chosen under `/settings`, which becomes the presser's `/set`.
     fn button_pressed(&self, press: crate::platform::ButtonPress) -> Result<Accepted, InboxError> {
-        tracing::debug!(chat = %press.chat, sender = %press.sender.id, "button press ignored: nothing handles buttons yet");
-        Ok(Accepted::nothing())
+        if self.decide_by_button(&press) {
+            return Ok(Accepted::nothing());
+        }
+        // Acknowledged at once: the answer is the `/set` reply in the chat.
+        let manager = self.manager.clone();
+        let answered = press.clone();
+        self.manager.tracker().spawn(async move {
+            super::approvals::answer_press(&manager, &answered, None).await;
+        });
+        let Some((key, value)) = press
+            .data
+            .strip_prefix(super::settings::BUTTON_PREFIX)
+            .and_then(|rest| rest.split_once(':'))
+        else {
+            tracing::debug!(chat = %press.chat, "a press of no button of ours ignored");
+            return Ok(Accepted::nothing());
+        };
+        let message = IncomingMessage {
+            chat: press.chat.clone(),
+            kind: crate::platform::ChatKind::Group,
+            // One press is one input, however often the platform reports it.
+            message_id: format!("press:{}", press.answer),
+            sender: press.sender.clone(),
+            text: format!("/set {key} {value}"),
+            time: self.manager.now(),
+            reply_to: None,
+            reply_to_bot: false,
+            mentions_bot: false,
+            images: Vec::new(),
+        };
+        self.intake(message)
     }
 
     fn edited(&self, message: &IncomingMessage) -> Result<Accepted, InboxError> {

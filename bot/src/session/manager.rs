@@ -80,6 +80,33 @@ pub struct SessionConfig {
     /// Several daemons on one store: this instance's id and its leases' timing
     /// ([`super::cluster`]); `None`: this daemon runs every chat.
     pub cluster: Option<super::cluster::Cluster>,
+    /// The operator's frame for the groups' own settings ([`super::settings`]).
+    pub groups: super::settings::GroupPolicy,
+    /// The models a group may choose by name (`[[llm.models]]`), with their clients.
+    pub group_models: Vec<GroupModel>,
+    /// How long a tool call waits for approval before it counts as denied.
+    pub approval_timeout: Duration,
+}
+
+/// A model a group may choose: its name in `/set model`, the model asked for and the
+/// client (with the main model behind it, so a failing choice still answers).
+#[derive(Clone)]
+pub struct GroupModel {
+    /// The name groups choose it by.
+    pub name: String,
+    /// The model sent in requests.
+    pub model: String,
+    /// Its client.
+    pub llm: Arc<dyn crate::llm::LlmBackend>,
+}
+
+impl std::fmt::Debug for GroupModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupModel")
+            .field("name", &self.name)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for SessionConfig {
@@ -107,6 +134,9 @@ impl Default for SessionConfig {
             commands_per_chat_per_minute: 10,
             wall_time: crate::time::WallTime::system(),
             cluster: None,
+            groups: super::settings::GroupPolicy::default(),
+            group_models: Vec::new(),
+            approval_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -292,6 +322,14 @@ struct Inner {
     hooks: std::sync::RwLock<Vec<Arc<dyn super::life::ChatHook>>>,
     /// Commands answered per member and per chat ([`super::flood`]).
     command_limits: Mutex<super::flood::CommandLimits>,
+    /// The groups' stored settings, as intake reads them ([`super::settings`]).
+    settings: super::settings::Cache,
+    /// Turns each member started per chat in the last hour ([`super::limits`]).
+    member_turns: Mutex<super::limits::MemberTurns>,
+    /// The turns of this daemon waiting for an approval ([`super::approvals`]).
+    approval_waiters: super::approvals::Waiters,
+    /// Bounds the approval decisions being checked at once.
+    deciding: Arc<tokio::sync::Semaphore>,
 }
 
 /// The runtime's session layer; cheap to clone. See the module docs of
@@ -333,8 +371,13 @@ impl SessionManager {
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
                 started: Instant::now(),
-                hooks: std::sync::RwLock::default(),
+                // A group's settings move with it like the toolsets' records.
+                hooks: std::sync::RwLock::new(vec![Arc::new(super::settings::SettingsHook)]),
                 command_limits: Mutex::default(),
+                settings: super::settings::Cache::default(),
+                member_turns: Mutex::default(),
+                approval_waiters: super::approvals::Waiters::default(),
+                deciding: super::approvals::deciding(),
             }),
         }
     }
@@ -422,6 +465,59 @@ impl SessionManager {
             .push(hook);
     }
 
+    /// What holds in the chat of `session` now: the operator's frame and the group's
+    /// choices ([`super::settings`]).
+    pub fn effective(&self, session: &str) -> super::settings::Effective {
+        let config = self.config();
+        let stored = self.inner.settings.get(
+            self.store().as_ref(),
+            super::settings::chat_key(session),
+            config.cluster.is_some(),
+        );
+        let listed = super::auto_chat::listed(config, session);
+        config.groups.effective(&stored, listed)
+    }
+
+    /// Forgets the cached settings of `session` (changed, or moved).
+    pub(super) fn settings_changed(&self, session: &str) {
+        self.inner
+            .settings
+            .forget(super::settings::chat_key(session));
+    }
+
+    /// The members' turns in the last hour, per chat.
+    pub(super) fn member_turns(&self) -> MutexGuard<'_, super::limits::MemberTurns> {
+        self.inner
+            .member_turns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What a turn waiting on approval record `key` is woken by.
+    pub(super) fn approval_waiter(&self, key: &str) -> Arc<tokio::sync::Notify> {
+        self.inner.approval_waiters.waiter(key)
+    }
+
+    /// The turn waiting on `key` is answered.
+    pub(super) fn approval_done(&self, key: &str) {
+        self.inner.approval_waiters.done(key);
+    }
+
+    /// `key` was decided: its turn, when it waits here, reads it now.
+    pub(super) fn approval_decided(&self, key: &str) {
+        self.inner.approval_waiters.wake(key);
+    }
+
+    /// The permits of approval decisions being checked.
+    pub(super) fn deciding(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.inner.deciding
+    }
+
+    /// The named model `name` a group may choose, if the operator offers it.
+    pub(super) fn group_model(&self, name: &str) -> Option<&GroupModel> {
+        self.config().group_models.iter().find(|m| m.name == name)
+    }
+
     pub(super) fn hooks(&self) -> Vec<Arc<dyn super::ChatHook>> {
         self.inner
             .hooks
@@ -486,7 +582,7 @@ impl SessionManager {
             let session = chats.session(&item.session);
             if item.kind.rules().waits == Wait::Batch {
                 let id = item.id;
-                if !super::auto_chat::restore(&self.inner.config, &session, item) {
+                if !super::auto_chat::restore(self, &session, item) {
                     unheard.push(id);
                 }
                 continue;

@@ -61,6 +61,7 @@
 //! committed) and hands every unsent reply to its lane; [`quarantine`] sets aside an input
 //! whose turn stopped the daemon twice instead of replaying it forever.
 
+mod approvals;
 pub mod auto_chat;
 pub mod cluster;
 mod commands;
@@ -72,12 +73,14 @@ mod inbox;
 pub mod input;
 pub mod lease;
 pub mod life;
+mod limits;
 pub mod manager;
 mod outbox;
 pub mod policy;
 pub mod quarantine;
 pub mod queue;
 mod roles;
+pub mod settings;
 pub mod system;
 pub mod trace;
 mod turn;
@@ -91,5 +94,6 @@ pub use life::{ChatHook, Removal, move_record, move_records};
 pub use manager::{SessionConfig, SessionManager, SessionStats, SubmitError};
 pub use policy::{ATTRIBUTION_PROMPT, attribute};
 pub use queue::{QueueItem, ScheduledOutcome, SessionQueue};
+pub use settings::{Effective, GroupPolicy, GroupSettings, ReplyMode};
 pub use system::{SystemInputs, SystemReceiver, system_inputs};
 pub use view::LiveChat;

@@ -208,12 +208,13 @@ impl Lane {
             let before = parts.len();
             let attempt = tokio::time::timeout(
                 SEND_TIMEOUT,
-                platform.send(
+                platform.send_buttons(
                     &entry.chat,
                     &entry.text,
                     entry.reply_to.as_deref(),
                     Some(&key),
                     &mut parts,
+                    &entry.buttons,
                 ),
             );
             let result = tokio::select! {

@@ -13,10 +13,11 @@ use super::input::Action;
 use super::manager::{Session, SessionManager};
 use super::queue::QueueItem;
 use super::trace::TurnFacts;
-use super::usage::{BUDGET_NOTICE, Budget, MEMBER_BUDGET_NOTICE};
+use super::usage::Budget;
 use super::worker::ChatWorker;
 use crate::agent::history::trim_to_budget;
 use crate::agent::{AgentError, Turn, TurnEnd, TurnInput, strip_image_data};
+use crate::lang::{Lang, Msg, say};
 use crate::llm::{Content, ContentPart, LlmError, Message};
 use crate::store::{HistoryChange, Summary};
 use crate::tool::{Role, RoleResolver};
@@ -40,6 +41,8 @@ pub(super) struct Outcome {
     /// The whole history once `history` is committed, kept for the next turn; `None`
     /// when there is none to keep (the next turn reads the store).
     pub(super) history_after: Option<Vec<Message>>,
+    /// Further records the item's commit writes (a group setting and its log entry).
+    pub(super) also: Vec<crate::store::KvWrite>,
 }
 
 /// What [`run`] needs, named: a turn runs over these and nothing else (no manager), so it
@@ -64,6 +67,10 @@ pub(super) struct TurnDeps<'a> {
     pub(super) shutdown: &'a CancellationToken,
     /// `[llm.prices]`, to cost the turn.
     pub(super) prices: &'a crate::llm::Prices,
+    /// The chat's settings: its toolsets, persona and language ([`super::settings`]).
+    pub(super) settings: &'a super::settings::Effective,
+    /// Who is asked when a tool needs approval.
+    pub(super) approver: Option<Arc<dyn crate::tool::approval::Approver>>,
 }
 
 impl ChatWorker {
@@ -99,12 +106,18 @@ impl ChatWorker {
         let done = std::mem::take(&mut item.done);
         self.mark_started(&item).await;
         let rules = item.kind.rules();
+        let lang = self.manager.effective(session.key()).language;
         let outcome = match rules.action {
             Action::Reset => self.reset(session, &item).await,
             Action::Compact => self.compact_command(session, &item, &cancel).await,
+            Action::Settings => Some(self.set_setting(session, &item)),
             Action::Turn => match self.budget(session.key(), &item) {
-                Budget::Spent { told } => Some(over_budget(told)),
-                Budget::MembersSpent { told, names } => Some(members_over_budget(told, &names)),
+                Budget::Spent { told } => Some(over_budget(told, lang)),
+                Budget::MembersSpent {
+                    told,
+                    names,
+                    group_limit,
+                } => Some(members_over_budget(told, &names, lang, group_limit)),
                 Budget::Open => self.turn(session, &item, &cancel).await,
             },
         };
@@ -144,9 +157,10 @@ impl ChatWorker {
     /// toolsets' session state; memory stays. Runs between turns, so nothing is half done.
     async fn reset(&self, session: &Session, item: &QueueItem) -> Option<Outcome> {
         let caller = item.caller();
+        let lang = self.manager.effective(session.key()).language;
         if !item.private && caller.role < Role::ChatAdmin {
             return Some(Outcome {
-                reply: Some("Only an admin can reset this chat.".to_owned()),
+                reply: Some(say(lang, Msg::ResetNotAdmin, &[])),
                 ..Outcome::default()
             });
         }
@@ -154,9 +168,7 @@ impl ChatWorker {
         // Replacing the history drops its summary too.
         Some(Outcome {
             history: Some(HistoryChange::Replace(Vec::new())),
-            reply: Some(
-                "Done: I forgot this chat's conversation (and its summary) and plans.".to_owned(),
-            ),
+            reply: Some(say(lang, Msg::ResetDone, &[])),
             ..Outcome::default()
         })
     }
@@ -170,9 +182,26 @@ impl ChatWorker {
     ) -> Option<Outcome> {
         let kept = self.take_history();
         let manager = &self.manager;
+        let settings = manager.effective(session.key());
+        // A group's chosen model: the same agent asking another client and model.
+        let chosen = settings
+            .model
+            .as_deref()
+            .and_then(|name| manager.group_model(name))
+            .map(|m| session.agent().with_llm(Arc::clone(&m.llm), &m.model));
+        let approver: Arc<dyn crate::tool::approval::Approver> =
+            Arc::new(super::approvals::TurnApprover {
+                manager: manager.clone(),
+                session: session.key().to_owned(),
+                chat: item.chat.clone(),
+                private: item.private,
+                lang: settings.language,
+            });
         let deps = TurnDeps {
             store: manager.store().as_ref(),
-            agent: session.agent(),
+            agent: chosen.as_ref().unwrap_or(session.agent()),
+            settings: &settings,
+            approver: Some(approver),
             session: session.key(),
             platform: manager.platform(&item.chat).cloned(),
             roles: Arc::new(super::roles::TurnRoles {
@@ -270,6 +299,14 @@ pub(super) async fn run(
         roles: Some(deps.roles),
         auto_chat: deps.auto_chat,
         post: Some(deps.post),
+        toolsets: deps.settings.toolsets.as_deref().map(Arc::from),
+        approver: deps.approver,
+        // The group's words never steer a turn that holds an operator's rights.
+        persona: deps
+            .settings
+            .persona
+            .clone()
+            .filter(|_| item.caller().role < Role::Operator),
     };
     // An auto-chat turn shows no typing: nobody waits for it.
     let platform = platform.filter(|_| item.kind.rules().posts);
@@ -303,10 +340,9 @@ pub(super) async fn run(
             facts = TurnFacts::of(&turn, deps.prices);
             let reply = match turn.end {
                 TurnEnd::Cancelled => None,
-                _ if turn.reply.trim().is_empty() => Some(
-                    "The model sent an empty answer. Please ask again, perhaps in other words."
-                        .to_owned(),
-                ),
+                _ if turn.reply.trim().is_empty() => {
+                    Some(say(deps.settings.language, Msg::EmptyAnswer, &[]))
+                }
                 _ => Some(turn.reply),
             };
             // The model refused the older history as too long; it goes from the store
@@ -316,14 +352,11 @@ pub(super) async fn run(
                 refused = turn.history_dropped.min(history.len());
                 history.drain(..refused);
             }
+            let lang = deps.settings.language;
             let note = match (&turn.summary, turn.history_dropped) {
                 (_, 0) => None,
-                (Some(_), _) => Some(
-                    "(This conversation had grown too long for the model, so I summarized its older part.)",
-                ),
-                (None, _) => Some(
-                    "(This conversation had grown too long for the model, so I forgot its older part.)",
-                ),
+                (Some(_), _) => Some(say(lang, Msg::ContextSummarized, &[])),
+                (None, _) => Some(say(lang, Msg::ContextForgotten, &[])),
             };
             let reply = reply.map(|text| match note {
                 Some(note) => format!("{text}\n\n{note}"),
@@ -337,7 +370,11 @@ pub(super) async fn run(
             tracing::error!(session = %key, error = %e, "turn failed");
             let reason = short_reason(&e.to_string());
             facts = TurnFacts::failed(&reason);
-            (Vec::new(), Some(failure_notice(&e)), Some(reason))
+            (
+                Vec::new(),
+                Some(failure_notice(&e, deps.settings.language)),
+                Some(reason),
+            )
         }
     };
     // The loaded messages still in front of this turn's.
@@ -386,6 +423,7 @@ pub(super) async fn run(
         facts: Some(facts),
         budget_told: Told::Nobody,
         history_after: Some(after),
+        also: Vec::new(),
     })
 }
 
@@ -411,9 +449,9 @@ fn input_content(item: &QueueItem) -> Content {
 
 /// A turn not run: the chat's daily token budget is used up. The input is answered
 /// (committed) all the same, and the chat told once a day.
-fn over_budget(told: bool) -> Outcome {
+fn over_budget(told: bool, lang: Lang) -> Outcome {
     Outcome {
-        reply: (!told).then(|| BUDGET_NOTICE.to_owned()),
+        reply: (!told).then(|| say(lang, Msg::ChatBudgetSpent, &[])),
         // A clock fire's run log says why nothing was posted.
         model_failed: Some("the chat's daily token budget is used up".to_owned()),
         budget_told: if told { Told::Nobody } else { Told::Chat },
@@ -422,9 +460,22 @@ fn over_budget(told: bool) -> Outcome {
 }
 
 /// Every member the turn would answer has used up their budget: told once a day per chat.
-fn members_over_budget(told: bool, names: &[String]) -> Outcome {
+fn members_over_budget(
+    told: bool,
+    names: &[String],
+    lang: Lang,
+    group_limit: Option<u64>,
+) -> Outcome {
+    let names = names.join(", ");
     Outcome {
-        reply: (!told).then(|| format!("{} {MEMBER_BUDGET_NOTICE}", names.join(", "))),
+        reply: (!told).then(|| match group_limit {
+            Some(limit) => say(
+                lang,
+                Msg::MemberGroupBudgetSpent,
+                &[("names", &names), ("limit", &limit.to_string())],
+            ),
+            None => say(lang, Msg::MemberBudgetSpent, &[("names", &names)]),
+        }),
         model_failed: Some("the members' daily token budget is used up".to_owned()),
         budget_told: if told { Told::Nobody } else { Told::Members },
         ..Outcome::default()
@@ -459,55 +510,34 @@ fn holds_image_data(messages: &[Message]) -> bool {
 /// What the chat is told when a turn failed: what happened and what to do, in one or two
 /// short sentences. Never the error's text: that may quote the provider's whole answer, and
 /// it is in the log for the operator.
-fn failure_notice(error: &AgentError) -> String {
+fn failure_notice(error: &AgentError, lang: Lang) -> String {
     let AgentError::Llm(error) = error;
-    let what = match error {
-        LlmError::Connect(_) => {
-            "I could not reach the language model. Please try again in a few minutes.".to_owned()
-        }
-        LlmError::Timeout(after) => format!(
-            "the language model did not answer in time ({}s). Please try again.",
-            after.as_secs().max(1)
+    let (msg, args): (Msg, Vec<(&str, String)>) = match error {
+        LlmError::Connect(_) => (Msg::FailConnect, Vec::new()),
+        LlmError::Timeout(after) => (
+            Msg::FailTimeout,
+            vec![("secs", after.as_secs().max(1).to_string())],
         ),
-        LlmError::NoAnswerYet(after) => format!(
-            "the local language model had not begun to answer after {} minutes. The operator \
-             can raise llm.first_token_timeout_secs or use a smaller model.",
-            after.as_secs().div_ceil(60)
+        LlmError::NoAnswerYet(after) => (
+            Msg::FailNoAnswerYet,
+            vec![("minutes", after.as_secs().div_ceil(60).to_string())],
         ),
-        LlmError::Interrupted(_) => {
-            "the connection to the language model broke off mid-answer. Please try again."
-                .to_owned()
-        }
-        e if e.is_context_length_exceeded() => {
-            "this conversation is too long for the language model. An admin can send /reset to \
-             start over."
-                .to_owned()
-        }
-        LlmError::Status { status: 429, .. } => {
-            "the language model is rate-limiting me right now. Please try again in a minute."
-                .to_owned()
-        }
+        LlmError::Interrupted(_) => (Msg::FailInterrupted, Vec::new()),
+        e if e.is_context_length_exceeded() => (Msg::FailTooLong, Vec::new()),
+        LlmError::Status { status: 429, .. } => (Msg::FailRateLimited, Vec::new()),
         LlmError::Status {
             status: 401 | 403, ..
-        } => "the language model refused my credentials. The operator needs to check the API \
-              key."
-            .to_owned(),
-        LlmError::Status { status, .. } if *status >= 500 => format!(
-            "the language model had a server error (HTTP {status}). Please try again later."
-        ),
-        LlmError::Status { status, .. } => format!(
-            "the language model refused the request (HTTP {status}). The operator can find \
-             the details in the log."
-        ),
-        LlmError::Stream(_) => {
-            "the language model reported an error mid-answer. Please try again.".to_owned()
+        } => (Msg::FailCredentials, Vec::new()),
+        LlmError::Status { status, .. } if *status >= 500 => {
+            (Msg::FailServer, vec![("status", status.to_string())])
         }
-        LlmError::Malformed(_) => {
-            "the language model sent an answer I could not read. Please try again.".to_owned()
-        }
-        LlmError::Cancelled => "the request was cancelled.".to_owned(),
+        LlmError::Status { status, .. } => (Msg::FailRefused, vec![("status", status.to_string())]),
+        LlmError::Stream(_) => (Msg::FailStream, Vec::new()),
+        LlmError::Malformed(_) => (Msg::FailMalformed, Vec::new()),
+        LlmError::Cancelled => (Msg::FailCancelled, Vec::new()),
     };
-    format!("Sorry, {what}")
+    let args: Vec<(&str, &str)> = args.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    say(lang, msg, &args)
 }
 
 /// The first line of an error, capped, for a chat notice (the full error is in the log).
@@ -582,6 +612,8 @@ mod tests {
             compact_at: None,
             shutdown: &shutdown,
             prices: &crate::llm::Prices::default(),
+            settings: &super::super::settings::Effective::default(),
+            approver: None,
         };
         let outcome = run(deps, None, &item("alice: hi"), &CancellationToken::new())
             .await

@@ -137,6 +137,23 @@ pub fn member_today(
     Ok((used, told))
 }
 
+/// The tokens `member` used in `session` alone on `day`.
+pub fn member_here(
+    store: &dyn Store,
+    day: NaiveDate,
+    member: &str,
+    session: &str,
+) -> Result<u64, StoreError> {
+    Ok(
+        match store.kv_get(MEMBER_USAGE_SPACE, &member_key(day, member, session))? {
+            Some(json) => serde_json::from_str::<MemberDay>(&json)
+                .map(|r| r.total_tokens)
+                .unwrap_or(0),
+            None => 0,
+        },
+    )
+}
+
 /// The members a turn of `item` answers, each once, in order: (id, name). None for a turn
 /// that answers no member (a clock fire, a task notice, auto-chat).
 pub(super) fn members(item: &super::queue::QueueItem) -> Vec<(String, String)> {
@@ -494,6 +511,8 @@ pub(super) enum Budget {
         told: bool,
         /// Their names, for the notice.
         names: Vec<String>,
+        /// The group's cap, when that (not the operator's) is what they used up.
+        group_limit: Option<u64>,
     },
 }
 
@@ -517,17 +536,34 @@ impl ChatWorker {
                 }
             }
         }
-        let Some(limit) = config.daily_tokens_per_member else {
+        // The group's own cap per member, counted in this chat only; the operator's, in all.
+        let group_limit = self.manager.effective(session).member_daily_tokens;
+        if config.daily_tokens_per_member.is_none() && group_limit.is_none() {
             return Budget::Open;
-        };
+        }
         let members = members(item);
         if members.is_empty() {
             return Budget::Open;
         }
         let mut told_all = true;
+        let mut by_group = false;
         for (member, _) in &members {
-            match member_today(store, day, member, session) {
-                Ok((used, told)) if used >= limit => told_all &= told,
+            let spent = member_today(store, day, member, session).and_then(|(used, told)| {
+                let here = match group_limit {
+                    Some(_) => member_here(store, day, member, session)?,
+                    None => 0,
+                };
+                Ok((used, here, told))
+            });
+            match spent {
+                Ok((used, here, told))
+                    if config.daily_tokens_per_member.is_some_and(|l| used >= l)
+                        || group_limit.is_some_and(|l| here >= l) =>
+                {
+                    by_group |= group_limit.is_some_and(|l| here >= l)
+                        && !config.daily_tokens_per_member.is_some_and(|l| used >= l);
+                    told_all &= told;
+                }
                 Ok(_) => return Budget::Open,
                 Err(e) => {
                     tracing::warn!(session, error = %e, "cannot read a member's usage; the turn runs");
@@ -538,6 +574,7 @@ impl ChatWorker {
         Budget::MembersSpent {
             told: told_all,
             names: members.into_iter().map(|(_, name)| name).collect(),
+            group_limit: group_limit.filter(|_| by_group),
         }
     }
 }

@@ -156,6 +156,9 @@ pub enum PendingKind {
     /// `/compact [topic]`: checked (chat admins only in groups) and carried out by the
     /// chat's worker, which summarizes the older turns (the text is the topic).
     Compact,
+    /// `/set key value`: checked (chat admins only in groups, within the operator's caps)
+    /// and applied by the chat's worker (the text is `key value`).
+    Settings,
 }
 
 /// An input that must get a turn, recorded before the turn runs.
@@ -213,6 +216,9 @@ pub struct OutboxEntry {
     /// Why the platform refused it for good (chat gone, bot removed), when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<String>,
+    /// Buttons under it ([`Platform::send_buttons`](crate::platform::Platform::send_buttons)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buttons: Vec<crate::platform::Button>,
 }
 
 impl OutboxEntry {
@@ -235,7 +241,14 @@ impl OutboxEntry {
             sent_ids: Vec::new(),
             done_at: None,
             failed: None,
+            buttons: Vec::new(),
         }
+    }
+
+    /// The same with `buttons` under it.
+    pub fn with_buttons(mut self, buttons: Vec<crate::platform::Button>) -> Self {
+        self.buttons = buttons;
+        self
     }
 }
 

@@ -1418,6 +1418,7 @@ mod tests {
             sent_ids: Vec::new(),
             done_at: None,
             failed: None,
+            buttons: Vec::new(),
         }
     }
 

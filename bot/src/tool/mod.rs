@@ -14,6 +14,7 @@
 //! - [`catalog`]: the tool catalog as Markdown and as the exact `tools` JSON.
 //! - [`result`]: [`ToolResult`], the stable result JSON, and the shared error codes.
 
+pub mod approval;
 pub mod bridge;
 pub mod catalog;
 pub mod registry;
@@ -467,6 +468,10 @@ pub struct ToolContext {
     /// How a tool posts into [`ToolContext::chat`] through the outbox; `None` outside a
     /// session (a toolset's own tests), where a tool posts through `platform` directly.
     pub post: Option<Arc<dyn Post>>,
+    /// The toolsets the chat's settings offer; `None`: every one.
+    pub toolsets: Option<Arc<[String]>>,
+    /// Who is asked when a tool needs approval; `None`: such a tool cannot run here.
+    pub approver: Option<Arc<dyn approval::Approver>>,
 }
 
 impl ToolContext {

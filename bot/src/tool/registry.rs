@@ -211,6 +211,9 @@ pub struct ToolRegistry {
     built: Arc<RwLock<Arc<Built>>>,
     /// How the tools are described to the model.
     profile: ToolProfile,
+    /// The tools (by tool or toolset name) that run only after a person with the role says
+    /// yes ([`super::approval`]).
+    approvals: Arc<HashMap<String, Role>>,
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -243,7 +246,23 @@ impl ToolRegistry {
             toolsets,
             built: Arc::new(RwLock::new(Arc::new(built))),
             profile,
+            approvals: Arc::default(),
         })
+    }
+
+    /// Has the tools `approvals` names (a tool's name, or a toolset's for all its tools)
+    /// wait for a yes from someone with the role before they run.
+    pub fn with_approvals(mut self, approvals: HashMap<String, Role>) -> Self {
+        self.approvals = Arc::new(approvals);
+        self
+    }
+
+    /// The role whose yes tool `name` (of toolset `toolset`) waits for, if any.
+    pub fn approval(&self, name: &str, toolset: &str) -> Option<Role> {
+        self.approvals
+            .get(name)
+            .or_else(|| self.approvals.get(toolset))
+            .copied()
     }
 
     /// The tools as of now: the shared build, rebuilt first when a toolset's generation
@@ -269,6 +288,7 @@ impl ToolRegistry {
             toolsets: self.toolsets.iter().map(|t| t.fork()).collect(),
             built: Arc::clone(&self.built),
             profile: self.profile,
+            approvals: Arc::clone(&self.approvals),
         }
     }
 
@@ -326,17 +346,37 @@ impl ToolRegistry {
     /// notice: nobody watches it) only what its role and grants allow, never a dangerous
     /// tool.
     pub fn defs_for_caller(&self, auto_chat: bool, caller: &Caller) -> ToolDefs {
-        if !caller.is_system() {
+        self.defs_in_scope(auto_chat, caller, None)
+    }
+
+    /// [`ToolRegistry::defs_for_caller`], offering only the tools of `toolsets` when given
+    /// (a group's `toolsets` setting).
+    pub fn defs_in_scope(
+        &self,
+        auto_chat: bool,
+        caller: &Caller,
+        toolsets: Option<&[String]>,
+    ) -> ToolDefs {
+        if !caller.is_system() && toolsets.is_none() {
             return self.defs_for(auto_chat);
         }
         let built = self.current();
         built
             .entries
             .iter()
-            .filter(|e| offered(&e.spec, auto_chat, caller))
+            .filter(|e| offered(&e.spec, auto_chat, caller) && self.in_scope(e, toolsets))
             .map(|e| e.spec.to_def_as(self.profile))
             .collect::<Vec<_>>()
             .into()
+    }
+
+    /// Whether `entry`'s toolset is among `toolsets` (all are without a list).
+    fn in_scope(&self, entry: &Entry, toolsets: Option<&[String]>) -> bool {
+        toolsets.is_none_or(|names| {
+            self.toolsets
+                .get(entry.toolset)
+                .is_some_and(|t| names.iter().any(|n| n == t.name()))
+        })
     }
 
     /// Every toolset's static prompt, in order.
@@ -379,17 +419,19 @@ impl ToolRegistry {
         let name = &call.function.name;
         let built = self.current();
         let auto_chat = cx.auto_chat.is_some();
+        let scope = cx.toolsets.clone();
+        let scope = scope.as_deref();
         // A tool this turn is not offered is as unknown as one that does not exist.
         let Some(entry) = built
             .by_name
             .get(name)
             .map(|&i| &built.entries[i])
-            .filter(|e| offered(&e.spec, auto_chat, &cx.caller))
+            .filter(|e| offered(&e.spec, auto_chat, &cx.caller) && self.in_scope(e, scope))
         else {
             let offered: Vec<&str> = built
                 .entries
                 .iter()
-                .filter(|e| offered(&e.spec, auto_chat, &cx.caller))
+                .filter(|e| offered(&e.spec, auto_chat, &cx.caller) && self.in_scope(e, scope))
                 .map(|e| e.spec.name.as_str())
                 .collect();
             return ToolResult::err(
@@ -465,6 +507,28 @@ impl ToolRegistry {
             }
         }
         let toolset = &self.toolsets[entry.toolset];
+        // Last: a person is asked only for a call that would run as it stands.
+        if let Some(role) = self.approval(name, toolset.name()) {
+            let Some(approver) = cx.approver.clone() else {
+                return ToolResult::err(
+                    codes::PERMISSION_DENIED,
+                    format!(
+                        "{name} needs the approval of {}, which cannot be asked here; it did not run",
+                        role.who()
+                    ),
+                );
+            };
+            let request = super::approval::ApprovalRequest {
+                tool: name,
+                arguments: &arguments,
+                role,
+                caller: &cx.caller,
+            };
+            let answer = approver.approve(request, &cx.cancel).await;
+            if let Some(refused) = answer.refusal(name) {
+                return refused;
+            }
+        }
         let invocation = ToolInvocation {
             id: call.id.clone(),
             name: name.clone(),

@@ -123,6 +123,9 @@ fn input(content: Content, platform: &Arc<TestPlatform>) -> TurnInput {
         roles: None,
         auto_chat: None,
         post: None,
+        toolsets: None,
+        approver: None,
+        persona: None,
     }
 }
 

@@ -89,6 +89,7 @@ fn reply(session: &str, text: &str) -> OutboxEntry {
         sent_ids: Vec::new(),
         done_at: None,
         failed: None,
+        buttons: Vec::new(),
     }
 }
 
