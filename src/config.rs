@@ -51,6 +51,10 @@ pub struct Config {
     pub store: StoreSection,
     /// `[cluster]`: several daemons on one PostgreSQL store, chats held by lease.
     pub cluster: ClusterSection,
+    /// `[groups]`: what a group's own admins may change from the chat, and the defaults.
+    pub groups: GroupsSection,
+    /// `[approvals]`: tools that run only after a person says yes.
+    pub approvals: ApprovalsSection,
     /// The file this configuration came from (the sandbox hides it).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -75,6 +79,8 @@ struct Secrets {
     vision_keys: Vec<Option<Secret>>,
     /// Per `[[llm.fallbacks]]` entry (in order): its own key, when it names one.
     fallback_keys: Vec<Option<Secret>>,
+    /// Per `[[llm.models]]` entry (in order): its own key, when it names one.
+    model_keys: Vec<Option<Secret>>,
     /// The console's token (`http.token_env`).
     http_token: Option<Secret>,
     /// The PostgreSQL URL (`store.url_env`, `store.url_file`), with `backend = "postgres"`.
@@ -343,6 +349,8 @@ pub struct LlmConfig {
     /// `[[llm.fallbacks]]`: providers tried in order when the main one fails after its
     /// retries (down, overloaded, rate limited, model gone, key refused, quota spent).
     pub fallbacks: Vec<ModelEndpoint>,
+    /// `[[llm.models]]`: models a group may choose by name (`[groups] models`).
+    pub models: Vec<ModelEndpoint>,
     /// `[llm.prices."<model>"]`: USD per million tokens (`input`, `output`, optional
     /// `cache_read`, `cache_write`), for the cost shown beside the tokens.
     pub prices: parlor_bot::llm::Prices,
@@ -380,6 +388,9 @@ const DEFAULT_KEY_ENV: &str = "OPENAI_API_KEY";
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelEndpoint {
+    /// Only in `[[llm.models]]`: the name a group chooses it by (`/set model <name>`); the
+    /// model's own name when unset.
+    pub name: Option<String>,
     /// The API it speaks; the main endpoint's (`llm.provider`) when unset.
     pub provider: Option<Provider>,
     /// Model name as its provider spells it.
@@ -397,10 +408,11 @@ pub struct ModelEndpoint {
 
 impl LlmConfig {
     /// The lists of models at their own endpoints, with their section names.
-    fn endpoints(&self) -> [(&'static str, &[ModelEndpoint]); 2] {
+    fn endpoints(&self) -> [(&'static str, &[ModelEndpoint]); 3] {
         [
             ("vision_models", &self.vision_models),
             ("fallbacks", &self.fallbacks),
+            ("models", &self.models),
         ]
     }
 }
@@ -458,6 +470,7 @@ impl Default for LlmConfig {
             max_retries: client.retry.max_retries,
             vision_models: Vec::new(),
             fallbacks: Vec::new(),
+            models: Vec::new(),
             prices: parlor_bot::llm::Prices::default(),
         }
     }
@@ -1071,6 +1084,11 @@ pub struct McpServerSection {
     pub risk: Option<parlor_bot::tool::Risk>,
     /// Risk per tool, by the server's tool name.
     pub tool_risk: std::collections::BTreeMap<String, parlor_bot::tool::Risk>,
+    /// Who must say yes before any tool of this server runs (`"chat_admin"`,
+    /// `"operator"`); unset: nobody is asked.
+    pub approval: Option<ApprovalRole>,
+    /// The same per tool (its name as the server gives it), over `approval`.
+    pub tool_approval: std::collections::BTreeMap<String, ApprovalRole>,
     /// Limit of one call, of connecting and of listing.
     pub timeout_secs: u64,
     /// When set, the only chats (session keys, `telegram:-100123`) its tools run in.
@@ -1095,6 +1113,8 @@ impl Default for McpServerSection {
             disabled_tools: Vec::new(),
             risk: None,
             tool_risk: Default::default(),
+            approval: None,
+            tool_approval: Default::default(),
             timeout_secs: 30,
             chats: None,
         }
@@ -1170,6 +1190,7 @@ impl Config {
                 }
             }
         }
+        self.check_groups()?;
         let api_url = &self.telegram.api_url;
         if !api_url.starts_with("http://") && !api_url.starts_with("https://") {
             bail!("telegram.api_url must start with http:// or https://, got {api_url:?}");
@@ -1628,6 +1649,7 @@ impl Config {
         }
         let vision_keys = endpoint_keys(&self.llm.vision_models, "vision_models")?;
         let fallback_keys = endpoint_keys(&self.llm.fallbacks, "fallbacks")?;
+        let model_keys = endpoint_keys(&self.llm.models, "models")?;
         let http_token = match &self.http.token_env {
             Some(name) => {
                 let token = secrets::from_env(name).ok_or_else(|| {
@@ -1674,6 +1696,7 @@ impl Config {
             onebot_token,
             vision_keys,
             fallback_keys,
+            model_keys,
         };
         Ok(())
     }
@@ -1798,6 +1821,15 @@ impl Config {
         self.endpoint_key(
             self.llm.vision_models.get(index)?,
             self.secrets.vision_keys.get(index),
+        )
+    }
+
+    /// The API key of `[[llm.models]]` entry `index`, by the rule of
+    /// [`Config::vision_api_key`].
+    pub fn model_api_key(&self, index: usize) -> Option<&Secret> {
+        self.endpoint_key(
+            self.llm.models.get(index)?,
+            self.secrets.model_keys.get(index),
         )
     }
 
@@ -2466,6 +2498,257 @@ api_key_file = "{}"
         ] {
             let e = format!("{:#}", Config::parse(text).unwrap_err());
             assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+}
+
+/// `[groups]`: the frame of a group's own settings (docs/governance.md). The operator's
+/// defaults hold until a chat admin changes a key with `/set`; `locked` keys cannot be
+/// changed; the caps bound what a group may set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GroupsSection {
+    /// Names of `[[llm.models]]` a group may choose; empty: none (the main model only).
+    pub models: Vec<String>,
+    /// The model a group starts with (a name of `models`); unset: the main model.
+    pub default_model: Option<String>,
+    /// Toolsets a group may switch on and off; empty: every enabled toolset.
+    pub toolsets: Vec<String>,
+    /// `mention`, `all` or `auto` (auto-chat with the `[groups.auto_chat]` budget).
+    pub reply_mode: String,
+    /// `en` or `zh`: the language of parlor's own notices.
+    pub language: String,
+    /// The persona a group starts with (empty: none).
+    pub persona: String,
+    /// Longest persona a group may set, in characters.
+    pub max_persona_chars: usize,
+    /// Turns one member may start per hour in a group, by default (unset: no limit).
+    pub member_turns_per_hour: Option<u32>,
+    /// The highest `member_turns_per_hour` a group may set (unset: any).
+    pub max_member_turns_per_hour: Option<u32>,
+    /// Tokens one member may use per day in a group, by default (unset: no limit).
+    pub member_daily_tokens: Option<u64>,
+    /// The highest `member_daily_tokens` a group may set (unset: any).
+    pub max_member_daily_tokens: Option<u64>,
+    /// Keys no group may change: `model`, `persona`, `toolsets`, `reply_mode`, `language`,
+    /// `member_turns_per_hour`, `member_daily_tokens`.
+    pub locked: Vec<String>,
+    /// The budget of a group that chooses `reply_mode = auto`; unset: groups may not.
+    pub auto_chat: Option<GroupAutoChat>,
+}
+
+impl Default for GroupsSection {
+    fn default() -> Self {
+        GroupsSection {
+            models: Vec::new(),
+            default_model: None,
+            toolsets: Vec::new(),
+            reply_mode: "mention".to_owned(),
+            language: "en".to_owned(),
+            persona: String::new(),
+            max_persona_chars: 1000,
+            member_turns_per_hour: None,
+            max_member_turns_per_hour: None,
+            member_daily_tokens: None,
+            max_member_daily_tokens: None,
+            locked: Vec::new(),
+            auto_chat: None,
+        }
+    }
+}
+
+/// `[groups.auto_chat]`: the auto-chat budget of a group that chooses it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupAutoChat {
+    /// As in `[[bot.auto_chat]]`.
+    #[serde(default = "AutoChatConfig::default_batch_messages")]
+    pub batch_messages: usize,
+    #[allow(missing_docs)]
+    #[serde(default = "AutoChatConfig::default_batch_seconds")]
+    pub batch_seconds: u64,
+    #[allow(missing_docs)]
+    #[serde(default = "AutoChatConfig::default_max_sends_per_batch")]
+    pub max_sends_per_batch: u32,
+    #[allow(missing_docs)]
+    #[serde(default = "AutoChatConfig::default_max_sends_per_hour")]
+    pub max_sends_per_hour: u32,
+}
+
+/// `[approvals]`: tools that wait for a person's yes before they run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApprovalsSection {
+    /// Tool or toolset name → who must say yes: `"chat_admin"` or `"operator"`.
+    pub tools: std::collections::BTreeMap<String, ApprovalRole>,
+    /// How long a call waits; no decision by then is a no.
+    pub timeout_secs: u64,
+}
+
+impl Default for ApprovalsSection {
+    fn default() -> Self {
+        ApprovalsSection {
+            tools: std::collections::BTreeMap::new(),
+            timeout_secs: 600,
+        }
+    }
+}
+
+/// Who may approve a tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalRole {
+    /// An admin of the chat (or an operator).
+    ChatAdmin,
+    /// An operator (`bot.admins`).
+    Operator,
+}
+
+impl ApprovalRole {
+    /// The role the registry checks.
+    pub fn role(self) -> parlor_bot::tool::Role {
+        match self {
+            ApprovalRole::ChatAdmin => parlor_bot::tool::Role::ChatAdmin,
+            ApprovalRole::Operator => parlor_bot::tool::Role::Operator,
+        }
+    }
+}
+
+impl Config {
+    /// Who must approve which tool (by tool or toolset name): `[approvals] tools` and each
+    /// MCP server's `approval` / `tool_approval`.
+    pub fn approvals(&self) -> std::collections::HashMap<String, parlor_bot::tool::Role> {
+        let mut map: std::collections::HashMap<String, parlor_bot::tool::Role> = self
+            .approvals
+            .tools
+            .iter()
+            .map(|(name, role)| (name.clone(), role.role()))
+            .collect();
+        for server in &self.mcp.servers {
+            if let Some(role) = server.approval {
+                map.insert(format!("mcp:{}", server.name), role.role());
+            }
+            for (tool, role) in &server.tool_approval {
+                map.insert(format!("{}__{tool}", server.name), role.role());
+            }
+        }
+        map
+    }
+
+    /// The names groups choose `[[llm.models]]` by, in order.
+    pub fn group_model_names(&self) -> Vec<String> {
+        self.llm
+            .models
+            .iter()
+            .map(|m| {
+                m.name
+                    .clone()
+                    .unwrap_or_else(|| m.model.clone())
+                    .trim()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    fn check_groups(&self) -> anyhow::Result<()> {
+        let g = &self.groups;
+        let names = self.group_model_names();
+        for (i, name) in names.iter().enumerate() {
+            if name.is_empty() || name.contains(char::is_whitespace) || name.len() > 40 {
+                bail!(
+                    "llm.models[{i}]: name must be one word of at most 40 characters, got {name:?}"
+                );
+            }
+            if names[..i].contains(name) {
+                bail!("llm.models: the name {name:?} is used twice");
+            }
+        }
+        for model in g.models.iter().chain(g.default_model.iter()) {
+            if !names.contains(model) {
+                bail!(
+                    "groups.models and groups.default_model name models of [[llm.models]]; {model:?} is not one (they are: {})",
+                    if names.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        names.join(", ")
+                    }
+                );
+            }
+        }
+        if parlor_bot::session::settings::ReplyMode::parse_config(&g.reply_mode).is_none() {
+            bail!(
+                "groups.reply_mode must be mention, all or auto, got {:?}",
+                g.reply_mode
+            );
+        }
+        if g.reply_mode == "auto" && g.auto_chat.is_none() {
+            bail!("groups.reply_mode = \"auto\" needs a [groups.auto_chat] budget");
+        }
+        if parlor_bot::lang::Lang::parse(&g.language).is_none() {
+            bail!("groups.language must be en or zh, got {:?}", g.language);
+        }
+        for key in &g.locked {
+            if parlor_bot::session::settings::Key::parse(key).is_none() {
+                bail!(
+                    "groups.locked: {key:?} is not a setting (model, persona, toolsets, reply_mode, language, member_turns_per_hour, member_daily_tokens)"
+                );
+            }
+        }
+        if let (Some(v), Some(cap)) = (g.member_turns_per_hour, g.max_member_turns_per_hour)
+            && v > cap
+        {
+            bail!(
+                "groups.member_turns_per_hour ({v}) is over groups.max_member_turns_per_hour ({cap})"
+            );
+        }
+        if let (Some(v), Some(cap)) = (g.member_daily_tokens, g.max_member_daily_tokens)
+            && v > cap
+        {
+            bail!(
+                "groups.member_daily_tokens ({v}) is over groups.max_member_daily_tokens ({cap})"
+            );
+        }
+        if g.member_turns_per_hour == Some(0) || g.max_member_turns_per_hour == Some(0) {
+            bail!(
+                "groups.member_turns_per_hour and its cap must be 1 or more (leave them unset for no limit)"
+            );
+        }
+        if self.approvals.timeout_secs == 0 {
+            bail!("approvals.timeout_secs must be 1 or more");
+        }
+        Ok(())
+    }
+
+    /// The session layer's frame of the groups' settings.
+    pub fn group_policy(&self) -> parlor_bot::session::GroupPolicy {
+        use parlor_bot::session::settings::{GroupSettings, Key, ReplyMode};
+        let g = &self.groups;
+        parlor_bot::session::GroupPolicy {
+            defaults: GroupSettings {
+                v: 1,
+                model: g.default_model.clone(),
+                persona: Some(g.persona.trim().to_owned()).filter(|p| !p.is_empty()),
+                toolsets: None,
+                reply_mode: ReplyMode::parse_config(&g.reply_mode)
+                    .filter(|m| *m != ReplyMode::Mention),
+                language: parlor_bot::lang::Lang::parse(&g.language),
+                member_turns_per_hour: g.member_turns_per_hour,
+                member_daily_tokens: g.member_daily_tokens,
+            },
+            models: g.models.clone(),
+            toolsets: g.toolsets.clone(),
+            max_member_turns_per_hour: g.max_member_turns_per_hour,
+            max_member_daily_tokens: g.max_member_daily_tokens,
+            max_persona_chars: g.max_persona_chars,
+            locked: g.locked.iter().filter_map(|k| Key::parse(k)).collect(),
+            auto_chat: g.auto_chat.as_ref().map(|a| parlor_bot::session::AutoChat {
+                chat: String::new(),
+                batch_messages: a.batch_messages,
+                batch_wait: Duration::from_secs(a.batch_seconds),
+                max_sends_per_batch: a.max_sends_per_batch,
+                max_sends_per_hour: a.max_sends_per_hour,
+                dry_run: false,
+            }),
         }
     }
 }

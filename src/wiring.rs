@@ -178,7 +178,9 @@ pub fn registry(
     for p in &config.toolsets.prompt {
         toolsets.push(Arc::new(PromptToolset::new(&p.name, &p.prompt)));
     }
-    ToolRegistry::with_profile(toolsets, profile).context("the toolsets cannot be registered")
+    Ok(ToolRegistry::with_profile(toolsets, profile)
+        .context("the toolsets cannot be registered")?
+        .with_approvals(config.approvals()))
 }
 
 /// The built-in toolsets the compact tool profile keeps of `toolsets.enabled`: what a small
@@ -488,6 +490,45 @@ fn llm_chain(config: &Config) -> anyhow::Result<Arc<dyn LlmBackend>> {
     Ok(Arc::new(Failover::new(links)))
 }
 
+/// The models groups may choose (`[[llm.models]]`), each with the main chain behind it,
+/// so a group whose choice fails is still answered.
+pub fn group_models(config: &Config) -> anyhow::Result<Vec<parlor_bot::session::GroupModel>> {
+    if config.llm.models.is_empty() {
+        return Ok(Vec::new());
+    }
+    let main = llm_chain(config)?;
+    let names = config.group_model_names();
+    let mut models = Vec::new();
+    for (i, (entry, name)) in config.llm.models.iter().zip(names).enumerate() {
+        let model = entry.model.trim().to_owned();
+        let client = llm_client(
+            config,
+            entry.provider.unwrap_or(config.llm.provider),
+            entry.base_url.clone().unwrap_or_else(|| config.base_url()),
+            config.model_api_key(i),
+        )
+        .with_context(|| format!("cannot build the client of model {name}"))?;
+        let chain = Failover::new(vec![
+            Link {
+                name: model.clone(),
+                model: Some(model.clone()),
+                llm: client,
+            },
+            Link {
+                name: config.model(),
+                model: Some(config.model()),
+                llm: Arc::clone(&main),
+            },
+        ]);
+        models.push(parlor_bot::session::GroupModel {
+            name,
+            model,
+            llm: Arc::new(chain),
+        });
+    }
+    Ok(models)
+}
+
 /// The agent this configuration describes, talking to the configured endpoint.
 ///
 /// With sub-agents, their agent is built here too and handed to the service: the same
@@ -549,6 +590,10 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
         parlor_bot::session::ATTRIBUTION_PROMPT
     );
     let mut main_config = agent_config.clone();
+    // A call waiting for a person's yes must not be cut by the tool's own limit first.
+    if !config.approvals().is_empty() {
+        main_config.tool_timeout += Duration::from_secs(config.approvals.timeout_secs);
+    }
     // Built before the main registry, given its observer after (the metrics label tools by
     // the main registry's names, a superset of the sub-agents').
     let mut sub_agent = None;
@@ -595,7 +640,12 @@ pub fn agent(config: &Config, store: Arc<dyn Store>, services: &Services) -> any
     // Tool names label metrics only when the registry knows them.
     let metrics = parlor_bot::metrics::MetricsObserver::new(config.model())
         .with_models(
-            config.llm.fallbacks.iter().map(|f| f.model.clone()),
+            config
+                .llm
+                .fallbacks
+                .iter()
+                .chain(&config.llm.models)
+                .map(|f| f.model.clone()),
             config.llm.prices.clone(),
         )
         .with_tools(tools.clone());
@@ -866,6 +916,9 @@ pub fn runtime(
             tracing::info!(instance = %cluster.instance, "sharing the store with other daemons; chats are held by lease");
             cluster
         }),
+        groups: config.group_policy(),
+        group_models: group_models(config)?,
+        approval_timeout: Duration::from_secs(config.approvals.timeout_secs),
         ..SessionConfig::default()
     };
     // Made first: the terminal, the sub-agents and the clock send on it, and the sessions

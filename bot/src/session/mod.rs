@@ -91,7 +91,7 @@ mod worker;
 pub use auto_chat::AutoChat;
 pub use cluster::Cluster;
 pub use life::{ChatHook, Removal, move_record, move_records};
-pub use manager::{SessionConfig, SessionManager, SessionStats, SubmitError};
+pub use manager::{GroupModel, SessionConfig, SessionManager, SessionStats, SubmitError};
 pub use policy::{ATTRIBUTION_PROMPT, attribute};
 pub use queue::{QueueItem, ScheduledOutcome, SessionQueue};
 pub use settings::{Effective, GroupPolicy, GroupSettings, ReplyMode};

@@ -52,6 +52,11 @@ pub enum ReplyMode {
 }
 
 impl ReplyMode {
+    /// The mode a config names (`mention`, `all`, `auto`).
+    pub fn parse_config(text: &str) -> Option<ReplyMode> {
+        Self::parse(text.trim())
+    }
+
     fn parse(text: &str) -> Option<ReplyMode> {
         match text {
             "mention" => Some(ReplyMode::Mention),

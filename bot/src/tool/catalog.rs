@@ -36,7 +36,7 @@ pub fn to_markdown(registry: &ToolRegistry) -> String {
         any = true;
         out.push_str(&format!("\n## `{}`\n\n", spec.name));
         out.push_str(&format!(
-            "Toolset `{toolset}` · risk `{}` · role `{}`{}{}\n\n",
+            "Toolset `{toolset}` · risk `{}` · role `{}`{}{}{}\n\n",
             spec.risk.as_str(),
             spec.role.as_str(),
             match &spec.role_in_chat_arg {
@@ -44,6 +44,10 @@ pub fn to_markdown(registry: &ToolRegistry) -> String {
                 None => String::new(),
             },
             offer_note(spec.offer),
+            match registry.approval(&spec.name, &toolset) {
+                Some(role) => format!(" · runs only once approved by {}", role.who()),
+                None => String::new(),
+            },
         ));
         out.push_str(spec.description.trim());
         out.push_str("\n\n");
@@ -93,7 +97,14 @@ pub fn to_json(registry: &ToolRegistry) -> String {
         .map(|(toolset, spec)| {
             let mut def = serde_json::to_value(spec.to_def()).unwrap_or(Value::Null);
             if let Value::Object(entry) = &mut def {
-                entry.insert("x-parlor".to_owned(), policy(&toolset, &spec));
+                let mut policy = policy(&toolset, &spec);
+                if let (Some(role), Some(map)) = (
+                    registry.approval(&spec.name, &toolset),
+                    policy.as_object_mut(),
+                ) {
+                    map.insert("approval".to_owned(), json!(role.as_str()));
+                }
+                entry.insert("x-parlor".to_owned(), policy);
             }
             def
         })
@@ -137,7 +148,11 @@ pub fn to_help(registry: &ToolRegistry) -> String {
         .specs()
         // Nobody asks for these: only the bot's own auto-chat turns call them.
         .filter(|(_, spec)| spec.offer != Offer::AutoChat)
-        .map(|(_, spec)| {
+        .map(|(toolset, spec)| {
+            let approval = registry
+                .approval(&spec.name, &toolset)
+                .map(|role| format!("; runs once approved by {}", role.who()))
+                .unwrap_or_default();
             let first_sentence = spec
                 .description
                 .split_inclusive(". ")
@@ -145,7 +160,7 @@ pub fn to_help(registry: &ToolRegistry) -> String {
                 .unwrap_or_default()
                 .trim();
             format!(
-                "• {} — {first_sentence} ({})",
+                "• {} — {first_sentence} ({}{approval})",
                 spec.name,
                 help_label(spec.role)
             )
