@@ -16,6 +16,7 @@ mod console;
 mod cost;
 mod daemon;
 mod delegation;
+mod governance;
 mod group_life;
 mod http;
 mod llm_faults;

@@ -1,0 +1,235 @@
+//! Groups that govern themselves, through the real `parlor run` and a fake Telegram: a
+//! chat admin changes settings from the chat within the operator's frame, and the next
+//! turn uses them; members are limited per hour before the model is asked; a tool marked
+//! for approval runs only once an admin says yes; a Chinese group gets its notices in
+//! Chinese.
+
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, ToolCallSpec};
+
+use crate::support::{self, WAIT, alice, bob, config, daemon_command};
+
+const GROUP: i64 = -100_777;
+
+/// Sends `text` as `who` in the group and waits for the message threaded to it.
+async fn say(telegram: &FakeTelegram, who: parlor_testkit::TgUser, text: &str) -> String {
+    let id = telegram.group_message(GROUP, who, text).push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| {
+            m.chat_id == GROUP && m.reply_to_message_id == Some(id)
+        })
+        .await
+        .unwrap();
+    sent.iter()
+        .rev()
+        .find(|m| m.reply_to_message_id == Some(id))
+        .map(|m| m.text.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_admin_changes_model_and_reply_mode_within_the_operators_caps_and_it_survives_a_restart()
+ {
+    let llm = FakeLlm::start().await;
+    support::echo(&llm);
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    telegram.set_admins(GROUP, vec![1001]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "commands_per_member_per_minute = 20\n[groups]\nmodels = [\"smart\"]\nmax_member_turns_per_hour = 20\nlocked = [\"persona\"]\n\
+         [[llm.models]]\nname = \"smart\"\nmodel = \"big-model\"\n",
+    );
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+
+    let refused = say(&telegram, bob(), "/set model smart").await;
+    assert!(refused.contains("Only a chat admin"), "{refused}");
+    let changed = say(&telegram, alice(), "/set model smart").await;
+    assert!(changed.contains("model is now smart"), "{changed}");
+    let capped = say(&telegram, alice(), "/set member_turns_per_hour 50").await;
+    assert!(capped.contains("the operator's cap is 20"), "{capped}");
+    let locked = say(&telegram, alice(), "/set persona talk like a pirate").await;
+    assert!(locked.contains("locked persona"), "{locked}");
+    let mode = say(&telegram, alice(), "/set reply_mode all").await;
+    assert!(mode.contains("reply_mode is now all"), "{mode}");
+    assert_eq!(llm.request_count(), 0, "settings ask no model");
+
+    // Every message is a turn now, and it asks the chosen model.
+    let answer = say(&telegram, bob(), "what do you think").await;
+    assert!(answer.starts_with("echo <"), "{answer}");
+    let request = llm.last_request().unwrap();
+    assert_eq!(request.body["model"], "big-model");
+
+    let log = say(&telegram, bob(), "/settings log").await;
+    assert!(
+        log.contains("Alice (telegram:1001): reply_mode mention → all"),
+        "{log}"
+    );
+    assert!(log.contains("model default → smart"), "{log}");
+
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let shown = say(&telegram, bob(), "/settings").await;
+    assert!(shown.contains("model: smart"), "{shown}");
+    assert!(shown.contains("reply_mode: all"), "{shown}");
+    assert!(
+        shown.contains("persona: none (locked by the operator)"),
+        "{shown}"
+    );
+    // Telegram shows the choices as buttons under it.
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_over_their_turns_per_hour_is_told_once_in_the_groups_language_and_the_model_is_not_asked()
+ {
+    let llm = FakeLlm::start().await;
+    support::echo(&llm);
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "[groups]\nmember_turns_per_hour = 2\nlanguage = \"zh\"\n",
+    );
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    for _ in 0..2 {
+        let answer = say(&telegram, alice(), "@parlor_bot hi").await;
+        assert!(answer.starts_with("echo <"), "{answer}");
+    }
+    let told = say(&telegram, alice(), "@parlor_bot hi again").await;
+    assert!(told.contains("过去一小时内已经问了我 2 次"), "{told}");
+    // The fourth is only recorded; Bob is answered as before.
+    telegram
+        .group_message(GROUP, alice(), "@parlor_bot and again")
+        .push();
+    let answer = say(&telegram, bob(), "@parlor_bot hello").await;
+    assert!(answer.starts_with("echo <"), "{answer}");
+    assert_eq!(llm.request_count(), 3, "no request for Alice's excess");
+    let sent = telegram.sent_messages();
+    assert_eq!(
+        sent.iter()
+            .filter(|m| m.text.contains("过去一小时内"))
+            .count(),
+        1,
+        "told once"
+    );
+    let status = say(&telegram, alice(), "/status").await;
+    assert!(
+        status.contains("你在本群过去一小时的提问次数：2 / 2"),
+        "{status}"
+    );
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+/// The code in an approval request's text (`/approve CODE`).
+fn code_in(text: &str) -> String {
+    let at = text.find("/approve ").expect("an approval request");
+    text[at + "/approve ".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_needs_approval_runs_once_an_admin_says_yes_and_never_on_a_members_word_or_a_no()
+ {
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    telegram.set_admins(GROUP, vec![1001]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "commands_per_member_per_minute = 20\n[approvals]\ntools = { time_now = \"chat_admin\" }\n",
+    );
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+
+    // Bob asks; the model calls the tool; the chat is asked.
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c1",
+        "time_now",
+        serde_json::json!({}),
+    )]));
+    llm.respond_with(|body| {
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .map(|m| m["content"].to_string())
+            .unwrap_or_default();
+        Reply::text(format!("tool said {last}"))
+    });
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot what time is it")
+        .mention_bot()
+        .push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.contains("/approve "))
+        .await
+        .unwrap();
+    let ask = sent.last().unwrap();
+    assert!(
+        ask.text
+            .contains("Bob (telegram:1002) asked me to run time_now"),
+        "{}",
+        ask.text
+    );
+    let code = code_in(&ask.text);
+    assert_eq!(llm.request_count(), 1, "the turn waits");
+
+    let refused = say(&telegram, bob(), &format!("/approve {code}")).await;
+    assert!(refused.contains("Only a chat admin can decide this"), "{refused}");
+    let approved = say(&telegram, alice(), &format!("/approve {code}")).await;
+    assert!(approved.contains("approved by Alice"), "{approved}");
+    let reply = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
+        .await
+        .unwrap();
+    let reply = &reply
+        .iter()
+        .rev()
+        .find(|m| m.text.starts_with("tool said"))
+        .unwrap()
+        .text;
+    assert!(
+        reply.contains("success") && reply.contains("true"),
+        "{reply}"
+    );
+    let again = say(&telegram, alice(), &format!("/approve {code}")).await;
+    assert!(again.contains("already decided"), "{again}");
+
+    // A no: the tool does not run and the model is told.
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "c2",
+        "time_now",
+        serde_json::json!({"timezone": "Europe/Paris"}),
+    )]));
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot and in Paris")
+        .mention_bot()
+        .push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| {
+            m.text.contains("/approve ") && m.text.contains("Paris")
+        })
+        .await
+        .unwrap();
+    let code = code_in(&sent.last().unwrap().text);
+    let denied = say(&telegram, alice(), &format!("/deny {code}")).await;
+    assert!(denied.contains("denied by Alice"), "{denied}");
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.contains("DENIED"))
+        .await
+        .unwrap();
+    assert!(sent.iter().any(|m| m.text.contains("did not run")));
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
