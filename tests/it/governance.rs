@@ -186,7 +186,10 @@ async fn a_tool_that_needs_approval_runs_once_an_admin_says_yes_and_never_on_a_m
     assert_eq!(llm.request_count(), 1, "the turn waits");
 
     let refused = say(&telegram, bob(), &format!("/approve {code}")).await;
-    assert!(refused.contains("Only a chat admin can decide this"), "{refused}");
+    assert!(
+        refused.contains("Only a chat admin can decide this"),
+        "{refused}"
+    );
     let approved = say(&telegram, alice(), &format!("/approve {code}")).await;
     assert!(approved.contains("approved by Alice"), "{approved}");
     let reply = telegram

@@ -798,41 +798,6 @@ impl super::ChatHook for SettingsHook {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn policy() -> GroupPolicy {
-        GroupPolicy {
-            models: vec!["fast".into(), "smart".into()],
-            max_member_turns_per_hour: Some(20),
-            locked: vec![Key::Persona],
-            ..GroupPolicy::default()
-        }
-    }
-
-    #[test]
-    fn caps_and_locks_hold_at_every_read() {
-        let stored = GroupSettings {
-            member_turns_per_hour: Some(50),
-            persona: Some("pirate".into()),
-            model: Some("gone".into()),
-            ..GroupSettings::default()
-        };
-        let e = policy().effective(&stored, false);
-        assert_eq!(e.member_turns_per_hour, Some(20));
-        assert_eq!(e.persona, None);
-        assert_eq!(e.model, None);
-        assert_eq!(e.reply_mode, ReplyMode::Mention);
-        assert_eq!(
-            policy()
-                .effective(&GroupSettings::default(), true)
-                .reply_mode,
-            ReplyMode::Auto
-        );
-    }
-}
-
 impl super::worker::ChatWorker {
     /// `/set key value`: a chat admin (anyone in a DM) changes a setting of the chat, within
     /// the operator's frame; the change, its log entry and the answer are one commit.
@@ -892,5 +857,40 @@ impl super::worker::ChatWorker {
                 answer(say(lang, Msg::SettingsStoreFailed, &[]))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> GroupPolicy {
+        GroupPolicy {
+            models: vec!["fast".into(), "smart".into()],
+            max_member_turns_per_hour: Some(20),
+            locked: vec![Key::Persona],
+            ..GroupPolicy::default()
+        }
+    }
+
+    #[test]
+    fn caps_and_locks_hold_at_every_read() {
+        let stored = GroupSettings {
+            member_turns_per_hour: Some(50),
+            persona: Some("pirate".into()),
+            model: Some("gone".into()),
+            ..GroupSettings::default()
+        };
+        let e = policy().effective(&stored, false);
+        assert_eq!(e.member_turns_per_hour, Some(20));
+        assert_eq!(e.persona, None);
+        assert_eq!(e.model, None);
+        assert_eq!(e.reply_mode, ReplyMode::Mention);
+        assert_eq!(
+            policy()
+                .effective(&GroupSettings::default(), true)
+                .reply_mode,
+            ReplyMode::Auto
+        );
     }
 }

@@ -561,7 +561,7 @@ impl ChatWorker {
                         || group_limit.is_some_and(|l| here >= l) =>
                 {
                     by_group |= group_limit.is_some_and(|l| here >= l)
-                        && !config.daily_tokens_per_member.is_some_and(|l| used >= l);
+                        && config.daily_tokens_per_member.is_none_or(|l| used < l);
                     told_all &= told;
                 }
                 Ok(_) => return Budget::Open,
