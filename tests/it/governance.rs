@@ -12,10 +12,20 @@ const GROUP: i64 = -100_777;
 
 /// Sends `text` as `who` in the group and waits for the message threaded to it.
 async fn say(telegram: &FakeTelegram, who: parlor_testkit::TgUser, text: &str) -> String {
-    let id = telegram.group_message(GROUP, who, text).push();
+    say_in(telegram, GROUP, who, text).await
+}
+
+/// [`say`] in chat `chat`.
+async fn say_in(
+    telegram: &FakeTelegram,
+    chat: i64,
+    who: parlor_testkit::TgUser,
+    text: &str,
+) -> String {
+    let id = telegram.group_message(chat, who, text).push();
     let sent = telegram
         .wait_for_sent_where(WAIT, |m| {
-            m.chat_id == GROUP && m.reply_to_message_id == Some(id)
+            m.chat_id == chat && m.reply_to_message_id == Some(id)
         })
         .await
         .unwrap();
@@ -233,6 +243,203 @@ async fn a_tool_that_needs_approval_runs_once_an_admin_says_yes_and_never_on_a_m
         .await
         .unwrap();
     assert!(sent.iter().any(|m| m.text.contains("did not run")));
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_settings_move_with_it_when_it_becomes_a_supergroup() {
+    const OLD: i64 = -5077;
+    const NEW: i64 = -1_005_077;
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    telegram.basic_group(OLD, "tea club");
+    telegram.set_admins(OLD, vec![1001]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &telegram, "");
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let changed = say_in(&telegram, OLD, alice(), "/set language zh").await;
+    assert!(changed.contains("language 已改为 zh"), "{changed}");
+    let (_, second) = telegram.upgrade_group(OLD, NEW, &alice());
+    telegram.wait_for_ack(second, WAIT).await.unwrap();
+    let shown = say_in(&telegram, NEW, bob(), "/settings").await;
+    assert!(shown.starts_with("本群的设置："), "{shown}");
+    assert!(shown.contains("language: zh"), "{shown}");
+    let log = say_in(&telegram, NEW, bob(), "/settings log").await;
+    assert!(
+        log.contains("Alice (telegram:1001): language en → zh"),
+        "{log}"
+    );
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+/// The model calls `time_now` with no arguments; once it has the result, it answers
+/// `tool said <the result>`.
+fn calls_time_now(llm: &FakeLlm, times: usize) {
+    for i in 0..times {
+        llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+            format!("c{i}"),
+            "time_now",
+            serde_json::json!({}),
+        )]));
+    }
+    llm.respond_with(|body| {
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .map(|m| m["content"].to_string())
+            .unwrap_or_default();
+        Reply::text(format!("tool said {last}"))
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_while_an_approval_waits_asks_no_second_time_and_the_yes_after_the_restart_runs_the_tool_once()
+ {
+    let llm = FakeLlm::start().await;
+    // Once before the kill, once when the input's turn runs again.
+    calls_time_now(&llm, 2);
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    telegram.set_admins(GROUP, vec![1001]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "commands_per_member_per_minute = 20\n[approvals]\ntools = { time_now = \"chat_admin\" }\n",
+    );
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot what time is it")
+        .mention_bot()
+        .push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.contains("/approve "))
+        .await
+        .unwrap();
+    let code = code_in(&sent.last().unwrap().text);
+    daemon.kill9().await;
+
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    // The turn runs again and finds its request waiting: nothing is asked twice.
+    llm.wait_for_requests(2, WAIT).await.unwrap();
+    let approved = say(&telegram, alice(), &format!("/approve {code}")).await;
+    assert!(approved.contains("approved by Alice"), "{approved}");
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
+        .await
+        .unwrap();
+    let reply = &sent
+        .iter()
+        .find(|m| m.text.starts_with("tool said"))
+        .unwrap()
+        .text;
+    assert!(
+        reply.contains("success") && reply.contains("true"),
+        "{reply}"
+    );
+    let sent = crate::support::sentinel(&telegram, GROUP).await;
+    // One request: a post sent again after the kill (Telegram's send window) names the
+    // same code.
+    let asked: std::collections::BTreeSet<String> = sent
+        .iter()
+        .filter(|m| m.text.contains("/approve "))
+        .map(|m| code_in(&m.text))
+        .collect();
+    assert_eq!(asked.len(), 1, "asked once: {asked:?}");
+    assert_eq!(
+        sent.iter()
+            .filter(|m| m.text.starts_with("tool said") && m.text.contains("success"))
+            .count(),
+        1,
+        "answered once"
+    );
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_nobody_decides_in_time_is_a_no_and_the_model_is_told() {
+    let llm = FakeLlm::start().await;
+    calls_time_now(&llm, 1);
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "[approvals]\ntools = { time = \"operator\" }\ntimeout_secs = 1\n",
+    );
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot what time is it")
+        .mention_bot()
+        .push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
+        .await
+        .unwrap();
+    let ask = sent.iter().find(|m| m.text.contains("/approve ")).unwrap();
+    assert!(ask.text.contains("an operator of the bot"), "{}", ask.text);
+    let reply = &sent.last().unwrap().text;
+    assert!(reply.contains("APPROVAL_EXPIRED"), "{reply}");
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_call_that_ran_before_a_kill_is_not_run_again_after_the_restart() {
+    use parlor_bot::store::{SledStore, Store, StoreOptions};
+    let llm = FakeLlm::start().await;
+    calls_time_now(&llm, 2);
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "[approvals]\ntools = { time_now = \"chat_admin\" }\n",
+    );
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot what time is it")
+        .mention_bot()
+        .push();
+    telegram
+        .wait_for_sent_where(WAIT, |m| m.text.contains("/approve "))
+        .await
+        .unwrap();
+    daemon.kill9().await;
+    // As if the yes had come, the tool had run, and the kill had come before the turn's
+    // commit: the request says approved and run.
+    {
+        let store =
+            SledStore::open(&dir.path().join("data").join("db"), StoreOptions::default()).unwrap();
+        let (key, json) = store
+            .kv_scan("approvals", &format!("telegram:{GROUP}|"))
+            .unwrap()
+            .pop()
+            .unwrap();
+        let mut record: serde_json::Value = serde_json::from_str(&json).unwrap();
+        record["state"] = "approved".into();
+        record["ran"] = true.into();
+        record["decided_by"] = "Alice".into();
+        store
+            .kv_put("approvals", &key, &record.to_string())
+            .unwrap();
+        store.flush().unwrap();
+    }
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
+        .await
+        .unwrap();
+    let reply = &sent.last().unwrap().text;
+    assert!(reply.contains("does not run twice"), "{reply}");
     let exit = daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", daemon.log());
 }
