@@ -479,6 +479,41 @@ async fn chat(
         "<p class=\"muted\">The last {} turns, newest first.</p>",
         trace::KEEP_TRACES
     );
+    // The group's own settings and who changed them (`/settings`, `/settings log`).
+    if let Some(sessions) = &console.sessions {
+        match sessions.settings_view(&session) {
+            Ok((text, changes)) => {
+                let _ = write!(
+                    body,
+                    "<section class=\"turn\"><h2>Settings</h2><pre>{}</pre>",
+                    esc(&text)
+                );
+                if !changes.is_empty() {
+                    body.push_str(
+                        "<div class=\"scroll\"><table><thead><tr><th>When</th><th>Who</th>\
+                         <th>Setting</th><th>From</th><th>To</th></tr></thead><tbody>",
+                    );
+                    for c in &changes {
+                        let _ = write!(
+                            body,
+                            "<tr><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                            time(c.at),
+                            esc(&c.by_name),
+                            esc(&c.by),
+                            esc(&c.key),
+                            esc(&c.old),
+                            esc(&c.new),
+                        );
+                    }
+                    body.push_str("</tbody></table></div>");
+                }
+                body.push_str("</section>");
+            }
+            Err(e) => {
+                tracing::warn!(session = %session, error = %e, "console: cannot read the settings log");
+            }
+        }
+    }
     if traces.is_empty() {
         body.push_str("<p class=\"muted\">No traced turn.</p>");
     }

@@ -48,10 +48,15 @@ async fn a_chat_admin_changes_model_and_reply_mode_within_the_operators_caps_and
         dir.path(),
         &telegram,
         "commands_per_member_per_minute = 20\n[groups]\nmodels = [\"smart\"]\nmax_member_turns_per_hour = 20\nlocked = [\"persona\"]\n\
-         [[llm.models]]\nname = \"smart\"\nmodel = \"big-model\"\n",
+         [[llm.models]]\nname = \"smart\"\nmodel = \"big-model\"\n\
+         [http]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"PARLOR_HTTP_TOKEN\"\n",
     );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let command = || {
+        let mut command = daemon_command(&config, &llm);
+        command.env("PARLOR_HTTP_TOKEN", "console-token-console-token");
+        command
+    };
+    let mut daemon = DaemonProcess::spawn_polling(command(), &telegram, WAIT).await;
 
     let refused = say(&telegram, bob(), "/set model smart").await;
     assert!(refused.contains("Only a chat admin"), "{refused}");
@@ -77,11 +82,27 @@ async fn a_chat_admin_changes_model_and_reply_mode_within_the_operators_caps_and
         "{log}"
     );
     assert!(log.contains("model default → smart"), "{log}");
+    // The operator's console shows the same on the chat's page.
+    let addr = support::http_addr(&daemon).await;
+    let page = reqwest::Client::new()
+        .get(format!("http://{addr}/chat/telegram%3A{GROUP}"))
+        .bearer_auth("console-token-console-token")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("<h2>Settings</h2>"), "{page}");
+    assert!(page.contains("reply_mode: all"), "{page}");
+    assert!(
+        page.contains("<td>reply_mode</td><td>mention</td><td>all</td>"),
+        "{page}"
+    );
 
     let exit = daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", daemon.log());
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let mut daemon = DaemonProcess::spawn_polling(command(), &telegram, WAIT).await;
     let shown = say(&telegram, bob(), "/settings").await;
     assert!(shown.contains("model: smart"), "{shown}");
     assert!(shown.contains("reply_mode: all"), "{shown}");

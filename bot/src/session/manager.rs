@@ -478,6 +478,22 @@ impl SessionManager {
         config.groups.effective(&stored, listed)
     }
 
+    /// What `/settings` says of the chat of `session`, and its last changes, newest first
+    /// (the operator's console).
+    pub fn settings_view(
+        &self,
+        session: &str,
+    ) -> Result<(String, Vec<super::settings::Change>), StoreError> {
+        let effective = self.effective(session);
+        let text = super::settings::settings_text(&self.config().groups, &effective);
+        let changes = super::settings::log(
+            self.store().as_ref(),
+            super::settings::chat_key(session),
+            20,
+        )?;
+        Ok((text, changes))
+    }
+
     /// Forgets the cached settings of `session` (changed, or moved).
     pub(super) fn settings_changed(&self, session: &str) {
         self.inner
