@@ -199,8 +199,8 @@ catalog! {
     ValueAtLeastOne => "it must be 1 or more (or default)", "必须大于等于 1（或 default）";
     ValueTooLong => "it may be at most {max} characters", "最多 {max} 个字符";
     ApprovalAsk =>
-        "{who} asked me to run {tool} with:\n{arguments}\nThis needs the yes of {role}. Approve or deny below, or answer /approve {code} or /deny {code} within {minutes} min.",
-        "{who} 让我运行 {tool}，参数：\n{arguments}\n这需要{role}同意。请点击下方按钮，或在 {minutes} 分钟内回复 /approve {code} 或 /deny {code}。";
+        "{who} asked me to run {tool} with:\n{arguments}\nThis needs the yes of {role}: answer /approve {code} or /deny {code} within {minutes} min (or press a button, where there are any).",
+        "{who} 让我运行 {tool}，参数：\n{arguments}\n这需要{role}同意：请在 {minutes} 分钟内回复 /approve {code} 或 /deny {code}（如有按钮，也可以直接点击）。";
     ApprovalApproveButton => "Approve", "批准";
     ApprovalDenyButton => "Deny", "拒绝";
     ApprovalRoleChatAdmin => "a chat admin", "群管理员";

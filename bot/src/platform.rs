@@ -291,8 +291,8 @@ pub trait Platform: Send + Sync {
         sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError>;
 
-    /// [`Platform::send`] with `buttons` in one row under the message (under its last part
-    /// when it is cut). The default sends without them: every post with buttons also says in
+    /// [`Platform::send`] with `buttons` (at most five: Discord's row) in one row under the
+    /// message (under its last part when it is cut). The default sends without them: every post with buttons also says in
     /// its text the command that does the same (`/approve CODE`).
     async fn send_buttons(
         &self,

@@ -464,3 +464,106 @@ async fn an_approved_call_that_ran_before_a_kill_is_not_run_again_after_the_rest
     let exit = daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", daemon.log());
 }
+
+/// The address the daemon's OneBot listener bound, from its log.
+async fn onebot_addr(daemon: &DaemonProcess) -> String {
+    let log = daemon
+        .wait_for_log("waiting for the OneBot implementation", WAIT)
+        .await;
+    log.lines()
+        .find(|l| l.contains("waiting for the OneBot implementation"))
+        .and_then(|line| line.find("127.0.0.1:").map(|at| &line[at..]))
+        .map(|at| {
+            at.chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                .collect()
+        })
+        .unwrap_or_else(|| panic!("the OneBot listener never said where it is\n{log}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chinese_qq_group_gets_parlors_compaction_limit_and_approval_notices_in_chinese() {
+    use parlor_testkit::FakeOneBot;
+    const QQ_GROUP: i64 = 555;
+    const TOKEN: &str = "onebot-TEST-token";
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::text("one"));
+    // The second answer fills the context: its turn is compacted, and the group told.
+    llm.push(Reply::text("two").usage(100_000, 10));
+    llm.push(Reply::text("They said hi twice."));
+    calls_time_now(&llm, 1);
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[bot]\ndata_dir = \"{}\"\nshutdown_grace_secs = 2\ncompact_keep_turns = 1\n\
+             [llm]\nmax_retries = 0\n[telegram]\napi_url = \"{}\"\npoll_timeout_secs = 1\n\
+             [onebot]\nlisten = \"127.0.0.1:0\"\nmin_send_interval_ms = 0\n\
+             [groups]\nlanguage = \"zh\"\nmember_turns_per_hour = 2\n\
+             [approvals]\ntools = {{ time_now = \"chat_admin\" }}\n",
+            dir.path().join("data").display(),
+            telegram.api_url()
+        ),
+    )
+    .unwrap();
+    let mut command = daemon_command(&config, &llm);
+    command.env("ONEBOT_ACCESS_TOKEN", TOKEN);
+    let mut daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
+    let url = format!("ws://{}/", onebot_addr(&daemon).await);
+    let qq = FakeOneBot::start(TOKEN, 42).await;
+    qq.dial_reverse(&url, TOKEN, &[]).await.unwrap();
+    qq.wait_for_connections(1, WAIT).await.unwrap();
+
+    for (n, text) in [(1, " hi"), (3, " hi again")] {
+        qq.group_message(QQ_GROUP, 1002, "bob", text)
+            .mention_bot()
+            .push();
+        qq.wait_for_sent(n, WAIT).await.unwrap();
+    }
+    let sent = qq.wait_for_sent(3, WAIT).await.unwrap();
+    let texts: Vec<String> = sent.iter().map(|m| m.text()).collect();
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("这段对话对我的记忆来说有点长了")),
+        "{texts:?}"
+    );
+    // Bob's third mention in the hour is over the group's limit.
+    qq.group_message(QQ_GROUP, 1002, "bob", " and again")
+        .mention_bot()
+        .push();
+    let sent = qq.wait_for_sent(4, WAIT).await.unwrap();
+    assert!(
+        sent[3].text().contains("你在过去一小时内已经问了我 2 次"),
+        "{}",
+        sent[3].text()
+    );
+    // Carol's call waits for an admin, asked in Chinese; the admin's yes is told in Chinese.
+    qq.group_message(QQ_GROUP, 1003, "carol", " what time is it")
+        .mention_bot()
+        .push();
+    let sent = qq.wait_for_sent(5, WAIT).await.unwrap();
+    let ask = sent[4].text();
+    assert!(ask.contains("让我运行 time_now"), "{ask}");
+    assert!(ask.contains("需要群管理员同意"), "{ask}");
+    let code = code_in(&ask);
+    qq.group_message(QQ_GROUP, 1001, "alice", &format!("/approve {code}"))
+        .role("admin")
+        .push();
+    let sent = qq.wait_for_sent(7, WAIT).await.unwrap();
+    let texts: Vec<String> = sent.iter().map(|m| m.text()).collect();
+    assert!(
+        texts.iter().any(|t| t.contains("已由 alice 批准")),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("tool said") && t.contains("success")),
+        "{texts:?}"
+    );
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}

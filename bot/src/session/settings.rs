@@ -489,6 +489,8 @@ pub fn settings_buttons(
         }
     }
     buttons.retain(|b| b.data.len() <= crate::platform::Button::MAX_DATA);
+    // One row: Discord takes at most five buttons in it.
+    buttons.truncate(5);
     buttons
 }
 
