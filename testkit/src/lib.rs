@@ -62,8 +62,9 @@ pub use mcp::{McpHttpServer, TestMcpServer, mcp_server_bin};
 pub use onebot::{DialError, FakeOneBot, OneBotFailure, OneBotMessageBuilder, OneBotSent};
 pub use process::DaemonProcess;
 pub use telegram::{
-    ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
-    SentMessage, TgUser, Webhook, WebhookError, teloxide_fixture, utf16_len,
+    CallbackAnswer, CallbackQueryBuilder, ChatAction, EditedMessage, Failure, FakeTelegram,
+    GetUpdatesCall, InlineButton, MessageBuilder, RecordedCall, SentMessage, TgUser, Webhook,
+    WebhookError, teloxide_fixture, utf16_len,
 };
 pub use web::{
     FakePage, FakeWeb, SearchHit, WebRequest, brave_json, duckduckgo_html, searxng_json,
