@@ -1,11 +1,12 @@
 //! Telegram update conversion on arbitrary JSON: whatever teloxide deserializes into an
-//! `Update` (or a bare `Message`), `convert_message` never panics, for a bot with and
-//! without a username.
+//! `Update` goes through `convert_update` (messages, edits, membership changes, button
+//! presses), and a bare `Message` through `convert_message`; neither ever panics, for a bot
+//! with and without a username.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use parlor_adapters::telegram::{BotIdentity, convert_message};
-use teloxide_core::types::{Message, Update, UpdateKind};
+use parlor_adapters::telegram::{BotIdentity, convert_message, convert_update};
+use teloxide_core::types::{Message, Update};
 
 fuzz_target!(|data: &[u8]| {
     let identities = [
@@ -18,17 +19,13 @@ fuzz_target!(|data: &[u8]| {
             username: None,
         },
     ];
-    let message = if let Ok(update) = serde_json::from_slice::<Update>(data) {
-        match update.kind {
-            UpdateKind::Message(m) | UpdateKind::EditedMessage(m) => m,
-            _ => return,
+    if let Ok(update) = serde_json::from_slice::<Update>(data) {
+        for me in &identities {
+            let _ = convert_update(&update, me);
         }
-    } else if let Ok(m) = serde_json::from_slice::<Message>(data) {
-        m
-    } else {
-        return;
-    };
-    for me in &identities {
-        let _ = convert_message(&message, me);
+    } else if let Ok(message) = serde_json::from_slice::<Message>(data) {
+        for me in &identities {
+            let _ = convert_message(&message, me);
+        }
     }
 });

@@ -46,7 +46,19 @@
 //! [`FakeDiscord::disconnect`] closes the live connection with close code 4000 (resumable).
 //!
 //! Incoming messages are scripted with [`FakeDiscord::message`], a builder based on Discord's
-//! documented example message.
+//! documented example message; button presses with [`FakeDiscord::button_press`]
+//! (`INTERACTION_CREATE`).
+//!
+//! ## Buttons (`discord/interactions.rs`)
+//! A message's `components` are checked like Discord's (action rows of at most five
+//! buttons, `custom_id` of 1-100 characters; 400 code 50035 otherwise), kept in the created
+//! message and readable as [`DiscordSent::buttons`].
+//! `POST /api/v10/interactions/{id}/{token}/callback` takes one response per interaction the
+//! fake dispatched (404 code 10062 Unknown interaction for others, 400 code 40060 for a
+//! second one); `POST /api/v10/webhooks/{application}/{token}` takes follow-ups once the
+//! interaction has its response (404 code 10015 Unknown Webhook before). Both are recorded
+//! ([`FakeDiscord::interaction_callbacks`], [`FakeDiscord::followups`]) and need no bot
+//! token, as on Discord.
 //!
 //! Avoid `#[tokio::test(start_paused = true)]` with this fake: real sockets and heartbeats need
 //! a running clock.
@@ -74,6 +86,13 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 
 use crate::server::{self, Server, Unmet, WaitTimeout, at_least};
+
+mod interactions;
+
+pub use interactions::{
+    DiscordButton, DiscordFollowup, DiscordInteraction, DiscordInteractionBuilder,
+    DiscordInteractionCallback,
+};
 
 /// The guild a message goes to when neither the builder nor the channel says otherwise.
 pub const DEFAULT_GUILD_ID: u64 = 290_926_798_626_357_999;
@@ -344,6 +363,12 @@ struct Inner {
     nonces: HashMap<(u64, String), (String, std::time::Instant)>,
     attachments: HashMap<String, Vec<u8>>,
     downloads: Vec<String>,
+    /// Interactions dispatched, by id: their token and whether they got their response.
+    interactions: HashMap<u64, interactions::Issued>,
+    /// Accepted interaction responses.
+    callbacks: Vec<DiscordInteractionCallback>,
+    /// Accepted interaction follow-ups.
+    followups: Vec<DiscordFollowup>,
 }
 
 struct Shared {
@@ -504,6 +529,9 @@ impl FakeDiscord {
                 nonces: HashMap::new(),
                 attachments: HashMap::new(),
                 downloads: Vec::new(),
+                interactions: HashMap::new(),
+                callbacks: Vec::new(),
+                followups: Vec::new(),
             }),
             changed: Notify::new(),
             cancel: CancellationToken::new(),
@@ -520,6 +548,14 @@ impl FakeDiscord {
             .route("/api/v10/guilds/{guild}", get(get_guild))
             .route("/api/v10/guilds/{guild}/roles", get(get_roles))
             .route("/api/v10/guilds/{guild}/members/{user}", get(get_member))
+            .route(
+                "/api/v10/interactions/{id}/{token}/callback",
+                post(interactions::interaction_callback),
+            )
+            .route(
+                "/api/v10/webhooks/{application}/{token}",
+                post(interactions::followup),
+            )
             .route(
                 "/attachments/{channel}/{attachment}/{filename}",
                 get(download),
@@ -740,7 +776,7 @@ impl FakeDiscord {
 
     /// Scripts `failure` for the next call of `route`: `create_message`, `typing`,
     /// `get_channel`, `get_guild`, `get_roles`, `get_member`, `users_me`, `gateway`,
-    /// `download`. Failures queue up in order.
+    /// `download`, `interaction_callback`, `followup`. Failures queue up in order.
     pub fn fail_next(&self, route: &str, failure: DiscordFailure) {
         self.shared
             .lock()
@@ -1565,6 +1601,9 @@ async fn create_message(
             }),
         );
     }
+    if let Some(invalid) = interactions::check_components(body.get("components")) {
+        return invalid;
+    }
     if content.trim().is_empty() && body.get("embeds").is_none() {
         return discord_error(
             StatusCode::BAD_REQUEST,
@@ -1655,6 +1694,9 @@ async fn create_message(
     message["mention_everyone"] = json!(pings_everyone);
     if let Some(nonce) = &nonce {
         message["nonce"] = json!(nonce);
+    }
+    if let Some(components) = body.get("components").filter(|c| !c.is_null()) {
+        message["components"] = components.clone();
     }
     if let Some(reference) = &reference
         && referenced.is_some()

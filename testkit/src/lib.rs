@@ -12,7 +12,8 @@
 //!   scripted 429/409 failures) that the real teloxide client can talk to;
 //! - [`discord`]: [`FakeDiscord`], a fake Discord REST API (`/api/v10/...`) and
 //!   gateway WebSocket (Hello, Identify/READY, heartbeats, Resume, scripted
-//!   `MESSAGE_CREATE`s, disconnects, scripted 429s) that serenity can talk to;
+//!   `MESSAGE_CREATE`s and button presses, disconnects, scripted 429s) that serenity can
+//!   talk to;
 //! - [`mcp`]: [`TestMcpServer`], a real MCP server (rmcp's server side) over stdio (the
 //!   `parlor-mcp-test-server` binary) and streamable HTTP on loopback ([`McpHttpServer`]);
 //! - [`web`]: [`FakeWeb`], scripted web pages on a loopback address (127.0.0.1 or another
@@ -54,16 +55,18 @@ pub use server::WaitTimeout;
 
 pub use anthropic::{AnthropicReply, AnthropicRequest, AnthropicUsage, BlockSpec, FakeAnthropic};
 pub use discord::{
-    DEFAULT_GUILD_ID, DiscordFailure, DiscordMessageBuilder, DiscordRequest, DiscordSent,
-    DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,
+    DEFAULT_GUILD_ID, DiscordButton, DiscordFailure, DiscordFollowup, DiscordInteraction,
+    DiscordInteractionBuilder, DiscordInteractionCallback, DiscordMessageBuilder, DiscordRequest,
+    DiscordSent, DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,
 };
 pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
 pub use mcp::{McpHttpServer, TestMcpServer, mcp_server_bin};
 pub use onebot::{DialError, FakeOneBot, OneBotFailure, OneBotMessageBuilder, OneBotSent};
 pub use process::DaemonProcess;
 pub use telegram::{
-    ChatAction, EditedMessage, Failure, FakeTelegram, GetUpdatesCall, MessageBuilder, RecordedCall,
-    SentMessage, TgUser, Webhook, WebhookError, teloxide_fixture, utf16_len,
+    CallbackAnswer, CallbackQueryBuilder, ChatAction, EditedMessage, Failure, FakeTelegram,
+    GetUpdatesCall, InlineButton, MessageBuilder, RecordedCall, SentMessage, TgUser, Webhook,
+    WebhookError, teloxide_fixture, utf16_len,
 };
 pub use web::{
     FakePage, FakeWeb, SearchHit, WebRequest, brave_json, duckduckgo_html, searxng_json,

@@ -284,3 +284,95 @@ async fn latency_delays_rest_calls() {
     // A lower bound only: the knob must hold a call for its whole round trip.
     assert!(started.elapsed() >= std::time::Duration::from_millis(60));
 }
+
+#[tokio::test]
+async fn components_interactions_and_follow_ups_behave_like_discord() {
+    let fake = FakeDiscord::start(TOKEN).await;
+    fake.text_channel(10, 20);
+    let http = client();
+    let api = format!("{}/api/v10", fake.api_url());
+    let post = |path: String, body: Value| {
+        http.post(format!("{api}{path}"))
+            .header("authorization", format!("Bot {TOKEN}"))
+            .json(&body)
+            .send()
+    };
+    let row = |custom_id: &str| {
+        json!([{"type": 1, "components": [
+            {"type": 2, "style": 2, "label": "Yes", "custom_id": custom_id}
+        ]}])
+    };
+    let refused = post(
+        "/channels/20/messages".to_owned(),
+        json!({"content": "ok?", "components": row(&"x".repeat(101))}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.status(), 400);
+    let sent: Value = post(
+        "/channels/20/messages".to_owned(),
+        json!({"content": "ok?", "components": row("yes")}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(sent["components"], row("yes"));
+    let buttons = fake.sent_messages()[0].buttons();
+    assert_eq!(buttons[0].custom_id.as_deref(), Some("yes"));
+    assert_eq!(buttons[0].label.as_deref(), Some("Yes"));
+
+    let alice = DiscordUser::new(30, "alice");
+    let message_id = sent["id"].as_str().unwrap().to_owned();
+    let pressed = fake
+        .button_press(20, &alice, message_id.clone(), "yes")
+        .push();
+    let event = fake
+        .dispatched()
+        .into_iter()
+        .find(|e| e["t"] == "INTERACTION_CREATE")
+        .expect("dispatched");
+    let d = &event["d"];
+    assert_eq!(
+        (d["type"].clone(), d["data"]["custom_id"].clone()),
+        (json!(3), json!("yes"))
+    );
+    assert_eq!(d["member"]["user"]["id"], "30");
+    assert_eq!(d["guild_id"], "10");
+    assert_eq!(d["message"]["id"], json!(message_id));
+    assert_eq!(d["message"]["components"], row("yes"));
+
+    let hook = format!("/webhooks/{}/{}", pressed.application_id, pressed.token);
+    let early = post(hook.clone(), json!({"content": "too early"}))
+        .await
+        .unwrap();
+    assert_eq!(early.status(), 404, "no follow-up before the response");
+    let callback = format!("/interactions/{}/{}/callback", pressed.id, pressed.token);
+    let acked = post(callback.clone(), json!({"type": 6})).await.unwrap();
+    assert_eq!(acked.status(), 204);
+    let again = post(callback, json!({"type": 6})).await.unwrap();
+    assert_eq!(again.status(), 400, "one response per interaction");
+    let wrong = post(
+        format!("/interactions/{}/wrong-token/callback", pressed.id),
+        json!({"type": 6}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(wrong.status(), 404);
+    let followed = post(hook, json!({"content": "done", "flags": 64}))
+        .await
+        .unwrap();
+    assert_eq!(followed.status(), 200);
+
+    let callbacks = fake.wait_for_interaction_callbacks(1, WAIT).await.unwrap();
+    assert_eq!(callbacks.len(), 1);
+    assert_eq!(
+        (callbacks[0].interaction_id.as_str(), callbacks[0].kind),
+        (pressed.id.as_str(), 6)
+    );
+    let followups = fake.wait_for_followups(1, WAIT).await.unwrap();
+    assert_eq!(followups[0].content, "done");
+    assert!(followups[0].is_ephemeral());
+    assert_eq!(followups[0].interaction_id, pressed.id);
+}

@@ -1154,3 +1154,56 @@ async fn a_webhook_refuses_get_updates_and_delivers_with_its_secret() {
     assert_eq!(status, 200);
     server.abort();
 }
+
+#[tokio::test]
+async fn callback_queries_are_answerable_once_and_button_data_is_checked() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    fake.group_chat(GROUP, "group");
+    let keyboard =
+        |data: &str| json!({"inline_keyboard": [[{"text": "Yes", "callback_data": data}]]});
+    let (status, answer) = api(
+        &fake,
+        "sendMessage",
+        json!({"chat_id": GROUP, "text": "ok?", "reply_markup": keyboard(&"x".repeat(65))}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["description"], "Bad Request: BUTTON_DATA_INVALID");
+    let sent = ok_result(
+        &fake,
+        "sendMessage",
+        json!({"chat_id": GROUP, "text": "ok?", "reply_markup": keyboard("yes")}),
+    )
+    .await;
+    let message_id = sent["message_id"].as_i64().unwrap();
+    let keyboard = fake.sent_messages()[0].inline_keyboard();
+    assert_eq!(keyboard[0][0].text, "Yes");
+    assert_eq!(keyboard[0][0].callback_data.as_deref(), Some("yes"));
+
+    fake.callback_query(alice(), GROUP, message_id, "yes")
+        .push();
+    let updates = ok_result(&fake, "getUpdates", json!({})).await;
+    let query = &updates[0]["callback_query"];
+    assert_eq!(query["data"], "yes");
+    assert_eq!(query["from"]["id"], 1001);
+    assert_eq!(query["message"]["message_id"], message_id);
+    assert_eq!(query["message"]["reply_markup"], sent["reply_markup"]);
+    let id = query["id"].as_str().unwrap().to_owned();
+
+    let answer = json!({"callback_query_id": id, "text": "Done", "show_alert": true});
+    ok_result(&fake, "answerCallbackQuery", answer.clone()).await;
+    let (status, again) = api(&fake, "answerCallbackQuery", answer).await;
+    assert_eq!(status, 400, "answered once: {again}");
+    let (status, _) = api(
+        &fake,
+        "answerCallbackQuery",
+        json!({"callback_query_id": "never-issued"}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let answers = fake.wait_for_callback_answers(1, WAIT).await.unwrap();
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0].callback_query_id, id);
+    assert_eq!(answers[0].text.as_deref(), Some("Done"));
+    assert!(answers[0].show_alert);
+}

@@ -100,7 +100,8 @@ async fn a_mention_posted_to_the_webhook_is_answered() {
         Some(vec![
             "message".to_owned(),
             "edited_message".to_owned(),
-            "my_chat_member".to_owned()
+            "my_chat_member".to_owned(),
+            "callback_query".to_owned(),
         ])
     );
 

@@ -1,7 +1,10 @@
-//! serenity's `Message` -> parlor's [`IncomingMessage`].
+//! serenity's `Message` -> parlor's [`IncomingMessage`], and a component interaction -> a
+//! [`ButtonPress`].
 
-use parlor_bot::platform::{ChatKind, ChatRef, ImageRef, IncomingMessage, Sender};
+use parlor_bot::platform::{ButtonPress, ChatKind, ChatRef, ImageRef, IncomingMessage, Sender};
+use serenity::model::application::{ComponentInteraction, ComponentInteractionDataKind};
 use serenity::model::channel::{Message, MessageType};
+use serenity::model::user::User;
 
 /// The platform name, and the prefix of every chat and user id.
 pub(crate) const PLATFORM: &str = "discord";
@@ -56,18 +59,14 @@ pub fn convert_message(message: &Message, me: &BotIdentity) -> Option<IncomingMe
         .referenced_message
         .as_ref()
         .is_some_and(|referenced| referenced.author.id.get() == me.id);
-    let name = message
-        .member
-        .as_ref()
-        .and_then(|member| member.nick.clone())
-        .or_else(|| message.author.global_name.clone())
-        .unwrap_or_else(|| message.author.name.clone());
-    let sender = Sender {
-        id: format!("{PLATFORM}:{}", message.author.id.get()),
-        name,
-        username: Some(message.author.name.clone()),
-        is_bot: message.author.bot || message.webhook_id.is_some(),
-    };
+    let mut sender = user_sender(
+        &message.author,
+        message
+            .member
+            .as_ref()
+            .and_then(|member| member.nick.as_deref()),
+    );
+    sender.is_bot |= message.webhook_id.is_some();
     let mut text = strip_command_mention(&message.content, me.id);
     for user in &message.mentions {
         let shown = if user.id.get() == me.id {
@@ -121,6 +120,43 @@ pub fn convert_message(message: &Message, me: &BotIdentity) -> Option<IncomingMe
         mentions_bot,
         images,
     })
+}
+
+/// Normalizes a component interaction: a press of a button under one of the bot's messages.
+/// `None` for other components (select menus, which parlor never sends).
+///
+/// - The chat is `discord:{channel_id}`, as for messages: a guild channel, a thread or a DM.
+/// - The sender is `discord:{user_id}` of `member.user` in a guild (serenity copies it into
+///   `user`) or of `user` in a DM, named as message authors are.
+/// - `data` is the button's `custom_id`; `answer` is `{interaction id}:{token}`, what the
+///   acknowledgement and the follow-up need; `message_id` the message carrying the button.
+pub fn convert_interaction(interaction: &ComponentInteraction) -> Option<ButtonPress> {
+    if !matches!(interaction.data.kind, ComponentInteractionDataKind::Button) {
+        return None;
+    }
+    let member = interaction.member.as_ref();
+    let user = member.map_or(&interaction.user, |member| &member.user);
+    Some(ButtonPress {
+        chat: ChatRef::new(PLATFORM, interaction.channel_id.get().to_string()),
+        sender: user_sender(user, member.and_then(|member| member.nick.as_deref())),
+        data: interaction.data.custom_id.clone(),
+        answer: format!("{}:{}", interaction.id.get(), interaction.token),
+        message_id: Some(interaction.message.id.get().to_string()),
+    })
+}
+
+/// `discord:{user_id}`, named by server nickname, display name or username.
+fn user_sender(user: &User, nick: Option<&str>) -> Sender {
+    let name = nick
+        .map(str::to_owned)
+        .or_else(|| user.global_name.clone())
+        .unwrap_or_else(|| user.name.clone());
+    Sender {
+        id: format!("{PLATFORM}:{}", user.id.get()),
+        name,
+        username: Some(user.name.clone()),
+        is_bot: user.bot,
+    }
 }
 
 /// Whether `content` has `<@id>` or `<@!id>`.

@@ -2,18 +2,22 @@
 //!
 //! serenity dispatches every event on a task of its own, so its `EventHandler` only forwards
 //! what it gets into a channel; one loop here converts and delivers, so a slow store slows
-//! intake instead of piling up concurrent deliveries. Messages that arrive together are
-//! delivered in snowflake (= time) order.
+//! intake instead of piling up concurrent deliveries. Messages and button presses that
+//! arrive together are delivered in snowflake (= time) order. A button press is the one
+//! thing the handler does more for: it acknowledges the interaction before forwarding it,
+//! on the event's own task, since Discord allows three seconds and the loop may be waiting
+//! on the store.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use parlor_bot::backoff::Backoff;
-use parlor_bot::platform::{Inbox, InboxError, PlatformError};
+use parlor_bot::platform::{ButtonPress, ChatEvent, Delivery, Inbox, InboxError, PlatformError};
 use serenity::Client;
 use serenity::all::{GatewayIntents, HttpBuilder};
 use serenity::client::{Context, EventHandler};
 use serenity::gateway::GatewayError;
+use serenity::model::application::Interaction;
 use serenity::model::channel::Message;
 use serenity::model::gateway::Ready;
 use tokio::sync::mpsc;
@@ -28,13 +32,22 @@ use crate::common::{
 
 /// What the event handler forwards.
 enum Item {
-    Ready { session: String },
+    Ready {
+        session: String,
+    },
     Resumed,
     Message(Box<Message>),
+    /// A button press, already acknowledged; `id` is the interaction's.
+    Press {
+        id: u64,
+        press: Box<ButtonPress>,
+    },
 }
 
 struct Forward {
     tx: mpsc::UnboundedSender<Item>,
+    /// For acknowledging presses and learning the application id.
+    adapter: DiscordAdapter,
 }
 
 #[serenity::async_trait]
@@ -44,9 +57,22 @@ impl EventHandler for Forward {
     }
 
     async fn ready(&self, _ctx: Context, ready: Ready) {
+        self.adapter.learn_application(ready.application.id.get());
         let _ = self.tx.send(Item::Ready {
             session: ready.session_id,
         });
+    }
+
+    async fn interaction_create(&self, _ctx: Context, interaction: Interaction) {
+        let Interaction::Component(component) = interaction else {
+            return;
+        };
+        if let Some(press) = self.adapter.take_press(&component).await {
+            let _ = self.tx.send(Item::Press {
+                id: component.id.get(),
+                press: Box::new(press),
+            });
+        }
     }
 
     async fn resume(&self, _ctx: Context, _event: serenity::model::event::ResumedEvent) {
@@ -63,6 +89,21 @@ impl EventHandler for Forward {
         match event.new {
             serenity::gateway::ConnectionStage::Connected => health.set_ready("discord"),
             stage => health.set_down("discord", format!("gateway {stage}")),
+        }
+    }
+}
+
+/// What the loop delivers, in snowflake order.
+enum Received {
+    Message(Box<Message>),
+    Press { id: u64, press: Box<ButtonPress> },
+}
+
+impl Received {
+    fn id(&self) -> u64 {
+        match self {
+            Received::Message(message) => message.id.get(),
+            Received::Press { id, .. } => *id,
         }
     }
 }
@@ -150,7 +191,10 @@ impl DiscordAdapter {
             | GatewayIntents::MESSAGE_CONTENT;
         let (tx, mut rx) = mpsc::unbounded_channel();
         let built = serenity::client::ClientBuilder::new_with_http(http.build(), intents)
-            .event_handler(Forward { tx })
+            .event_handler(Forward {
+                tx,
+                adapter: self.clone(),
+            })
             .await;
         let mut client: Client = match built {
             Ok(client) => client,
@@ -202,8 +246,8 @@ impl DiscordAdapter {
         ended
     }
 
-    /// Handles forwarded items: `ready` at the first READY, messages delivered in id order.
-    /// False when the runtime is shutting down.
+    /// Handles forwarded items: `ready` at the first READY, messages and presses delivered
+    /// in id order. False when the runtime is shutting down.
     async fn handle_batch<R>(
         &self,
         batch: Vec<Item>,
@@ -214,7 +258,7 @@ impl DiscordAdapter {
     where
         R: FnOnce() + Send,
     {
-        let mut messages = Vec::new();
+        let mut received = Vec::new();
         for item in batch {
             match item {
                 Item::Ready { session } => {
@@ -222,11 +266,12 @@ impl DiscordAdapter {
                     ready.call();
                 }
                 Item::Resumed => tracing::info!("Discord gateway session resumed"),
-                Item::Message(message) => messages.push(*message),
+                Item::Message(message) => received.push(Received::Message(message)),
+                Item::Press { id, press } => received.push(Received::Press { id, press }),
             }
         }
-        messages.sort_by_key(|message| message.id.get());
-        self.deliver_all(messages, inbox, shutdown).await
+        received.sort_by_key(Received::id);
+        self.deliver_all(received, inbox, shutdown).await
     }
 
     fn client_ended(
@@ -255,42 +300,76 @@ impl DiscordAdapter {
     /// Converts and delivers; false when the runtime is shutting down.
     async fn deliver_all(
         &self,
-        messages: Vec<Message>,
+        received: Vec<Received>,
         inbox: &dyn Inbox,
         shutdown: &CancellationToken,
     ) -> bool {
-        for message in messages {
-            self.learn(&message);
-            let id = message.id.get();
-            if self.seen(id) {
-                continue;
-            }
-            let Some(incoming) = convert_message(&message, &self.inner.me) else {
-                continue;
-            };
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                match inbox.deliver(incoming.clone()).await {
-                    Ok(()) => {
-                        self.mark_delivered(id);
-                        break;
+        for item in received {
+            let (id, delivery) = match item {
+                Received::Message(message) => {
+                    self.learn(&message);
+                    let id = message.id.get();
+                    if self.seen(id) {
+                        continue;
                     }
-                    Err(InboxError::ShuttingDown) => return false,
-                    Err(InboxError::Store(error)) => {
-                        if attempt >= DELIVERY_ATTEMPTS {
-                            tracing::error!(chat = %incoming.chat, message_id = id, %error, "could not store a Discord message; it is lost");
-                            break;
-                        }
-                        let wait = DELIVERY_BACKOFF.delay(attempt - 1);
-                        tracing::warn!(chat = %incoming.chat, message_id = id, %error, ?wait, "could not store a Discord message; retrying");
-                        if !pause(wait, shutdown).await {
-                            return false;
-                        }
+                    let Some(incoming) = convert_message(&message, &self.inner.me) else {
+                        continue;
+                    };
+                    (id, Delivery::Message(incoming))
+                }
+                Received::Press { id, press } => {
+                    if self.seen(id) {
+                        continue;
+                    }
+                    (id, Delivery::Event(ChatEvent::Button(*press)))
+                }
+            };
+            if !self.deliver_one(id, delivery, inbox, shutdown).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Delivers one message or press, retrying a store failure a few times before logging
+    /// it as lost (the gateway has no acknowledgement to withhold); false when the runtime
+    /// is shutting down.
+    async fn deliver_one(
+        &self,
+        id: u64,
+        delivery: Delivery,
+        inbox: &dyn Inbox,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let chat = match &delivery {
+            Delivery::Message(message) => message.chat.clone(),
+            Delivery::Event(event) => event.chat().clone(),
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let delivered = match delivery.clone() {
+                Delivery::Message(message) => inbox.deliver(message).await,
+                Delivery::Event(event) => inbox.chat_event(event).await,
+            };
+            match delivered {
+                Ok(()) => {
+                    self.mark_delivered(id);
+                    return true;
+                }
+                Err(InboxError::ShuttingDown) => return false,
+                Err(InboxError::Store(error)) => {
+                    if attempt >= DELIVERY_ATTEMPTS {
+                        tracing::error!(%chat, id, %error, "could not store a Discord message or button press; it is lost");
+                        return true;
+                    }
+                    let wait = DELIVERY_BACKOFF.delay(attempt - 1);
+                    tracing::warn!(%chat, id, %error, ?wait, "could not store a Discord message or button press; retrying");
+                    if !pause(wait, shutdown).await {
+                        return false;
                     }
                 }
             }
         }
-        true
     }
 }

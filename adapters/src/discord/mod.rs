@@ -26,6 +26,13 @@
 //! `fail_if_not_exists: false` and pings its author (`replied_user: true`). Sends are paced per
 //! channel ([`DiscordConfig::sends_per_window`]) and a 429's `retry_after` is honoured.
 //!
+//! ## Buttons
+//! [`Platform::send_buttons`] puts one action row of buttons under the last part. A press is
+//! an `INTERACTION_CREATE` (a message component): the adapter responds with type 6 at once,
+//! within Discord's three seconds, then delivers it as a button event
+//! ([`convert_interaction`]); [`Platform::answer_button`] answers with an ephemeral
+//! follow-up. See `interaction.rs`.
+//!
 //! ## Admins
 //! The owner of the guild, and the members whose roles (with `@everyone`) grant
 //! `ADMINISTRATOR` or `MANAGE_GUILD`. Listing a guild's members needs the privileged
@@ -40,6 +47,7 @@
 mod config;
 mod convert;
 mod gateway;
+mod interaction;
 mod render;
 mod rest;
 
@@ -49,13 +57,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
+use parlor_bot::platform::{
+    Button, ButtonPress, ChatRef, ImageRef, Platform, PlatformError, SentMessage,
+};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
 pub use config::{DISCORD_MAX_IMAGE_BYTES, DiscordConfig};
-pub use convert::{BotIdentity, convert_message};
+pub use convert::{BotIdentity, convert_interaction, convert_message};
 pub use render::{MAX_MESSAGE_CHARS, render_parts};
 
 use convert::PLATFORM;
@@ -103,9 +113,11 @@ struct Known {
     members: HashMap<u64, HashMap<u64, Vec<u64>>>,
     /// guild -> (fetched at, owner, role id -> permissions).
     guilds: HashMap<u64, (Instant, u64, HashMap<u64, u64>)>,
-    /// Recently delivered message ids (bounded), to skip gateway replays.
+    /// Recently delivered message and interaction ids (bounded), to skip gateway replays.
     delivered: VecDeque<u64>,
     delivered_set: HashSet<u64>,
+    /// The bot's application id (READY, or an interaction): the follow-ups' webhook.
+    application: Option<u64>,
 }
 
 const DELIVERED_MEMORY: usize = 4096;
@@ -199,6 +211,36 @@ impl DiscordAdapter {
                 member.roles.iter().map(|r| r.get()).collect(),
             );
         }
+    }
+
+    /// Remembers what a component interaction tells: the channel's guild, the presser's
+    /// roles (as a guild message's author's) and the application it is for.
+    pub(crate) fn learn_interaction(
+        &self,
+        interaction: &serenity::model::application::ComponentInteraction,
+    ) {
+        let channel = interaction.channel_id.get();
+        let guild = interaction.guild_id.map(|g| g.get());
+        let mut known = self.known();
+        known.channel_guild.insert(channel, guild);
+        if let (Some(guild), Some(member)) = (guild, &interaction.member) {
+            known.members.entry(guild).or_default().insert(
+                member.user.id.get(),
+                member.roles.iter().map(|r| r.get()).collect(),
+            );
+        }
+        known.application = Some(interaction.application_id.get());
+    }
+
+    /// Remembers the application id READY named.
+    pub(crate) fn learn_application(&self, id: u64) {
+        self.known().application = Some(id);
+    }
+
+    /// The application id for interaction webhooks: as learnt, else the bot's user id,
+    /// which is a bot's application id (after a restart, before READY).
+    fn application_id(&self) -> u64 {
+        self.known().application.unwrap_or(self.inner.me.id)
     }
 
     /// Whether `id` was delivered recently.
@@ -301,7 +343,8 @@ impl DiscordAdapter {
 
 impl DiscordAdapter {
     /// The sending behind [`Platform::send`], one attempt per part, skipping the parts in
-    /// `sent`; with a `key`, every part is idempotent (see [`nonce`]).
+    /// `sent`; with a `key`, every part is idempotent (see [`nonce`]). `buttons`, when any,
+    /// go under the last part as one action row.
     async fn send_parts(
         &self,
         chat: &ChatRef,
@@ -309,13 +352,17 @@ impl DiscordAdapter {
         reply_to: Option<&str>,
         key: Option<&str>,
         sent: &mut Vec<String>,
+        buttons: &[Button],
     ) -> Result<SentMessage, PlatformError> {
         let channel = channel_of(chat)?;
         let reply_to: Option<u64> = reply_target(chat, reply_to, NAME);
+        // Checked before any part goes out, so a refusal never leaves a reply cut short.
+        let components = interaction::components(buttons)?;
         let parts = render_parts(text, self.inner.config.allow_mass_mentions);
         if parts.is_empty() {
             return Err(nothing_to_send(NAME));
         }
+        let last = parts.len() - 1;
         let path = format!("/channels/{channel}/messages");
         let policy = self.policy().single();
         for (index, part) in parts.iter().enumerate().skip(sent.len()) {
@@ -327,6 +374,11 @@ impl DiscordAdapter {
             if let Some(key) = key {
                 body["nonce"] = json!(nonce(channel, key, index));
                 body["enforce_nonce"] = json!(true);
+            }
+            if index == last
+                && let Some(components) = &components
+            {
+                body["components"] = components.clone();
             }
             if let Some(message_id) = reference {
                 body["message_reference"] = json!({
@@ -411,7 +463,34 @@ impl Platform for DiscordAdapter {
         key: Option<&str>,
         sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, key, sent).await
+        self.send_parts(chat, text, reply_to, key, sent, &[]).await
+    }
+
+    /// [`send`](Platform::send) with `buttons` as one action row of secondary buttons
+    /// (`custom_id` = [`Button::data`]) under the last part; at most five. A press comes
+    /// back as an `INTERACTION_CREATE`, acknowledged at once and delivered as
+    /// [`ChatEvent::Button`](parlor_bot::platform::ChatEvent::Button).
+    async fn send_buttons(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+        key: Option<&str>,
+        sent: &mut Vec<String>,
+        buttons: &[Button],
+    ) -> Result<SentMessage, PlatformError> {
+        self.send_parts(chat, text, reply_to, key, sent, buttons)
+            .await
+    }
+
+    /// With `text`, an ephemeral follow-up only the presser sees; without, nothing (the
+    /// press was acknowledged when it arrived).
+    async fn answer_button(
+        &self,
+        press: &ButtonPress,
+        text: Option<&str>,
+    ) -> Result<(), PlatformError> {
+        self.answer_press(press, text).await
     }
 
     /// One `POST /channels/{id}/typing` (lasts ~10 s on Discord), not retried.

@@ -14,7 +14,12 @@ pub const DEFAULT_API_URL: &str = "https://api.telegram.org";
 pub const TELEGRAM_MAX_DOWNLOAD_BYTES: u64 = 20 * 1024 * 1024;
 
 /// The update types asked for by default (see [`TelegramConfig::allowed_updates`]).
-pub const DEFAULT_ALLOWED_UPDATES: &[&str] = &["message", "edited_message", "my_chat_member"];
+pub const DEFAULT_ALLOWED_UPDATES: &[&str] = &[
+    "message",
+    "edited_message",
+    "my_chat_member",
+    "callback_query",
+];
 
 /// How the Telegram adapter connects and behaves.
 ///
@@ -40,9 +45,10 @@ pub struct TelegramConfig {
     pub max_image_bytes: u64,
     /// The update types asked for, as Telegram spells them. parlor reads `message`
     /// (messages, and a group's upgrade to a supergroup), `edited_message` (an edit updates
-    /// the chat log, and the input while it waits for its turn) and `my_chat_member` (the
-    /// bot added to or removed from a chat), the default; other types are acknowledged and
-    /// skipped. Telegram reports no deletions to bots.
+    /// the chat log, and the input while it waits for its turn), `my_chat_member` (the
+    /// bot added to or removed from a chat) and `callback_query` (a press of the bot's
+    /// buttons), the default; other types are acknowledged and skipped. Telegram reports no
+    /// deletions to bots.
     pub allowed_updates: Vec<String>,
     /// Waits between retries of failed requests (network trouble, 409 conflicts).
     pub backoff: Backoff,

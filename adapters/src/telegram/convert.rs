@@ -7,10 +7,13 @@
 
 use std::ops::Range;
 
-use parlor_bot::platform::{ChatEvent, ChatKind, ChatRef, ImageRef, IncomingMessage, Sender};
+use parlor_bot::platform::{
+    ButtonPress, ChatEvent, ChatKind, ChatRef, ImageRef, IncomingMessage, Sender,
+};
 use teloxide_core::types::{
-    Chat, ChatKind as TgChatKind, ChatMemberStatus, ChatMemberUpdated, ChatPublic, Message,
-    MessageEntityKind, PublicChatKind, PublicChatSupergroup, Update, UpdateKind, User,
+    CallbackQuery, Chat, ChatKind as TgChatKind, ChatMemberStatus, ChatMemberUpdated, ChatPublic,
+    MaybeInaccessibleMessage, Message, MessageEntityKind, PublicChatKind, PublicChatSupergroup,
+    Update, UpdateKind, User,
 };
 
 /// The platform prefix of every Telegram session key and sender id.
@@ -143,7 +146,9 @@ pub enum Received {
 /// - `edited_message`: [`ChatEvent::Edited`];
 /// - `my_chat_member`: the bot's own status changed: [`ChatEvent::Joined`] when it is now
 ///   `member`, `administrator`, `creator` or a restricted member, [`ChatEvent::Removed`]
-///   when it is `left` or `kicked`.
+///   when it is `left` or `kicked`;
+/// - `callback_query`: a press of one of the bot's inline buttons, [`ChatEvent::Button`]
+///   (see [`convert_button_press`]).
 ///
 /// The Bot API tells bots nothing of deleted messages, so there is no event for them.
 pub fn convert_update(update: &Update, me: &BotIdentity) -> Option<Received> {
@@ -167,8 +172,39 @@ pub fn convert_update(update: &Update, me: &BotIdentity) -> Option<Received> {
             convert_message(message, me).map(|m| Received::Event(ChatEvent::Edited(m)))
         }
         UpdateKind::MyChatMember(change) => member_event(change, me).map(Received::Event),
+        UpdateKind::CallbackQuery(query) => {
+            convert_button_press(query).map(|press| Received::Event(ChatEvent::Button(press)))
+        }
         _ => None,
     }
+}
+
+/// Normalizes a `callback_query`: a press of an inline button under one of the bot's
+/// messages. `None` for a query parlor never asked for: one without `data` (a game's) or
+/// without `message` (a button of an inline-mode message, which has no chat).
+///
+/// - chat: the chat of the message carrying the button, its forum topic included as for
+///   [`convert_message`]; a message too old for Telegram to include in full
+///   (`InaccessibleMessage`) still names its chat, without the topic.
+/// - sender: `telegram:{from.id}`, named as message senders are.
+/// - `answer`: the query id, for `answerCallbackQuery`.
+/// - `message_id`: the id of the message carrying the button.
+pub fn convert_button_press(query: &CallbackQuery) -> Option<ButtonPress> {
+    let data = query.data.as_ref()?;
+    let message = query.message.as_ref()?;
+    let chat = match message {
+        MaybeInaccessibleMessage::Regular(message) => chat_ref(message),
+        MaybeInaccessibleMessage::Inaccessible(message) => {
+            ChatRef::new(PLATFORM, message.chat.id.0.to_string())
+        }
+    };
+    Some(ButtonPress {
+        chat,
+        sender: user_sender(&query.from),
+        data: data.clone(),
+        answer: query.id.0.clone(),
+        message_id: Some(message.id().0.to_string()),
+    })
 }
 
 /// The bot's own membership change, as a join or a removal.

@@ -28,6 +28,12 @@
 //!   leaves `/help@other_bot` untouched: it does not start with a bare command word, so the
 //!   runtime does not take it.
 //!
+//! ## Buttons
+//! [`Platform::send_buttons`] puts an inline keyboard (one row of callback buttons) under the
+//! last part of a reply. A press arrives as a `callback_query` update, which
+//! [`convert_update`] turns into a [`ButtonPress`] event like any other update (polled or
+//! posted to the webhook); [`Platform::answer_button`] answers it with `answerCallbackQuery`.
+//!
 //! ## Sending
 //! [`render()`] turns the model's Markdown into message parts: plain text plus explicit
 //! entities, at most 4096 UTF-16 units each, never a `parse_mode` (so no reply can be refused
@@ -52,13 +58,18 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use parlor_bot::platform::{ChatRef, ImageRef, Platform, PlatformError, SentMessage};
+use parlor_bot::platform::{
+    Button, ButtonPress, ChatRef, ImageRef, Platform, PlatformError, SentMessage,
+};
 use teloxide_core::net::Download;
-use teloxide_core::payloads::{SendChatActionSetters, SendMessage, SendMessageSetters};
+use teloxide_core::payloads::{
+    AnswerCallbackQuerySetters, SendChatActionSetters, SendMessage, SendMessageSetters,
+};
 use teloxide_core::prelude::Requester;
 use teloxide_core::requests::{JsonRequest, Payload};
 use teloxide_core::types::{
-    AllowedUpdate, ChatAction, ChatId, FileId, MessageId, ReplyParameters, ThreadId,
+    AllowedUpdate, CallbackQueryId, ChatAction, ChatId, FileId, InlineKeyboardButton,
+    InlineKeyboardMarkup, MessageId, ReplyParameters, ThreadId,
 };
 use teloxide_core::{Bot, RequestError};
 
@@ -66,7 +77,7 @@ pub use config::{
     Backoff, DEFAULT_ALLOWED_UPDATES, DEFAULT_API_URL, TELEGRAM_MAX_DOWNLOAD_BYTES, TelegramConfig,
     WebhookConfig,
 };
-pub use convert::{BotIdentity, Received, convert_message, convert_update};
+pub use convert::{BotIdentity, Received, convert_button_press, convert_message, convert_update};
 pub use render::{MAX_MESSAGE_UTF16, RenderedPart, render};
 
 use convert::PLATFORM;
@@ -79,6 +90,10 @@ use crate::common::{
 
 /// The platform as logs and error texts name it.
 const NAME: &str = "Telegram";
+
+/// The longest text of a callback answer (`answerCallbackQuery`), in characters: Telegram
+/// refuses a longer one.
+pub const MAX_CALLBACK_ANSWER_CHARS: usize = 200;
 
 /// A connected Telegram bot: receives as a [`Receiver`](crate::Receiver), answers through
 /// [`Platform`]. Cloning is cheap (one `Arc`); clones share the HTTP client.
@@ -255,20 +270,26 @@ struct SentId {
 
 impl TelegramAdapter {
     /// Renders, splits and sends `text`, one attempt per part, skipping the parts in `sent`
-    /// (see [`Platform::send`]).
+    /// (see [`Platform::send`]); `buttons`, when any, go under the last part as an inline
+    /// keyboard of one row.
     async fn send_parts(
         &self,
         chat: &ChatRef,
         text: &str,
         reply_to: Option<&str>,
         sent: &mut Vec<String>,
+        buttons: &[Button],
     ) -> Result<SentMessage, PlatformError> {
         let target = Target::parse(chat)?;
         let reply_to = reply_target(chat, reply_to, NAME).map(MessageId);
+        // Checked before any part goes out: Telegram would refuse only the last part, after
+        // the others were posted without the buttons they lead to.
+        let keyboard = inline_keyboard(buttons)?;
         let parts = render(text);
         if parts.is_empty() {
             return Err(nothing_to_send(NAME));
         }
+        let last = parts.len() - 1;
         let policy = self.policy().single();
         for (index, part) in parts.iter().enumerate().skip(sent.len()) {
             let answer = with_retries("sendMessage", &policy, || {
@@ -276,6 +297,11 @@ impl TelegramAdapter {
                     .entities(part.entities.clone());
                 if let Some(thread) = target.thread {
                     payload = payload.message_thread_id(thread);
+                }
+                if index == last
+                    && let Some(keyboard) = &keyboard
+                {
+                    payload = payload.reply_markup(keyboard.clone());
                 }
                 if index == 0
                     && let Some(reply_to) = reply_to
@@ -304,6 +330,33 @@ impl TelegramAdapter {
     }
 }
 
+/// `buttons` as an inline keyboard of one row of callback buttons; `None` for no buttons.
+/// A button whose data is longer than Telegram's `callback_data` allows
+/// ([`Button::MAX_DATA`] bytes) or empty is refused.
+fn inline_keyboard(buttons: &[Button]) -> Result<Option<InlineKeyboardMarkup>, PlatformError> {
+    if buttons.is_empty() {
+        return Ok(None);
+    }
+    let row = buttons
+        .iter()
+        .map(|button| {
+            if button.data.is_empty() || button.data.len() > Button::MAX_DATA {
+                return Err(PlatformError::Refused(format!(
+                    "the data of the button `{}` must be 1 to {} bytes, not {}",
+                    button.label,
+                    Button::MAX_DATA,
+                    button.data.len()
+                )));
+            }
+            Ok(InlineKeyboardButton::callback(
+                button.label.as_str(),
+                button.data.as_str(),
+            ))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(InlineKeyboardMarkup::new([row])))
+}
+
 #[async_trait]
 impl Platform for TelegramAdapter {
     fn name(&self) -> &str {
@@ -322,7 +375,49 @@ impl Platform for TelegramAdapter {
         _key: Option<&str>,
         sent: &mut Vec<String>,
     ) -> Result<SentMessage, PlatformError> {
-        self.send_parts(chat, text, reply_to, sent).await
+        self.send_parts(chat, text, reply_to, sent, &[]).await
+    }
+
+    /// [`send`](Platform::send) with `buttons` as an inline keyboard (one row of callback
+    /// buttons, `callback_data` = [`Button::data`]) under the last part. A press comes back
+    /// as a `callback_query` update, delivered as
+    /// [`ChatEvent::Button`](parlor_bot::platform::ChatEvent::Button).
+    async fn send_buttons(
+        &self,
+        chat: &ChatRef,
+        text: &str,
+        reply_to: Option<&str>,
+        _key: Option<&str>,
+        sent: &mut Vec<String>,
+        buttons: &[Button],
+    ) -> Result<SentMessage, PlatformError> {
+        self.send_parts(chat, text, reply_to, sent, buttons).await
+    }
+
+    /// `answerCallbackQuery` for the press's query id: with `text`, cut to
+    /// [`MAX_CALLBACK_ANSWER_CHARS`], shown as an alert (`show_alert`); without, it only
+    /// stops the client's spinner. Retried like other calls whose result matters: a repeat
+    /// of an answer Telegram already took is refused, never shown twice.
+    async fn answer_button(
+        &self,
+        press: &ButtonPress,
+        text: Option<&str>,
+    ) -> Result<(), PlatformError> {
+        ensure_platform(&press.chat, PLATFORM, NAME)?;
+        let text =
+            text.map(|text| parlor_bot::text::split_chars(text, MAX_CALLBACK_ANSWER_CHARS).0);
+        with_retries("answerCallbackQuery", &self.policy(), || {
+            let mut request = self
+                .inner
+                .bot
+                .answer_callback_query(CallbackQueryId(press.answer.clone()));
+            if let Some(text) = text {
+                request = request.text(text).show_alert(true);
+            }
+            async move { request.await.map_err(|error| self.fail(&error)) }
+        })
+        .await
+        .map(|_| ())
     }
 
     /// One `sendChatAction(typing)`, not retried: it is cosmetic and repeated by the caller.

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use parlor_adapters::Receiver;
 use parlor_adapters::discord::{DiscordAdapter, DiscordConfig, MAX_MESSAGE_CHARS};
 use parlor_bot::agent::{Agent, AgentConfig};
-use parlor_bot::platform::{ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError};
+use parlor_bot::platform::{
+    Button, ButtonPress, ChatEvent, ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError,
+};
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
 use parlor_bot::testing::{InboxMode, ScriptedLlm, TestInbox};
@@ -712,4 +714,185 @@ async fn a_store_failure_is_retried_and_shutting_down_stops() {
         .expect("stops")
         .expect("no panic");
     assert!(result.is_ok(), "{result:?}");
+}
+
+// --- buttons -----------------------------------------------------------------------------
+
+fn buttons() -> Vec<Button> {
+    vec![
+        Button {
+            label: "Approve".to_owned(),
+            data: "approve:7f3a".to_owned(),
+        },
+        Button {
+            label: "Deny".to_owned(),
+            data: "deny:7f3a".to_owned(),
+        },
+    ]
+}
+
+/// The button presses among `events`, in order.
+fn presses(events: &[ChatEvent]) -> Vec<ButtonPress> {
+    events
+        .iter()
+        .map(|event| match event {
+            ChatEvent::Button(press) => press.clone(),
+            other => panic!("not a button press: {other:?}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn buttons_go_under_the_last_part_only() {
+    let fake = fake().await;
+    let adapter = connect(&fake).await;
+    let text = "All work and no play makes Jack a dull boy. ".repeat(100);
+    let sent = adapter
+        .send_buttons(&channel(), &text, None, None, &mut Vec::new(), &buttons())
+        .await
+        .expect("sent");
+    assert!(sent.message_ids.len() >= 3, "{sent:?}");
+    let parts = fake.sent_messages();
+    let (last, earlier) = parts.split_last().unwrap();
+    assert!(earlier.iter().all(|part| part.components().is_none()));
+    let shown = last.buttons();
+    let row: Vec<(Option<&str>, Option<&str>)> = shown
+        .iter()
+        .map(|b| (b.label.as_deref(), b.custom_id.as_deref()))
+        .collect();
+    assert_eq!(
+        row,
+        [
+            (Some("Approve"), Some("approve:7f3a")),
+            (Some("Deny"), Some("deny:7f3a"))
+        ]
+    );
+    assert!(last.buttons().iter().all(|b| b.style == 2));
+    assert_safe_mentions(&parts);
+
+    // Six buttons do not fit Discord's row: refused before anything is sent.
+    let six = vec![buttons()[0].clone(); 6];
+    let refused = adapter
+        .send_buttons(&channel(), "pick", None, None, &mut Vec::new(), &six)
+        .await;
+    assert!(
+        matches!(refused, Err(PlatformError::Refused(_))),
+        "{refused:?}"
+    );
+    assert_eq!(fake.sent_messages().len(), parts.len());
+}
+
+#[tokio::test]
+async fn a_press_is_acknowledged_before_the_inbox_sees_it_and_answered_ephemerally() {
+    let fake = fake().await;
+    let adapter = connect(&fake).await;
+    let inbox = Arc::new(TestInbox::default());
+    let running = start(&adapter, inbox.clone(), &fake).await;
+    let sent = adapter
+        .send_buttons(
+            &channel(),
+            "May I?",
+            None,
+            None,
+            &mut Vec::new(),
+            &buttons(),
+        )
+        .await
+        .expect("sent");
+    let message_id = sent.message_ids[0].clone();
+
+    let pressed = fake
+        .button_press(CHANNEL, &alice(), message_id.clone(), "approve:7f3a")
+        .push();
+    let events = inbox.wait_for_events(1).await;
+    // Checked the moment the inbox has it: the acknowledgement came first.
+    let callbacks = fake.interaction_callbacks();
+    assert_eq!(callbacks.len(), 1, "acknowledged before delivery");
+    assert_eq!(callbacks[0].interaction_id, pressed.id);
+    assert_eq!(callbacks[0].kind, 6, "deferred update: the message stays");
+    let press = presses(&events).remove(0);
+    assert_eq!(press.chat, channel());
+    assert_eq!(press.sender.id, format!("discord:{}", alice().id));
+    assert_eq!(press.sender.name, "Alice");
+    assert_eq!(press.data, "approve:7f3a");
+    assert_eq!(press.answer, format!("{}:{}", pressed.id, pressed.token));
+    assert_eq!(press.message_id.as_deref(), Some(message_id.as_str()));
+    assert!(inbox.messages().is_empty(), "a press is not a message");
+
+    adapter
+        .answer_button(&press, Some("Approved."))
+        .await
+        .expect("answered");
+    let followups = fake.wait_for_followups(1, WAIT).await.unwrap();
+    assert_eq!(followups[0].interaction_id, pressed.id);
+    assert_eq!(followups[0].content, "Approved.");
+    assert!(followups[0].is_ephemeral());
+
+    // `None` adds nothing to the acknowledgement; a later answer with text is the sentinel.
+    let quiet = fake
+        .button_press(CHANNEL, &bob(), message_id.clone(), "deny:7f3a")
+        .push();
+    let loud = fake
+        .button_press(CHANNEL, &bob(), message_id, "deny:7f3a")
+        .push();
+    let events = presses(&inbox.wait_for_events(3).await);
+    adapter
+        .answer_button(&events[1], None)
+        .await
+        .expect("answered");
+    adapter
+        .answer_button(&events[2], Some("Denied."))
+        .await
+        .expect("answered");
+    let followups = fake.wait_for_followups(2, WAIT).await.unwrap();
+    assert_eq!(followups.len(), 2, "{followups:?}");
+    assert_eq!(followups[1].interaction_id, loud.id);
+    let acknowledged: Vec<String> = fake
+        .interaction_callbacks()
+        .into_iter()
+        .map(|c| c.interaction_id)
+        .collect();
+    assert_eq!(acknowledged, [pressed.id, quiet.id, loud.id]);
+    running.stop(WAIT).await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn presses_in_a_dm_and_a_thread_keep_their_chat_and_other_components_are_skipped() {
+    let fake = fake().await;
+    let adapter = connect(&fake).await;
+    let inbox = Arc::new(TestInbox::default());
+    let running = start(&adapter, inbox.clone(), &fake).await;
+
+    // A select menu (parlor sends none) is skipped; the presses after it arrive.
+    fake.button_press(CHANNEL, &alice(), "1", "menu")
+        .component_type(3)
+        .push();
+    let in_dm = fake.button_press(DM, &bob(), "2", "approve:dm").push();
+    let in_thread = fake
+        .button_press(THREAD, &alice(), "3", "approve:thread")
+        .push();
+    let events = presses(&inbox.wait_for_events(2).await);
+    assert_eq!(events.len(), 2, "{events:?}");
+
+    assert_eq!(events[0].chat, ChatRef::new("discord", DM.to_string()));
+    assert_eq!(events[0].sender.id, format!("discord:{}", bob().id));
+    assert_eq!(events[0].sender.name, "bob");
+    assert_eq!(events[0].data, "approve:dm");
+    assert_eq!(events[0].answer, format!("{}:{}", in_dm.id, in_dm.token));
+    assert_eq!(events[0].message_id.as_deref(), Some("2"));
+
+    assert_eq!(events[1].chat, ChatRef::new("discord", THREAD.to_string()));
+    assert_eq!(events[1].sender.id, format!("discord:{}", alice().id));
+    assert_eq!(
+        events[1].answer,
+        format!("{}:{}", in_thread.id, in_thread.token)
+    );
+
+    let acknowledged: Vec<String> = fake
+        .interaction_callbacks()
+        .into_iter()
+        .map(|c| c.interaction_id)
+        .collect();
+    assert_eq!(acknowledged, [in_dm.id, in_thread.id]);
+    running.stop(WAIT).await.expect("clean stop");
 }

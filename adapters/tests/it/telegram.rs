@@ -14,7 +14,7 @@ use parlor_adapters::telegram::webhook::{WebhookAnswer, WebhookReceiver};
 use parlor_adapters::telegram::{Backoff, TelegramAdapter, TelegramConfig, WebhookConfig};
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::platform::{
-    ChatEvent, ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError,
+    Button, ButtonPress, ChatEvent, ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError,
 };
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
@@ -223,7 +223,8 @@ async fn a_group_mention_is_delivered_and_acknowledged_only_afterwards() {
         Some(vec![
             "message".to_owned(),
             "edited_message".to_owned(),
-            "my_chat_member".to_owned()
+            "my_chat_member".to_owned(),
+            "callback_query".to_owned(),
         ])
     );
 }
@@ -1145,4 +1146,218 @@ async fn the_webhook_receiver_records_an_update_only_with_the_secret() {
         assert_eq!(receiver.receive(secret, &body).await, answer);
     }
     assert_eq!(WebhookAnswer::StoreFailed.status(), 500);
+}
+
+// --- buttons -----------------------------------------------------------------------------
+
+fn buttons() -> Vec<Button> {
+    vec![
+        Button {
+            label: "Approve".to_owned(),
+            data: "approve:7f3a".to_owned(),
+        },
+        Button {
+            label: "Deny".to_owned(),
+            data: "deny:7f3a".to_owned(),
+        },
+    ]
+}
+
+/// The one button press among `events`.
+fn the_press(events: &[ChatEvent]) -> ButtonPress {
+    match events {
+        [ChatEvent::Button(press)] => press.clone(),
+        other => panic!("expected one button press, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn buttons_go_under_the_last_part_only() {
+    let (fake, adapter) = connected().await;
+    fake.group_chat(GROUP, "Parlor test");
+    let text = "all work and no play makes a long answer ".repeat(225); // 3 parts
+    let sent = adapter
+        .send_buttons(&group(), &text, None, None, &mut Vec::new(), &buttons())
+        .await
+        .expect("sent");
+    assert_eq!(sent.message_ids.len(), 3);
+    let recorded = fake.sent_messages();
+    assert_eq!(recorded.len(), 3);
+    assert!(recorded[..2].iter().all(|m| m.reply_markup.is_none()));
+    let keyboard = recorded[2].inline_keyboard();
+    assert_eq!(keyboard.len(), 1, "one row: {keyboard:?}");
+    let row: Vec<(&str, Option<&str>)> = keyboard[0]
+        .iter()
+        .map(|b| (b.text.as_str(), b.callback_data.as_deref()))
+        .collect();
+    assert_eq!(
+        row,
+        [
+            ("Approve", Some("approve:7f3a")),
+            ("Deny", Some("deny:7f3a"))
+        ]
+    );
+
+    // Plain sends carry no keyboard.
+    adapter
+        .send(&group(), "no buttons", None, None, &mut Vec::new())
+        .await
+        .expect("sent");
+    assert!(fake.sent_messages()[3].reply_markup.is_none());
+
+    // Data Telegram would refuse is refused before any part goes out.
+    let too_long = [Button {
+        label: "Too long".to_owned(),
+        data: "x".repeat(Button::MAX_DATA + 1),
+    }];
+    let refused = adapter
+        .send_buttons(&group(), &text, None, None, &mut Vec::new(), &too_long)
+        .await;
+    assert!(
+        matches!(refused, Err(PlatformError::Refused(_))),
+        "{refused:?}"
+    );
+    assert_eq!(fake.sent_messages().len(), 4, "nothing more was sent");
+}
+
+#[tokio::test]
+async fn a_button_press_arrives_as_an_event_and_is_answered_with_an_alert() {
+    let (fake, adapter) = connected().await;
+    fake.group_chat(GROUP, "Parlor test");
+    let sent = adapter
+        .send_buttons(&group(), "May I?", None, None, &mut Vec::new(), &buttons())
+        .await
+        .expect("sent");
+    let message_id: i64 = sent.message_ids[0].parse().unwrap();
+    let update = fake
+        .callback_query(
+            alice().last_name("Liddell"),
+            GROUP,
+            message_id,
+            "approve:7f3a",
+        )
+        .id("cbq-alice-1")
+        .push();
+
+    let inbox = TestInbox::new(InboxMode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let press = the_press(&inbox.wait_for_events(1).await);
+    fake.wait_for_ack(update, WAIT).await.unwrap();
+    assert_eq!(press.chat, group());
+    assert_eq!(press.sender.id, "telegram:1001");
+    assert_eq!(press.sender.name, "Alice Liddell");
+    assert_eq!(press.sender.username.as_deref(), Some("alice"));
+    assert_eq!(press.data, "approve:7f3a");
+    assert_eq!(press.answer, "cbq-alice-1");
+    assert_eq!(press.message_id, Some(message_id.to_string()));
+    assert!(inbox.messages().is_empty(), "a press is not a message");
+
+    // The runtime's answer: an alert, cut to Telegram's 200 characters.
+    let long = "é".repeat(250);
+    adapter
+        .answer_button(&press, Some(&long))
+        .await
+        .expect("answered");
+    let answers = fake.wait_for_callback_answers(1, WAIT).await.unwrap();
+    assert_eq!(answers[0].callback_query_id, "cbq-alice-1");
+    assert_eq!(answers[0].text.as_deref(), Some("é".repeat(200).as_str()));
+    assert!(answers[0].show_alert);
+
+    // Without text it only acknowledges.
+    fake.callback_query(alice(), GROUP, message_id, "deny:7f3a")
+        .id("cbq-alice-2")
+        .push();
+    let events = inbox.wait_for_events(2).await;
+    let ChatEvent::Button(second) = &events[1] else {
+        panic!("not a press: {events:?}");
+    };
+    adapter.answer_button(second, None).await.expect("answered");
+    let answers = fake.wait_for_callback_answers(2, WAIT).await.unwrap();
+    assert_eq!(answers[1].callback_query_id, "cbq-alice-2");
+    assert_eq!(answers[1].text, None);
+    assert!(!answers[1].show_alert);
+    run.stop(STOP).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_callback_without_data_is_skipped_but_acknowledged() {
+    let (fake, adapter) = connected().await;
+    fake.group_chat(GROUP, "Parlor test");
+    let game = fake
+        .callback_query(alice(), GROUP, 1, "unused")
+        .without_data()
+        .push();
+    // A press after it: once the press is in, the query before it was handled.
+    fake.callback_query(alice(), GROUP, 1, "approve:1")
+        .id("sentinel")
+        .push();
+
+    let inbox = TestInbox::new(InboxMode::Accept);
+    let run = start(&adapter, inbox.clone());
+    let press = the_press(&inbox.wait_for_events(1).await);
+    assert_eq!(press.answer, "sentinel");
+    fake.wait_for_all_taken(WAIT).await.unwrap();
+    assert!(fake.acked_offset().is_some_and(|offset| offset > game));
+    run.stop(STOP).await.unwrap();
+    assert_eq!(
+        inbox.events().len(),
+        1,
+        "the query without data was skipped"
+    );
+}
+
+#[tokio::test]
+async fn a_button_press_through_the_webhook_arrives_in_its_topic() {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = TelegramAdapter::connect(webhook_config(&fake))
+        .await
+        .unwrap();
+    let inbox = TestInbox::new(InboxMode::Accept);
+    let receiver = WebhookReceiver::new(&adapter, inbox.clone())
+        .unwrap()
+        .expect("webhook mode");
+    fake.forum_topic(GROUP, 7);
+    let topic = group().in_thread("7");
+    let sent = adapter
+        .send_buttons(&topic, "May I?", None, None, &mut Vec::new(), &buttons())
+        .await
+        .expect("sent");
+    assert_eq!(fake.sent_messages()[0].inline_keyboard()[0].len(), 2);
+    let message_id: i64 = sent.message_ids[0].parse().unwrap();
+    let update = fake
+        .callback_query(alice(), GROUP, message_id, "deny:7f3a")
+        .webhook_update();
+    let body = serde_json::to_vec(&update).unwrap();
+    assert_eq!(
+        receiver
+            .receive(Some(WEBHOOK_SECRET.as_bytes()), &body)
+            .await,
+        WebhookAnswer::Accepted
+    );
+    let press = the_press(&inbox.events());
+    assert_eq!(
+        press.chat, topic,
+        "the press belongs to the topic's session"
+    );
+    assert_eq!(press.data, "deny:7f3a");
+    assert_eq!(press.sender.id, "telegram:1001");
+    assert_eq!(press.message_id, Some(message_id.to_string()));
+    assert_eq!(
+        Some(press.answer.as_str()),
+        update["callback_query"]["id"].as_str()
+    );
+
+    let without_data = fake
+        .callback_query(alice(), GROUP, message_id, "x")
+        .without_data()
+        .webhook_update();
+    let body = serde_json::to_vec(&without_data).unwrap();
+    assert_eq!(
+        receiver
+            .receive(Some(WEBHOOK_SECRET.as_bytes()), &body)
+            .await,
+        WebhookAnswer::Accepted,
+        "skipped, and acknowledged so Telegram does not send it again"
+    );
+    assert_eq!(inbox.events().len(), 1);
 }

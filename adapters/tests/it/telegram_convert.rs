@@ -3,7 +3,7 @@
 
 use chrono::{TimeZone, Utc};
 use parlor_adapters::telegram::{BotIdentity, convert_message};
-use parlor_bot::platform::{ChatKind, ImageRef, IncomingMessage};
+use parlor_bot::platform::{ChatEvent, ChatKind, ImageRef, IncomingMessage};
 use serde_json::{Value, json};
 use teloxide_core::types::{Message, Update, UpdateKind};
 
@@ -176,6 +176,75 @@ fn updates_deserialize_and_only_messages_convert() {
         serde_json::from_str(&fixture("update.new_update_kind_error.L860.json")).expect("parses");
     assert!(matches!(unknown.kind, UpdateKind::Error(_)));
     assert_eq!(unknown.id.0, 1);
+}
+
+// --- button presses ---------------------------------------------------------------------
+
+/// A `callback_query` update of alice pressing a button under `message`, `extra` merged
+/// into the query.
+fn callback_update(message: Value, extra: Value) -> Update {
+    let mut query = json!({
+        "id": "4382bfdwdsb323b2d9",
+        "from": {"id": 1001, "is_bot": false, "first_name": "Alice", "username": "alice"},
+        "message": message,
+        "chat_instance": "-7303584462231839117",
+        "data": "approve:7f3a",
+    });
+    let (Value::Object(query_map), Value::Object(extra)) = (&mut query, extra) else {
+        panic!("objects expected");
+    };
+    for (key, value) in extra {
+        if value.is_null() {
+            query_map.remove(&key);
+        } else {
+            query_map.insert(key, value);
+        }
+    }
+    // From text, as updates arrive: teloxide's `UpdateKind` cannot read its key from a
+    // `serde_json::Value`.
+    let text = json!({"update_id": 9, "callback_query": query}).to_string();
+    serde_json::from_str(&text).expect("a valid callback query update")
+}
+
+fn press_of(update: &Update) -> Option<parlor_bot::platform::ButtonPress> {
+    match parlor_adapters::telegram::convert_update(update, &me()) {
+        Some(parlor_adapters::telegram::Received::Event(ChatEvent::Button(press))) => Some(press),
+        None => None,
+        Some(other) => panic!("not a press: {other:?}"),
+    }
+}
+
+#[test]
+fn a_callback_query_is_a_button_press_in_the_chat_of_its_message() {
+    let in_topic = json!({
+        "message_id": 42,
+        "from": {"id": BOT_ID, "is_bot": true, "first_name": "parlor", "username": "parlor_bot"},
+        "chat": {"id": -100123, "title": "Parlor test", "type": "supergroup", "is_forum": true},
+        "date": 1_700_000_000,
+        "message_thread_id": 7,
+        "is_topic_message": true,
+        "text": "May I run it?",
+    });
+    let press = press_of(&callback_update(in_topic.clone(), json!({}))).expect("a press");
+    assert_eq!(press.chat.session_key(), "telegram:-100123/topic:7");
+    assert_eq!(press.sender.id, "telegram:1001");
+    assert_eq!(press.sender.name, "Alice");
+    assert_eq!(press.data, "approve:7f3a");
+    assert_eq!(press.answer, "4382bfdwdsb323b2d9");
+    assert_eq!(press.message_id.as_deref(), Some("42"));
+
+    // A message too old to be sent in full (`date: 0`) still names its chat.
+    let old = json!({"message_id": 41, "date": 0,
+                     "chat": {"id": -100123, "title": "Parlor test", "type": "supergroup"}});
+    let press = press_of(&callback_update(old, json!({}))).expect("a press");
+    assert_eq!(press.chat.session_key(), "telegram:-100123");
+    assert_eq!(press.message_id.as_deref(), Some("41"));
+
+    // A game's query (no data) and an inline-mode button (no message) are not parlor's.
+    let game = json!({"data": null, "game_short_name": "chess"});
+    assert_eq!(press_of(&callback_update(in_topic.clone(), game)), None);
+    let inline = json!({"message": null, "inline_message_id": "AAAA"});
+    assert_eq!(press_of(&callback_update(in_topic, inline)), None);
 }
 
 // --- mentions --------------------------------------------------------------------------

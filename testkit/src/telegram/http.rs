@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::buttons;
 use super::encoding::{Params, parse_params, percent_decode};
 use super::methods;
 use super::records::{Failure, RecordedCall};
@@ -224,7 +225,8 @@ async fn call(
             shared.lock().commands = json!([]);
             Ok(json!(true))
         }
-        "answercallbackquery" | "sendmessagedraft" | "deletemessage" => Ok(json!(true)),
+        "answercallbackquery" => buttons::answer_callback_query(shared, &params),
+        "sendmessagedraft" | "deletemessage" => Ok(json!(true)),
         _ => {
             shared.lock().unknown.push(name.to_owned());
             Err(ApiErr {

@@ -10,6 +10,7 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::builders::{PHOTO_SIZE, utf16_len};
+use super::buttons::check_reply_markup;
 use super::encoding::{Params, as_i64};
 use super::html::parse_html;
 use super::http::{ApiErr, bad_request, ok};
@@ -223,7 +224,9 @@ pub(super) fn send_message(shared: &Shared, name: &str, params: &Params) -> Resu
     if !entities.is_empty() {
         content.insert("entities".into(), Value::Array(entities));
     }
-    if let Some(markup) = params.json("reply_markup") {
+    let markup = params.json("reply_markup");
+    check_reply_markup(markup.as_ref())?;
+    if let Some(markup) = markup {
         content.insert("reply_markup".into(), markup);
     }
     post(&mut inner, name, params, chat_id, content, asked)

@@ -43,6 +43,13 @@
 //! - A message in a forum topic that replies to nothing has
 //!   `reply_to_message` set to the topic's `forum_topic_created` service
 //!   message.
+//! - An inline keyboard button whose `callback_data` is empty or longer than
+//!   64 bytes fails the send with `400 Bad Request: BUTTON_DATA_INVALID`.
+//! - `answerCallbackQuery` is accepted once per callback query the fake issued
+//!   ([`FakeTelegram::callback_query`], or a raw `callback_query` update); an
+//!   unknown or already answered id fails with `400 Bad Request: query is too
+//!   old and response timeout expired or query ID is invalid`. Answers are
+//!   recorded ([`FakeTelegram::callback_answers`]).
 //! - Replying (`reply_parameters` / `reply_to_message_id`) to a message the
 //!   fake does not know fails with `400 Bad Request: message to be replied
 //!   not found` unless `allow_sending_without_reply` is true.
@@ -94,6 +101,7 @@
 //! - `html`: the HTML parse mode;
 //! - `builders`: [`TgUser`] and [`MessageBuilder`] for incoming messages;
 //! - `life`: the bot added or removed, a group upgraded, a message edited;
+//! - `buttons`: inline keyboards, button presses (`callback_query`) and their answers;
 //! - `webhook`: `setWebhook`, `deleteWebhook`, and delivering to the bot's URL;
 //! - `records`: [`SentMessage`] and the other records, and [`Failure`].
 //!
@@ -101,6 +109,7 @@
 //! `crate::server`'s, shared with the other fakes.
 
 mod builders;
+mod buttons;
 mod encoding;
 mod html;
 mod http;
@@ -125,7 +134,11 @@ use tokio_util::sync::CancellationToken;
 
 use builders::Target;
 pub use builders::{MessageBuilder, TgUser, utf16_len};
-pub use records::{ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage};
+pub use buttons::CallbackQueryBuilder;
+pub use records::{
+    CallbackAnswer, ChatAction, EditedMessage, Failure, GetUpdatesCall, InlineButton, RecordedCall,
+    SentMessage,
+};
 use state::{Inner, Shared, update_id};
 pub use webhook::{SECRET_HEADER, Webhook, WebhookError};
 

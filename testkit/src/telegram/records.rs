@@ -64,6 +64,28 @@ pub struct SentMessage {
     pub accepted_at: Instant,
 }
 
+/// A button of a sent message's inline keyboard (see [`SentMessage::inline_keyboard`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InlineButton {
+    /// `text`, the label.
+    pub text: String,
+    /// `callback_data`, for a callback button.
+    pub callback_data: Option<String>,
+}
+
+/// An `answerCallbackQuery` call the fake accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallbackAnswer {
+    /// `callback_query_id`.
+    pub callback_query_id: String,
+    /// `text`, if any.
+    pub text: Option<String>,
+    /// `show_alert` (false when absent, as on Telegram).
+    pub show_alert: bool,
+    /// All request parameters.
+    pub params: Value,
+}
+
 /// A `sendChatAction` call the fake accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatAction {

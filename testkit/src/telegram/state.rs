@@ -1,7 +1,7 @@
 //! What the fake knows: chats, messages, files, queued updates, scripted
 //! failures and everything it recorded, behind one lock.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::builders::TgUser;
 use super::records::{
-    ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage,
+    CallbackAnswer, ChatAction, EditedMessage, Failure, GetUpdatesCall, RecordedCall, SentMessage,
 };
 use super::webhook::Webhook;
 
@@ -168,6 +168,12 @@ pub(super) struct Inner {
     pub(super) commands: Value,
     /// The webhook `setWebhook` set; `getUpdates` is refused while there is one.
     pub(super) webhook: Option<Webhook>,
+    /// Callback query ids issued and not answered yet: Telegram takes one answer each.
+    pub(super) open_callback_queries: HashSet<String>,
+    /// The counter behind default callback query ids.
+    pub(super) next_callback_query: u64,
+    /// Accepted `answerCallbackQuery` calls.
+    pub(super) callback_answers: Vec<CallbackAnswer>,
 }
 
 impl Inner {
@@ -196,6 +202,9 @@ impl Inner {
             edits: Vec::new(),
             commands: json!([]),
             webhook: None,
+            open_callback_queries: HashSet::new(),
+            next_callback_query: 0,
+            callback_answers: Vec::new(),
         }
     }
 
@@ -351,8 +360,9 @@ impl Inner {
         msg
     }
 
-    /// Learns chats, users and messages from a raw update.
+    /// Learns chats, users, messages and open callback queries from a raw update.
     pub(super) fn learn(&mut self, update: &Value) {
+        self.learn_callback_query(update);
         for key in [
             "message",
             "edited_message",
