@@ -567,3 +567,90 @@ async fn a_chinese_qq_group_gets_parlors_compaction_limit_and_approval_notices_i
     let exit = daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", daemon.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_telegram_approvals_and_settings_are_buttons_and_a_members_press_is_refused_to_them_alone()
+ {
+    let llm = FakeLlm::start().await;
+    calls_time_now(&llm, 1);
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    telegram.set_admins(GROUP, vec![1001]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "[approvals]\ntools = { time_now = \"chat_admin\" }\n",
+    );
+    let mut daemon =
+        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    telegram
+        .group_message(GROUP, bob(), "@parlor_bot what time is it")
+        .mention_bot()
+        .push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.contains("/approve "))
+        .await
+        .unwrap();
+    let ask = sent.last().unwrap();
+    let code = code_in(&ask.text);
+    let keyboard = ask.inline_keyboard();
+    let labels: Vec<&str> = keyboard[0].iter().map(|b| b.text.as_str()).collect();
+    assert_eq!(labels, ["Approve", "Deny"]);
+    let approve = keyboard[0][0].callback_data.clone().unwrap();
+    assert_eq!(approve, format!("ap:{code}:y"));
+
+    // Bob's press changes nothing; only he is told.
+    telegram
+        .callback_query(bob(), GROUP, ask.message_id, &approve)
+        .id("q-bob")
+        .push();
+    let answers = telegram.wait_for_callback_answers(1, WAIT).await.unwrap();
+    assert_eq!(answers[0].callback_query_id, "q-bob");
+    assert!(answers[0].show_alert);
+    assert!(
+        answers[0]
+            .text
+            .as_deref()
+            .unwrap_or_default()
+            .contains("Only a chat admin can decide this"),
+        "{:?}",
+        answers[0]
+    );
+    // Alice's press decides: the tool runs once, and her press is acknowledged quietly.
+    telegram
+        .callback_query(alice(), GROUP, ask.message_id, &approve)
+        .id("q-alice")
+        .push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
+        .await
+        .unwrap();
+    assert!(sent.iter().any(|m| m.text.contains("approved by Alice")));
+    assert!(sent.last().unwrap().text.contains("success"));
+    let answers = telegram.wait_for_callback_answers(2, WAIT).await.unwrap();
+    assert_eq!(answers[1].callback_query_id, "q-alice");
+    assert_eq!(answers[1].text, None);
+
+    // `/settings` has the choices as buttons; Alice's press is her `/set`.
+    let id = telegram.group_message(GROUP, alice(), "/settings").push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.reply_to_message_id == Some(id))
+        .await
+        .unwrap();
+    let shown = sent.last().unwrap();
+    let all = shown.inline_keyboard()[0]
+        .iter()
+        .find(|b| b.text == "reply_mode: all")
+        .and_then(|b| b.callback_data.clone())
+        .unwrap();
+    telegram
+        .callback_query(alice(), GROUP, shown.message_id, &all)
+        .id("q-set")
+        .push();
+    telegram
+        .wait_for_sent_where(WAIT, |m| m.text.contains("reply_mode is now all"))
+        .await
+        .unwrap();
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
