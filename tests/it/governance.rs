@@ -654,3 +654,82 @@ async fn on_telegram_approvals_and_settings_are_buttons_and_a_members_press_is_r
     let exit = daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", daemon.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_discord_an_approval_is_decided_by_a_button_and_a_members_press_is_refused_ephemerally()
+{
+    use parlor_testkit::{DiscordUser, FakeDiscord};
+    const DISCORD_TOKEN: &str = "discord-test-token";
+    const GUILD: u64 = 900;
+    const CHANNEL: u64 = 901;
+    let llm = FakeLlm::start().await;
+    calls_time_now(&llm, 1);
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    let discord = FakeDiscord::start(DISCORD_TOKEN).await;
+    // Olga owns the server: its admin.
+    discord.guild(GUILD, 1);
+    discord.text_channel(GUILD, CHANNEL);
+    let olga = DiscordUser::new(1, "olga");
+    let dana = DiscordUser::new(77, "dana");
+    let dir = tempfile::tempdir().unwrap();
+    let path = config(
+        dir.path(),
+        &telegram,
+        "[approvals]\ntools = { time_now = \"chat_admin\" }\n",
+    );
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("[discord]\napi_url = \"{}\"\n", discord.api_url()));
+    std::fs::write(&path, text).unwrap();
+    let mut command = daemon_command(&path, &llm);
+    command.env("DISCORD_BOT_TOKEN", DISCORD_TOKEN);
+    let mut daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
+    discord.wait_for_ready(WAIT).await.unwrap();
+
+    discord
+        .message(CHANNEL, &dana, "what time is it")
+        .guild(GUILD)
+        .mention_bot()
+        .push();
+    let sent = discord.wait_for_sent(1, WAIT).await.unwrap();
+    let ask = &sent[0];
+    assert!(ask.content.contains("/approve "), "{}", ask.content);
+    let buttons = ask.buttons();
+    assert_eq!(buttons.len(), 2);
+    let approve = buttons[0].custom_id.clone().unwrap();
+
+    discord
+        .button_press(CHANNEL, &dana, ask.id.clone(), approve.clone())
+        .push();
+    let followups = discord.wait_for_followups(1, WAIT).await.unwrap();
+    assert!(followups[0].is_ephemeral());
+    assert!(
+        followups[0]
+            .content
+            .contains("Only a chat admin can decide this"),
+        "{}",
+        followups[0].content
+    );
+    discord
+        .button_press(CHANNEL, &olga, ask.id.clone(), approve)
+        .push();
+    let sent = discord.wait_for_sent(3, WAIT).await.unwrap();
+    assert!(
+        sent[1].content.contains("approved by olga"),
+        "{}",
+        sent[1].content
+    );
+    assert!(
+        sent[2].content.starts_with("tool said") && sent[2].content.contains("success"),
+        "{}",
+        sent[2].content
+    );
+    // Both presses were acknowledged in time (type 6), and only Dana was answered.
+    let callbacks = discord
+        .wait_for_interaction_callbacks(2, WAIT)
+        .await
+        .unwrap();
+    assert!(callbacks.iter().all(|c| c.kind == 6));
+    assert_eq!(discord.followups().len(), 1);
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
