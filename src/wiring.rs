@@ -120,7 +120,9 @@ pub fn registry(
                         bot_name: config.bot.name.clone(),
                         context_scan_limit: config.bot.max_messages_per_chat,
                         url_guard: config.url_guard()?,
-                        auto_chat_turns: !config.bot.auto_chat.is_empty(),
+                        // A group may choose auto-chat when `[groups.auto_chat]` gives it a budget.
+                        auto_chat_turns: !config.bot.auto_chat.is_empty()
+                            || config.groups.auto_chat.is_some(),
                         ..MessageOptions::default()
                     },
                 )

@@ -105,7 +105,8 @@ pub struct MessageOptions {
     pub context_scan_limit: usize,
     /// The bot's display name, for its own `send_markdown` messages in the chat log.
     pub bot_name: String,
-    /// Whether some chat has auto-chat turns (`[[bot.auto_chat]]`): only then is `send_message`
+    /// Whether some chat may have auto-chat turns (`[[bot.auto_chat]]`, or `[groups.auto_chat]`
+    /// for groups that choose it): only then is `send_message`
     /// registered (auto-chat turns alone offer it) and the prompt says how to behave in one.
     pub auto_chat_turns: bool,
 }
