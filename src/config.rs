@@ -2063,6 +2063,51 @@ mod tests {
     }
 
     #[test]
+    fn the_groups_frame_is_checked_at_load_with_the_key_named() {
+        let refused = |text: &str| {
+            let error = Config::parse(text)
+                .and_then(|config| config.check())
+                .unwrap_err();
+            format!("{error:#}")
+        };
+        let said = refused("[groups]\nmodels = [\"smart\"]\n");
+        assert!(said.contains("\"smart\" is not one"), "{said}");
+        let said = refused("[groups]\nlocked = [\"colour\"]\n");
+        assert!(
+            said.contains("groups.locked: \"colour\" is not a setting"),
+            "{said}"
+        );
+        let said =
+            refused("[groups]\nmember_turns_per_hour = 50\nmax_member_turns_per_hour = 20\n");
+        assert!(
+            said.contains("is over groups.max_member_turns_per_hour"),
+            "{said}"
+        );
+        let said = refused("[groups]\nreply_mode = \"auto\"\n");
+        assert!(said.contains("needs a [groups.auto_chat] budget"), "{said}");
+        let said = refused("[groups]\nlanguage = \"fr\"\n");
+        assert!(said.contains("groups.language must be en or zh"), "{said}");
+
+        let config = Config::parse(
+            "[[llm.models]]\nname = \"smart\"\nmodel = \"gpt-4o\"\n\
+             [groups]\nmodels = [\"smart\"]\nlocked = [\"persona\"]\nlanguage = \"zh\"\n\
+             [approvals]\ntools = { web_fetch = \"chat_admin\" }\n\
+             [[mcp.servers]]\nname = \"gh\"\nurl = \"http://127.0.0.1:1/mcp\"\napproval = \"operator\"\n\
+             tool_approval = { create_issue = \"chat_admin\" }\n",
+        )
+        .unwrap();
+        config.check().unwrap();
+        let policy = config.group_policy();
+        assert_eq!(policy.models, ["smart"]);
+        assert_eq!(policy.defaults.language, Some(parlor_bot::lang::Lang::Zh));
+        let approvals = config.approvals();
+        use parlor_bot::tool::Role;
+        assert_eq!(approvals.get("web_fetch"), Some(&Role::ChatAdmin));
+        assert_eq!(approvals.get("mcp:gh"), Some(&Role::Operator));
+        assert_eq!(approvals.get("gh__create_issue"), Some(&Role::ChatAdmin));
+    }
+
+    #[test]
     fn debug_never_prints_a_secret() {
         let dir = tempfile::tempdir().unwrap();
         let key_file = dir.path().join("key");

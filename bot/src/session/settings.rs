@@ -895,4 +895,69 @@ mod tests {
             ReplyMode::Auto
         );
     }
+
+    fn set(store: &dyn Store, policy: &GroupPolicy, key: &str, value: &str, at: i64) -> Applied {
+        let request = Request {
+            session: "t:-1",
+            key,
+            value,
+            by: "t:7",
+            by_name: "ann",
+            at: DateTime::from_timestamp(at, 0).unwrap_or_default(),
+            all_toolsets: &["time".to_owned(), "memory".to_owned()],
+            listed: false,
+        };
+        apply(store, policy, &request).unwrap()
+    }
+
+    #[test]
+    fn a_change_is_checked_then_written_with_its_log_entry_and_the_log_is_bounded() {
+        let store = crate::store::MemoryStore::new();
+        let policy = policy();
+        let refused = [
+            ("colour", "red", "There is no setting colour"),
+            ("persona", "x", "locked persona"),
+            ("member_turns_per_hour", "21", "the operator's cap is 20"),
+            ("member_turns_per_hour", "0", "1 or more"),
+            ("model", "huge", "the models are fast, smart"),
+            (
+                "toolsets",
+                "time, shell",
+                "the toolsets groups may use are time, memory",
+            ),
+            ("reply_mode", "auto", "not allowed auto-chat"),
+            ("language", "fr", "en, zh"),
+        ];
+        for (key, value, said) in refused {
+            let applied = set(&store, &policy, key, value, 1);
+            assert!(applied.answer.contains(said), "{key}: {}", applied.answer);
+            assert!(applied.writes.is_empty(), "{key}");
+        }
+        let applied = set(&store, &policy, "model", "smart", 1);
+        assert!(
+            applied.answer.contains("model is now smart (was default)"),
+            "{}",
+            applied.answer
+        );
+        store.kv_write(applied.writes).unwrap();
+        assert_eq!(
+            load(&store, "t:-1").unwrap().model.as_deref(),
+            Some("smart")
+        );
+        let again = set(&store, &policy, "model", "smart", 2);
+        assert!(again.answer.contains("already"), "{}", again.answer);
+        for at in 0..(MAX_LOG as i64 + 5) {
+            let value = if at % 2 == 0 { "12" } else { "13" };
+            let applied = set(&store, &policy, "member_turns_per_hour", value, 10 + at);
+            store.kv_write(applied.writes).unwrap();
+        }
+        let changes = log(&store, "t:-1", usize::MAX).unwrap();
+        assert_eq!(changes.len(), MAX_LOG);
+        assert_eq!(
+            changes[0].at.timestamp(),
+            10 + MAX_LOG as i64 + 4,
+            "newest first"
+        );
+        assert_eq!(changes[0].by, "t:7");
+    }
 }
