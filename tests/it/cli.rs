@@ -227,6 +227,36 @@ async fn the_terminal_tools_need_an_operator_in_the_catalog() {
 }
 
 #[tokio::test]
+async fn the_catalog_names_the_tools_that_wait_for_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[toolsets]\nenabled = [\"time\", \"todo_list\"]\n[approvals]\ntools = { time = \"chat_admin\" }\n",
+    );
+    let tools = tools_json(&config).await;
+    let approval = |name: &str| {
+        tools
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["function"]["name"] == name)
+            .map(|t| t["x-parlor"]["approval"].clone())
+            .unwrap()
+    };
+    assert_eq!(
+        approval("time_now"),
+        "chat_admin",
+        "a toolset's name covers its tools"
+    );
+    assert!(approval("todo_list").is_null());
+    let out = run(parlor().arg("tools").arg("--config").arg(&config)).await;
+    assert_contains(
+        &stdout(&out),
+        "runs only once approved by an admin of the chat",
+    );
+}
+
+#[tokio::test]
 async fn a_broken_config_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
