@@ -152,6 +152,9 @@ catalog! {
     CompactDone =>
         "Done: I summarized {dropped} older messages into about {tokens} tokens; the last {kept} turn(s) stay word for word.",
         "完成：我把 {dropped} 条较早的消息总结成了约 {tokens} 个 token；最近 {kept} 轮原样保留。";
+    SetAside =>
+        "I set aside a message from {who}: working on it stopped me twice, so I will not try it again. The operator can find it in the log.",
+        "我把 {who} 的一条消息放到了一边：处理它让我停机了两次，所以不会再试。运营者可以在日志里找到它。";
     Stopped => "Stopped.", "已停止。";
     NothingToStop => "I am not working on anything.", "我现在没有在做任何事。";
     ReloadNotOperator => "Only an operator of the bot may /reload.", "只有机器人的运营者可以使用 /reload。";
@@ -223,6 +226,24 @@ catalog! {
     ApprovalStateDenied => "denied", "已拒绝";
     ApprovalStateExpired => "expired", "已过期";
     ApprovalUsage => "Usage: /approve CODE or /deny CODE.", "用法：/approve 编号 或 /deny 编号。";
+    StatusBody =>
+        "{state}\nQueued: {queued}\nHistory: {history} messages\nSummary: {summary}\nTurns since start: {turns}\nTokens today (UTC): {tokens} ({cache})\nYour tokens today, in every chat: {yours}{extra}\nModel: {model}{answered}\nTools: {tools}\nUp for {minutes} min",
+        "{state}\n排队：{queued}\n历史：{history} 条消息\n摘要：{summary}\n启动以来的轮数：{turns}\n今日 token（UTC）：{tokens}（{cache}）\n你今天在所有群的 token：{yours}{extra}\n模型：{model}{answered}\n工具：{tools}\n已运行 {minutes} 分钟";
+    StatusWorking => "Working on an answer.", "正在回答。";
+    StatusIdle => "Idle.", "空闲。";
+    StatusSummary =>
+        "{chars} characters (about {tokens} tokens) for {messages} older messages, written {written}",
+        "{chars} 个字符（约 {tokens} 个 token），概括 {messages} 条较早的消息，写于 {written}";
+    StatusUnreadable => "unreadable", "无法读取";
+    StatusOf => "{used} of {limit}", "{used} / {limit}";
+    StatusLeft => "{of} ({left} left)", "{of}（剩余 {left}）";
+    StatusCache => "{percent}% of prompt tokens read from the cache", "{percent}% 的提示 token 来自缓存";
+    StatusNoPrompt => "no prompt yet", "还没有请求";
+    StatusCost => "cost {cost}", "费用 {cost}";
+    StatusAnsweredBy => " (last answer by {model})", "（上次回答来自 {model}）";
+    StatusMemberGroupTokens =>
+        "Your tokens today in this group: {of}",
+        "你今天在本群的 token：{of}";
     StatusMemberTurns =>
         "Your turns in this group in the last hour: {used} of {limit}",
         "你在本群过去一小时的提问次数：{used} / {limit}";
@@ -236,13 +257,34 @@ catalog! {
     HelpApproval => "needs approval of {role}", "需要{role}批准";
 }
 
-/// `msg` in `lang` with each `{name}` of `args` filled in.
+/// `msg` in `lang` with each `{name}` of `args` filled in, in one pass: a value (a member's
+/// name, say) that holds `{something}` is never filled in itself.
 pub fn say(lang: Lang, msg: Msg, args: &[(&str, &str)]) -> String {
-    let mut text = msg.text(lang).to_owned();
-    for (name, value) in args {
-        text = text.replace(&format!("{{{name}}}"), value);
+    let template = msg.text(lang);
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let value = after.find('}').and_then(|close| {
+            let name = &after[..close];
+            args.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (close, *v))
+        });
+        match value {
+            Some((close, value)) => {
+                out.push_str(value);
+                rest = &after[close + 1..];
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
     }
-    text
+    out.push_str(rest);
+    out
 }
 
 /// The `{names}` a sentence takes, sorted.
@@ -276,6 +318,19 @@ mod tests {
                 "{msg:?} names other arguments"
             );
         }
+    }
+
+    #[test]
+    fn a_value_is_never_filled_in_itself() {
+        let text = say(
+            Lang::En,
+            Msg::MemberTurnsSpent,
+            &[("name", "{limit}"), ("limit", "2"), ("minutes", "5")],
+        );
+        assert!(
+            text.starts_with("{limit}, you have asked me 2 times"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -104,62 +104,99 @@ impl Intake<'_> {
             .load_history(key)
             .map(|h| h.len())
             .unwrap_or(0);
+        let effective = self.manager.effective(key);
+        let lang = effective.language;
         let summary = match self.manager.store().load_summary(key) {
-            Ok(Some(s)) => format!(
-                "{} characters (about {} tokens) for {} older messages, written {}",
-                s.text.chars().count(),
-                crate::agent::history::estimate_tokens(&crate::llm::Message::system(&s.text)),
-                s.messages,
-                s.made.format("%Y-%m-%d %H:%M UTC")
+            Ok(Some(s)) => say(
+                lang,
+                Msg::StatusSummary,
+                &[
+                    ("chars", &s.text.chars().count().to_string()),
+                    (
+                        "tokens",
+                        &crate::agent::history::estimate_tokens(&crate::llm::Message::system(
+                            &s.text,
+                        ))
+                        .to_string(),
+                    ),
+                    ("messages", &s.messages.to_string()),
+                    ("written", &s.made.format("%Y-%m-%d %H:%M UTC").to_string()),
+                ],
             ),
-            Ok(None) => "none".to_owned(),
-            Err(_) => "unreadable".to_owned(),
+            Ok(None) => say(lang, Msg::SettingsNone, &[]),
+            Err(_) => say(lang, Msg::StatusUnreadable, &[]),
+        };
+        let of = |used: u64, limit: u64| {
+            say(
+                lang,
+                Msg::StatusOf,
+                &[("used", &used.to_string()), ("limit", &limit.to_string())],
+            )
         };
         let tokens = match self.manager.tokens_today(key) {
-            (used, Some(limit)) => format!("{used} of {limit}"),
+            (used, Some(limit)) => of(used, limit),
             (used, None) => used.to_string(),
         };
         let day = self.manager.usage_today(key);
         let mut cache = match day.cache_hit_percent() {
-            Some(percent) => format!("{percent}% of prompt tokens read from the cache"),
-            None => "no prompt yet".to_owned(),
+            Some(percent) => say(lang, Msg::StatusCache, &[("percent", &percent.to_string())]),
+            None => say(lang, Msg::StatusNoPrompt, &[]),
         };
         if !self.manager.config().prices.is_empty() {
             cache = format!(
-                "cost {}; {cache}",
-                crate::llm::price::dollars(day.cost_nanos)
+                "{}; {cache}",
+                say(
+                    lang,
+                    Msg::StatusCost,
+                    &[("cost", &crate::llm::price::dollars(day.cost_nanos))]
+                )
             );
         }
         // The latest turn's, from its trace: a fallback's model when the primary failed.
         let answered = super::trace::recent(self.manager.store().as_ref(), key)
             .ok()
             .and_then(|traces| traces.into_iter().find_map(|t| t.model))
-            .map(|model| format!(" (last answer by {model})"))
+            .map(|model| say(lang, Msg::StatusAnsweredBy, &[("model", &model)]))
             .unwrap_or_default();
         let yours = match self.manager.member_tokens_today(member, key) {
-            (used, Some(limit)) => {
-                format!("{used} of {limit} ({} left)", limit.saturating_sub(used))
-            }
+            (used, Some(limit)) => say(
+                lang,
+                Msg::StatusLeft,
+                &[
+                    ("of", &of(used, limit)),
+                    ("left", &limit.saturating_sub(used).to_string()),
+                ],
+            ),
             (used, None) => used.to_string(),
         };
-        let effective = self.manager.effective(key);
-        let turns_line = effective
-            .member_turns_per_hour
-            .map(|limit| {
-                let used =
-                    self.manager
-                        .member_turns()
-                        .used(key, member, tokio::time::Instant::now());
-                format!(
-                    "\n{}",
-                    say(
-                        effective.language,
-                        Msg::StatusMemberTurns,
-                        &[("used", &used.to_string()), ("limit", &limit.to_string())]
-                    )
-                )
-            })
-            .unwrap_or_default();
+        let mut extra = String::new();
+        if let Some(limit) = effective.member_turns_per_hour {
+            let used = self
+                .manager
+                .member_turns()
+                .used(key, member, tokio::time::Instant::now());
+            extra.push('\n');
+            extra.push_str(&say(
+                lang,
+                Msg::StatusMemberTurns,
+                &[("used", &used.to_string()), ("limit", &limit.to_string())],
+            ));
+        }
+        if let Some(limit) = effective.member_daily_tokens {
+            let here = super::usage::member_here(
+                self.manager.store().as_ref(),
+                self.manager.now().date_naive(),
+                member,
+                key,
+            )
+            .unwrap_or(0);
+            extra.push('\n');
+            extra.push_str(&say(
+                lang,
+                Msg::StatusMemberGroupTokens,
+                &[("of", &of(here, limit))],
+            ));
+        }
         let model = effective
             .model
             .as_deref()
@@ -168,19 +205,41 @@ impl Intake<'_> {
                 || self.manager.template().config().model.clone(),
                 |m| m.model.clone(),
             );
-        format!(
-            "Session {key}\n{}\nQueued: {queued}\nHistory: {history} messages\n\
-             Summary: {summary}\n\
-             Turns since start: {turns}\nTokens today (UTC): {tokens} ({cache})\n\
-             Your tokens today, in every chat: {yours}{turns_line}\nModel: {model}{answered}\nTools: {}\nUp for {} min",
+        let state = say(
+            lang,
             if running {
-                "Working on an answer."
+                Msg::StatusWorking
             } else {
-                "Idle."
+                Msg::StatusIdle
             },
-            self.manager.template().tools().names().len(),
-            self.manager.started().elapsed().as_secs() / 60
-        )
+            &[],
+        );
+        let body = say(
+            lang,
+            Msg::StatusBody,
+            &[
+                ("state", &state),
+                ("queued", &queued.to_string()),
+                ("history", &history.to_string()),
+                ("summary", &summary),
+                ("turns", &turns.to_string()),
+                ("tokens", &tokens),
+                ("cache", &cache),
+                ("yours", &yours),
+                ("model", &model),
+                ("answered", &answered),
+                (
+                    "tools",
+                    &self.manager.template().tools().names().len().to_string(),
+                ),
+                (
+                    "minutes",
+                    &(self.manager.started().elapsed().as_secs() / 60).to_string(),
+                ),
+                ("extra", &extra),
+            ],
+        );
+        format!("Session {key}\n{body}")
     }
 
     /// The answer to `/reload` from `user_id`: done for an operator, refused otherwise.

@@ -579,6 +579,7 @@ impl SessionManager {
             self.inner.store.as_ref(),
             self.inner.store.pending()?,
             self.now(),
+            &|session| self.effective(session).language,
         )?;
         if !notices.is_empty() {
             self.durable().await?;

@@ -36,12 +36,9 @@ pub(super) fn cleared(ids: &[u64]) -> impl Iterator<Item = KvWrite> + '_ {
     })
 }
 
-fn notice(item: &PendingItem) -> String {
+fn notice(item: &PendingItem, lang: crate::lang::Lang) -> String {
     let who = crate::quote::name(&item.caller.name, 64);
-    format!(
-        "I set aside a message from {who}: working on it stopped me twice, so I will not try \
-         it again. The operator can find it in the log."
-    )
+    crate::lang::say(lang, crate::lang::Msg::SetAside, &[("who", &who)])
 }
 
 impl ChatWorker {
@@ -88,6 +85,7 @@ pub(super) fn set_aside(
     store: &dyn Store,
     pending: Vec<PendingItem>,
     now: chrono::DateTime<chrono::Utc>,
+    lang: &dyn Fn(&str) -> crate::lang::Lang,
 ) -> Result<(Vec<PendingItem>, Vec<OutboxEntry>), StoreError> {
     let mut keep = Vec::with_capacity(pending.len());
     let mut notices = Vec::new();
@@ -115,7 +113,7 @@ pub(super) fn set_aside(
         let mut reply = OutboxEntry::new(
             &item.session,
             &item.chat,
-            notice(&item),
+            notice(&item, lang(&item.session)),
             item.reply_to.clone(),
             now,
         );
