@@ -36,6 +36,63 @@ async fn say_in(
         .unwrap_or_default()
 }
 
+/// A daemon against `llm` and a new fake Telegram, where `admins` administer the group;
+/// `extra` lines go into `[bot]` (and may open further sections).
+async fn telegram_bot(
+    llm: &FakeLlm,
+    admins: &[i64],
+    extra: &str,
+) -> (
+    FakeTelegram,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    DaemonProcess,
+) {
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    if !admins.is_empty() {
+        telegram.set_admins(GROUP, admins.to_vec());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &telegram, extra);
+    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, llm), &telegram, WAIT).await;
+    (telegram, dir, config, daemon)
+}
+
+/// SIGTERM; the daemon must exit cleanly.
+async fn stop(mut daemon: DaemonProcess) {
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+/// The model's answer once it has a tool's result (`tool said <the result>`).
+async fn tool_answer(telegram: &FakeTelegram) -> String {
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
+        .await
+        .unwrap();
+    sent.into_iter()
+        .rev()
+        .find(|m| m.text.starts_with("tool said"))
+        .map(|m| m.text)
+        .unwrap_or_default()
+}
+
+/// `who` mentions the bot with `text` in the group; waits for the approval request.
+async fn ask_for_approval(
+    telegram: &FakeTelegram,
+    who: parlor_testkit::TgUser,
+    text: &str,
+) -> Vec<parlor_testkit::SentMessage> {
+    telegram
+        .group_message(GROUP, who, text)
+        .mention_bot()
+        .push();
+    telegram
+        .wait_for_sent_where(WAIT, |m| m.text.contains("/approve "))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_admin_changes_model_and_reply_mode_within_the_operators_caps_and_it_survives_a_restart()
  {
@@ -102,7 +159,7 @@ async fn a_chat_admin_changes_model_and_reply_mode_within_the_operators_caps_and
 
     let exit = daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", daemon.log());
-    let mut daemon = DaemonProcess::spawn_polling(command(), &telegram, WAIT).await;
+    let daemon = DaemonProcess::spawn_polling(command(), &telegram, WAIT).await;
     let shown = say(&telegram, bob(), "/settings").await;
     assert!(shown.contains("model: smart"), "{shown}");
     assert!(shown.contains("reply_mode: all"), "{shown}");
@@ -111,8 +168,7 @@ async fn a_chat_admin_changes_model_and_reply_mode_within_the_operators_caps_and
         "{shown}"
     );
     // Telegram shows the choices as buttons under it.
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,15 +176,12 @@ async fn a_member_over_their_turns_per_hour_is_told_once_in_the_groups_language_
  {
     let llm = FakeLlm::start().await;
     support::echo(&llm);
-    let telegram = FakeTelegram::start(support::TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
+    let (telegram, _dir, _config, daemon) = telegram_bot(
+        &llm,
+        &[],
         "[groups]\nmember_turns_per_hour = 2\nlanguage = \"zh\"\n",
-    );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    )
+    .await;
     for _ in 0..2 {
         let answer = say(&telegram, alice(), "@parlor_bot hi").await;
         assert!(answer.starts_with("echo <"), "{answer}");
@@ -155,8 +208,7 @@ async fn a_member_over_their_turns_per_hour_is_told_once_in_the_groups_language_
         status.contains("你在本群过去一小时的提问次数：2 / 2"),
         "{status}"
     );
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 /// The code in an approval request's text (`/approve CODE`).
@@ -173,39 +225,16 @@ fn code_in(text: &str) -> String {
 async fn a_tool_that_needs_approval_runs_once_an_admin_says_yes_and_never_on_a_members_word_or_a_no()
  {
     let llm = FakeLlm::start().await;
-    let telegram = FakeTelegram::start(support::TOKEN).await;
-    telegram.set_admins(GROUP, vec![1001]);
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
+    let (telegram, _dir, _config, daemon) = telegram_bot(
+        &llm,
+        &[1001],
         "commands_per_member_per_minute = 20\n[approvals]\ntools = { time_now = \"chat_admin\" }\n",
-    );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    )
+    .await;
 
     // Bob asks; the model calls the tool; the chat is asked.
-    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
-        "c1",
-        "time_now",
-        serde_json::json!({}),
-    )]));
-    llm.respond_with(|body| {
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .map(|m| m["content"].to_string())
-            .unwrap_or_default();
-        Reply::text(format!("tool said {last}"))
-    });
-    telegram
-        .group_message(GROUP, bob(), "@parlor_bot what time is it")
-        .mention_bot()
-        .push();
-    let sent = telegram
-        .wait_for_sent_where(WAIT, |m| m.text.contains("/approve "))
-        .await
-        .unwrap();
+    calls_time_now(&llm, 1);
+    let sent = ask_for_approval(&telegram, bob(), "@parlor_bot what time is it").await;
     let ask = sent.last().unwrap();
     assert!(
         ask.text
@@ -223,20 +252,8 @@ async fn a_tool_that_needs_approval_runs_once_an_admin_says_yes_and_never_on_a_m
     );
     let approved = say(&telegram, alice(), &format!("/approve {code}")).await;
     assert!(approved.contains("approved by Alice"), "{approved}");
-    let reply = telegram
-        .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
-        .await
-        .unwrap();
-    let reply = &reply
-        .iter()
-        .rev()
-        .find(|m| m.text.starts_with("tool said"))
-        .unwrap()
-        .text;
-    assert!(
-        reply.contains("success") && reply.contains("true"),
-        "{reply}"
-    );
+    let reply = tool_answer(&telegram).await;
+    assert!(reply.contains("\"success\":true"), "{reply}");
     let again = say(&telegram, alice(), &format!("/approve {code}")).await;
     assert!(again.contains("already decided"), "{again}");
 
@@ -264,8 +281,7 @@ async fn a_tool_that_needs_approval_runs_once_an_admin_says_yes_and_never_on_a_m
         .await
         .unwrap();
     assert!(sent.iter().any(|m| m.text.contains("did not run")));
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,8 +294,7 @@ async fn a_groups_settings_move_with_it_when_it_becomes_a_supergroup() {
     telegram.set_admins(OLD, vec![1001]);
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &telegram, "");
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
     let changed = say_in(&telegram, OLD, alice(), "/set language zh").await;
     assert!(changed.contains("language 已改为 zh"), "{changed}");
     let (_, second) = telegram.upgrade_group(OLD, NEW, &alice());
@@ -292,8 +307,7 @@ async fn a_groups_settings_move_with_it_when_it_becomes_a_supergroup() {
         log.contains("Alice (telegram:1001): language en → zh"),
         "{log}"
     );
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 /// The model calls `time_now` with no arguments; once it has the result, it answers
@@ -322,46 +336,23 @@ async fn a_kill_while_an_approval_waits_asks_no_second_time_and_the_yes_after_th
     let llm = FakeLlm::start().await;
     // Once before the kill, once when the input's turn runs again.
     calls_time_now(&llm, 2);
-    let telegram = FakeTelegram::start(support::TOKEN).await;
-    telegram.set_admins(GROUP, vec![1001]);
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
+    let (telegram, _dir, config, mut daemon) = telegram_bot(
+        &llm,
+        &[1001],
         "commands_per_member_per_minute = 20\n[approvals]\ntools = { time_now = \"chat_admin\" }\n",
-    );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
-    telegram
-        .group_message(GROUP, bob(), "@parlor_bot what time is it")
-        .mention_bot()
-        .push();
-    let sent = telegram
-        .wait_for_sent_where(WAIT, |m| m.text.contains("/approve "))
-        .await
-        .unwrap();
+    )
+    .await;
+    let sent = ask_for_approval(&telegram, bob(), "@parlor_bot what time is it").await;
     let code = code_in(&sent.last().unwrap().text);
     daemon.kill9().await;
 
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
     // The turn runs again and finds its request waiting: nothing is asked twice.
     llm.wait_for_requests(2, WAIT).await.unwrap();
     let approved = say(&telegram, alice(), &format!("/approve {code}")).await;
     assert!(approved.contains("approved by Alice"), "{approved}");
-    let sent = telegram
-        .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
-        .await
-        .unwrap();
-    let reply = &sent
-        .iter()
-        .find(|m| m.text.starts_with("tool said"))
-        .unwrap()
-        .text;
-    assert!(
-        reply.contains("success") && reply.contains("true"),
-        "{reply}"
-    );
+    let reply = tool_answer(&telegram).await;
+    assert!(reply.contains("\"success\":true"), "{reply}");
     let sent = crate::support::sentinel(&telegram, GROUP).await;
     // One request: a post sent again after the kill (Telegram's send window) names the
     // same code.
@@ -378,23 +369,19 @@ async fn a_kill_while_an_approval_waits_asks_no_second_time_and_the_yes_after_th
         1,
         "answered once"
     );
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_nobody_decides_in_time_is_a_no_and_the_model_is_told() {
     let llm = FakeLlm::start().await;
     calls_time_now(&llm, 1);
-    let telegram = FakeTelegram::start(support::TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
+    let (telegram, _dir, _config, daemon) = telegram_bot(
+        &llm,
+        &[],
         "[approvals]\ntools = { time = \"operator\" }\ntimeout_secs = 1\n",
-    );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    )
+    .await;
     telegram
         .group_message(GROUP, bob(), "@parlor_bot what time is it")
         .mention_bot()
@@ -407,8 +394,7 @@ async fn an_approval_nobody_decides_in_time_is_a_no_and_the_model_is_told() {
     assert!(ask.text.contains("an operator of the bot"), "{}", ask.text);
     let reply = &sent.last().unwrap().text;
     assert!(reply.contains("APPROVAL_EXPIRED"), "{reply}");
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,15 +402,12 @@ async fn an_approved_call_that_ran_before_a_kill_is_not_run_again_after_the_rest
     use parlor_bot::store::{SledStore, Store, StoreOptions};
     let llm = FakeLlm::start().await;
     calls_time_now(&llm, 2);
-    let telegram = FakeTelegram::start(support::TOKEN).await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
+    let (telegram, dir, config, mut daemon) = telegram_bot(
+        &llm,
+        &[],
         "[approvals]\ntools = { time_now = \"chat_admin\" }\n",
-    );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    )
+    .await;
     telegram
         .group_message(GROUP, bob(), "@parlor_bot what time is it")
         .mention_bot()
@@ -453,32 +436,14 @@ async fn an_approved_call_that_ran_before_a_kill_is_not_run_again_after_the_rest
             .unwrap();
         store.flush().unwrap();
     }
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
     let sent = telegram
         .wait_for_sent_where(WAIT, |m| m.text.starts_with("tool said"))
         .await
         .unwrap();
     let reply = &sent.last().unwrap().text;
     assert!(reply.contains("does not run twice"), "{reply}");
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
-}
-
-/// The address the daemon's OneBot listener bound, from its log.
-async fn onebot_addr(daemon: &DaemonProcess) -> String {
-    let log = daemon
-        .wait_for_log("waiting for the OneBot implementation", WAIT)
-        .await;
-    log.lines()
-        .find(|l| l.contains("waiting for the OneBot implementation"))
-        .and_then(|line| line.find("127.0.0.1:").map(|at| &line[at..]))
-        .map(|at| {
-            at.chars()
-                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-                .collect()
-        })
-        .unwrap_or_else(|| panic!("the OneBot listener never said where it is\n{log}"))
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -510,8 +475,8 @@ async fn a_chinese_qq_group_gets_parlors_compaction_limit_and_approval_notices_i
     .unwrap();
     let mut command = daemon_command(&config, &llm);
     command.env("ONEBOT_ACCESS_TOKEN", TOKEN);
-    let mut daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
-    let url = format!("ws://{}/", onebot_addr(&daemon).await);
+    let daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
+    let url = format!("ws://{}/", support::onebot_addr(&daemon).await);
     let qq = FakeOneBot::start(TOKEN, 42).await;
     qq.dial_reverse(&url, TOKEN, &[]).await.unwrap();
     qq.wait_for_connections(1, WAIT).await.unwrap();
@@ -564,8 +529,7 @@ async fn a_chinese_qq_group_gets_parlors_compaction_limit_and_approval_notices_i
             .any(|t| t.contains("tool said") && t.contains("success")),
         "{texts:?}"
     );
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -573,24 +537,13 @@ async fn on_telegram_approvals_and_settings_are_buttons_and_a_members_press_is_r
  {
     let llm = FakeLlm::start().await;
     calls_time_now(&llm, 1);
-    let telegram = FakeTelegram::start(support::TOKEN).await;
-    telegram.set_admins(GROUP, vec![1001]);
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
+    let (telegram, _dir, _config, daemon) = telegram_bot(
+        &llm,
+        &[1001],
         "[approvals]\ntools = { time_now = \"chat_admin\" }\n",
-    );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
-    telegram
-        .group_message(GROUP, bob(), "@parlor_bot what time is it")
-        .mention_bot()
-        .push();
-    let sent = telegram
-        .wait_for_sent_where(WAIT, |m| m.text.contains("/approve "))
-        .await
-        .unwrap();
+    )
+    .await;
+    let sent = ask_for_approval(&telegram, bob(), "@parlor_bot what time is it").await;
     let ask = sent.last().unwrap();
     let code = code_in(&ask.text);
     let keyboard = ask.inline_keyboard();
@@ -651,8 +604,7 @@ async fn on_telegram_approvals_and_settings_are_buttons_and_a_members_press_is_r
         .wait_for_sent_where(WAIT, |m| m.text.contains("reply_mode is now all"))
         .await
         .unwrap();
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,7 +634,7 @@ async fn on_discord_an_approval_is_decided_by_a_button_and_a_members_press_is_re
     std::fs::write(&path, text).unwrap();
     let mut command = daemon_command(&path, &llm);
     command.env("DISCORD_BOT_TOKEN", DISCORD_TOKEN);
-    let mut daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
+    let daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
     discord.wait_for_ready(WAIT).await.unwrap();
 
     discord
@@ -730,8 +682,7 @@ async fn on_discord_an_approval_is_decided_by_a_button_and_a_members_press_is_re
         .unwrap();
     assert!(callbacks.iter().all(|c| c.kind == 6));
     assert_eq!(discord.followups().len(), 1);
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -747,8 +698,7 @@ async fn a_groups_persona_is_quoted_for_members_turns_only_and_its_toolsets_narr
         &telegram,
         "admins = [\"telegram:1001\"]\ncommands_per_member_per_minute = 20\n",
     );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
     let set = say(
         &telegram,
         bob(),
@@ -807,8 +757,7 @@ async fn a_groups_persona_is_quoted_for_members_turns_only_and_its_toolsets_narr
         !first_user.contains("<group_instructions>"),
         "an operator's turn: {first_user}"
     );
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -827,8 +776,7 @@ async fn a_group_may_choose_auto_chat_within_the_operators_budget_and_a_member_c
         "commands_per_member_per_minute = 20\n[groups]\nmax_member_daily_tokens = 1000\n\
          [groups.auto_chat]\nbatch_messages = 2\nbatch_seconds = 600\n",
     );
-    let mut daemon =
-        DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
     let over = say(&telegram, alice(), "/set member_daily_tokens 5000").await;
     assert!(over.contains("the operator's cap is 1000"), "{over}");
     let set = say(&telegram, alice(), "/set member_daily_tokens 400").await;
@@ -857,6 +805,5 @@ async fn a_group_may_choose_auto_chat_within_the_operators_budget_and_a_member_c
         request.tool_names().iter().any(|t| t == "send_message"),
         "an auto-chat turn"
     );
-    let exit = daemon.terminate(WAIT).await;
-    assert!(exit.success(), "{}", daemon.log());
+    stop(daemon).await;
 }

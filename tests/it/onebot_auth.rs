@@ -53,22 +53,6 @@ async fn check_config_refuses_a_reverse_listener_without_an_access_token() {
     assert!(said.contains("configuration is valid"), "{said}");
 }
 
-/// The address the daemon's OneBot listener bound, from its log.
-async fn onebot_addr(daemon: &DaemonProcess) -> String {
-    let log = daemon
-        .wait_for_log("waiting for the OneBot implementation", WAIT)
-        .await;
-    log.lines()
-        .find(|l| l.contains("waiting for the OneBot implementation"))
-        .and_then(|line| line.find("127.0.0.1:").map(|at| &line[at..]))
-        .map(|at| {
-            at.chars()
-                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-                .collect()
-        })
-        .unwrap_or_else(|| panic!("the OneBot listener never said where it is\n{log}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_connection_does_not_displace_the_first_and_is_taken_once_the_first_is_gone() {
     let llm = FakeLlm::start().await;
@@ -79,7 +63,7 @@ async fn a_second_connection_does_not_displace_the_first_and_is_taken_once_the_f
     let mut command = daemon_command(&config(dir.path(), &telegram, onebot), &llm);
     command.env("ONEBOT_ACCESS_TOKEN", ONEBOT_TOKEN);
     let mut daemon = DaemonProcess::spawn_polling(command, &telegram, WAIT).await;
-    let url = format!("ws://{}/", onebot_addr(&daemon).await);
+    let url = format!("ws://{}/", support::onebot_addr(&daemon).await);
 
     let first = FakeOneBot::start(ONEBOT_TOKEN, 42).await;
     let second = FakeOneBot::start(ONEBOT_TOKEN, 42).await;

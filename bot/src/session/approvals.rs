@@ -147,7 +147,6 @@ pub(super) struct TurnApprover {
     pub(super) manager: SessionManager,
     pub(super) session: String,
     pub(super) chat: ChatRef,
-    pub(super) private: bool,
     pub(super) lang: Lang,
 }
 
@@ -320,7 +319,7 @@ impl TurnApprover {
                 data: format!("{BUTTON_PREFIX}{code}:n"),
             },
         ];
-        let mut entry =
+        let entry =
             OutboxEntry::new(&self.session, &self.chat, text, None, now).with_buttons(buttons);
         let mut also = vec![KvWrite {
             space: APPROVALS_SPACE.to_owned(),
@@ -338,21 +337,8 @@ impl TurnApprover {
                 )));
             }
         }
-        let id = store.commit_turn(TurnCommit {
-            session: self.session.clone(),
-            history: None,
-            answered: Vec::new(),
-            reply: Some(entry.clone()),
-            summary: None,
-            also,
-        })?;
-        manager.durable().await?;
+        post_with(manager, entry, also).await?;
         tracing::info!(session = %self.session, tool = request.tool, code, "a tool call waits for approval");
-        if let Some(id) = id {
-            entry.id = id;
-            manager.enqueue_reply(entry, Vec::new());
-        }
-        let _ = self.private;
         Ok(record)
     }
 
@@ -576,28 +562,21 @@ async fn decide(manager: &SessionManager, decision: Decision) {
             ("who", &name),
         ],
     );
-    let mut entry = OutboxEntry::new(
+    let entry = OutboxEntry::new(
         &session,
         &decision.chat,
         told,
         decision.message_id.clone(),
         manager.now(),
     );
-    let written = manager.store().commit_turn(TurnCommit {
-        session: session.clone(),
-        history: None,
-        answered: Vec::new(),
-        reply: Some(entry.clone()),
-        summary: None,
-        also: vec![KvWrite {
-            space: APPROVALS_SPACE.to_owned(),
-            key: key.clone(),
-            value: Some(json),
-            if_unchanged: Some(Some(raw)),
-        }],
-    });
-    let id = match written {
-        Ok(id) => id,
+    let decided = KvWrite {
+        space: APPROVALS_SPACE.to_owned(),
+        key: key.clone(),
+        value: Some(json),
+        if_unchanged: Some(Some(raw)),
+    };
+    match post_with(manager, entry, vec![decided]).await {
+        Ok(()) => {}
         Err(StoreError::Changed(_)) => {
             // Someone else decided first.
             let text = match read() {
@@ -610,17 +589,9 @@ async fn decide(manager: &SessionManager, decision: Decision) {
             tracing::error!(session, error = %e, "cannot record an approval decision");
             return reply(say(lang, Msg::SettingsStoreFailed, &[])).await;
         }
-    };
-    if let Err(e) = manager.durable().await {
-        tracing::error!(session, error = %e, "cannot make an approval decision durable");
-        return;
     }
     tracing::info!(session, code = %decision.code, by = %decision.sender.id, approve = decision.approve, "approval decided");
     manager.approval_decided(&key);
-    if let Some(id) = id {
-        entry.id = id;
-        manager.enqueue_reply(entry, Vec::new());
-    }
     if let Some(press) = &decision.press {
         answer_press(manager, press, None).await;
     }
@@ -659,32 +630,39 @@ pub(super) async fn answer_press(
 
 /// Posts `text` in the decision's chat, as a reply to its command, through the outbox.
 async fn post(manager: &SessionManager, decision: &Decision, text: String) {
-    let session = decision.chat.session_key();
-    let mut entry = OutboxEntry::new(
-        &session,
+    let entry = OutboxEntry::new(
+        &decision.chat.session_key(),
         &decision.chat,
         text,
         decision.message_id.clone(),
         manager.now(),
     );
-    let written = manager.store().commit_turn(TurnCommit {
-        session: session.clone(),
+    if let Err(e) = post_with(manager, entry, Vec::new()).await {
+        tracing::error!(chat = %decision.chat, error = %e, "cannot post an approval answer");
+    }
+}
+
+/// Writes `entry` with `also` in one transaction, waits until it is durable, and hands it
+/// to its chat's outbox lane.
+async fn post_with(
+    manager: &SessionManager,
+    mut entry: OutboxEntry,
+    also: Vec<KvWrite>,
+) -> Result<(), StoreError> {
+    let id = manager.store().commit_turn(TurnCommit {
+        session: entry.session.clone(),
         history: None,
         answered: Vec::new(),
         reply: Some(entry.clone()),
         summary: None,
-        also: Vec::new(),
-    });
-    match written {
-        Ok(Some(id)) => {
-            if manager.durable().await.is_ok() {
-                entry.id = id;
-                manager.enqueue_reply(entry, Vec::new());
-            }
-        }
-        Ok(None) => {}
-        Err(e) => tracing::error!(session, error = %e, "cannot post an approval answer"),
+        also,
+    })?;
+    manager.durable().await?;
+    if let Some(id) = id {
+        entry.id = id;
+        manager.enqueue_reply(entry, Vec::new());
     }
+    Ok(())
 }
 
 /// The waiters of this daemon's turns, by record key.

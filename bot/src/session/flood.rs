@@ -34,11 +34,13 @@ pub(super) enum Admit {
     Quiet,
 }
 
+/// One limited thing's recent events, and until when its refusals are not told again
+/// (shared with the member turn limits, [`super::limits`]).
 #[derive(Debug, Default)]
-struct Entry {
-    window: SlidingWindow,
+pub(super) struct Entry {
+    pub(super) window: SlidingWindow,
     /// Until when refusals of this entry are not told again.
-    told_until: Option<Instant>,
+    pub(super) told_until: Option<Instant>,
 }
 
 /// The sliding windows of commands per member (in a chat) and per chat.
@@ -81,27 +83,8 @@ impl CommandLimits {
         Admit::Yes
     }
 
-    /// Drops entries with nothing in their window; if that is not enough, the ones used
-    /// longest ago.
     fn prune(&mut self, now: Instant) {
-        self.entries.retain(|_, e| {
-            e.window
-                .last()
-                .is_some_and(|last| now.duration_since(last) < WINDOW)
-                || e.told_until.is_some_and(|t| t > now)
-        });
-        if self.entries.len() >= MAX_ENTRIES {
-            let mut by_age: Vec<(Option<Instant>, String)> = self
-                .entries
-                .iter()
-                .map(|(k, e)| (e.window.last(), k.clone()))
-                .collect();
-            by_age.sort();
-            for (_, key) in by_age.into_iter().take(MAX_ENTRIES / 4) {
-                self.entries.remove(&key);
-            }
-        }
-        self.entries.shrink_to(self.entries.len() * 2);
+        prune(&mut self.entries, now, WINDOW, MAX_ENTRIES);
     }
 
     /// Entries held now (for tests and the bound).
@@ -109,6 +92,33 @@ impl CommandLimits {
     fn len(&self) -> usize {
         self.entries.len()
     }
+}
+
+/// Drops the entries of `entries` with nothing in their `window`; if that leaves `max` or
+/// more, a quarter of them, used longest ago.
+pub(super) fn prune(
+    entries: &mut HashMap<String, Entry>,
+    now: Instant,
+    window: Duration,
+    max: usize,
+) {
+    entries.retain(|_, e| {
+        e.window
+            .last()
+            .is_some_and(|last| now.duration_since(last) < window)
+            || e.told_until.is_some_and(|t| t > now)
+    });
+    if entries.len() >= max {
+        let mut by_age: Vec<(Option<Instant>, String)> = entries
+            .iter()
+            .map(|(k, e)| (e.window.last(), k.clone()))
+            .collect();
+        by_age.sort();
+        for (_, key) in by_age.into_iter().take(max / 4) {
+            entries.remove(&key);
+        }
+    }
+    entries.shrink_to(entries.len() * 2);
 }
 
 fn refuse(entry: &mut Entry, now: Instant, wait: Duration, who: String, lang: Lang) -> Admit {

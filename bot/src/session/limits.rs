@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ratelimit::SlidingWindow;
+use super::flood::{Entry, prune};
 
 /// The window of the limit.
 pub const WINDOW: Duration = Duration::from_secs(3600);
@@ -28,12 +28,6 @@ pub(super) enum TurnAdmit {
     Notice(Duration),
     /// Refuse it quietly: the member was told in this window.
     Quiet,
-}
-
-#[derive(Debug, Default)]
-struct Entry {
-    window: SlidingWindow,
-    told_until: Option<Instant>,
 }
 
 /// The windows of every (chat, member) pair with a limit.
@@ -77,24 +71,7 @@ impl MemberTurns {
     }
 
     fn prune(&mut self, now: Instant) {
-        self.entries.retain(|_, e| {
-            e.window
-                .last()
-                .is_some_and(|last| now.duration_since(last) < WINDOW)
-                || e.told_until.is_some_and(|t| t > now)
-        });
-        if self.entries.len() >= MAX_ENTRIES {
-            let mut by_age: Vec<(Option<Instant>, String)> = self
-                .entries
-                .iter()
-                .map(|(k, e)| (e.window.last(), k.clone()))
-                .collect();
-            by_age.sort();
-            for (_, key) in by_age.into_iter().take(MAX_ENTRIES / 4) {
-                self.entries.remove(&key);
-            }
-        }
-        self.entries.shrink_to(self.entries.len() * 2);
+        prune(&mut self.entries, now, WINDOW, MAX_ENTRIES);
     }
 }
 

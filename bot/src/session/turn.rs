@@ -194,7 +194,6 @@ impl ChatWorker {
                 manager: manager.clone(),
                 session: session.key().to_owned(),
                 chat: item.chat.clone(),
-                private: item.private,
                 lang: settings.language,
             });
         let deps = TurnDeps {

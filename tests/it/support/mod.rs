@@ -158,3 +158,19 @@ fn listen_addr(log: &str) -> Option<String> {
             .collect(),
     )
 }
+
+/// The address the daemon's OneBot listener bound, from its log.
+pub async fn onebot_addr(daemon: &DaemonProcess) -> String {
+    let log = daemon
+        .wait_for_log("waiting for the OneBot implementation", WAIT)
+        .await;
+    log.lines()
+        .find(|l| l.contains("waiting for the OneBot implementation"))
+        .and_then(|line| line.find("127.0.0.1:").map(|at| &line[at..]))
+        .map(|at| {
+            at.chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                .collect()
+        })
+        .unwrap_or_else(|| panic!("the OneBot listener never said where it is\n{log}"))
+}
