@@ -139,6 +139,15 @@ impl ChatWorker {
                 tracing::warn!(session = %session.key(), "the turn's commit was refused: another instance holds the chat now (fenced); its inputs are answered there");
                 return;
             }
+            Err(crate::store::StoreError::Changed(what)) if rules.action == Action::Settings => {
+                // Another chat of the group (a forum topic, another daemon) changed its
+                // settings since `/set` read them: it runs again on what is there now.
+                tracing::info!(session = %session.key(), %what, "the group's settings changed meanwhile; /set runs again");
+                let mut again = item;
+                again.done = done;
+                session.queue().push_over_capacity(again);
+                return;
+            }
             Err(e) => {
                 // The input stays pending and runs again after a restart; replying now could
                 // answer twice after a crash.
