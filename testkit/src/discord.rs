@@ -960,12 +960,8 @@ impl DiscordMessageBuilder<'_> {
     fn build(self) -> Value {
         let fake = self.fake;
         let id = fake.shared.snowflake().to_string();
-        let mut message = fixture("message.Example_Message.L167.json");
-        message["id"] = json!(id);
+        let mut message = example_message(&id, self.author.to_json(), &self.content);
         message["channel_id"] = json!(self.channel_id.to_string());
-        message["author"] = self.author.to_json();
-        message["content"] = json!(self.content);
-        message["timestamp"] = json!(now_rfc3339());
         message["reactions"] = json!([]);
         message["mentions"] = Value::Array(self.mentions.iter().map(|u| u.to_json()).collect());
         message["mention_everyone"] =
@@ -1296,6 +1292,43 @@ fn discord_error(status: StatusCode, code: u64, message: &str) -> Response {
     json_response(status, json!({"code": code, "message": message}))
 }
 
+/// Discord's answer to a body that is not JSON.
+fn invalid_json() -> Response {
+    discord_error(
+        StatusCode::BAD_REQUEST,
+        50109,
+        "The request body contains invalid JSON.",
+    )
+}
+
+/// Discord's answer to a message with nothing to show.
+fn empty_message() -> Response {
+    discord_error(
+        StatusCode::BAD_REQUEST,
+        50006,
+        "Cannot send an empty message",
+    )
+}
+
+/// The `content` of a request body, `""` when absent.
+fn content_of(body: &Value) -> String {
+    body.get("content")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A message by `author` saying `content`, from Discord's documented example message: the
+/// fields every message the fake makes sets; the rest stay as in the example.
+fn example_message(id: &str, author: Value, content: &str) -> Value {
+    let mut message = fixture("message.Example_Message.L167.json");
+    message["id"] = json!(id);
+    message["author"] = author;
+    message["content"] = json!(content);
+    message["timestamp"] = json!(now_rfc3339());
+    message
+}
+
 /// Records the request, checks the token (when `auth`) and plays a scripted failure.
 fn gate(
     shared: &Shared,
@@ -1577,17 +1610,9 @@ async fn create_message(
         return discord_error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
     }
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50109,
-            "The request body contains invalid JSON.",
-        );
+        return invalid_json();
     };
-    let content = body
-        .get("content")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
+    let content = content_of(&body);
     if content.chars().count() > 2000 {
         return json_response(
             StatusCode::BAD_REQUEST,
@@ -1605,11 +1630,7 @@ async fn create_message(
         return invalid;
     }
     if content.trim().is_empty() && body.get("embeds").is_none() {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50006,
-            "Cannot send an empty message",
-        );
+        return empty_message();
     }
     let nonce = match body.get("nonce") {
         None | Some(Value::Null) => None,
@@ -1684,12 +1705,8 @@ async fn create_message(
         body: body.clone(),
     };
     let pings_everyone = sent.pings_everyone();
-    let mut message = fixture("message.Example_Message.L167.json");
-    message["id"] = json!(id);
+    let mut message = example_message(&id, bot.to_json(), &content);
     message["channel_id"] = json!(channel);
-    message["author"] = bot.to_json();
-    message["content"] = json!(content);
-    message["timestamp"] = json!(now_rfc3339());
     message["reactions"] = json!([]);
     message["mention_everyone"] = json!(pings_everyone);
     if let Some(nonce) = &nonce {

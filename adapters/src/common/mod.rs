@@ -13,5 +13,5 @@ pub(crate) use reconnect::{
     DELIVERY_ATTEMPTS, DELIVERY_BACKOFF, ReadyOnce, Reconnect, Session, pause, supervise,
 };
 pub(crate) use retry::{Failure, RetryPolicy, with_retries};
-pub(crate) use send::{ensure_platform, nothing_to_send, parse_id, reply_target};
+pub(crate) use send::{button_row, ensure_platform, nothing_to_send, parse_id, reply_target};
 pub(crate) use token::Token;

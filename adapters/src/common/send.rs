@@ -2,7 +2,7 @@
 
 use std::str::FromStr;
 
-use parlor_bot::platform::{ChatRef, PlatformError};
+use parlor_bot::platform::{Button, ChatRef, PlatformError};
 
 /// Refuses `chat` unless it belongs to the platform whose session keys start with `key`.
 pub(crate) fn ensure_platform(
@@ -51,6 +51,33 @@ pub(crate) fn nothing_to_send(platform: &str) -> PlatformError {
     PlatformError::Refused(format!(
         "the message is empty; {platform} cannot send empty text"
     ))
+}
+
+/// `buttons` as one row of the platform's buttons, each made by `make`; `None` for no
+/// buttons. A button whose data is empty or longer than [`Button::MAX_DATA`] bytes is
+/// refused, before anything is sent: no platform could hand that data back in a press.
+pub(crate) fn button_row<T>(
+    buttons: &[Button],
+    make: impl Fn(&Button) -> T,
+) -> Result<Option<Vec<T>>, PlatformError> {
+    if buttons.is_empty() {
+        return Ok(None);
+    }
+    buttons
+        .iter()
+        .map(|button| {
+            if button.data.is_empty() || button.data.len() > Button::MAX_DATA {
+                return Err(PlatformError::Refused(format!(
+                    "the data of the button `{}` must be 1 to {} bytes, not {}",
+                    button.label,
+                    Button::MAX_DATA,
+                    button.data.len()
+                )));
+            }
+            Ok(make(button))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 #[cfg(test)]

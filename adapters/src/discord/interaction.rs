@@ -22,7 +22,7 @@ use serenity::model::application::ComponentInteraction;
 use super::convert::{PLATFORM, convert_interaction};
 use super::render::render_parts;
 use super::{DiscordAdapter, NAME};
-use crate::common::{Failure, RetryPolicy, ensure_platform, with_retries};
+use crate::common::{Failure, RetryPolicy, button_row, ensure_platform, with_retries};
 
 /// How long the acknowledgement may take: past Discord's three seconds the interaction has
 /// failed anyway.
@@ -45,32 +45,18 @@ const EPHEMERAL: u64 = 1 << 6;
 /// more than five buttons, or data that is empty or longer than [`Button::MAX_DATA`] bytes.
 /// A label past Discord's 80 characters is cut, since it is only what people read.
 pub(super) fn components(buttons: &[Button]) -> Result<Option<Value>, PlatformError> {
-    if buttons.is_empty() {
-        return Ok(None);
-    }
     if buttons.len() > MAX_BUTTONS_PER_ROW {
         return Err(PlatformError::Refused(format!(
             "{} buttons do not fit one Discord action row (at most {MAX_BUTTONS_PER_ROW})",
             buttons.len()
         )));
     }
-    let row = buttons
-        .iter()
-        .map(|button| {
-            if button.data.is_empty() || button.data.len() > Button::MAX_DATA {
-                return Err(PlatformError::Refused(format!(
-                    "the data of the button `{}` must be 1 to {} bytes, not {}",
-                    button.label,
-                    Button::MAX_DATA,
-                    button.data.len()
-                )));
-            }
-            let label = parlor_bot::text::split_chars(&button.label, MAX_LABEL_CHARS).0;
-            // Style 2, secondary (grey): the post's text says what each button does.
-            Ok(json!({"type": 2, "style": 2, "label": label, "custom_id": button.data}))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Some(json!([{"type": 1, "components": row}])))
+    let row = button_row(buttons, |button| {
+        let label = parlor_bot::text::split_chars(&button.label, MAX_LABEL_CHARS).0;
+        // Style 2, secondary (grey): the post's text says what each button does.
+        json!({"type": 2, "style": 2, "label": label, "custom_id": button.data})
+    })?;
+    Ok(row.map(|row| json!([{"type": 1, "components": row}])))
 }
 
 /// `{interaction id}:{token}` of [`ButtonPress::answer`], read back.
@@ -132,19 +118,14 @@ impl DiscordAdapter {
         let path = format!("/interactions/{id}/{token}/callback");
         let body = json!({"type": DEFERRED_UPDATE_MESSAGE});
         let policy = RetryPolicy::once(NAME, ACKNOWLEDGE_WITHIN);
-        with_retries(
+        self.post_with_token(
             "POST /interactions/{id}/{token}/callback",
             &policy,
-            || async {
-                self.inner
-                    .rest
-                    .call(Method::POST, &path, Some(&body))
-                    .await
-                    .map_err(|failure| hide(failure, token))
-            },
+            &path,
+            &body,
+            token,
         )
         .await
-        .map(|_| ())
     }
 
     /// [`Platform::answer_button`](parlor_bot::platform::Platform::answer_button): the
@@ -176,17 +157,34 @@ impl DiscordAdapter {
             "flags": EPHEMERAL,
             "allowed_mentions": self.allowed_mentions(false),
         });
-        with_retries(
+        self.post_with_token(
             "POST /webhooks/{application}/{token}",
             &self.policy().single(),
-            || async {
-                self.inner
-                    .rest
-                    .call(Method::POST, &path, Some(&body))
-                    .await
-                    .map_err(|failure| hide(failure, token))
-            },
+            &path,
+            &body,
+            token,
         )
+        .await
+    }
+
+    /// `POST` of `body` to `path`, an interaction's URL, under `policy` (`route` names it
+    /// in logs). The interaction `token` in the URL is scrubbed from every error text,
+    /// since it lets anyone post as the bot.
+    async fn post_with_token(
+        &self,
+        route: &'static str,
+        policy: &RetryPolicy,
+        path: &str,
+        body: &Value,
+        token: &str,
+    ) -> Result<(), PlatformError> {
+        with_retries(route, policy, || async {
+            self.inner
+                .rest
+                .call(Method::POST, path, Some(body))
+                .await
+                .map_err(|failure| hide(failure, token))
+        })
         .await
         .map(|_| ())
     }

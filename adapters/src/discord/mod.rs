@@ -62,6 +62,7 @@ use parlor_bot::platform::{
 };
 use reqwest::Method;
 use serde_json::{Value, json};
+use serenity::model::id::{ChannelId, GuildId, RoleId, UserId};
 use tokio::time::Instant;
 
 pub use config::{DISCORD_MAX_IMAGE_BYTES, DiscordConfig};
@@ -201,16 +202,11 @@ impl DiscordAdapter {
 
     /// Remembers the channel's guild and the author's roles from a gateway message.
     pub(crate) fn learn(&self, message: &serenity::model::channel::Message) {
-        let channel = message.channel_id.get();
-        let guild = message.guild_id.map(|g| g.get());
-        let mut known = self.known();
-        known.channel_guild.insert(channel, guild);
-        if let (Some(guild), Some(member)) = (guild, &message.member) {
-            known.members.entry(guild).or_default().insert(
-                message.author.id.get(),
-                member.roles.iter().map(|r| r.get()).collect(),
-            );
-        }
+        let author = message
+            .member
+            .as_ref()
+            .map(|m| (message.author.id, &m.roles[..]));
+        self.learn_place(message.channel_id, message.guild_id, author);
     }
 
     /// Remembers what a component interaction tells: the channel's guild, the presser's
@@ -219,17 +215,32 @@ impl DiscordAdapter {
         &self,
         interaction: &serenity::model::application::ComponentInteraction,
     ) {
-        let channel = interaction.channel_id.get();
-        let guild = interaction.guild_id.map(|g| g.get());
+        let presser = interaction
+            .member
+            .as_ref()
+            .map(|m| (m.user.id, &m.roles[..]));
+        self.learn_place(interaction.channel_id, interaction.guild_id, presser);
+        self.learn_application(interaction.application_id.get());
+    }
+
+    /// Remembers `channel`'s guild and, in a guild, `member`'s roles: what a message and a
+    /// press tell alike.
+    fn learn_place(
+        &self,
+        channel: ChannelId,
+        guild: Option<GuildId>,
+        member: Option<(UserId, &[RoleId])>,
+    ) {
+        let guild = guild.map(|g| g.get());
         let mut known = self.known();
-        known.channel_guild.insert(channel, guild);
-        if let (Some(guild), Some(member)) = (guild, &interaction.member) {
-            known.members.entry(guild).or_default().insert(
-                member.user.id.get(),
-                member.roles.iter().map(|r| r.get()).collect(),
-            );
+        known.channel_guild.insert(channel.get(), guild);
+        if let (Some(guild), Some((user, roles))) = (guild, member) {
+            known
+                .members
+                .entry(guild)
+                .or_default()
+                .insert(user.get(), roles.iter().map(|r| r.get()).collect());
         }
-        known.application = Some(interaction.application_id.get());
     }
 
     /// Remembers the application id READY named.

@@ -84,7 +84,7 @@ use convert::PLATFORM;
 use error::classify;
 
 use crate::common::{
-    Failure, RetryPolicy, SizeLimit, Token, ensure_platform, nothing_to_send, parse_id,
+    Failure, RetryPolicy, SizeLimit, Token, button_row, ensure_platform, nothing_to_send, parse_id,
     reply_target, with_retries,
 };
 
@@ -331,30 +331,13 @@ impl TelegramAdapter {
 }
 
 /// `buttons` as an inline keyboard of one row of callback buttons; `None` for no buttons.
-/// A button whose data is longer than Telegram's `callback_data` allows
-/// ([`Button::MAX_DATA`] bytes) or empty is refused.
+/// A button whose data is empty or longer than Telegram's `callback_data` allows
+/// ([`Button::MAX_DATA`] bytes) is refused ([`button_row`]).
 fn inline_keyboard(buttons: &[Button]) -> Result<Option<InlineKeyboardMarkup>, PlatformError> {
-    if buttons.is_empty() {
-        return Ok(None);
-    }
-    let row = buttons
-        .iter()
-        .map(|button| {
-            if button.data.is_empty() || button.data.len() > Button::MAX_DATA {
-                return Err(PlatformError::Refused(format!(
-                    "the data of the button `{}` must be 1 to {} bytes, not {}",
-                    button.label,
-                    Button::MAX_DATA,
-                    button.data.len()
-                )));
-            }
-            Ok(InlineKeyboardButton::callback(
-                button.label.as_str(),
-                button.data.as_str(),
-            ))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Some(InlineKeyboardMarkup::new([row])))
+    let row = button_row(buttons, |button| {
+        InlineKeyboardButton::callback(button.label.as_str(), button.data.as_str())
+    })?;
+    Ok(row.map(|row| InlineKeyboardMarkup::new([row])))
 }
 
 #[async_trait]

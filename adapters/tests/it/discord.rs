@@ -11,7 +11,7 @@ use parlor_adapters::Receiver;
 use parlor_adapters::discord::{DiscordAdapter, DiscordConfig, MAX_MESSAGE_CHARS};
 use parlor_bot::agent::{Agent, AgentConfig};
 use parlor_bot::platform::{
-    Button, ButtonPress, ChatEvent, ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError,
+    ButtonPress, ChatEvent, ChatKind, ChatRef, ImageRef, Inbox, Platform, PlatformError,
 };
 use parlor_bot::session::{SessionConfig, SessionManager};
 use parlor_bot::store::{MemoryStore, Store};
@@ -20,7 +20,7 @@ use parlor_bot::tool::ToolRegistry;
 use parlor_testkit::{DiscordFailure, DiscordSent, DiscordUser, FakeDiscord};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Running, eventually};
+use crate::support::{Running, buttons, eventually};
 
 const TOKEN: &str = "MTEwMA.test.SECRET-token";
 const GUILD: u64 = 900_000_000_000_000_001;
@@ -717,19 +717,6 @@ async fn a_store_failure_is_retried_and_shutting_down_stops() {
 }
 
 // --- buttons -----------------------------------------------------------------------------
-
-fn buttons() -> Vec<Button> {
-    vec![
-        Button {
-            label: "Approve".to_owned(),
-            data: "approve:7f3a".to_owned(),
-        },
-        Button {
-            label: "Deny".to_owned(),
-            data: "deny:7f3a".to_owned(),
-        },
-    ]
-}
 
 /// The button presses among `events`, in order.
 fn presses(events: &[ChatEvent]) -> Vec<ButtonPress> {

@@ -1,11 +1,12 @@
-//! What the adapters' integration tests share: waiting for a condition and an adapter
-//! running in a task. The inbox double is `parlor_bot::testing::TestInbox`.
+//! What the adapters' integration tests share: waiting for a condition, an adapter
+//! running in a task, and the buttons the button tests send. The inbox double is
+//! `parlor_bot::testing::TestInbox`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parlor_adapters::Receiver;
-use parlor_bot::platform::{Inbox, PlatformError};
+use parlor_bot::platform::{Button, Inbox, PlatformError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -72,4 +73,18 @@ impl Drop for Running {
             task.abort();
         }
     }
+}
+
+/// An approval's two buttons, as every platform's button tests send them.
+pub fn buttons() -> Vec<Button> {
+    vec![
+        Button {
+            label: "Approve".to_owned(),
+            data: "approve:7f3a".to_owned(),
+        },
+        Button {
+            label: "Deny".to_owned(),
+            data: "deny:7f3a".to_owned(),
+        },
+    ]
 }

@@ -24,7 +24,7 @@ use parlor_testkit::{Failure, FakeTelegram, TgUser};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Running, eventually};
+use crate::support::{Running, buttons, eventually};
 
 const TOKEN: &str = "123456:TEST-secret-token";
 const GROUP: i64 = -100123;
@@ -1031,6 +1031,32 @@ fn webhook_config(fake: &FakeTelegram) -> TelegramConfig {
     config
 }
 
+/// A fake, an adapter in webhook mode, and its receiver, delivering into an accepting inbox.
+async fn webhook_receiver() -> (
+    FakeTelegram,
+    TelegramAdapter,
+    Arc<TestInbox>,
+    WebhookReceiver,
+) {
+    let fake = FakeTelegram::start(TOKEN).await;
+    let adapter = TelegramAdapter::connect(webhook_config(&fake))
+        .await
+        .unwrap();
+    let inbox = TestInbox::new(InboxMode::Accept);
+    let receiver = WebhookReceiver::new(&adapter, inbox.clone())
+        .unwrap()
+        .expect("webhook mode");
+    (fake, adapter, inbox, receiver)
+}
+
+/// `update` posted to `receiver` with the right secret, as Telegram posts it.
+async fn post_update(receiver: &WebhookReceiver, update: &serde_json::Value) -> WebhookAnswer {
+    let body = serde_json::to_vec(update).unwrap();
+    receiver
+        .receive(Some(WEBHOOK_SECRET.as_bytes()), &body)
+        .await
+}
+
 #[tokio::test]
 async fn polling_first_removes_a_webhook_and_keeps_its_pending_updates() {
     let (fake, adapter) = connected().await;
@@ -1087,14 +1113,7 @@ async fn webhook_mode_sets_the_webhook_retrying_and_never_polls() {
 
 #[tokio::test]
 async fn the_webhook_receiver_records_an_update_only_with_the_secret() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = TelegramAdapter::connect(webhook_config(&fake))
-        .await
-        .unwrap();
-    let inbox = TestInbox::new(InboxMode::Accept);
-    let receiver = WebhookReceiver::new(&adapter, inbox.clone())
-        .unwrap()
-        .expect("webhook mode");
+    let (fake, adapter, inbox, receiver) = webhook_receiver().await;
     assert_eq!(receiver.path(), "/telegram/3f9c2a7d0b6e41c8a5d2");
     let update = fake
         .group_message(GROUP, alice(), "hi")
@@ -1149,19 +1168,6 @@ async fn the_webhook_receiver_records_an_update_only_with_the_secret() {
 }
 
 // --- buttons -----------------------------------------------------------------------------
-
-fn buttons() -> Vec<Button> {
-    vec![
-        Button {
-            label: "Approve".to_owned(),
-            data: "approve:7f3a".to_owned(),
-        },
-        Button {
-            label: "Deny".to_owned(),
-            data: "deny:7f3a".to_owned(),
-        },
-    ]
-}
 
 /// The one button press among `events`.
 fn the_press(events: &[ChatEvent]) -> ButtonPress {
@@ -1308,14 +1314,7 @@ async fn a_callback_without_data_is_skipped_but_acknowledged() {
 
 #[tokio::test]
 async fn a_button_press_through_the_webhook_arrives_in_its_topic() {
-    let fake = FakeTelegram::start(TOKEN).await;
-    let adapter = TelegramAdapter::connect(webhook_config(&fake))
-        .await
-        .unwrap();
-    let inbox = TestInbox::new(InboxMode::Accept);
-    let receiver = WebhookReceiver::new(&adapter, inbox.clone())
-        .unwrap()
-        .expect("webhook mode");
+    let (fake, adapter, inbox, receiver) = webhook_receiver().await;
     fake.forum_topic(GROUP, 7);
     let topic = group().in_thread("7");
     let sent = adapter
@@ -1327,11 +1326,8 @@ async fn a_button_press_through_the_webhook_arrives_in_its_topic() {
     let update = fake
         .callback_query(alice(), GROUP, message_id, "deny:7f3a")
         .webhook_update();
-    let body = serde_json::to_vec(&update).unwrap();
     assert_eq!(
-        receiver
-            .receive(Some(WEBHOOK_SECRET.as_bytes()), &body)
-            .await,
+        post_update(&receiver, &update).await,
         WebhookAnswer::Accepted
     );
     let press = the_press(&inbox.events());
@@ -1351,11 +1347,8 @@ async fn a_button_press_through_the_webhook_arrives_in_its_topic() {
         .callback_query(alice(), GROUP, message_id, "x")
         .without_data()
         .webhook_update();
-    let body = serde_json::to_vec(&without_data).unwrap();
     assert_eq!(
-        receiver
-            .receive(Some(WEBHOOK_SECRET.as_bytes()), &body)
-            .await,
+        post_update(&receiver, &without_data).await,
         WebhookAnswer::Accepted,
         "skipped, and acknowledged so Telegram does not send it again"
     );

@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::{
-    DEFAULT_GUILD_ID, DiscordSent, DiscordUser, FakeDiscord, Inner, Shared, discord_error, fixture,
-    gate, json_response, now_rfc3339,
+    DEFAULT_GUILD_ID, DiscordSent, DiscordUser, FakeDiscord, Inner, Shared, content_of,
+    discord_error, empty_message, example_message, gate, invalid_json, json_response,
 };
 use crate::server::{WaitTimeout, at_least};
 
@@ -354,12 +354,8 @@ impl DiscordInteractionBuilder<'_> {
 /// A message of the bot with id `message_id`, for a press under a message the fake never
 /// saw.
 fn bot_message(inner: &Inner, message_id: &str, channel_id: u64) -> Value {
-    let mut message = fixture("message.Example_Message.L167.json");
-    message["id"] = json!(message_id);
+    let mut message = example_message(message_id, inner.bot.to_json(), "(earlier message)");
     message["channel_id"] = json!(channel_id.to_string());
-    message["author"] = inner.bot.to_json();
-    message["content"] = json!("(earlier message)");
-    message["timestamp"] = json!(now_rfc3339());
     message["reactions"] = json!([]);
     message["mentions"] = json!([]);
     message
@@ -385,11 +381,7 @@ pub(super) async fn interaction_callback(
         return r;
     }
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50109,
-            "The request body contains invalid JSON.",
-        );
+        return invalid_json();
     };
     let Some(kind) = body.get("type").and_then(Value::as_u64) else {
         return discord_error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body");
@@ -435,23 +427,11 @@ pub(super) async fn followup(
         return r;
     }
     let Ok(body) = serde_json::from_slice::<Value>(&body) else {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50109,
-            "The request body contains invalid JSON.",
-        );
+        return invalid_json();
     };
-    let content = body
-        .get("content")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
+    let content = content_of(&body);
     if content.trim().is_empty() {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50006,
-            "Cannot send an empty message",
-        );
+        return empty_message();
     }
     if content.chars().count() > 2000 {
         return discord_error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body");
@@ -468,11 +448,7 @@ pub(super) async fn followup(
         };
         let flags = body.get("flags").and_then(Value::as_u64).unwrap_or(0);
         let id = shared.snowflake().to_string();
-        let mut message = fixture("message.Example_Message.L167.json");
-        message["id"] = json!(id);
-        message["author"] = inner.bot.to_json();
-        message["content"] = json!(content);
-        message["timestamp"] = json!(now_rfc3339());
+        let mut message = example_message(&id, inner.bot.to_json(), &content);
         message["flags"] = json!(flags);
         message["webhook_id"] = json!(application);
         inner.followups.push(DiscordFollowup {
