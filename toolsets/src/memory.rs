@@ -17,7 +17,13 @@
 //! **Keys** are 1 to `max_key_chars` characters without control characters, trimmed and
 //! compared in lower case (`Team.Standup` and `team.standup` are one entry).
 //!
-//! **Values** are versioned JSON: `{"v":1,"content","created","updated","author":{id,name}}`.
+//! **Values** are versioned JSON: `{"v":1,"content","created","updated","author":{id,name}}`,
+//! plus where the fact came from: `source` {member_id, member_name, message_id} (the message
+//! the turn answers, or the one `source_message_id` names; never the bot's own), `confirmed`
+//! (when a member's message last said it) and `unconfirmed` (no member's message supports
+//! it: at least half of the content's telling words, CJK characters one by one, must be in
+//! the message). An unconfirmed entry is kept but marked wherever it is shown, so the
+//! model's own reading never comes back as a member's fact.
 //! Memory survives restarts and `/reset` (which clears the conversation only).
 //!
 //! **Search score**, per entry, over the query's words (lower case, split at anything that is
@@ -110,6 +116,9 @@ pub struct MemoryWriteArgs {
     pub key: String,
     /// What to remember, in plain words.
     pub content: String,
+    /// The id of the member's message the fact comes from, when it is not the message you
+    /// are answering (which is the source by default). Never your own message.
+    pub source_message_id: Option<String>,
 }
 
 /// Arguments of `memory_read`.
@@ -144,6 +153,42 @@ struct Entry {
     created: DateTime<Utc>,
     updated: DateTime<Utc>,
     author: Author,
+    /// The member and the message the fact came from; `None` for an entry written without
+    /// one (a clock task's, or one from before sources were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<Source>,
+    /// When a member's message last said it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    confirmed: Option<DateTime<Utc>>,
+    /// Its source does not say it, or it has none it could be checked against: the model's
+    /// reading, not a member's words.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    unconfirmed: bool,
+}
+
+/// Where a fact came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Source {
+    /// The member who said it (platform-qualified id) and their name then.
+    member_id: String,
+    member_name: String,
+    /// The message, in this chat (`get_message` shows it).
+    message_id: String,
+}
+
+impl Entry {
+    /// What the tools show of its provenance.
+    fn provenance(&self) -> serde_json::Value {
+        json!({
+            "source": self.source.as_ref().map(|s| json!({
+                "member_id": s.member_id,
+                "member_name": s.member_name,
+                "message_id": s.message_id,
+            })),
+            "confirmed": self.confirmed.map(rfc3339),
+            "unconfirmed": self.unconfirmed,
+        })
+    }
 }
 
 /// Who last wrote an entry.
@@ -236,10 +281,13 @@ impl MemoryToolset {
             .add_function_with_state(
                 WRITE,
                 &format!(
-                    "Remember something for this chat: creates the entry `key` or replaces it. \
-                     The memory belongs to this chat only and survives restarts and /reset. At \
-                     most {} entries of {} characters; keys up to {} characters. Never store \
-                     secrets.",
+                    "Remember something a member said in this chat: creates the entry `key` or \
+                     replaces it, with the member and their message as its source (the message \
+                     you are answering, or `source_message_id`). Only their words, never your \
+                     own inferences: an entry their message does not support is marked \
+                     unconfirmed. The memory belongs to this chat only and survives restarts \
+                     and /reset. At most {} entries of {} characters; keys up to {} \
+                     characters. Never store secrets.",
                     o.max_entries, o.max_entry_chars, o.max_key_chars
                 ),
                 |m: Arc<Memory>, args: MemoryWriteArgs, cx: ToolContext| async move {
@@ -248,7 +296,10 @@ impl MemoryToolset {
             )
             .risk(Risk::Write)
             .failure_codes(&[MEMORY_FULL, ENTRY_TOO_LARGE])
-            .result_doc("`data`: `key` (as stored, lower case), `replaced`, `chars`.")
+            .result_doc(
+                "`data`: `key` (as stored, lower case), `replaced`, `chars`, `source` \
+                 {member_id, member_name, message_id} or null, `confirmed`, `unconfirmed`.",
+            )
             .add_function_with_state(
                 READ,
                 "Read this chat's memory: one entry by `key`, or without a key the list of \
@@ -260,8 +311,9 @@ impl MemoryToolset {
             .risk(Risk::Read)
             .failure_codes(&[MEMORY_NOT_FOUND])
             .result_doc(
-                "with `key`: `data` {key, content, created, updated, author}; without: `data` \
-                 {count, max_entries, entries: [{key, preview, updated}]}.",
+                "with `key`: `data` {key, content, created, updated, author, source, confirmed, \
+                 unconfirmed}; without: `data` {count, max_entries, entries: [{key, preview, \
+                 updated, unconfirmed}]}.",
             )
             .add_function_with_state(
                 SEARCH,
@@ -275,7 +327,7 @@ impl MemoryToolset {
             .risk(Risk::Read)
             .result_doc(
                 "`data`: `matches`, `results` [{key, score, matched, phrase, content, complete, \
-                 updated}], best first.",
+                 updated, source, unconfirmed}], best first.",
             )
             .add_function_with_state(
                 DELETE,
@@ -325,6 +377,9 @@ const PROMPT: &str = "## Memory\n\
     - One topic per key (`team.standup`, `alice.timezone`); update an entry instead \
     of adding a near-duplicate; delete what is wrong or what someone asks you to \
     forget.\n\
+    - Save only what a member said: the message you answer is the entry's source (name \
+    another with source_message_id). Never save your own guesses or inferences as facts; an \
+    entry no member's message supports is kept as unconfirmed, and you say so when you use it.\n\
     - Never store secrets: passwords, tokens, keys, card or account numbers.\n\
     - What someone tells you in a private chat stays in that chat's memory; do not \
     repeat it in a group.\n\
@@ -350,7 +405,14 @@ impl Memory {
         let keys: Vec<String> = entries
             .iter()
             .take(max)
-            .map(|(k, _)| quote::block(k))
+            .map(|(k, e)| {
+                let key = quote::block(k);
+                if e.unconfirmed {
+                    format!("{key} (unconfirmed)")
+                } else {
+                    key
+                }
+            })
             .collect();
         let more = entries.len() - keys.len();
         let more = if more > 0 {
@@ -452,12 +514,16 @@ impl Memory {
             }
         }
         let now = self.wall_time.now();
+        let (source, supported) = self.source(&args, content, cx)?;
         let entry = Entry {
             v: VERSION,
             content: content.to_owned(),
             created: existing.as_ref().map_or(now, |e| e.created),
             updated: now,
             author: Author::from(&cx.caller),
+            confirmed: supported.then_some(now),
+            unconfirmed: !supported,
+            source,
         };
         let value = serde_json::to_string(&entry).map_err(|error| {
             tracing::error!(%error, "a memory entry could not be encoded");
@@ -471,10 +537,62 @@ impl Memory {
         } else {
             "saved"
         };
+        let note = if entry.unconfirmed {
+            " as unconfirmed: no member's message says it, so it is your reading, not a fact; \
+             say so when you use it"
+        } else {
+            ""
+        };
+        let mut data = json!({"key": key, "replaced": existing.is_some(), "chars": chars});
+        merge(&mut data, entry.provenance());
         Ok(ToolResult::ok_with(
-            format!("{verb} memory entry {key:?}"),
-            json!({"key": key, "replaced": existing.is_some(), "chars": chars}),
+            format!("{verb} memory entry {key:?}{note}"),
+            data,
         ))
+    }
+
+    /// The source of a write (the named message, or the one the turn answers) and whether
+    /// its text supports `content`.
+    fn source(
+        &self,
+        args: &MemoryWriteArgs,
+        content: &str,
+        cx: &ToolContext,
+    ) -> Result<(Option<Source>, bool), ToolError> {
+        let named = args
+            .source_message_id
+            .as_deref()
+            .map(str::trim)
+            .filter(|id| !id.is_empty());
+        let Some(id) = named.or(cx.answering.as_deref()) else {
+            return Ok((None, false));
+        };
+        let message = self
+            .store
+            .get_message(&cx.session, id)
+            .map_err(|e| store_failure(WRITE, &e))?;
+        let Some(message) = message else {
+            return match named {
+                Some(_) => Err(ToolError::invalid_arguments(format!(
+                    "there is no message {id:?} in this chat; name a member's message, or leave \
+                     source_message_id out"
+                ))),
+                // The answered message was not recorded (a console line): no source.
+                None => Ok((None, false)),
+            };
+        };
+        if message.from_self {
+            return Err(ToolError::invalid_arguments(
+                "source_message_id names one of your own messages: a fact must come from a \
+                 member's message, never from what you said",
+            ));
+        }
+        let source = Source {
+            member_id: message.sender.id.clone(),
+            member_name: message.sender.name.clone(),
+            message_id: message.message_id.clone(),
+        };
+        Ok((Some(source), supports(&message.text, content)))
     }
 
     fn read(&self, args: MemoryReadArgs, cx: &ToolContext) -> Outcome {
@@ -500,6 +618,9 @@ impl Memory {
                 "created": rfc3339(entry.created),
                 "updated": rfc3339(entry.updated),
                 "author": {"id": entry.author.id, "name": entry.author.name},
+                "source": entry.provenance()["source"],
+                "confirmed": entry.confirmed.map(rfc3339),
+                "unconfirmed": entry.unconfirmed,
             }),
         ))
     }
@@ -519,6 +640,7 @@ impl Memory {
                 "key": key,
                 "preview": preview,
                 "updated": rfc3339(entry.updated),
+                "unconfirmed": entry.unconfirmed,
             }));
         }
         let max = self.options.max_entries;
@@ -577,6 +699,8 @@ impl Memory {
                     "content": content,
                     "complete": whole,
                     "updated": rfc3339(entry.updated),
+                    "source": entry.provenance()["source"],
+                    "unconfirmed": entry.unconfirmed,
                 })
             })
             .collect();
@@ -693,6 +817,70 @@ fn decode(value: &str) -> Result<Entry, Unreadable> {
         return Err(Unreadable::Version(entry.v));
     }
     Ok(entry)
+}
+
+/// Adds the members of `more` to the object `data`.
+fn merge(data: &mut serde_json::Value, more: serde_json::Value) {
+    if let (Some(data), serde_json::Value::Object(more)) = (data.as_object_mut(), more) {
+        data.extend(more);
+    }
+}
+
+/// The words of `text` that say something (three or more letters), lower case, and each
+/// CJK character on its own (Chinese has no spaces between words).
+fn telling_words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    for word in text
+        .to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let mut run = String::new();
+        for c in word.chars() {
+            if is_cjk(c) {
+                if run.chars().count() >= 3 {
+                    words.push(std::mem::take(&mut run));
+                }
+                run.clear();
+                words.push(c.to_string());
+            } else {
+                run.push(c);
+            }
+        }
+        if run.chars().count() >= 3 || (!run.is_empty() && run.chars().all(|c| c.is_ascii_digit()))
+        {
+            words.push(run);
+        }
+    }
+    words
+}
+
+fn is_cjk(c: char) -> bool {
+    matches!(c, '\u{3040}'..='\u{30ff}' | '\u{3400}'..='\u{4dbf}' | '\u{4e00}'..='\u{9fff}' | '\u{ac00}'..='\u{d7af}')
+}
+
+/// Whether `message` says what `content` holds: at least half of the content's telling words
+/// are in it (a word also counts where one begins the other, four letters at least, so
+/// `birthday` and `birthdays` agree). A heuristic, on purpose lenient: it catches an entry
+/// that no member's words support, the model's own inference.
+fn supports(message: &str, content: &str) -> bool {
+    let said = telling_words(message);
+    let wanted = telling_words(content);
+    if wanted.is_empty() {
+        return message.to_lowercase().contains(&content.to_lowercase());
+    }
+    let found = wanted
+        .iter()
+        .filter(|w| {
+            said.iter().any(|s| {
+                s == *w
+                    || (s.chars().count() >= 4
+                        && w.chars().count() >= 4
+                        && (s.starts_with(w.as_str()) || w.starts_with(s.as_str())))
+            })
+        })
+        .count();
+    found * 2 >= wanted.len()
 }
 
 fn rfc3339(time: DateTime<Utc>) -> String {

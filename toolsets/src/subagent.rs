@@ -433,6 +433,7 @@ impl SubagentService {
             toolsets: cx.toolsets.clone(),
             approver: cx.approver.clone(),
             persona: None,
+            answering: cx.answering.clone(),
         };
         let turn = agent.run_turn(&[], input, cancel.clone());
         tokio::pin!(turn);

@@ -120,6 +120,9 @@ pub struct TurnInput {
     /// The group's own instructions (its `persona` setting): opened with the first user
     /// message of every request, quoted as the group's words, never stored.
     pub persona: Option<String>,
+    /// The platform id of the member's message the turn answers (its last one), handed to
+    /// tools: what a fact the model saves came from, unless it names another.
+    pub answering: Option<String>,
 }
 
 impl std::fmt::Debug for TurnInput {
@@ -148,6 +151,7 @@ impl TurnInput {
             toolsets: None,
             approver: None,
             persona: None,
+            answering: None,
         }
     }
 }
@@ -702,6 +706,7 @@ impl Agent {
             post: input.post.clone(),
             toolsets: input.toolsets.clone(),
             approver: input.approver.clone(),
+            answering: input.answering.clone(),
         };
         self.observer.on_event(&AgentEvent::ToolStarted {
             session: &input.session,

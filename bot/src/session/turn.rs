@@ -300,6 +300,11 @@ pub(super) async fn run(
         post: Some(deps.post),
         toolsets: deps.settings.toolsets.as_deref().map(Arc::from),
         approver: deps.approver,
+        // Only a member's message is a source; a clock fire's or a notice's input is ours.
+        answering: item
+            .reply_to
+            .clone()
+            .filter(|_| item.kind.rules().caller == super::input::CallerRule::Senders),
         // The group's words never steer a turn that holds an operator's rights.
         persona: deps
             .settings

@@ -472,6 +472,9 @@ pub struct ToolContext {
     pub toolsets: Option<Arc<[String]>>,
     /// Who is asked when a tool needs approval; `None`: such a tool cannot run here.
     pub approver: Option<Arc<dyn approval::Approver>>,
+    /// The platform id of the member's message the turn answers; `None` in a turn nobody
+    /// asked for (a clock fire, a task's result, auto-chat).
+    pub answering: Option<String>,
 }
 
 impl ToolContext {

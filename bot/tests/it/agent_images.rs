@@ -126,6 +126,7 @@ fn input(content: Content, platform: &Arc<TestPlatform>) -> TurnInput {
         toolsets: None,
         approver: None,
         persona: None,
+        answering: None,
     }
 }
 
