@@ -958,6 +958,10 @@ pub fn runtime(
     } = services;
     // What the toolsets keep about a chat follows it when it moves or the bot leaves.
     sessions.add_chat_hook(Arc::new(MemoryChatHook));
+    if config.toolsets.enabled.iter().any(|t| t == "memory") {
+        sessions.add_chat_command(Arc::new(parlor_toolsets::memory::MemoryCommand::List));
+        sessions.add_chat_command(Arc::new(parlor_toolsets::memory::MemoryCommand::Forget));
+    }
     sessions.add_chat_hook(Arc::new(TodoChatHook));
     if let Some(handle) = &clock {
         sessions.add_chat_hook(Arc::new(ClockChatHook::new(handle.clone())));

@@ -155,6 +155,29 @@ catalog! {
     SetAside =>
         "I set aside a message from {who}: working on it stopped me twice, so I will not try it again. The operator can find it in the log.",
         "我把 {who} 的一条消息放到了一边：处理它让我停机了两次，所以不会再试。运营者可以在日志里找到它。";
+    CommandGone => "{word} is not available any more.", "{word} 已不可用。";
+    CommandNeedsRole => "Only {role} may use {word} here.", "在这里只有{role}可以使用 {word}。";
+    MemoryEmpty => "I remember nothing in this chat yet.", "我在这个聊天里还什么都没记住。";
+    MemoryHeader =>
+        "What I remember in this chat ({count} entries, newest first):",
+        "我在这个聊天里记住的内容（{count} 条，最新的在前）：";
+    MemoryUnconfirmed => "unconfirmed", "未确认";
+    MemoryFrom => "from {name}", "来自 {name}";
+    MemoryMore => "… and {more} more.", "……还有 {more} 条。";
+    MemoryForgot => "Forgot {key}.", "已忘记 {key}。";
+    MemoryNoKey => "There is no entry {key} here; /memory lists them.", "这里没有 {key} 这一条；/memory 会列出所有条目。";
+    MemoryForgotYou =>
+        "Forgot {count} entries that came from what you said here.",
+        "已忘记 {count} 条来自你在这里所说内容的记录。";
+    MemoryAboutYou =>
+        "What I remember here from what you said ({count} entries):",
+        "我在这里记住的、来自你所说内容的记录（{count} 条）：";
+    MemoryForgetUsage =>
+        "Usage: /forget KEY (chat admins) or /forget me (what you told me).",
+        "用法：/forget 条目名（群管理员）或 /forget me（忘记你告诉我的内容）。";
+    HelpMemory =>
+        "/memory — what I remember here; /memory me — what I remember from what you said\n/forget KEY — forget an entry (chat admins); /forget me — forget what you told me",
+        "/memory — 我在这里记住的内容；/memory me — 来自你所说内容的记录\n/forget 条目名 — 忘记一条（群管理员）；/forget me — 忘记你告诉我的内容";
     Stopped => "Stopped.", "已停止。";
     NothingToStop => "I am not working on anything.", "我现在没有在做任何事。";
     ReloadNotOperator => "Only an operator of the bot may /reload.", "只有机器人的运营者可以使用 /reload。";

@@ -20,6 +20,7 @@ mod governance;
 mod group_life;
 mod http;
 mod llm_faults;
+mod memory;
 mod metrics;
 mod onebot_auth;
 mod postgres;

@@ -43,14 +43,17 @@ use std::cmp::Reverse;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use parlor_bot::lang::{Lang, Msg, say};
 use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
-use parlor_bot::session::{ChatHook, move_records};
+use parlor_bot::session::{ChatCommand, ChatHook, CommandAnswer, move_records};
 use parlor_bot::store::{KvWrite, Store, StoreError};
 use parlor_bot::text::last_chars;
 use parlor_bot::time::WallTime;
 use parlor_bot::tool::bridge::ToolError;
-use parlor_bot::tool::{Bridged, Caller, Risk, ToolContext, ToolResult, ToolSet, ToolSetBridge};
+use parlor_bot::tool::{
+    Bridged, Caller, Risk, Role, ToolContext, ToolResult, ToolSet, ToolSetBridge,
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -754,6 +757,183 @@ impl ChatHook for MemoryChatHook {
     ) -> Result<Vec<KvWrite>, StoreError> {
         let prefix = |chat: &ChatRef| format!("{}{SEPARATOR}", chat.session_key());
         move_records(store, SPACE, &prefix(from), &prefix(to))
+    }
+}
+
+/// `/memory` (everything this chat remembers, or with `me` what came from the sender) and
+/// `/forget KEY` (chat admins) or `/forget me` (the sender's own entries): the chat's own way
+/// to see and trim its memory, without asking the model. Registered with the sessions
+/// ([`parlor_bot::session::SessionManager::add_chat_command`]).
+#[derive(Debug, Clone, Copy)]
+pub enum MemoryCommand {
+    /// `/memory [me]`.
+    List,
+    /// `/forget KEY` or `/forget me`.
+    Forget,
+}
+
+/// Most entries `/memory` lists.
+const COMMAND_LIST: usize = 30;
+
+impl ChatCommand for MemoryCommand {
+    fn word(&self) -> &'static str {
+        match self {
+            MemoryCommand::List => "/memory",
+            MemoryCommand::Forget => "/forget",
+        }
+    }
+
+    fn role(&self, argument: &str) -> Role {
+        match self {
+            MemoryCommand::Forget if !is_me(argument) => Role::ChatAdmin,
+            _ => Role::Member,
+        }
+    }
+
+    fn writes(&self, _argument: &str) -> bool {
+        matches!(self, MemoryCommand::Forget)
+    }
+
+    fn help(&self, lang: Lang) -> String {
+        match self {
+            MemoryCommand::List => say(lang, Msg::HelpMemory, &[]),
+            // One line covers both.
+            MemoryCommand::Forget => String::new(),
+        }
+    }
+
+    fn run(
+        &self,
+        store: &dyn Store,
+        session: &str,
+        argument: &str,
+        caller: &Caller,
+        lang: Lang,
+    ) -> Result<CommandAnswer, StoreError> {
+        let Ok(prefix) = session_prefix(session) else {
+            return Ok(CommandAnswer::default());
+        };
+        let mut entries: Vec<(String, String, Entry)> = store
+            .kv_scan(SPACE, &prefix)?
+            .into_iter()
+            .filter_map(|(store_key, value)| {
+                let key = store_key.strip_prefix(&prefix)?.to_owned();
+                decode(&value).ok().map(|entry| (store_key, key, entry))
+            })
+            .collect();
+        entries.sort_by(|a, b| b.2.updated.cmp(&a.2.updated));
+        let mine = |entry: &Entry| {
+            !caller.user_id.is_empty()
+                && entry
+                    .source
+                    .as_ref()
+                    .is_some_and(|s| s.member_id == caller.user_id)
+        };
+        let answer = |text: String| {
+            Ok(CommandAnswer {
+                text,
+                writes: Vec::new(),
+            })
+        };
+        match self {
+            MemoryCommand::List => {
+                if is_me(argument) {
+                    entries.retain(|(_, _, e)| mine(e));
+                }
+                if entries.is_empty() {
+                    return answer(say(lang, Msg::MemoryEmpty, &[]));
+                }
+                let header = if is_me(argument) {
+                    Msg::MemoryAboutYou
+                } else {
+                    Msg::MemoryHeader
+                };
+                let mut text = say(lang, header, &[("count", &entries.len().to_string())]);
+                for (_, key, entry) in entries.iter().take(COMMAND_LIST) {
+                    let mut notes = Vec::new();
+                    if let Some(source) = &entry.source {
+                        notes.push(say(
+                            lang,
+                            Msg::MemoryFrom,
+                            &[("name", &quote::name(&source.member_name, 64))],
+                        ));
+                    }
+                    if entry.unconfirmed {
+                        notes.push(say(lang, Msg::MemoryUnconfirmed, &[]));
+                    }
+                    let notes = if notes.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", notes.join(", "))
+                    };
+                    text.push_str(&format!(
+                        "\n• {}{notes}: {}",
+                        quote::one_line(key, 64),
+                        clip(&one_line(&entry.content), PREVIEW_CHARS)
+                    ));
+                }
+                if entries.len() > COMMAND_LIST {
+                    text.push('\n');
+                    text.push_str(&say(
+                        lang,
+                        Msg::MemoryMore,
+                        &[("more", &(entries.len() - COMMAND_LIST).to_string())],
+                    ));
+                }
+                answer(text)
+            }
+            MemoryCommand::Forget if is_me(argument) => {
+                let gone: Vec<KvWrite> = entries
+                    .iter()
+                    .filter(|(_, _, e)| mine(e))
+                    .map(|(store_key, _, _)| delete(store_key))
+                    .collect();
+                Ok(CommandAnswer {
+                    text: say(
+                        lang,
+                        Msg::MemoryForgotYou,
+                        &[("count", &gone.len().to_string())],
+                    ),
+                    writes: gone,
+                })
+            }
+            MemoryCommand::Forget => {
+                let wanted = argument.trim().to_lowercase();
+                if wanted.is_empty() {
+                    return answer(say(lang, Msg::MemoryForgetUsage, &[]));
+                }
+                let shown = quote::one_line(&wanted, 64);
+                match entries.iter().find(|(_, key, _)| *key == wanted) {
+                    Some((store_key, _, _)) => Ok(CommandAnswer {
+                        text: say(lang, Msg::MemoryForgot, &[("key", &shown)]),
+                        writes: vec![delete(store_key)],
+                    }),
+                    None => answer(say(lang, Msg::MemoryNoKey, &[("key", &shown)])),
+                }
+            }
+        }
+    }
+}
+
+/// `me` (or `me.`, `myself`): the sender's own entries.
+fn is_me(argument: &str) -> bool {
+    matches!(
+        argument
+            .trim()
+            .trim_end_matches('.')
+            .to_lowercase()
+            .as_str(),
+        "me" | "myself" | "我"
+    )
+}
+
+/// The write that removes `store_key` (idempotent: run twice, it removes nothing more).
+fn delete(store_key: &str) -> KvWrite {
+    KvWrite {
+        space: SPACE.to_owned(),
+        key: store_key.to_owned(),
+        value: None,
+        if_unchanged: None,
     }
 }
 

@@ -24,6 +24,8 @@ pub(super) enum Command {
     Set,
     /// `/approve CODE`, `/deny CODE`: decided off intake ([`super::approvals`]).
     Approve,
+    /// A toolset's command ([`super::chat_commands`]); never parsed from text here.
+    Toolset,
     #[allow(missing_docs)]
     Deny,
 }
@@ -60,8 +62,16 @@ impl Intake<'_> {
     /// The answer to `/help`: the commands and the tools with the role each needs.
     pub(super) fn help_text(&self, lang: Lang) -> String {
         let tools = catalog::to_help(self.manager.template().tools());
+        let extra: String = self
+            .manager
+            .chat_commands()
+            .iter()
+            .map(|c| c.help(lang))
+            .filter(|line| !line.is_empty())
+            .map(|line| format!("\n{line}"))
+            .collect();
         format!(
-            "{}\n\n{}\n\n{}\n{}",
+            "{}\n\n{}{extra}\n\n{}\n{}",
             say(lang, Msg::HelpIntro, &[]),
             say(lang, Msg::HelpCommands, &[]),
             say(lang, Msg::HelpTools, &[]),

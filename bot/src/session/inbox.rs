@@ -151,7 +151,13 @@ impl Intake<'_> {
         // The group's own settings (cached): its reply mode, limits and language.
         let effective = self.manager.effective(&key);
         let lang = effective.language;
+        let word = message.text.split_whitespace().next().unwrap_or_default();
+        let toolset_command = self
+            .manager
+            .chat_command(word)
+            .filter(|_| !(message.sender.is_bot && config.ignore_bots));
         let addressed = match policy::addressed(config, &message) {
+            _ if toolset_command.is_some() => Addressed::Command(Command::Toolset),
             Addressed::No
                 if effective.reply_mode == ReplyMode::All
                     && message.kind != ChatKind::Private
@@ -256,6 +262,49 @@ impl Intake<'_> {
                 let topic = super::commands::argument(&message.text);
                 let topic = crate::text::ellipsize(topic, config.max_input_chars).into_owned();
                 self.record_and_queue(&message, &stored, PendingKind::Compact, topic)
+            }
+            Addressed::Command(Command::Toolset) => {
+                let Some(command) = toolset_command else {
+                    return Ok(Accepted::nothing());
+                };
+                let argument = super::commands::argument(&message.text);
+                let caller = Caller {
+                    user_id: message.sender.id.clone(),
+                    name: message.sender.name.clone(),
+                    role: if policy::is_operator(config, &message.sender.id) {
+                        Role::Operator
+                    } else {
+                        Role::Member
+                    },
+                    grants: Vec::new(),
+                };
+                if command.writes(argument) || command.role(argument) > Role::Member {
+                    let line = crate::text::ellipsize(message.text.trim(), config.max_input_chars)
+                        .into_owned();
+                    return self.record_and_queue(
+                        &message,
+                        &stored,
+                        PendingKind::ChatCommand,
+                        line,
+                    );
+                }
+                // A member's read: answered here, like /status.
+                let text = match command.run(
+                    self.manager.store().as_ref(),
+                    &key,
+                    argument,
+                    &caller,
+                    lang,
+                ) {
+                    Ok(answer) => answer.text,
+                    Err(e) => {
+                        tracing::error!(session = %key, word, error = %e, "a chat command failed");
+                        say(lang, Msg::SettingsStoreFailed, &[])
+                    }
+                };
+                let answer =
+                    OutboxEntry::new(&key, &message.chat, text, reply_to, self.manager.now());
+                self.record_and_answer(&key, &stored, answer)
             }
             Addressed::Command(Command::Set) => {
                 let line = super::commands::argument(&message.text);

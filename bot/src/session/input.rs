@@ -38,6 +38,8 @@ pub enum Action {
     Compact,
     /// `/set key value`: a group setting changes.
     Settings,
+    /// A toolset's command ([`super::chat_commands`]).
+    ChatCommand,
 }
 
 /// Where an input waits for its turn.
@@ -134,6 +136,12 @@ impl PendingKind {
             PendingKind::Compact => InputRules {
                 action: Action::Compact,
                 roles: RoleLookup::First,
+                ..TURN
+            },
+            PendingKind::ChatCommand => InputRules {
+                action: Action::ChatCommand,
+                roles: RoleLookup::First,
+                rate_limited: false,
                 ..TURN
             },
             PendingKind::Settings => InputRules {

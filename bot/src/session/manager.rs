@@ -330,6 +330,8 @@ struct Inner {
     approval_waiters: super::approvals::Waiters,
     /// Bounds the approval decisions being checked at once.
     deciding: Arc<tokio::sync::Semaphore>,
+    /// The toolsets' commands ([`super::chat_commands`]).
+    chat_commands: std::sync::RwLock<Vec<Arc<dyn super::ChatCommand>>>,
 }
 
 /// The runtime's session layer; cheap to clone. See the module docs of
@@ -378,6 +380,7 @@ impl SessionManager {
                 member_turns: Mutex::default(),
                 approval_waiters: super::approvals::Waiters::default(),
                 deciding: super::approvals::deciding(),
+                chat_commands: std::sync::RwLock::default(),
             }),
         }
     }
@@ -532,6 +535,41 @@ impl SessionManager {
     /// The named model `name` a group may choose, if the operator offers it.
     pub(super) fn group_model(&self, name: &str) -> Option<&GroupModel> {
         self.config().group_models.iter().find(|m| m.name == name)
+    }
+
+    /// Adds a toolset's command (`/memory`); a word already taken (ours or another's) is
+    /// refused with a warning.
+    pub fn add_chat_command(&self, command: Arc<dyn super::ChatCommand>) {
+        let word = command.word();
+        if super::commands::Command::parse(word).is_some() || self.chat_command(word).is_some() {
+            tracing::warn!(word, "a chat command's word is taken; it is not added");
+            return;
+        }
+        self.inner
+            .chat_commands
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(command);
+    }
+
+    /// The toolset command of `word`, if one is registered.
+    pub(super) fn chat_command(&self, word: &str) -> Option<Arc<dyn super::ChatCommand>> {
+        self.inner
+            .chat_commands
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|c| c.word() == word)
+            .cloned()
+    }
+
+    /// Every toolset command, for `/help`.
+    pub(super) fn chat_commands(&self) -> Vec<Arc<dyn super::ChatCommand>> {
+        self.inner
+            .chat_commands
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub(super) fn hooks(&self) -> Vec<Arc<dyn super::ChatHook>> {

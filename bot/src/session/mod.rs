@@ -63,6 +63,7 @@
 
 mod approvals;
 pub mod auto_chat;
+pub mod chat_commands;
 pub mod cluster;
 mod commands;
 mod commit;
@@ -89,6 +90,7 @@ mod view;
 mod worker;
 
 pub use auto_chat::AutoChat;
+pub use chat_commands::{ChatCommand, CommandAnswer};
 pub use cluster::Cluster;
 pub use life::{ChatHook, Removal, move_record, move_records};
 pub use manager::{GroupModel, SessionConfig, SessionManager, SessionStats, SubmitError};

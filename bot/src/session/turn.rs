@@ -111,6 +111,7 @@ impl ChatWorker {
             Action::Reset => self.reset(session, &item).await,
             Action::Compact => self.compact_command(session, &item, &cancel).await,
             Action::Settings => Some(self.set_setting(session, &item)),
+            Action::ChatCommand => Some(self.chat_command(session, &item)),
             Action::Turn => match self.budget(session.key(), &item) {
                 Budget::Spent { told } => Some(over_budget(told, lang)),
                 Budget::MembersSpent {

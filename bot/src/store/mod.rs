@@ -159,6 +159,9 @@ pub enum PendingKind {
     /// `/set key value`: checked (chat admins only in groups, within the operator's caps)
     /// and applied by the chat's worker (the text is `key value`).
     Settings,
+    /// A toolset's command (`/forget KEY`): its role checked and run by the chat's worker
+    /// (the text is the command line).
+    ChatCommand,
 }
 
 /// An input that must get a turn, recorded before the turn runs.

@@ -1,0 +1,101 @@
+//! The group's memory through `parlor run` and a fake Telegram: an entry keeps the member
+//! and the message it came from, `/memory` shows it, a member sees and forgets what came
+//! from them, only a chat admin forgets someone else's, and a DM's memory never shows in a
+//! group.
+
+use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, ToolCallSpec};
+
+use crate::support::{self, WAIT, alice, bob, config, daemon_command, zed};
+
+const GROUP: i64 = -100_888;
+
+/// `who` says `text` in the group; the message threaded to it.
+async fn say(telegram: &FakeTelegram, who: parlor_testkit::TgUser, text: &str) -> String {
+    let id = telegram.group_message(GROUP, who, text).push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| m.reply_to_message_id == Some(id))
+        .await
+        .unwrap();
+    sent.into_iter()
+        .rev()
+        .find(|m| m.reply_to_message_id == Some(id))
+        .map(|m| m.text)
+        .unwrap_or_default()
+}
+
+/// The model saves `key` = `content`, then answers "Saved.".
+fn saves(llm: &FakeLlm, key: &str, content: &str) {
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "m1",
+        "memory_write",
+        serde_json::json!({"key": key, "content": content}),
+    )]));
+    llm.push(Reply::text("Saved."));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_keep_their_source_and_members_see_and_forget_what_came_from_them() {
+    let llm = FakeLlm::start().await;
+    let telegram = FakeTelegram::start(support::TOKEN).await;
+    telegram.set_admins(GROUP, vec![1001]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &telegram,
+        "commands_per_member_per_minute = 20\n",
+    );
+    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+
+    saves(&llm, "bob.birthday", "Bob's birthday is May 3rd");
+    let saved = say(
+        &telegram,
+        bob(),
+        "@parlor_bot my birthday is May 3rd, remember it",
+    )
+    .await;
+    assert_eq!(saved, "Saved.");
+    let result = llm.requests()[1].messages().last().unwrap()["content"].to_string();
+    assert!(result.contains("\\\"unconfirmed\\\":false"), "{result}");
+    // The model's own reading is kept, and marked.
+    saves(&llm, "bob.cake", "Bob loves chocolate cake");
+    say(&telegram, bob(), "@parlor_bot what do you think I like?").await;
+    // A DM's memory stays in the DM.
+    saves(&llm, "bob.secret", "Bob's locker code is 4711");
+    let dm = telegram
+        .private_message(bob(), "my locker code is 4711")
+        .push();
+    telegram
+        .wait_for_sent_where(WAIT, |m| m.reply_to_message_id == Some(dm))
+        .await
+        .unwrap();
+
+    let listed = say(&telegram, zed(), "/memory").await;
+    assert!(
+        listed.contains("bob.birthday (from Bob): Bob's birthday is May 3rd"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("bob.cake (from Bob, unconfirmed)"),
+        "{listed}"
+    );
+    assert!(!listed.contains("locker"), "a DM's memory: {listed}");
+    let refused = say(&telegram, zed(), "/forget bob.cake").await;
+    assert!(
+        refused.contains("Only an admin of the chat may use /forget"),
+        "{refused}"
+    );
+    let zeds = say(&telegram, zed(), "/forget me").await;
+    assert!(zeds.contains("Forgot 0 entries"), "{zeds}");
+    let admin = say(&telegram, alice(), "/forget bob.cake").await;
+    assert_eq!(admin, "Forgot bob.cake.");
+    let mine = say(&telegram, bob(), "/memory me").await;
+    assert!(mine.contains("(1 entries)"), "{mine}");
+    let forgot = say(&telegram, bob(), "/forget me").await;
+    assert!(forgot.contains("Forgot 1 entries"), "{forgot}");
+    let empty = say(&telegram, zed(), "/memory").await;
+    assert_eq!(empty, "I remember nothing in this chat yet.");
+    assert_eq!(llm.request_count(), 6, "commands ask no model");
+    let mut daemon = daemon;
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
