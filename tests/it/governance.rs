@@ -12,28 +12,7 @@ const GROUP: i64 = -100_777;
 
 /// Sends `text` as `who` in the group and waits for the message threaded to it.
 async fn say(telegram: &FakeTelegram, who: parlor_testkit::TgUser, text: &str) -> String {
-    say_in(telegram, GROUP, who, text).await
-}
-
-/// [`say`] in chat `chat`.
-async fn say_in(
-    telegram: &FakeTelegram,
-    chat: i64,
-    who: parlor_testkit::TgUser,
-    text: &str,
-) -> String {
-    let id = telegram.group_message(chat, who, text).push();
-    let sent = telegram
-        .wait_for_sent_where(WAIT, |m| {
-            m.chat_id == chat && m.reply_to_message_id == Some(id)
-        })
-        .await
-        .unwrap();
-    sent.iter()
-        .rev()
-        .find(|m| m.reply_to_message_id == Some(id))
-        .map(|m| m.text.clone())
-        .unwrap_or_default()
+    support::say_in(telegram, GROUP, who, text).await
 }
 
 /// A daemon against `llm` and a new fake Telegram, where `admins` administer the group;
@@ -295,14 +274,14 @@ async fn a_groups_settings_move_with_it_when_it_becomes_a_supergroup() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &telegram, "");
     let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
-    let changed = say_in(&telegram, OLD, alice(), "/set language zh").await;
+    let changed = support::say_in(&telegram, OLD, alice(), "/set language zh").await;
     assert!(changed.contains("language 已改为 zh"), "{changed}");
     let (_, second) = telegram.upgrade_group(OLD, NEW, &alice());
     telegram.wait_for_ack(second, WAIT).await.unwrap();
-    let shown = say_in(&telegram, NEW, bob(), "/settings").await;
+    let shown = support::say_in(&telegram, NEW, bob(), "/settings").await;
     assert!(shown.starts_with("本群的设置："), "{shown}");
     assert!(shown.contains("language: zh"), "{shown}");
-    let log = say_in(&telegram, NEW, bob(), "/settings log").await;
+    let log = support::say_in(&telegram, NEW, bob(), "/settings log").await;
     assert!(
         log.contains("Alice (telegram:1001): language en → zh"),
         "{log}"

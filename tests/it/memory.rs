@@ -11,16 +11,7 @@ const GROUP: i64 = -100_888;
 
 /// `who` says `text` in the group; the message threaded to it.
 async fn say(telegram: &FakeTelegram, who: parlor_testkit::TgUser, text: &str) -> String {
-    let id = telegram.group_message(GROUP, who, text).push();
-    let sent = telegram
-        .wait_for_sent_where(WAIT, |m| m.reply_to_message_id == Some(id))
-        .await
-        .unwrap();
-    sent.into_iter()
-        .rev()
-        .find(|m| m.reply_to_message_id == Some(id))
-        .map(|m| m.text)
-        .unwrap_or_default()
+    support::say_in(telegram, GROUP, who, text).await
 }
 
 /// The model saves `key` = `content`, then answers "Saved.".

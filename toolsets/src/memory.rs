@@ -821,7 +821,7 @@ impl ChatCommand for MemoryCommand {
                 decode(&value).ok().map(|entry| (store_key, key, entry))
             })
             .collect();
-        entries.sort_by(|a, b| b.2.updated.cmp(&a.2.updated));
+        entries.sort_by_key(|e| Reverse(e.2.updated));
         let mine = |entry: &Entry| {
             !caller.user_id.is_empty()
                 && entry

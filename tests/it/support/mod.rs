@@ -174,3 +174,25 @@ pub async fn onebot_addr(daemon: &DaemonProcess) -> String {
         })
         .unwrap_or_else(|| panic!("the OneBot listener never said where it is\n{log}"))
 }
+
+/// `who` says `text` in Telegram chat `chat`; waits for the message threaded to it and
+/// returns its text.
+pub async fn say_in(
+    telegram: &FakeTelegram,
+    chat: i64,
+    who: parlor_testkit::TgUser,
+    text: &str,
+) -> String {
+    let id = telegram.group_message(chat, who, text).push();
+    let sent = telegram
+        .wait_for_sent_where(WAIT, |m| {
+            m.chat_id == chat && m.reply_to_message_id == Some(id)
+        })
+        .await
+        .unwrap();
+    sent.iter()
+        .rev()
+        .find(|m| m.reply_to_message_id == Some(id))
+        .map(|m| m.text.clone())
+        .unwrap_or_default()
+}
