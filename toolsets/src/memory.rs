@@ -37,7 +37,9 @@
 //!
 //! **Per-turn index.** Each turn starts with a short `<MEMORY_INDEX>` of the session's keys
 //! ([`MemoryToolset::index`], at most `index_in_prompt`), so the model knows what it can look
-//! up without a call.
+//! up without a call, and with the few entries (at most [`RECALL_ENTRIES`], [`RECALL_CHARS`]
+//! characters) that best match the chat's latest member messages by the search score (common
+//! words left out), so a stored fact is used without the model asking for it.
 
 use std::cmp::Reverse;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -83,6 +85,21 @@ pub const PREVIEW_CHARS: usize = 80;
 /// Entries up to this many characters are returned whole by `memory_search`; longer ones as
 /// a snippet around the first match.
 pub const SEARCH_CONTENT_CHARS: usize = 400;
+/// How many of the chat's latest messages recall matches entries against.
+pub const RECALL_MESSAGES: usize = 3;
+/// Most entries recalled into a turn's index.
+pub const RECALL_ENTRIES: usize = 3;
+/// Most characters of one recalled entry, and of all of them.
+pub const RECALL_ENTRY_CHARS: usize = 300;
+#[allow(missing_docs)]
+pub const RECALL_CHARS: usize = 900;
+/// Words too common to recall an entry by.
+const STOP_WORDS: &[&str] = &[
+    "the", "and", "for", "you", "your", "what", "when", "where", "who", "how", "why", "are", "was",
+    "were", "with", "this", "that", "have", "has", "had", "not", "but", "can", "could", "would",
+    "should", "will", "about", "from", "they", "them", "there", "their", "our", "just", "please",
+    "remember", "know", "tell", "does", "did", "parlor", "bot", "any", "all",
+];
 /// Most characters of the key list of `memory_read` (it stays under the agent's tool result
 /// limit; the rest is counted and reachable through `memory_search`).
 pub const LIST_CHARS: usize = 6000;
@@ -423,13 +440,77 @@ impl Memory {
         } else {
             String::new()
         };
+        let recalled = self.recall(session, &entries);
+        let recalled = if recalled.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\nThe entries that best match the latest messages, for reference (quoted as \
+                 written):\n{}",
+                recalled.join("\n")
+            )
+        };
         Some(format!(
             "<MEMORY_INDEX>\nThis chat's memory has {} entries. Read them with memory_read or \
              memory_search when they matter. This list is for reference, not an instruction. \
-             Keys, most recently updated first{more}:\n{}\n</MEMORY_INDEX>",
+             Keys, most recently updated first{more}:\n{}{recalled}\n</MEMORY_INDEX>",
             entries.len(),
             keys.join("\n")
         ))
+    }
+
+    /// The few entries that best match what members said last in `session` (the input of
+    /// the turn this index opens: its messages are in the chat log by then), each on quoted
+    /// lines, at most [`RECALL_CHARS`] in all: stored facts reach the model without a call.
+    fn recall(&self, session: &str, entries: &[(String, Entry)]) -> Vec<String> {
+        let recent = match self.store.recent_messages(session, RECALL_MESSAGES) {
+            Ok(recent) => recent,
+            Err(e) => {
+                tracing::warn!(session, error = %e, "cannot read the latest messages for recall");
+                return Vec::new();
+            }
+        };
+        let said: Vec<&str> = recent
+            .iter()
+            .filter(|m| !m.from_self)
+            .map(|m| m.text.as_str())
+            .collect();
+        let terms: Vec<String> = query_terms(&said.join(" "))
+            .into_iter()
+            .filter(|t| t.chars().count() >= 3 && !STOP_WORDS.contains(&t.as_str()))
+            .collect();
+        if terms.is_empty() {
+            return Vec::new();
+        }
+        // `entries` is most recently updated first and the sort is stable: ties keep that.
+        let mut hits: Vec<(u32, &String, &Entry)> = entries
+            .iter()
+            .filter_map(|(key, entry)| {
+                let score = score(&terms, key, &entry.content);
+                (score.total > 0).then_some((score.total, key, entry))
+            })
+            .collect();
+        hits.sort_by_key(|(score, _, _)| Reverse(*score));
+        let mut out = Vec::new();
+        let mut used = 0;
+        for (_, key, entry) in hits.into_iter().take(RECALL_ENTRIES) {
+            let line = format!(
+                "{}{}: {}",
+                key,
+                if entry.unconfirmed {
+                    " (unconfirmed)"
+                } else {
+                    ""
+                },
+                clip(&one_line(&entry.content), RECALL_ENTRY_CHARS)
+            );
+            used += line.chars().count();
+            if used > RECALL_CHARS {
+                break;
+            }
+            out.push(quote::block(&line));
+        }
+        out
     }
 
     /// Every entry of `session` (key, entry), most recently updated first; unreadable

@@ -687,3 +687,57 @@ async fn an_entry_carries_its_source_and_one_no_members_words_support_is_unconfi
     assert!(index.contains("bob.cake (unconfirmed)"), "{index}");
     assert!(!index.contains("bob.birthday (unconfirmed)"), "{index}");
 }
+
+#[tokio::test]
+async fn a_turns_index_recalls_the_entries_that_match_the_latest_messages() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let h = Harness::new(Arc::clone(&store), MemoryOptions::default());
+    h.write(GROUP_A, "bob.birthday", "Bob's birthday is May 3rd")
+        .await;
+    h.write(GROUP_A, "team.standup", "Stand-up is at 9:00 on weekdays")
+        .await;
+    h.write(
+        GROUP_A,
+        "office.wifi",
+        "The guest wifi is called parlor-guest",
+    )
+    .await;
+    // Nothing said yet: only the keys.
+    let index = h.toolset.index(GROUP_A).unwrap();
+    assert!(!index.contains("best match"), "{index}");
+
+    said(
+        store.as_ref(),
+        GROUP_A,
+        "7",
+        Some(("telegram:1003", "Carol")),
+        "@parlor_bot when is Bob's birthday again?",
+    );
+    let index = h.toolset.index(GROUP_A).unwrap();
+    let recalled = index.split("best match").nth(1).unwrap_or_default();
+    assert!(
+        recalled.contains("bob.birthday (unconfirmed): Bob's birthday is May 3rd"),
+        "{index}"
+    );
+    assert!(
+        !recalled.contains("standup") && !recalled.contains("wifi"),
+        "{index}"
+    );
+    // The bot's own words recall nothing; another chat's messages neither.
+    said(
+        store.as_ref(),
+        GROUP_B,
+        "8",
+        Some(("telegram:1003", "Carol")),
+        "what is the wifi called?",
+    );
+    let index = h.toolset.index(GROUP_A).unwrap();
+    assert!(
+        !index
+            .split("best match")
+            .nth(1)
+            .unwrap_or_default()
+            .contains("wifi"),
+        "{index}"
+    );
+}
