@@ -157,6 +157,9 @@ catalog! {
         "我把 {who} 的一条消息放到了一边：处理它让我停机了两次，所以不会再试。运营者可以在日志里找到它。";
     CommandGone => "{word} is not available any more.", "{word} 已不可用。";
     CommandNeedsRole => "Only {role} may use {word} here.", "在这里只有{role}可以使用 {word}。";
+    MemoryStatus =>
+        "Memory: {count} entries ({unconfirmed} unconfirmed), {chars} characters",
+        "记忆：{count} 条（{unconfirmed} 条未确认），共 {chars} 个字符";
     MemoryEmpty => "I remember nothing in this chat yet.", "我在这个聊天里还什么都没记住。";
     MemoryHeader =>
         "What I remember in this chat ({count} entries, newest first):",

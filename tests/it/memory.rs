@@ -81,6 +81,11 @@ async fn entries_keep_their_source_and_members_see_and_forget_what_came_from_the
     assert_eq!(admin, "Forgot bob.cake.");
     let mine = say(&telegram, bob(), "/memory me").await;
     assert!(mine.contains("(1 entries)"), "{mine}");
+    let status = say(&telegram, zed(), "/status").await;
+    assert!(
+        status.contains("Memory: 1 entries (0 unconfirmed), 25 characters"),
+        "{status}"
+    );
     let forgot = say(&telegram, bob(), "/forget me").await;
     assert!(forgot.contains("Forgot 1 entries"), "{forgot}");
     let empty = say(&telegram, zed(), "/memory").await;

@@ -875,6 +875,35 @@ impl ChatCommand for MemoryCommand {
         matches!(self, MemoryCommand::Forget)
     }
 
+    fn status(&self, store: &dyn Store, session: &str, lang: Lang) -> Option<String> {
+        // Said once, by `/memory`'s half.
+        if matches!(self, MemoryCommand::Forget) {
+            return None;
+        }
+        let prefix = session_prefix(session).ok()?;
+        let records = store.kv_scan(SPACE, &prefix).ok()?;
+        let entries: Vec<Entry> = records.iter().filter_map(|(_, v)| decode(v).ok()).collect();
+        Some(say(
+            lang,
+            Msg::MemoryStatus,
+            &[
+                ("count", &entries.len().to_string()),
+                (
+                    "unconfirmed",
+                    &entries.iter().filter(|e| e.unconfirmed).count().to_string(),
+                ),
+                (
+                    "chars",
+                    &entries
+                        .iter()
+                        .map(|e| e.content.chars().count())
+                        .sum::<usize>()
+                        .to_string(),
+                ),
+            ],
+        ))
+    }
+
     fn help(&self, lang: Lang) -> String {
         match self {
             MemoryCommand::List => say(lang, Msg::HelpMemory, &[]),

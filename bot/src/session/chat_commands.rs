@@ -33,6 +33,13 @@ pub trait ChatCommand: Send + Sync {
     /// Its line in `/help`, in `lang`.
     fn help(&self, lang: Lang) -> String;
 
+    /// A line for `/status` about the chat of `session` (the toolset's records there);
+    /// `None`: nothing to say.
+    fn status(&self, store: &dyn Store, session: &str, lang: Lang) -> Option<String> {
+        let _ = (store, session, lang);
+        None
+    }
+
     /// Answers it in the chat of `session` for `caller`, in `lang`.
     fn run(
         &self,

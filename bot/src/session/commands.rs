@@ -207,6 +207,12 @@ impl Intake<'_> {
                 &[("of", &of(here, limit))],
             ));
         }
+        for command in self.manager.chat_commands() {
+            if let Some(line) = command.status(self.manager.store().as_ref(), key, lang) {
+                extra.push('\n');
+                extra.push_str(&line);
+            }
+        }
         let model = effective
             .model
             .as_deref()
