@@ -26,14 +26,12 @@
 //! model's own reading never comes back as a member's fact.
 //! Memory survives restarts and `/reset` (which clears the conversation only).
 //!
-//! **Search score**, per entry, over the query's words (lower case, split at anything that is
-//! not a letter or digit; a query word of 3 or more characters also matches words it starts
-//! a prefix of, `birth` matches `birthday`):
-//! `Σ over query words (3 × min(matches in the key, 3) + min(matches in the content, 5))`
-//! `+ 2 × (number of distinct query words found)`
-//! `+ 6 if the whole query appears as a phrase in the key, + 4 if in the content` (for a query
-//! of two or more words). Entries without any match are left out; ties go to the most
-//! recently updated. Each result names the words it matched, so the ranking can be explained.
+//! **Search** ranks this chat's entries by BM25 (`memory/rank.rs`), computed from the store
+//! at each query (the store is the truth; a chat holds at most `max_entries`): words lightly
+//! stemmed (`birthdays` meets `birthday`), a query word of four or more letters also matching
+//! longer words it begins, Chinese and other CJK text as characters and pairs of characters,
+//! and an entry's key counting twice. Each result names the query terms it matched and
+//! whether the query stands in it as a phrase; ties go to the most recently updated.
 //!
 //! **Per-turn index.** Each turn starts with a short `<MEMORY_INDEX>` of the session's keys
 //! ([`MemoryToolset::index`], at most `index_in_prompt`), so the model knows what it can look
@@ -61,6 +59,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::support::{Outcome, built, clip, finish, store_failure};
+
+mod rank;
 
 /// The store collection holding every session's memory.
 pub const SPACE: &str = "memory";
@@ -337,9 +337,10 @@ impl MemoryToolset {
             )
             .add_function_with_state(
                 SEARCH,
-                "Search this chat's memory by words; entries are ranked by how often the words \
-                 occur (matches in the key count more, the exact phrase scores extra; a word \
-                 also matches longer words it begins).",
+                "Search this chat's memory by words (any language; Chinese works without \
+                 spaces): entries are ranked by BM25, rarer words weighing more, matches in the \
+                 key counting double; other forms of a word and longer words it begins match \
+                 too.",
                 |m: Arc<Memory>, args: MemorySearchArgs, cx: ToolContext| async move {
                     finish(m.search(args, &cx))
                 },
@@ -475,25 +476,25 @@ impl Memory {
             .filter(|m| !m.from_self)
             .map(|m| m.text.as_str())
             .collect();
-        let terms: Vec<String> = query_terms(&said.join(" "))
+        let query: Vec<String> = words(&said.join(" "))
             .into_iter()
-            .filter(|t| t.chars().count() >= 3 && !STOP_WORDS.contains(&t.as_str()))
-            .collect();
-        if terms.is_empty() {
-            return Vec::new();
-        }
-        // `entries` is most recently updated first and the sort is stable: ties keep that.
-        let mut hits: Vec<(u32, &String, &Entry)> = entries
-            .iter()
-            .filter_map(|(key, entry)| {
-                let score = score(&terms, key, &entry.content);
-                (score.total > 0).then_some((score.total, key, entry))
+            .map(|(_, w)| w)
+            .filter(|w| {
+                !STOP_WORDS.contains(&w.as_str()) && w.chars().count() >= 3
+                    || w.chars().any(|c| !c.is_ascii())
             })
             .collect();
-        hits.sort_by_key(|(score, _, _)| Reverse(*score));
+        let docs: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(key, entry)| (key.as_str(), entry.content.as_str()))
+            .collect();
         let mut out = Vec::new();
         let mut used = 0;
-        for (_, key, entry) in hits.into_iter().take(RECALL_ENTRIES) {
+        for hit in rank::bm25(&query.join(" "), &docs)
+            .into_iter()
+            .take(RECALL_ENTRIES)
+        {
+            let (key, entry) = &entries[hit.index];
             let line = format!(
                 "{}{}: {}",
                 key,
@@ -743,8 +744,7 @@ impl Memory {
     }
 
     fn search(&self, args: MemorySearchArgs, cx: &ToolContext) -> Outcome {
-        let terms = query_terms(&args.query);
-        if terms.is_empty() {
+        if rank::terms(&args.query).is_empty() {
             return Err(ToolError::invalid_arguments(
                 "memory_search: the query has no words to look for",
             ));
@@ -753,33 +753,32 @@ impl Memory {
             .limit
             .unwrap_or(DEFAULT_SEARCH_RESULTS)
             .clamp(1, MAX_SEARCH_RESULTS) as usize;
-        // `entries` is sorted most recently updated first, and the sort below is stable, so
-        // ties keep that order.
-        let mut hits: Vec<(Score, String, Entry)> = self
-            .entries(SEARCH, &cx.session)?
-            .into_iter()
-            .filter_map(|(key, entry)| {
-                let score = score(&terms, &key, &entry.content);
-                (score.total > 0).then_some((score, key, entry))
-            })
+        // `entries` is sorted most recently updated first, and the ranking keeps that order
+        // among ties.
+        let entries = self.entries(SEARCH, &cx.session)?;
+        let docs: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|(key, entry)| (key.as_str(), entry.content.as_str()))
             .collect();
-        hits.sort_by_key(|(score, _, _)| Reverse(score.total));
+        let hits = rank::bm25(&args.query, &docs);
+        let query_words: Vec<String> = words(&args.query).into_iter().map(|(_, w)| w).collect();
         let total = hits.len();
         let results: Vec<_> = hits
             .into_iter()
             .take(limit)
-            .map(|(score, key, entry)| {
+            .map(|hit| {
+                let (key, entry) = &entries[hit.index];
                 let whole = entry.content.chars().count() <= SEARCH_CONTENT_CHARS;
                 let content = if whole {
                     entry.content.clone()
                 } else {
-                    snippet(&entry.content, &score.matched)
+                    snippet(&entry.content, &hit.matched)
                 };
                 json!({
                     "key": key,
-                    "score": score.total,
-                    "matched": score.matched,
-                    "phrase": score.phrase,
+                    "score": (hit.score * 100.0).round() / 100.0,
+                    "matched": hit.matched,
+                    "phrase": phrase(&query_words, key, &entry.content),
                     "content": content,
                     "complete": whole,
                     "updated": rfc3339(entry.updated),
@@ -1202,17 +1201,6 @@ fn words(text: &str) -> Vec<(usize, String)> {
     out
 }
 
-/// The distinct words of a query, in order.
-fn query_terms(query: &str) -> Vec<String> {
-    let mut terms: Vec<String> = Vec::new();
-    for (_, word) in words(query) {
-        if !terms.contains(&word) {
-            terms.push(word);
-        }
-    }
-    terms
-}
-
 /// Whether the query word `term` matches the text word `word` (prefix match for query words
 /// of 3 or more characters).
 fn matches(term: &str, word: &str) -> bool {
@@ -1223,55 +1211,17 @@ fn matches(term: &str, word: &str) -> bool {
     }
 }
 
-/// How an entry scored, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Score {
-    total: u32,
-    /// The query words found in the key or the content.
-    matched: Vec<String>,
-    /// Whether the whole query appeared as a phrase.
-    phrase: bool,
-}
-
-/// The score of the module docs.
-fn score(terms: &[String], key: &str, content: &str) -> Score {
-    let key_words = words(key);
-    let content_words = words(content);
-    let count = |words: &[(usize, String)], term: &str| -> u32 {
-        let n = words.iter().filter(|(_, w)| matches(term, w)).count();
-        u32::try_from(n).unwrap_or(u32::MAX)
+/// Whether the query's words (two or more) stand together, in order, in the key or content.
+fn phrase(query: &[String], key: &str, content: &str) -> bool {
+    if query.len() < 2 {
+        return false;
+    }
+    let needle = format!(" {} ", query.join(" "));
+    let joined = |text: &str| {
+        let words: Vec<String> = words(text).into_iter().map(|(_, w)| w).collect();
+        format!(" {} ", words.join(" "))
     };
-    let mut total = 0;
-    let mut matched = Vec::new();
-    for term in terms {
-        let in_key = count(&key_words, term);
-        let in_content = count(&content_words, term);
-        if in_key + in_content > 0 {
-            total += 3 * in_key.min(3) + in_content.min(5) + 2;
-            matched.push(term.clone());
-        }
-    }
-    let mut phrase = false;
-    if terms.len() >= 2 && !matched.is_empty() {
-        let joined = |words: &[(usize, String)]| {
-            let text: Vec<&str> = words.iter().map(|(_, w)| w.as_str()).collect();
-            format!(" {} ", text.join(" "))
-        };
-        let needle = format!(" {} ", terms.join(" "));
-        if joined(&key_words).contains(&needle) {
-            total += 6;
-            phrase = true;
-        }
-        if joined(&content_words).contains(&needle) {
-            total += 4;
-            phrase = true;
-        }
-    }
-    Score {
-        total,
-        matched,
-        phrase,
-    }
+    joined(key).contains(&needle) || joined(content).contains(&needle)
 }
 
 /// About [`SEARCH_CONTENT_CHARS`] characters of `content` around the first word matching a
@@ -1314,29 +1264,6 @@ mod tests {
         assert!(session_prefix("").is_err());
         assert!(session_prefix("telegram:1\u{1}x").is_err());
         assert_eq!(session_prefix("telegram:1").unwrap(), "telegram:1\u{1}");
-    }
-
-    #[test]
-    fn the_score_is_the_documented_sum() {
-        let terms = query_terms("Standup time");
-        assert_eq!(terms, ["standup", "time"]);
-        // key: standup x1 -> 3, time x0; content: standup x1, time x2 -> 1 + 2;
-        // distinct words 2 -> +4; phrase "standup time" in content -> +4.
-        let s = score(
-            &terms,
-            "team.standup",
-            "The standup time is 9:00, time zone Berlin.",
-        );
-        assert_eq!(s.total, 3 + 1 + 2 + 4 + 4);
-        assert_eq!(s.matched, ["standup", "time"]);
-        assert!(s.phrase);
-        // Prefix matches for words of 3+ characters only.
-        assert_eq!(
-            score(&query_terms("birth"), "alice.birthday", "").total,
-            3 + 2
-        );
-        assert_eq!(score(&query_terms("al"), "alice", "").total, 0);
-        assert_eq!(score(&terms, "food", "pizza").total, 0);
     }
 
     #[test]
