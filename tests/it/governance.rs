@@ -15,28 +15,6 @@ async fn say(telegram: &FakeTelegram, who: parlor_testkit::TgUser, text: &str) -
     support::say_in(telegram, GROUP, who, text).await
 }
 
-/// A daemon against `llm` and a new fake Telegram, where `admins` administer the group;
-/// `extra` lines go into `[bot]` (and may open further sections).
-async fn telegram_bot(
-    llm: &FakeLlm,
-    admins: &[i64],
-    extra: &str,
-) -> (
-    FakeTelegram,
-    tempfile::TempDir,
-    std::path::PathBuf,
-    DaemonProcess,
-) {
-    let telegram = FakeTelegram::start(support::TOKEN).await;
-    if !admins.is_empty() {
-        telegram.set_admins(GROUP, admins.to_vec());
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(dir.path(), &telegram, extra);
-    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, llm), &telegram, WAIT).await;
-    (telegram, dir, config, daemon)
-}
-
 /// SIGTERM; the daemon must exit cleanly.
 async fn stop(mut daemon: DaemonProcess) {
     let exit = daemon.terminate(WAIT).await;
@@ -155,8 +133,9 @@ async fn a_member_over_their_turns_per_hour_is_told_once_in_the_groups_language_
  {
     let llm = FakeLlm::start().await;
     support::echo(&llm);
-    let (telegram, _dir, _config, daemon) = telegram_bot(
+    let (telegram, _dir, _config, daemon) = support::telegram_bot(
         &llm,
+        GROUP,
         &[],
         "[groups]\nmember_turns_per_hour = 2\nlanguage = \"zh\"\n",
     )
@@ -204,8 +183,9 @@ fn code_in(text: &str) -> String {
 async fn a_tool_that_needs_approval_runs_once_an_admin_says_yes_and_never_on_a_members_word_or_a_no()
  {
     let llm = FakeLlm::start().await;
-    let (telegram, _dir, _config, daemon) = telegram_bot(
+    let (telegram, _dir, _config, daemon) = support::telegram_bot(
         &llm,
+        GROUP,
         &[1001],
         "commands_per_member_per_minute = 20\n[approvals]\ntools = { time_now = \"chat_admin\" }\n",
     )
@@ -315,8 +295,9 @@ async fn a_kill_while_an_approval_waits_asks_no_second_time_and_the_yes_after_th
     let llm = FakeLlm::start().await;
     // Once before the kill, once when the input's turn runs again.
     calls_time_now(&llm, 2);
-    let (telegram, _dir, config, mut daemon) = telegram_bot(
+    let (telegram, _dir, config, mut daemon) = support::telegram_bot(
         &llm,
+        GROUP,
         &[1001],
         "commands_per_member_per_minute = 20\n[approvals]\ntools = { time_now = \"chat_admin\" }\n",
     )
@@ -355,8 +336,9 @@ async fn a_kill_while_an_approval_waits_asks_no_second_time_and_the_yes_after_th
 async fn an_approval_nobody_decides_in_time_is_a_no_and_the_model_is_told() {
     let llm = FakeLlm::start().await;
     calls_time_now(&llm, 1);
-    let (telegram, _dir, _config, daemon) = telegram_bot(
+    let (telegram, _dir, _config, daemon) = support::telegram_bot(
         &llm,
+        GROUP,
         &[],
         "[approvals]\ntools = { time = \"operator\" }\ntimeout_secs = 1\n",
     )
@@ -381,8 +363,9 @@ async fn an_approved_call_that_ran_before_a_kill_is_not_run_again_after_the_rest
     use parlor_bot::store::{SledStore, Store, StoreOptions};
     let llm = FakeLlm::start().await;
     calls_time_now(&llm, 2);
-    let (telegram, dir, config, mut daemon) = telegram_bot(
+    let (telegram, dir, config, mut daemon) = support::telegram_bot(
         &llm,
+        GROUP,
         &[],
         "[approvals]\ntools = { time_now = \"chat_admin\" }\n",
     )
@@ -516,8 +499,9 @@ async fn on_telegram_approvals_and_settings_are_buttons_and_a_members_press_is_r
  {
     let llm = FakeLlm::start().await;
     calls_time_now(&llm, 1);
-    let (telegram, _dir, _config, daemon) = telegram_bot(
+    let (telegram, _dir, _config, daemon) = support::telegram_bot(
         &llm,
+        GROUP,
         &[1001],
         "[approvals]\ntools = { time_now = \"chat_admin\" }\n",
     )
@@ -668,16 +652,14 @@ async fn on_discord_an_approval_is_decided_by_a_button_and_a_members_press_is_re
 async fn a_groups_persona_is_quoted_for_members_turns_only_and_its_toolsets_narrow_the_tools() {
     let llm = FakeLlm::start().await;
     support::echo(&llm);
-    let telegram = FakeTelegram::start(support::TOKEN).await;
     // Bob administers the group; Alice is an operator of the bot.
-    telegram.set_admins(GROUP, vec![1002]);
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
+    let (telegram, _dir, _config, daemon) = support::telegram_bot(
+        &llm,
+        GROUP,
+        &[1002],
         "admins = [\"telegram:1001\"]\ncommands_per_member_per_minute = 20\n",
-    );
-    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    )
+    .await;
     let set = say(
         &telegram,
         bob(),

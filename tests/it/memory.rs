@@ -3,9 +3,9 @@
 //! from them, only a chat admin forgets someone else's, and a DM's memory never shows in a
 //! group.
 
-use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram, Reply, ToolCallSpec};
+use parlor_testkit::{FakeLlm, FakeTelegram, Reply, ToolCallSpec};
 
-use crate::support::{self, WAIT, alice, bob, config, daemon_command, zed};
+use crate::support::{self, WAIT, alice, bob, zed};
 
 const GROUP: i64 = -100_888;
 
@@ -27,15 +27,13 @@ fn saves(llm: &FakeLlm, key: &str, content: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_keep_their_source_and_members_see_and_forget_what_came_from_them() {
     let llm = FakeLlm::start().await;
-    let telegram = FakeTelegram::start(support::TOKEN).await;
-    telegram.set_admins(GROUP, vec![1001]);
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(
-        dir.path(),
-        &telegram,
+    let (telegram, _dir, _config, daemon) = support::telegram_bot(
+        &llm,
+        GROUP,
+        &[1001],
         "commands_per_member_per_minute = 20\n",
-    );
-    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, &llm), &telegram, WAIT).await;
+    )
+    .await;
 
     saves(&llm, "bob.birthday", "Bob's birthday is May 3rd");
     let saved = say(

@@ -480,8 +480,7 @@ impl Memory {
             .into_iter()
             .map(|(_, w)| w)
             .filter(|w| {
-                !STOP_WORDS.contains(&w.as_str()) && w.chars().count() >= 3
-                    || w.chars().any(|c| !c.is_ascii())
+                (!STOP_WORDS.contains(&w.as_str()) && w.chars().count() >= 3) || !w.is_ascii()
             })
             .collect();
         let docs: Vec<(&str, &str)> = entries

@@ -196,3 +196,26 @@ pub async fn say_in(
         .map(|m| m.text.clone())
         .unwrap_or_default()
 }
+
+/// A daemon against `llm` and a new fake Telegram, where `admins` administer group `group`;
+/// `extra` lines go into `[bot]` (and may open further sections).
+pub async fn telegram_bot(
+    llm: &FakeLlm,
+    group: i64,
+    admins: &[i64],
+    extra: &str,
+) -> (
+    FakeTelegram,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    DaemonProcess,
+) {
+    let telegram = FakeTelegram::start(TOKEN).await;
+    if !admins.is_empty() {
+        telegram.set_admins(group, admins.to_vec());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), &telegram, extra);
+    let daemon = DaemonProcess::spawn_polling(daemon_command(&config, llm), &telegram, WAIT).await;
+    (telegram, dir, config, daemon)
+}
