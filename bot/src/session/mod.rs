@@ -37,9 +37,17 @@
 //! - [`flood`]: how many commands a member and a chat may have answered per minute.
 //! - [`input`]: what each kind of input may do — merge, where it waits, whose rights its
 //!   turn holds, whether it posts — in one table.
-//! - [`queue`]: the stacking queue in front of each session; a pending input is in it once.
-//! - [`system`]: the one bounded channel that clock fires, task notices and withdrawals
-//!   come through, served after [`SessionManager::resume`].
+//! - [`queue`]: the stacking queue in front of each session: merging items merge, a pending
+//!   input is in it once, a full queue returns the item so the chat is told.
+//! - [`system`]: the one bounded channel (256) that clock fires, task notices and
+//!   withdrawals come through, served one at a time after [`SessionManager::resume`]; due
+//!   fires and notices are queued even past a full queue, a fire's completion sender
+//!   travelling with its input and its reply.
+//! - [`settings`]: a group's own settings inside the operator's `[groups]` frame; `/set` is
+//!   applied by the worker, in the commit that answers it. [`limits`]: turns per member per
+//!   hour, checked at intake. [`approvals`]: tool calls waiting for a person's yes, stored
+//!   before they are asked, decided by a task of their own. [`chat_commands`]: toolsets'
+//!   commands (`/memory`, `/forget`).
 //! - [`dispatcher`]: the one owner of the live chats; it starts a chat's worker and lets
 //!   the chat leave memory.
 //! - [`manager`]: [`SessionManager`], the public entry points (scheduled inputs, notices,
