@@ -60,7 +60,8 @@ impl ChatWorker {
             )
         });
         let compact_due = outcome.compact_due;
-        let settings_written = !outcome.also.is_empty();
+        // Only a `/set` changes what the settings cache holds.
+        let settings_written = rules.action == Action::Settings && !outcome.also.is_empty();
         let also = self.turn_records(
             session.key(),
             &item,
