@@ -1017,6 +1017,16 @@ pub struct MemoryConfig {
     pub max_entries: usize,
     /// Longest entry, in characters.
     pub max_entry_chars: usize,
+    /// An embedding model (`text-embedding-3-small`, `nomic-embed-text`): when set,
+    /// `memory_search` also ranks entries by meaning, from the vectors of the
+    /// OpenAI-compatible `/embeddings` endpoint, fused with the word ranking.
+    pub embeddings: Option<String>,
+    /// The endpoint's API root (up to and including `/v1`); the `[llm]` endpoint when
+    /// unset, which then must speak `openai`.
+    pub embeddings_base_url: Option<String>,
+    /// Environment variable holding the key of `embeddings_base_url`; without it that
+    /// endpoint gets no key (the `[llm]` key goes only to the `[llm]` endpoint).
+    pub embeddings_api_key_env: Option<String>,
 }
 
 impl Default for MemoryConfig {
@@ -1024,6 +1034,9 @@ impl Default for MemoryConfig {
         MemoryConfig {
             max_entries: 200,
             max_entry_chars: 4000,
+            embeddings: None,
+            embeddings_base_url: None,
+            embeddings_api_key_env: None,
         }
     }
 }
@@ -1319,6 +1332,25 @@ impl Config {
             if value == 0 {
                 bail!("{name} must be at least 1");
             }
+        }
+        let memory = &self.toolsets.memory;
+        if let Some(model) = &memory.embeddings {
+            if model.trim().is_empty() {
+                bail!(
+                    "toolsets.memory.embeddings is empty: name an embedding model, or leave it out"
+                );
+            }
+            if memory.embeddings_base_url.is_none() && self.llm.provider == Provider::Anthropic {
+                bail!(
+                    "toolsets.memory.embeddings needs an OpenAI-compatible /embeddings endpoint, \
+                     which Anthropic's API has not: set toolsets.memory.embeddings_base_url"
+                );
+            }
+        }
+        if let Some(url) = &memory.embeddings_base_url
+            && reqwest::Url::parse(url).is_err()
+        {
+            bail!("toolsets.memory.embeddings_base_url {url:?} is not a URL");
         }
         if self.terminal.enabled && self.terminal.sandbox.is_none() {
             bail!(

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::Context;
 use parlor_bot::agent::{Agent, AgentConfig, ImageOptions, PromptSize, VisionModel};
 use parlor_bot::llm::{
-    AnthropicClient, AnthropicConfig, Failover, Link, LlmBackend, OpenAiClient, OpenAiConfig,
-    RetryPolicy,
+    AnthropicClient, AnthropicConfig, Embedder, EmbedderConfig, Failover, Link, LlmBackend,
+    OpenAiClient, OpenAiConfig, OpenAiEmbedder, RetryPolicy,
 };
 use parlor_bot::platform::Platform;
 use parlor_bot::session::{SessionConfig, SessionManager, SystemReceiver, system_inputs};
@@ -26,9 +26,7 @@ use parlor_toolsets::terminal::{
 };
 use parlor_toolsets::web::search::Provider;
 use parlor_toolsets::{MemoryChatHook, PromptToolset, TodoChatHook, TodoList, time};
-use parlor_toolsets::{
-    MemoryOptions, MessageOptions, memory_toolset_with_wall_time, message_toolset,
-};
+use parlor_toolsets::{MemoryOptions, MemoryToolset, MessageOptions, message_toolset};
 use parlor_toolsets::{WebOptions, web_toolset};
 
 use tokio_util::sync::CancellationToken;
@@ -137,15 +135,22 @@ pub fn registry(
                     ));
                 }
             }
-            "memory" => toolsets.push(memory_toolset_with_wall_time(
-                Arc::clone(&store),
-                MemoryOptions {
-                    max_entries: config.toolsets.memory.max_entries,
-                    max_entry_chars: config.toolsets.memory.max_entry_chars,
-                    ..MemoryOptions::default()
-                },
-                services.wall_time.clone(),
-            )),
+            "memory" => {
+                let memory = MemoryToolset::with_wall_time(
+                    Arc::clone(&store),
+                    MemoryOptions {
+                        max_entries: config.toolsets.memory.max_entries,
+                        max_entry_chars: config.toolsets.memory.max_entry_chars,
+                        ..MemoryOptions::default()
+                    },
+                    services.wall_time.clone(),
+                );
+                let memory = match embedder(config)? {
+                    Some(embedder) => memory.with_embedder(embedder),
+                    None => memory,
+                };
+                toolsets.push(Arc::new(memory));
+            }
             "time" => {
                 let tz = time::parse_timezone(&config.toolsets.time.default_timezone)
                     .map_err(|why| anyhow::anyhow!("toolsets.time.default_timezone: {why}"))?;
@@ -407,6 +412,42 @@ fn sandbox_hidden(config: &Config, data_dir: &std::path::Path) -> Vec<PathBuf> {
     let mut hide = vec![data_dir.to_owned()];
     hide.extend(config.secret_paths());
     hide
+}
+
+/// Limit for one request to the embeddings endpoint.
+const EMBEDDINGS_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The memory's embedding client, when `[toolsets.memory] embeddings` names a model: the
+/// `[llm]` endpoint with its key, or `embeddings_base_url` with the key of
+/// `embeddings_api_key_env` (never the `[llm]` key).
+fn embedder(config: &Config) -> anyhow::Result<Option<Arc<dyn Embedder>>> {
+    let memory = &config.toolsets.memory;
+    let Some(model) = &memory.embeddings else {
+        return Ok(None);
+    };
+    let (base_url, api_key) = match &memory.embeddings_base_url {
+        Some(url) => {
+            let key = match &memory.embeddings_api_key_env {
+                Some(var) => Some(std::env::var(var).with_context(|| {
+                    format!("toolsets.memory.embeddings_api_key_env: {var} is not set")
+                })?),
+                None => None,
+            };
+            (url.clone(), key.map(Into::into))
+        }
+        None => (
+            config.base_url(),
+            config.api_key().map(|k| k.expose().into()),
+        ),
+    };
+    let embedder = OpenAiEmbedder::new(EmbedderConfig {
+        base_url,
+        api_key,
+        model: model.trim().to_owned(),
+        timeout: EMBEDDINGS_TIMEOUT,
+    })
+    .context("cannot build the embeddings client")?;
+    Ok(Some(Arc::new(embedder)))
 }
 
 /// A client of an endpoint speaking `provider`, with the `[llm]` limits and retries.

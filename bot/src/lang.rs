@@ -158,8 +158,8 @@ catalog! {
     CommandGone => "{word} is not available any more.", "{word} 已不可用。";
     CommandNeedsRole => "Only {role} may use {word} here.", "在这里只有{role}可以使用 {word}。";
     MemoryStatus =>
-        "Memory: {count} entries ({unconfirmed} unconfirmed), {chars} characters",
-        "记忆：{count} 条（{unconfirmed} 条未确认），共 {chars} 个字符";
+        "Memory: {count} entries ({unconfirmed} unconfirmed), {chars} characters; search index {terms} terms, {kb} KB",
+        "记忆：{count} 条（{unconfirmed} 条未确认），共 {chars} 个字符；搜索索引 {terms} 个词项，{kb} KB";
     MemoryEmpty => "I remember nothing in this chat yet.", "我在这个聊天里还什么都没记住。";
     MemoryHeader =>
         "What I remember in this chat ({count} entries, newest first):",

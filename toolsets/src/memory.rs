@@ -40,10 +40,14 @@
 //! words left out), so a stored fact is used without the model asking for it.
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{DateTime, SecondsFormat, Utc};
 use parlor_bot::lang::{Lang, Msg, say};
+use parlor_bot::llm::Embedder;
 use parlor_bot::platform::ChatRef;
 use parlor_bot::quote;
 use parlor_bot::session::{ChatCommand, ChatHook, CommandAnswer, move_records};
@@ -60,7 +64,12 @@ use serde_json::json;
 
 use crate::support::{Outcome, built, clip, finish, store_failure};
 
+mod cache;
 mod rank;
+
+use cache::{Built, Cache};
+pub use cache::{STAMP_SPACE, restamp};
+use rank::Index;
 
 /// The store collection holding every session's memory.
 pub const SPACE: &str = "memory";
@@ -93,6 +102,11 @@ pub const RECALL_ENTRIES: usize = 3;
 pub const RECALL_ENTRY_CHARS: usize = 300;
 #[allow(missing_docs)]
 pub const RECALL_CHARS: usize = 900;
+/// Most entries a search gives a vector to when they have none (entries written before
+/// embeddings were configured, or while the embedding server failed).
+pub const FILL_VECTORS: usize = 64;
+/// How many entries nearest the query by meaning join the fusion.
+pub const NEAREST: usize = 20;
 /// Words too common to recall an entry by.
 const STOP_WORDS: &[&str] = &[
     "the", "and", "for", "you", "your", "what", "when", "where", "who", "how", "why", "are", "was",
@@ -184,6 +198,46 @@ struct Entry {
     /// reading, not a member's words.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     unconfirmed: bool,
+    /// The content as a vector of the configured embedding model (`[toolsets.memory]
+    /// embeddings`), when it had one at the write or a search since filled it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    embedding: Option<Embedding>,
+}
+
+/// An entry's vector.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Embedding {
+    /// The model that made it: a vector of another model is not compared.
+    model: String,
+    /// Base64 of its little-endian `f32`s (a third of the size of a JSON array).
+    vector: String,
+}
+
+impl Embedding {
+    fn new(model: &str, vector: &[f32]) -> Self {
+        let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Embedding {
+            model: model.to_owned(),
+            vector: BASE64.encode(bytes),
+        }
+    }
+
+    /// The vector, if it is of `model` and readable.
+    fn of(&self, model: &str) -> Option<Vec<f32>> {
+        if self.model != model {
+            return None;
+        }
+        let bytes = BASE64.decode(&self.vector).ok()?;
+        if bytes.is_empty() || bytes.len() % 4 != 0 {
+            return None;
+        }
+        Some(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        )
+    }
 }
 
 /// Where a fact came from.
@@ -246,6 +300,10 @@ struct Memory {
     /// Serializes writes, so that the entry-count check and the insert of concurrent
     /// `memory_write` calls (one batch runs several at once) cannot overshoot the cap.
     write_lock: Mutex<()>,
+    /// The chats' search indexes.
+    cache: Cache,
+    /// Turns contents and queries into vectors (`[toolsets.memory] embeddings`).
+    embedder: Option<Arc<dyn Embedder>>,
 }
 
 impl std::fmt::Debug for MemoryToolset {
@@ -289,11 +347,35 @@ impl MemoryToolset {
         options: MemoryOptions,
         wall_time: WallTime,
     ) -> Self {
+        Self::build(store, options, wall_time, None)
+    }
+
+    /// The same toolset, searching by meaning too: contents and queries are turned into
+    /// vectors by `embedder`, and a search fuses the vector ranking with BM25's.
+    #[must_use]
+    pub fn with_embedder(self, embedder: Arc<dyn Embedder>) -> Self {
+        let m = &self.memory;
+        Self::build(
+            Arc::clone(&m.store),
+            m.options.clone(),
+            m.wall_time.clone(),
+            Some(embedder),
+        )
+    }
+
+    fn build(
+        store: Arc<dyn Store>,
+        options: MemoryOptions,
+        wall_time: WallTime,
+        embedder: Option<Arc<dyn Embedder>>,
+    ) -> Self {
         let memory = Arc::new(Memory {
             store,
             options,
             wall_time,
             write_lock: Mutex::new(()),
+            cache: Cache::default(),
+            embedder,
         });
         let o = &memory.options;
         let builder = ToolSetBridge::builder_with_state("memory", Arc::clone(&memory))
@@ -311,7 +393,7 @@ impl MemoryToolset {
                     o.max_entries, o.max_entry_chars, o.max_key_chars
                 ),
                 |m: Arc<Memory>, args: MemoryWriteArgs, cx: ToolContext| async move {
-                    finish(m.write(args, &cx))
+                    finish(m.write(args, &cx).await)
                 },
             )
             .risk(Risk::Write)
@@ -342,7 +424,7 @@ impl MemoryToolset {
                  key counting double; other forms of a word and longer words it begins match \
                  too.",
                 |m: Arc<Memory>, args: MemorySearchArgs, cx: ToolContext| async move {
-                    finish(m.search(args, &cx))
+                    finish(m.search(args, &cx).await)
                 },
             )
             .risk(Risk::Read)
@@ -366,6 +448,12 @@ impl MemoryToolset {
             bridge: built(builder),
             memory,
         }
+    }
+
+    /// How many chat indexes this toolset built since it started (each search of a chat
+    /// whose entries changed, or whose index is not in memory, builds one).
+    pub fn index_builds(&self) -> u64 {
+        self.memory.cache.builds()
     }
 
     /// The limits.
@@ -414,10 +502,11 @@ impl Memory {
         if max == 0 {
             return None;
         }
-        let entries = match self.entries(INDEX, session) {
-            Ok(entries) => entries,
+        let built = match self.indexed(INDEX, session) {
+            Ok(built) => built,
             Err(_) => return None,
         };
+        let entries = &built.entries;
         if entries.is_empty() {
             return None;
         }
@@ -441,7 +530,7 @@ impl Memory {
         } else {
             String::new()
         };
-        let recalled = self.recall(session, &entries);
+        let recalled = self.recall(session, &built);
         let recalled = if recalled.is_empty() {
             String::new()
         } else {
@@ -463,7 +552,7 @@ impl Memory {
     /// The few entries that best match what members said last in `session` (the input of
     /// the turn this index opens: its messages are in the chat log by then), each on quoted
     /// lines, at most [`RECALL_CHARS`] in all: stored facts reach the model without a call.
-    fn recall(&self, session: &str, entries: &[(String, Entry)]) -> Vec<String> {
+    fn recall(&self, session: &str, built: &Built) -> Vec<String> {
         let recent = match self.store.recent_messages(session, RECALL_MESSAGES) {
             Ok(recent) => recent,
             Err(e) => {
@@ -483,17 +572,17 @@ impl Memory {
                 (!STOP_WORDS.contains(&w.as_str()) && w.chars().count() >= 3) || !w.is_ascii()
             })
             .collect();
-        let docs: Vec<(&str, &str)> = entries
-            .iter()
-            .map(|(key, entry)| (key.as_str(), entry.content.as_str()))
-            .collect();
         let mut out = Vec::new();
         let mut used = 0;
-        for hit in rank::bm25(&query.join(" "), &docs)
+        for hit in built
+            .index
+            .bm25(&query.join(" "))
             .into_iter()
             .take(RECALL_ENTRIES)
         {
-            let (key, entry) = &entries[hit.index];
+            let Some((key, entry)) = built.entries.get(hit.index) else {
+                continue;
+            };
             let line = format!(
                 "{}{}: {}",
                 key,
@@ -511,6 +600,41 @@ impl Memory {
             out.push(quote::block(&line));
         }
         out
+    }
+
+    /// `session`'s entries and their index: the cached one while the chat's stamp holds,
+    /// else built from the store (see `cache.rs`).
+    fn indexed(&self, tool: &str, session: &str) -> Result<Arc<Built>, ToolError> {
+        let stamp = self
+            .store
+            .kv_get(STAMP_SPACE, session)
+            .map_err(|e| store_failure(tool, &e))?;
+        if let Some(built) = self.cache.get(session, stamp.as_deref()) {
+            return Ok(built);
+        }
+        let mut entries = self.entries(tool, session)?;
+        let model = self.embedder.as_ref().map(|e| e.model().to_owned());
+        let vectors = entries
+            .iter_mut()
+            .map(|(_, entry)| {
+                // The index keeps the decoded vector only.
+                let embedding = entry.embedding.take()?;
+                embedding.of(model.as_deref()?)
+            })
+            .collect();
+        let index = Index::new(
+            entries
+                .iter()
+                .map(|(key, entry)| (key.as_str(), entry.content.as_str())),
+        );
+        let built = Arc::new(Built {
+            stamp,
+            entries,
+            vectors,
+            index,
+        });
+        self.cache.put(session, Arc::clone(&built));
+        Ok(built)
     }
 
     /// Every entry of `session` (key, entry), most recently updated first; unreadable
@@ -542,7 +666,7 @@ impl Memory {
         normalize_key(raw, self.options.max_key_chars)
     }
 
-    fn write(&self, args: MemoryWriteArgs, cx: &ToolContext) -> Outcome {
+    async fn write(&self, args: MemoryWriteArgs, cx: &ToolContext) -> Outcome {
         let key = self.key(&args.key)?;
         // Only new keys are held to it: a key stored before stays readable and deletable.
         if quote::has_breaks(&key) {
@@ -570,6 +694,18 @@ impl Memory {
             )
             .with_data(json!({"chars": chars, "max_chars": max_chars})));
         }
+        // Asked before the lock is taken (it is not held across a wait); a failure leaves
+        // the entry without a vector, which a later search fills in.
+        let embedding = match &self.embedder {
+            Some(embedder) => match embedder.embed(&[content.to_owned()]).await {
+                Ok(vectors) => vectors.first().map(|v| Embedding::new(embedder.model(), v)),
+                Err(error) => {
+                    tracing::warn!(session = %cx.session, %error, "cannot embed a memory entry; a search will try again");
+                    None
+                }
+            },
+            None => None,
+        };
         let store = &self.store;
         let store_key = format!("{prefix}{key}");
         let _guard = self
@@ -608,13 +744,14 @@ impl Memory {
             confirmed: supported.then_some(now),
             unconfirmed: !supported,
             source,
+            embedding,
         };
         let value = serde_json::to_string(&entry).map_err(|error| {
             tracing::error!(%error, "a memory entry could not be encoded");
             ToolError::internal("the entry could not be stored; the error was logged")
         })?;
         store
-            .kv_put(SPACE, &store_key, &value)
+            .kv_write(vec![put(&store_key, value), restamp(&cx.session)])
             .map_err(|e| store_failure(WRITE, &e))?;
         let verb = if existing.is_some() {
             "replaced"
@@ -742,7 +879,7 @@ impl Memory {
         ))
     }
 
-    fn search(&self, args: MemorySearchArgs, cx: &ToolContext) -> Outcome {
+    async fn search(&self, args: MemorySearchArgs, cx: &ToolContext) -> Outcome {
         if rank::terms(&args.query).is_empty() {
             return Err(ToolError::invalid_arguments(
                 "memory_search: the query has no words to look for",
@@ -752,38 +889,77 @@ impl Memory {
             .limit
             .unwrap_or(DEFAULT_SEARCH_RESULTS)
             .clamp(1, MAX_SEARCH_RESULTS) as usize;
-        // `entries` is sorted most recently updated first, and the ranking keeps that order
+        let mut built = self.indexed(SEARCH, &cx.session)?;
+        let mut similar: Vec<(usize, f32)> = Vec::new();
+        let mut ranking = "bm25";
+        if let Some(embedder) = &self.embedder {
+            if self
+                .fill_vectors(embedder.as_ref(), &cx.session, &built)
+                .await
+            {
+                built = self.indexed(SEARCH, &cx.session)?;
+            }
+            match embedder.embed(std::slice::from_ref(&args.query)).await {
+                Ok(vectors) => {
+                    if let Some(query) = vectors.first() {
+                        similar = nearest(&built, query);
+                        ranking = "bm25+embeddings";
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(session = %cx.session, %error, "cannot embed a memory query; ranking by words only");
+                }
+            }
+        }
+        // The entries are most recently updated first, and the ranking keeps that order
         // among ties.
-        let entries = self.entries(SEARCH, &cx.session)?;
-        let docs: Vec<(&str, &str)> = entries
-            .iter()
-            .map(|(key, entry)| (key.as_str(), entry.content.as_str()))
-            .collect();
-        let hits = rank::bm25(&args.query, &docs);
+        let hits = built.index.bm25(&args.query);
+        let by_index: HashMap<usize, &rank::Ranked> = hits.iter().map(|h| (h.index, h)).collect();
+        let order: Vec<usize> = if similar.is_empty() {
+            hits.iter().map(|h| h.index).collect()
+        } else {
+            rank::fuse(&[
+                hits.iter().map(|h| h.index).collect(),
+                similar.iter().map(|(index, _)| *index).collect(),
+            ])
+            .into_iter()
+            .map(|(index, _)| index)
+            .collect()
+        };
+        let similarity: HashMap<usize, f32> = similar.into_iter().collect();
         let query_words: Vec<String> = words(&args.query).into_iter().map(|(_, w)| w).collect();
-        let total = hits.len();
-        let results: Vec<_> = hits
+        let total = order.len();
+        let results: Vec<_> = order
             .into_iter()
             .take(limit)
-            .map(|hit| {
-                let (key, entry) = &entries[hit.index];
+            .filter_map(|index| {
+                let (key, entry) = built.entries.get(index)?;
+                let hit = by_index.get(&index);
+                let matched = hit.map(|h| h.matched.clone()).unwrap_or_default();
                 let whole = entry.content.chars().count() <= SEARCH_CONTENT_CHARS;
                 let content = if whole {
                     entry.content.clone()
                 } else {
-                    snippet(&entry.content, &hit.matched)
+                    snippet(&entry.content, &matched)
                 };
-                json!({
+                let mut result = json!({
                     "key": key,
-                    "score": (hit.score * 100.0).round() / 100.0,
-                    "matched": hit.matched,
+                    "score": hit.map_or(0.0, |h| (h.score * 100.0).round() / 100.0),
+                    "matched": matched,
                     "phrase": phrase(&query_words, key, &entry.content),
                     "content": content,
                     "complete": whole,
                     "updated": rfc3339(entry.updated),
                     "source": entry.provenance()["source"],
                     "unconfirmed": entry.unconfirmed,
-                })
+                });
+                if let Some(similarity) = similarity.get(&index) {
+                    merge(
+                        &mut result,
+                        json!({"similarity": (f64::from(*similarity) * 1000.0).round() / 1000.0}),
+                    );
+                }
+                Some(result)
             })
             .collect();
         let message = if total == 0 {
@@ -797,8 +973,72 @@ impl Memory {
         };
         Ok(ToolResult::ok_with(
             message,
-            json!({"matches": total, "results": results}),
+            json!({"matches": total, "ranking": ranking, "results": results}),
         ))
+    }
+
+    /// Gives up to [`FILL_VECTORS`] of `built`'s entries that have no vector of the model
+    /// one, written back into each entry only if it is unchanged since it was read (a write
+    /// or a `/forget` in between wins). `true` when it wrote any (the chat is restamped).
+    async fn fill_vectors(&self, embedder: &dyn Embedder, session: &str, built: &Built) -> bool {
+        let missing: Vec<&(String, Entry)> = built
+            .entries
+            .iter()
+            .zip(&built.vectors)
+            .filter(|(_, vector)| vector.is_none())
+            .map(|(entry, _)| entry)
+            .take(FILL_VECTORS)
+            .collect();
+        if missing.is_empty() {
+            return false;
+        }
+        let texts: Vec<String> = missing.iter().map(|(_, e)| e.content.clone()).collect();
+        let vectors = match embedder.embed(&texts).await {
+            Ok(vectors) => vectors,
+            Err(error) => {
+                tracing::warn!(session, %error, "cannot embed memory entries that have no vector yet");
+                return false;
+            }
+        };
+        let Ok(prefix) = session_prefix(session) else {
+            return false;
+        };
+        let mut writes = Vec::new();
+        for ((key, entry), vector) in missing.into_iter().zip(vectors) {
+            let store_key = format!("{prefix}{key}");
+            let Ok(Some(raw)) = self.store.kv_get(SPACE, &store_key) else {
+                continue;
+            };
+            let Ok(mut current) = decode(&raw) else {
+                continue;
+            };
+            if current.content != entry.content {
+                continue;
+            }
+            current.embedding = Some(Embedding::new(embedder.model(), &vector));
+            let Ok(value) = serde_json::to_string(&current) else {
+                continue;
+            };
+            writes.push(KvWrite {
+                if_unchanged: Some(Some(raw)),
+                ..put(&store_key, value)
+            });
+        }
+        if writes.is_empty() {
+            return false;
+        }
+        writes.push(restamp(session));
+        let count = writes.len() - 1;
+        match self.store.kv_write(writes) {
+            Ok(()) => {
+                tracing::debug!(session, count, "memory entries given vectors");
+                true
+            }
+            Err(error) => {
+                tracing::debug!(session, %error, "memory vectors not written; a later search tries again");
+                false
+            }
+        }
     }
 
     fn delete(&self, args: MemoryDeleteArgs, cx: &ToolContext) -> Outcome {
@@ -808,13 +1048,18 @@ impl Memory {
             .write_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let store_key = format!("{prefix}{key}");
         let existed = self
             .store
-            .kv_delete(SPACE, &format!("{prefix}{key}"))
-            .map_err(|e| store_failure(DELETE, &e))?;
+            .kv_get(SPACE, &store_key)
+            .map_err(|e| store_failure(DELETE, &e))?
+            .is_some();
         if !existed {
             return Err(not_found(&key));
         }
+        self.store
+            .kv_write(vec![delete(&store_key), restamp(&cx.session)])
+            .map_err(|e| store_failure(DELETE, &e))?;
         Ok(ToolResult::ok_with(
             format!("deleted memory entry {key:?}"),
             json!({"key": key}),
@@ -835,7 +1080,12 @@ impl ChatHook for MemoryChatHook {
         to: &ChatRef,
     ) -> Result<Vec<KvWrite>, StoreError> {
         let prefix = |chat: &ChatRef| format!("{}{SEPARATOR}", chat.session_key());
-        move_records(store, SPACE, &prefix(from), &prefix(to))
+        let mut writes = move_records(store, SPACE, &prefix(from), &prefix(to))?;
+        if !writes.is_empty() {
+            writes.push(restamp(&from.session_key()));
+            writes.push(restamp(&to.session_key()));
+        }
+        Ok(writes)
     }
 }
 
@@ -880,7 +1130,14 @@ impl ChatCommand for MemoryCommand {
         }
         let prefix = session_prefix(session).ok()?;
         let records = store.kv_scan(SPACE, &prefix).ok()?;
-        let entries: Vec<Entry> = records.iter().filter_map(|(_, v)| decode(v).ok()).collect();
+        let entries: Vec<(&str, Entry)> = records
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(&prefix)?, decode(v).ok()?)))
+            .collect();
+        // The size the chat's index takes when it is built (a search builds it; this one
+        // is dropped at once).
+        let index = Index::new(entries.iter().map(|(k, e)| (*k, e.content.as_str())));
+        let entries: Vec<&Entry> = entries.iter().map(|(_, e)| e).collect();
         Some(say(
             lang,
             Msg::MemoryStatus,
@@ -898,6 +1155,8 @@ impl ChatCommand for MemoryCommand {
                         .sum::<usize>()
                         .to_string(),
                 ),
+                ("terms", &index.terms().to_string()),
+                ("kb", &index.bytes().div_ceil(1024).to_string()),
             ],
         ))
     }
@@ -991,17 +1250,17 @@ impl ChatCommand for MemoryCommand {
                 answer(text)
             }
             MemoryCommand::Forget if is_me(argument) => {
-                let gone: Vec<KvWrite> = entries
+                let mut gone: Vec<KvWrite> = entries
                     .iter()
                     .filter(|(_, _, e)| mine(e))
                     .map(|(store_key, _, _)| delete(store_key))
                     .collect();
+                let count = gone.len();
+                if count > 0 {
+                    gone.push(restamp(session));
+                }
                 Ok(CommandAnswer {
-                    text: say(
-                        lang,
-                        Msg::MemoryForgotYou,
-                        &[("count", &gone.len().to_string())],
-                    ),
+                    text: say(lang, Msg::MemoryForgotYou, &[("count", &count.to_string())]),
                     writes: gone,
                 })
             }
@@ -1014,13 +1273,30 @@ impl ChatCommand for MemoryCommand {
                 match entries.iter().find(|(_, key, _)| *key == wanted) {
                     Some((store_key, _, _)) => Ok(CommandAnswer {
                         text: say(lang, Msg::MemoryForgot, &[("key", &shown)]),
-                        writes: vec![delete(store_key)],
+                        writes: vec![delete(store_key), restamp(session)],
                     }),
                     None => answer(say(lang, Msg::MemoryNoKey, &[("key", &shown)])),
                 }
             }
         }
     }
+}
+
+/// The [`NEAREST`] entries of `built` whose vectors are closest to `query` (of those
+/// pointing the same way at all), closest first.
+fn nearest(built: &Built, query: &[f32]) -> Vec<(usize, f32)> {
+    let mut near: Vec<(usize, f32)> = built
+        .vectors
+        .iter()
+        .enumerate()
+        .filter_map(|(index, vector)| {
+            let similarity = rank::cosine(vector.as_deref()?, query);
+            (similarity > 0.0).then_some((index, similarity))
+        })
+        .collect();
+    near.sort_by(|a, b| b.1.total_cmp(&a.1));
+    near.truncate(NEAREST);
+    near
 }
 
 /// `me` (or `me.`, `myself`): the sender's own entries.
@@ -1033,6 +1309,16 @@ fn is_me(argument: &str) -> bool {
             .as_str(),
         "me" | "myself" | "我"
     )
+}
+
+/// The write that stores `value` at `store_key`.
+fn put(store_key: &str, value: String) -> KvWrite {
+    KvWrite {
+        space: SPACE.to_owned(),
+        key: store_key.to_owned(),
+        value: Some(value),
+        if_unchanged: None,
+    }
 }
 
 /// The write that removes `store_key` (idempotent: run twice, it removes nothing more).

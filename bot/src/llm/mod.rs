@@ -17,6 +17,8 @@
 //!   stream into the same [`Completion`]; thinking comes back as [`ThinkingBlock`]s, which
 //!   the assistant message carries so the next request can replay them. Retries are
 //!   [`Retrying`]'s, as for OpenAI.
+//! - [`embed`]: [`Embedder`], texts to vectors by the provider's `/embeddings` endpoint
+//!   ([`OpenAiEmbedder`]), for the memory toolset's search.
 //! - [`price`]: `[llm.prices]`, what a model's tokens cost, and [`Spend`], tokens by the
 //!   model that spent them.
 //! - `http.rs`: what both clients share: body streams under an idle timeout, status and
@@ -24,6 +26,7 @@
 
 pub mod anthropic;
 mod body;
+pub mod embed;
 pub mod failover;
 mod http;
 pub mod openai;
@@ -38,6 +41,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 pub use anthropic::{AnthropicClient, AnthropicConfig, CacheTtl};
+pub use embed::{Embedder, EmbedderConfig, OpenAiEmbedder};
 pub use failover::{Failover, Link};
 pub use openai::{OpenAiClient, OpenAiConfig, RetryPolicy};
 pub use price::{Price, Prices, Spend};

@@ -1,12 +1,13 @@
-//! BM25 over a chat's memory entries, computed at query time from the store (the store is
-//! the truth, so there is no index to go stale or rebuild; a chat holds at most
-//! `max_entries`, 200 by default, which this scores in well under a millisecond).
+//! BM25 over a chat's memory entries, from an inverted index ([`Index`]) built from the
+//! store's entries, and the fusion of its ranking with an embedding ranking ([`fuse`]).
 //!
 //! Terms: lower-case words split at anything that is not a letter or digit, lightly
 //! stemmed (`birthdays`, `booked`, `booking` → `birthday`, `book`, `book`), and CJK text, which
 //! has no spaces, as single characters and overlapping pairs (`生日快乐` → `生`, `日`, `快`,
 //! `乐`, `生日`, `日快`, `快乐`). A query term of four or more characters also matches terms
 //! it begins (`birth` finds `birthday`). The key's terms count twice: a key names its topic.
+
+use std::collections::{BTreeMap, HashMap};
 
 /// BM25's term-frequency saturation.
 const K1: f64 = 1.2;
@@ -98,75 +99,159 @@ fn matches(q: &str, t: &str) -> bool {
     q == t || (q.chars().count() >= 4 && t.starts_with(q))
 }
 
-/// Scores `docs` (key, content) for `query`; entries holding no query term are left out.
-/// Best first; ties keep the order of `docs`.
-pub(super) fn bm25(query: &str, docs: &[(&str, &str)]) -> Vec<Ranked> {
-    let mut wanted: Vec<String> = Vec::new();
-    for term in terms(query) {
-        if !wanted.contains(&term) {
-            wanted.push(term);
-        }
-    }
-    if wanted.is_empty() || docs.is_empty() {
-        return Vec::new();
-    }
-    let doc_terms: Vec<Vec<String>> = docs
-        .iter()
-        .map(|(key, content)| {
+/// An inverted index of one chat's entries: for each term, the entries holding it and how
+/// often. Built from the store's entries (`cache.rs` keeps it while the chat's stamp holds),
+/// so scoring a query reads only the postings of its terms, not every entry.
+#[derive(Debug, Default)]
+pub(super) struct Index {
+    /// Term → (entry, count), entries ascending.
+    postings: BTreeMap<String, Vec<(u32, u32)>>,
+    /// Each entry's number of terms.
+    lengths: Vec<u32>,
+    /// Their mean.
+    average: f64,
+}
+
+impl Index {
+    /// The index of `docs` (key, content), in their order.
+    pub(super) fn new<'a>(docs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut postings: BTreeMap<String, Vec<(u32, u32)>> = BTreeMap::new();
+        let mut lengths = Vec::new();
+        for (index, (key, content)) in docs.into_iter().enumerate() {
             let key = terms(key);
             let mut all = key.clone();
             all.extend(key);
             all.extend(terms(content));
-            all
-        })
-        .collect();
-    let n = doc_terms.len() as f64;
-    let average = doc_terms.iter().map(Vec::len).sum::<usize>() as f64 / n;
-    let counts: Vec<Vec<usize>> = doc_terms
-        .iter()
-        .map(|terms| {
-            wanted
-                .iter()
-                .map(|q| terms.iter().filter(|t| matches(q, t)).count())
-                .collect()
-        })
-        .collect();
-    let idf: Vec<f64> = (0..wanted.len())
-        .map(|i| {
-            let df = counts.iter().filter(|c| c[i] > 0).count() as f64;
-            (1.0 + (n - df + 0.5) / (df + 0.5)).ln()
-        })
-        .collect();
-    let mut ranked: Vec<Ranked> = counts
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.iter().any(|&tf| tf > 0))
-        .map(|(index, c)| {
-            let length = doc_terms[index].len() as f64;
-            let norm = K1 * (1.0 - B + B * length / average.max(1.0));
-            let score = c
-                .iter()
-                .zip(&idf)
-                .map(|(&tf, idf)| {
-                    let tf = tf as f64;
-                    idf * tf * (K1 + 1.0) / (tf + norm)
-                })
-                .sum();
-            let matched = wanted
-                .iter()
-                .zip(c)
-                .filter(|(_, tf)| **tf > 0)
-                .map(|(q, _)| q.clone())
-                .collect();
-            Ranked {
-                index,
+            lengths.push(u32::try_from(all.len()).unwrap_or(u32::MAX));
+            let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+            for term in all {
+                *counts.entry(term).or_default() += 1;
+            }
+            let index = u32::try_from(index).unwrap_or(u32::MAX);
+            for (term, count) in counts {
+                postings.entry(term).or_default().push((index, count));
+            }
+        }
+        let average = if lengths.is_empty() {
+            0.0
+        } else {
+            lengths.iter().map(|&n| f64::from(n)).sum::<f64>() / lengths.len() as f64
+        };
+        Index {
+            postings,
+            lengths,
+            average,
+        }
+    }
+
+    /// How many distinct terms it holds.
+    pub(super) fn terms(&self) -> usize {
+        self.postings.len()
+    }
+
+    /// About how many bytes it takes (terms, postings and lengths).
+    pub(super) fn bytes(&self) -> usize {
+        self.postings
+            .iter()
+            .map(|(term, list)| term.len() + 24 + 24 + list.len() * 8)
+            .sum::<usize>()
+            + self.lengths.len() * 4
+    }
+
+    /// The entries holding at least one term of `query`, scored by BM25 (a term's count in
+    /// an entry is that of the entry's terms it matches). Best first; ties keep the entries'
+    /// order.
+    pub(super) fn bm25(&self, query: &str) -> Vec<Ranked> {
+        let mut wanted: Vec<String> = Vec::new();
+        for term in terms(query) {
+            if !wanted.contains(&term) {
+                wanted.push(term);
+            }
+        }
+        let n = self.lengths.len() as f64;
+        let mut scores: BTreeMap<u32, (f64, Vec<String>)> = BTreeMap::new();
+        for q in &wanted {
+            let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+            for (term, list) in self.postings.range(q.clone()..) {
+                if !matches(q, term) {
+                    break;
+                }
+                for &(doc, count) in list {
+                    *counts.entry(doc).or_default() += count;
+                }
+            }
+            if counts.is_empty() {
+                continue;
+            }
+            let df = counts.len() as f64;
+            let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+            for (doc, tf) in counts {
+                let length = self
+                    .lengths
+                    .get(doc as usize)
+                    .map_or(0.0, |&l| f64::from(l));
+                let norm = K1 * (1.0 - B + B * length / self.average.max(1.0));
+                let tf = f64::from(tf);
+                let slot = scores.entry(doc).or_default();
+                slot.0 += idf * tf * (K1 + 1.0) / (tf + norm);
+                slot.1.push(q.clone());
+            }
+        }
+        let mut ranked: Vec<Ranked> = scores
+            .into_iter()
+            .map(|(doc, (score, matched))| Ranked {
+                index: doc as usize,
                 score,
                 matched,
-            }
-        })
-        .collect();
-    ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
-    ranked
+            })
+            .collect();
+        // Stable: ties stay in entry order.
+        ranked.sort_by(|a, b| b.score.total_cmp(&a.score));
+        ranked
+    }
+}
+
+/// The cosine similarity of two vectors (0 when either is zero or their lengths differ).
+pub(super) fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return 0.0;
+    }
+    let (mut dot, mut aa, mut bb) = (0.0f32, 0.0f32, 0.0f32);
+    for (x, y) in a.iter().zip(b) {
+        dot += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    if aa == 0.0 || bb == 0.0 {
+        0.0
+    } else {
+        dot / (aa.sqrt() * bb.sqrt())
+    }
+}
+
+/// Reciprocal rank fusion's constant: a result's weight in a list is `1 / (RRF_K + rank)`;
+/// 60 is the value of Cormack et al., which damps the difference between the first few.
+const RRF_K: f64 = 60.0;
+
+/// Fuses ranked lists of entry positions (best first) by reciprocal rank fusion: each entry
+/// scores the sum over the lists of `1 / (60 + rank)`. Best first; ties go to the entry
+/// ranked first in the earlier list.
+pub(super) fn fuse(lists: &[Vec<usize>]) -> Vec<(usize, f64)> {
+    // Entry → (score, when first seen).
+    let mut scores: HashMap<usize, (f64, usize)> = HashMap::new();
+    for list in lists {
+        for (rank, &doc) in list.iter().enumerate() {
+            let weight = 1.0 / (RRF_K + rank as f64 + 1.0);
+            let seen = scores.len();
+            scores.entry(doc).or_insert((0.0, seen)).0 += weight;
+        }
+    }
+    let mut fused: Vec<(usize, (f64, usize))> = scores.into_iter().collect();
+    fused.sort_by(|a, b| b.1.0.total_cmp(&a.1.0).then(a.1.1.cmp(&b.1.1)));
+    fused
+        .into_iter()
+        .map(|(doc, (score, _))| (doc, score))
+        .collect()
 }
 
 #[cfg(test)]
@@ -196,14 +281,24 @@ mod tests {
             ("team.standup", "the team meets at nine"),
             ("bob.birthday", "Bob's birthday is on May 3rd"),
         ];
-        let ranked = bm25("team birthday", &docs);
+        let ranked = Index::new(docs).bm25("team birthday");
         assert_eq!(ranked[0].index, 2, "{ranked:?}");
         assert_eq!(ranked[0].matched, ["birthday"]);
-        let ranked = bm25("birth", &docs);
+        let ranked = Index::new(docs).bm25("birth");
         assert_eq!(ranked.len(), 1);
         let chinese = [("a", "我的生日是五月三日"), ("b", "今天天气很好")];
-        let ranked = bm25("你的生日是哪天", &chinese);
+        let ranked = Index::new(chinese).bm25("你的生日是哪天");
         assert_eq!(ranked[0].index, 0, "{ranked:?}");
-        assert!(bm25("kubernetes", &docs).is_empty());
+        assert!(Index::new(docs).bm25("kubernetes").is_empty());
+    }
+
+    #[test]
+    fn fusion_rewards_entries_both_lists_rank() {
+        let fused = fuse(&[vec![3, 1, 2], vec![1, 4]]);
+        let order: Vec<usize> = fused.iter().map(|(doc, _)| *doc).collect();
+        assert_eq!(order, [1, 3, 4, 2]);
+        assert!(cosine(&[1.0, 0.0], &[2.0, 0.0]) > 0.999);
+        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
+        assert_eq!(cosine(&[1.0], &[1.0, 0.0]), 0.0);
     }
 }

@@ -10,6 +10,7 @@ use parlor_bot::testing::{WAIT_LIMIT, wait_until};
 use parlor_bot::tool::{Caller, Risk, Role, ToolContext, ToolRegistry, ToolSet};
 use parlor_toolsets::memory::{
     ENTRY_TOO_LARGE, MEMORY_FULL, MEMORY_NOT_FOUND, MemoryOptions, MemoryToolset, SPACE,
+    STAMP_SPACE,
 };
 use serde_json::{Value, json};
 
@@ -746,4 +747,101 @@ async fn a_turns_index_recalls_the_entries_that_match_the_latest_messages() {
             .contains("wifi"),
         "{index}"
     );
+}
+
+#[tokio::test]
+async fn the_search_index_is_rebuilt_from_the_store_when_missing_or_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(SledStore::open(dir.path(), StoreOptions::default()).unwrap());
+    let h = Harness::new(Arc::clone(&store), MemoryOptions::default());
+    h.write(GROUP_A, "bob.birthday", "Bob's birthday is May 3rd")
+        .await;
+    let found = |result: &Value| -> Vec<String> {
+        result["data"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let search = |query: &'static str| h.call(GROUP_A, "memory_search", json!({"query": query}));
+    assert_eq!(found(&search("birthdays").await), ["bob.birthday"]);
+    let builds = h.toolset.index_builds();
+    // Unchanged: the index in memory serves the next search.
+    assert_eq!(found(&search("birthday").await), ["bob.birthday"]);
+    assert_eq!(h.toolset.index_builds(), builds);
+
+    // Another daemon on the same store writes: the stamp it leaves makes this index stale.
+    let other = Harness::new(Arc::clone(&store), MemoryOptions::default());
+    other
+        .write(GROUP_A, "team.offsite", "The offsite is in Lisbon")
+        .await;
+    assert_eq!(found(&search("lisbon").await), ["team.offsite"]);
+    assert_eq!(h.toolset.index_builds(), builds + 1);
+    other
+        .call(GROUP_A, "memory_delete", json!({"key": "team.offsite"}))
+        .await;
+    assert!(found(&search("lisbon").await).is_empty());
+
+    // The stamps deleted (a store restored without them): rebuilt, the entries are the truth.
+    for (key, _) in store.kv_scan(STAMP_SPACE, "").unwrap() {
+        store.kv_delete(STAMP_SPACE, &key).unwrap();
+    }
+    assert_eq!(found(&search("birthday").await), ["bob.birthday"]);
+    store.flush().unwrap();
+    drop((h, other, store));
+
+    // A restart: no index in memory at all.
+    let store: Arc<dyn Store> =
+        Arc::new(SledStore::open(dir.path(), StoreOptions::default()).unwrap());
+    let h = Harness::new(store, MemoryOptions::default());
+    assert_eq!(h.toolset.index_builds(), 0);
+    let result = h
+        .call(GROUP_A, "memory_search", json!({"query": "birth"}))
+        .await;
+    assert_eq!(found(&result), ["bob.birthday"]);
+    assert_eq!(h.toolset.index_builds(), 1);
+}
+
+#[tokio::test]
+async fn a_private_chats_memory_never_reaches_a_groups_search_or_turns() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let h = Harness::new(Arc::clone(&store), MemoryOptions::default());
+    const DM: &str = "telegram:1001";
+    h.write(
+        DM,
+        "alice.diagnosis",
+        "Alice told me she has a migraine clinic visit on Monday",
+    )
+    .await;
+    h.write(GROUP_A, "team.lunch", "The team has lunch on Monday")
+        .await;
+    // Alice's words in the group would recall it, were it the group's.
+    said(
+        store.as_ref(),
+        GROUP_A,
+        "9",
+        Some(("telegram:1001", "Alice")),
+        "@parlor_bot anything about my migraine clinic visit on Monday?",
+    );
+    let search = h
+        .call(
+            GROUP_A,
+            "memory_search",
+            json!({"query": "migraine clinic visit"}),
+        )
+        .await;
+    assert_eq!(search["data"]["matches"], 0, "{search:#}");
+    let index = h.toolset.index(GROUP_A).unwrap();
+    assert!(
+        !index.contains("migraine") && !index.contains("alice.diagnosis"),
+        "{index}"
+    );
+    assert!(index.contains("team.lunch"), "{index}");
+    // In the private chat it is there.
+    let search = h
+        .call(DM, "memory_search", json!({"query": "migraine"}))
+        .await;
+    assert_eq!(search["data"]["matches"], 1, "{search:#}");
 }
