@@ -272,13 +272,24 @@ struct Author {
     id: String,
     /// Display name.
     name: String,
+    /// In what capacity: `member`, `chat_admin`, `operator` (the model writing at their
+    /// request), or `unattended` (a clock task or a background notice, nobody there);
+    /// `None` for entries from before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    by: Option<String>,
 }
 
 impl From<&Caller> for Author {
     fn from(caller: &Caller) -> Self {
+        let by = if caller.is_system() {
+            "unattended"
+        } else {
+            caller.role.as_str()
+        };
         Author {
             id: caller.user_id.clone(),
             name: caller.name.clone(),
+            by: Some(by.to_owned()),
         }
     }
 }
@@ -413,8 +424,8 @@ impl MemoryToolset {
             .risk(Risk::Read)
             .failure_codes(&[MEMORY_NOT_FOUND])
             .result_doc(
-                "with `key`: `data` {key, content, created, updated, author, source, confirmed, \
-                 unconfirmed}; without: `data` {count, max_entries, entries: [{key, preview, \
+                "with `key`: `data` {key, content, created, updated, author {id, name, by: \
+                 member, chat_admin, operator or unattended}, source, confirmed, unconfirmed}; without: `data` {count, max_entries, entries: [{key, preview, \
                  updated, unconfirmed}]}.",
             )
             .add_function_with_state(
@@ -838,7 +849,7 @@ impl Memory {
                 "content": entry.content,
                 "created": rfc3339(entry.created),
                 "updated": rfc3339(entry.updated),
-                "author": {"id": entry.author.id, "name": entry.author.name},
+                "author": {"id": entry.author.id, "name": entry.author.name, "by": entry.author.by},
                 "source": entry.provenance()["source"],
                 "confirmed": entry.confirmed.map(rfc3339),
                 "unconfirmed": entry.unconfirmed,

@@ -152,7 +152,7 @@ async fn write_read_list_replace_delete() {
     assert_eq!(read["data"]["content"], "Stand-up is at 9:00 on weekdays.");
     assert_eq!(
         read["data"]["author"],
-        json!({"id": "telegram:1001", "name": "Alice"})
+        json!({"id": "telegram:1001", "name": "Alice", "by": "member"})
     );
     let created = read["data"]["created"].as_str().unwrap().to_owned();
 
