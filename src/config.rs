@@ -2255,6 +2255,35 @@ url_file = "{}"
     }
 
     #[test]
+    fn memory_embeddings_need_an_openai_endpoint_and_a_model() {
+        let ok = Config::parse("[toolsets.memory]\nembeddings = \"nomic-embed-text\"\n").unwrap();
+        assert_eq!(
+            ok.toolsets.memory.embeddings.as_deref(),
+            Some("nomic-embed-text")
+        );
+        for (text, wanted) in [
+            (
+                "[llm]\nprovider = \"anthropic\"\n[toolsets.memory]\nembeddings = \"e\"\n",
+                "Anthropic's API has not",
+            ),
+            (
+                "[toolsets.memory]\nembeddings = \" \"\n",
+                "embeddings is empty",
+            ),
+            (
+                "[toolsets.memory]\nembeddings = \"e\"\nembeddings_base_url = \"not a url\"\n",
+                "is not a URL",
+            ),
+        ] {
+            let e = Config::parse(text).unwrap_err();
+            assert!(format!("{e:#}").contains(wanted), "{text}: {e:#}");
+        }
+        let own = "[llm]\nprovider = \"anthropic\"\n[toolsets.memory]\nembeddings = \"e\"\n\
+                   embeddings_base_url = \"http://127.0.0.1:11434/v1\"\n";
+        assert!(Config::parse(own).is_ok());
+    }
+
+    #[test]
     fn onebot_takes_one_transport_with_a_valid_address() {
         let forward = Config::parse("[onebot]\nurl = \"ws://127.0.0.1:3001\"\n").unwrap();
         assert!(forward.onebot.enabled());

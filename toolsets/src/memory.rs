@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `memory_write {key, content}` | write | create or replace an entry |
 //! | `memory_read {key?}` | read | one entry; without a key, the list of keys with previews |
-//! | `memory_search {query, limit?}` | read | entries ranked by a simple, explainable score |
+//! | `memory_search {query, limit?}` | read | entries ranked by BM25, and by meaning with embeddings |
 //! | `memory_delete {key}` | write | remove an entry |
 //!
 //! **Isolation by construction.** Memory belongs to the session (a group, a topic, a DM).
@@ -26,12 +26,17 @@
 //! model's own reading never comes back as a member's fact.
 //! Memory survives restarts and `/reset` (which clears the conversation only).
 //!
-//! **Search** ranks this chat's entries by BM25 (`memory/rank.rs`), computed from the store
-//! at each query (the store is the truth; a chat holds at most `max_entries`): words lightly
-//! stemmed (`birthdays` meets `birthday`), a query word of four or more letters also matching
-//! longer words it begins, Chinese and other CJK text as characters and pairs of characters,
-//! and an entry's key counting twice. Each result names the query terms it matched and
-//! whether the query stands in it as a phrase; ties go to the most recently updated.
+//! **Search** ranks this chat's entries by BM25 (`memory/rank.rs`) over an inverted index:
+//! words lightly stemmed (`birthdays` meets `birthday`), a query word of four or more letters
+//! also matching longer words it begins, Chinese and other CJK text as characters and pairs
+//! of characters, and an entry's key counting twice. Each result names the query terms it
+//! matched and whether the query stands in it as a phrase; ties go to the most recently
+//! updated. The index lives in memory and is rebuilt from the store whenever the chat's
+//! stamp, rewritten with every change, differs from the one it was built at
+//! (`memory/cache.rs`): the store is the truth. With an [`Embedder`]
+//! ([`MemoryToolset::with_embedder`]), each entry also keeps its content's vector, and a
+//! search fuses the [`NEAREST`] entries by cosine similarity with the word ranking by
+//! reciprocal rank fusion.
 //!
 //! **Per-turn index.** Each turn starts with a short `<MEMORY_INDEX>` of the session's keys
 //! ([`MemoryToolset::index`], at most `index_in_prompt`), so the model knows what it can look
@@ -430,18 +435,26 @@ impl MemoryToolset {
             )
             .add_function_with_state(
                 SEARCH,
-                "Search this chat's memory by words (any language; Chinese works without \
-                 spaces): entries are ranked by BM25, rarer words weighing more, matches in the \
-                 key counting double; other forms of a word and longer words it begins match \
-                 too.",
+                &format!(
+                    "Search this chat's memory by words (any language; Chinese works without \
+                     spaces): entries are ranked by BM25, rarer words weighing more, matches in \
+                     the key counting double; other forms of a word and longer words it begins \
+                     match too.{}",
+                    if memory.embedder.is_some() {
+                        " Entries close in meaning rank too, even without a word in common."
+                    } else {
+                        ""
+                    }
+                ),
                 |m: Arc<Memory>, args: MemorySearchArgs, cx: ToolContext| async move {
                     finish(m.search(args, &cx).await)
                 },
             )
             .risk(Risk::Read)
             .result_doc(
-                "`data`: `matches`, `results` [{key, score, matched, phrase, content, complete, \
-                 updated, source, unconfirmed}], best first.",
+                "`data`: `matches`, `ranking` (`bm25`, or `bm25+embeddings`), `results` [{key, \
+                 score, matched, phrase, content, complete, updated, source, unconfirmed, \
+                 similarity (with embeddings)}], best first.",
             )
             .add_function_with_state(
                 DELETE,
