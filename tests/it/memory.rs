@@ -81,9 +81,10 @@ async fn entries_keep_their_source_and_members_see_and_forget_what_came_from_the
     assert!(mine.contains("(1 entries)"), "{mine}");
     let status = say(&telegram, zed(), "/status").await;
     assert!(
-        status.contains("Memory: 1 entries (0 unconfirmed), 25 characters"),
+        status.contains("Memory: 1 entries (0 unconfirmed), 25 characters; search index "),
         "{status}"
     );
+    assert!(status.contains(" terms, 1 KB"), "{status}");
     let forgot = say(&telegram, bob(), "/forget me").await;
     assert!(forgot.contains("Forgot 1 entries"), "{forgot}");
     let empty = say(&telegram, zed(), "/memory").await;
