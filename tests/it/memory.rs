@@ -3,7 +3,7 @@
 //! from them, only a chat admin forgets someone else's, and a DM's memory never shows in a
 //! group.
 
-use parlor_testkit::{FakeLlm, FakeTelegram, Reply, ToolCallSpec};
+use parlor_testkit::{FakeEmbeddings, FakeLlm, FakeTelegram, Reply, ToolCallSpec};
 
 use crate::support::{self, WAIT, alice, bob, zed};
 
@@ -91,6 +91,48 @@ async fn entries_keep_their_source_and_members_see_and_forget_what_came_from_the
     assert_eq!(empty, "I remember nothing in this chat yet.");
     assert_eq!(llm.request_count(), 6, "commands ask no model");
     let mut daemon = daemon;
+    let exit = daemon.terminate(WAIT).await;
+    assert!(exit.success(), "{}", daemon.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_embeddings_configured_the_model_finds_a_fact_asked_in_other_words() {
+    let llm = FakeLlm::start().await;
+    let embeddings =
+        FakeEmbeddings::start(vec![vec!["car".to_owned(), "automobile".to_owned()]]).await;
+    let extra = format!(
+        "[toolsets.memory]\nembeddings = \"fake-embed\"\nembeddings_base_url = \"{}\"\n",
+        embeddings.base_url()
+    );
+    let (telegram, _dir, _config, mut daemon) =
+        support::telegram_bot(&llm, GROUP, &[1001], &extra).await;
+
+    saves(&llm, "bob.ride", "Bob drives a red car");
+    say(
+        &telegram,
+        bob(),
+        "@parlor_bot I drive a red car, remember that",
+    )
+    .await;
+    assert_eq!(embeddings.inputs(), 1, "the entry's vector");
+
+    llm.push(Reply::tool_calls(vec![ToolCallSpec::new(
+        "s1",
+        "memory_search",
+        serde_json::json!({"query": "automobile"}),
+    )]));
+    llm.push(Reply::text("A red one."));
+    let answer = say(
+        &telegram,
+        zed(),
+        "@parlor_bot what automobile does Bob have?",
+    )
+    .await;
+    assert_eq!(answer, "A red one.");
+    let requests = llm.requests();
+    let result = requests.last().unwrap().messages().last().unwrap()["content"].to_string();
+    assert!(result.contains("bob.ride"), "{result}");
+    assert!(result.contains("bm25+embeddings"), "{result}");
     let exit = daemon.terminate(WAIT).await;
     assert!(exit.success(), "{}", daemon.log());
 }

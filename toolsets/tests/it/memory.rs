@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use expect_test::expect;
-use parlor_bot::llm::ToolCall;
+use parlor_bot::llm::{EmbedderConfig, OpenAiEmbedder, ToolCall};
 use parlor_bot::store::{MemoryStore, SledStore, Store, StoreOptions};
 use parlor_bot::testing::{WAIT_LIMIT, wait_until};
 use parlor_bot::tool::{Caller, Risk, Role, ToolContext, ToolRegistry, ToolSet};
+use parlor_testkit::FakeEmbeddings;
 use parlor_toolsets::memory::{
     ENTRY_TOO_LARGE, MEMORY_FULL, MEMORY_NOT_FOUND, MemoryOptions, MemoryToolset, SPACE,
     STAMP_SPACE,
@@ -844,4 +845,149 @@ async fn a_private_chats_memory_never_reaches_a_groups_search_or_turns() {
         .call(DM, "memory_search", json!({"query": "migraine"}))
         .await;
     assert_eq!(search["data"]["matches"], 1, "{search:#}");
+}
+
+/// The toolset over `store`, asking `fake` for vectors.
+fn with_embeddings(store: Arc<dyn Store>, fake: &FakeEmbeddings) -> Harness {
+    let embedder = OpenAiEmbedder::new(EmbedderConfig {
+        base_url: fake.base_url(),
+        api_key: None,
+        model: "fake-embed".to_owned(),
+        timeout: std::time::Duration::from_secs(10),
+    })
+    .unwrap();
+    let toolset =
+        MemoryToolset::new(store, MemoryOptions::default()).with_embedder(Arc::new(embedder));
+    Harness {
+        registry: ToolRegistry::new(vec![Arc::new(toolset.clone())]).unwrap(),
+        toolset,
+    }
+}
+
+fn synonyms() -> Vec<Vec<String>> {
+    [
+        vec!["car", "automobile", "vehicle"],
+        vec!["doctor", "physician"],
+        vec!["生日", "出生"],
+    ]
+    .into_iter()
+    .map(|group| group.into_iter().map(str::to_owned).collect())
+    .collect()
+}
+
+fn result_keys(result: &Value) -> Vec<String> {
+    result["data"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn with_embeddings_a_search_finds_entries_that_share_a_meaning_but_no_word() {
+    let fake = FakeEmbeddings::start(synonyms()).await;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let h = with_embeddings(Arc::clone(&store), &fake);
+    h.write(GROUP_A, "bob.ride", "Bob drives a red car to work")
+        .await;
+    h.write(
+        GROUP_A,
+        "carol.health",
+        "Carol sees her physician on Tuesdays",
+    )
+    .await;
+    h.write(GROUP_A, "team.lunch", "The team has lunch at noon")
+        .await;
+    // Each write asked for its vector.
+    assert_eq!(fake.inputs(), 3);
+
+    let words_only = Harness::new(Arc::clone(&store), MemoryOptions::default());
+    let plain = words_only
+        .call(GROUP_A, "memory_search", json!({"query": "automobile"}))
+        .await;
+    assert_eq!(plain["data"]["matches"], 0, "{plain:#}");
+    assert_eq!(plain["data"]["ranking"], "bm25");
+
+    let found = h
+        .call(
+            GROUP_A,
+            "memory_search",
+            json!({"query": "which automobile"}),
+        )
+        .await;
+    assert_eq!(found["data"]["ranking"], "bm25+embeddings", "{found:#}");
+    assert_eq!(result_keys(&found)[0], "bob.ride", "{found:#}");
+    assert!(found["data"]["results"][0]["similarity"].as_f64().unwrap() > 0.3);
+    let found = h
+        .call(
+            GROUP_A,
+            "memory_search",
+            json!({"query": "doctor appointment"}),
+        )
+        .await;
+    assert_eq!(result_keys(&found)[0], "carol.health", "{found:#}");
+    // Words still count: an exact word ranks its entry first.
+    let found = h
+        .call(GROUP_A, "memory_search", json!({"query": "lunch"}))
+        .await;
+    assert_eq!(result_keys(&found)[0], "team.lunch", "{found:#}");
+}
+
+#[tokio::test]
+async fn entries_from_before_embeddings_get_vectors_and_a_failing_server_leaves_words() {
+    let fake = FakeEmbeddings::start(synonyms()).await;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    // Written while embeddings were off.
+    let before = Harness::new(Arc::clone(&store), MemoryOptions::default());
+    before
+        .write(GROUP_A, "bob.ride", "Bob drives a red car to work")
+        .await;
+    before
+        .write(GROUP_A, "bob.birthday", "小明的生日是五月三日")
+        .await;
+
+    let h = with_embeddings(Arc::clone(&store), &fake);
+    let found = h
+        .call(GROUP_A, "memory_search", json!({"query": "vehicle"}))
+        .await;
+    assert_eq!(result_keys(&found), ["bob.ride"], "{found:#}");
+    // The vectors were written back: the raw entries hold them now.
+    let raw = store
+        .kv_get(SPACE, &format!("{GROUP_A}\u{1}bob.ride"))
+        .unwrap()
+        .unwrap();
+    let raw: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(raw["embedding"]["model"], "fake-embed");
+    let asked = fake.inputs();
+    let found = h
+        .call(GROUP_A, "memory_search", json!({"query": "小明哪天出生"}))
+        .await;
+    assert_eq!(result_keys(&found)[0], "bob.birthday", "{found:#}");
+    // Only the query was embedded this time.
+    assert_eq!(fake.inputs(), asked + 1);
+
+    // The server fails (the write, the filling in, the query): the write keeps the entry
+    // without a vector, the search ranks by words and says so.
+    fake.fail_next(3);
+    assert_ok(
+        &h.write(GROUP_A, "trip.hotel", "The hotel is booked for March")
+            .await,
+    );
+    let found = h
+        .call(GROUP_A, "memory_search", json!({"query": "hotels"}))
+        .await;
+    assert_ok(&found);
+    assert_eq!(found["data"]["ranking"], "bm25", "{found:#}");
+    assert_eq!(result_keys(&found), ["trip.hotel"]);
+    // Back up: the entry missed gets its vector at the next search.
+    let found = h
+        .call(GROUP_A, "memory_search", json!({"query": "hotel"}))
+        .await;
+    assert_eq!(found["data"]["ranking"], "bm25+embeddings", "{found:#}");
+    let raw = store
+        .kv_get(SPACE, &format!("{GROUP_A}\u{1}trip.hotel"))
+        .unwrap()
+        .unwrap();
+    assert!(raw.contains("\"embedding\""), "{raw}");
 }
