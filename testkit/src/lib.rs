@@ -4,6 +4,8 @@
 //! instead of real services:
 //! - [`llm`]: [`FakeLlm`], a scripted OpenAI-compatible `chat/completions`
 //!   server (streaming SSE and plain JSON) that records every request;
+//! - [`embeddings`]: [`FakeEmbeddings`], an OpenAI-compatible `embeddings` server whose
+//!   vectors are a bag of synonym groups and hashed words, with scripted 500s;
 //! - [`anthropic`]: [`FakeAnthropic`], a scripted Anthropic Messages API (`/v1/messages`,
 //!   streamed events: text, tool use, thinking with signatures, cache usage, 529s, error
 //!   events, cut streams) that records every request;
@@ -42,6 +44,7 @@
 
 pub mod anthropic;
 pub mod discord;
+pub mod embeddings;
 pub mod llm;
 pub mod mcp;
 pub mod onebot;
@@ -59,6 +62,7 @@ pub use discord::{
     DiscordInteractionBuilder, DiscordInteractionCallback, DiscordMessageBuilder, DiscordRequest,
     DiscordSent, DiscordTyping, DiscordUser, FakeDiscord, discord_fixture,
 };
+pub use embeddings::FakeEmbeddings;
 pub use llm::{FakeLlm, RecordedRequest, Reply, ToolCallSpec, last_user_text};
 pub use mcp::{McpHttpServer, TestMcpServer, mcp_server_bin};
 pub use onebot::{DialError, FakeOneBot, OneBotFailure, OneBotMessageBuilder, OneBotSent};
