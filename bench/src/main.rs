@@ -11,6 +11,9 @@
 //! The cost phase (`cost.rs`) counts how much of a busy group's prompt a prefix cache
 //! could serve, from the request bodies the LLM proxy keeps. The cluster phase
 //! (`cluster.rs`) compares one daemon on sled with one to three on one PostgreSQL database.
+//! The recall phase (`recall.rs`) is in-process: how often `memory_search` finds the entry
+//! that answers a question put in other words, against the word counts it ranked by before,
+//! and how long a search takes at 1,000 and 100,000 entries.
 //!
 //! It prints figures, never fails on a missed target, and is not part of `cargo test`.
 
@@ -33,6 +36,7 @@ use tokio::sync::Notify;
 mod clock;
 mod cluster;
 mod cost;
+mod recall;
 
 const TOKEN: &str = "123456:BENCH-token";
 const ANSWER: &str = "Sure: here is a short answer.";
@@ -1187,6 +1191,17 @@ async fn main() {
         report.print();
         return;
     }
+    // `parlor-bench recall [--misses]`: memory_search's recall and latency alone,
+    // in-process; `--misses` lists every question each ranking missed.
+    if std::env::args().nth(1).as_deref() == Some("recall") {
+        let mut report = Report::default();
+        let recall = recall::run().await;
+        let all_misses = std::env::args().nth(2).as_deref() == Some("--misses");
+        recall::rows(&recall, &mut report, all_misses);
+        println!("parlor-bench recall — {}", machine());
+        report.print();
+        return;
+    }
     let started = Instant::now();
     let bin = parlor_binary();
     // `parlor-bench idle`: the idle footprint alone (a few seconds), for trying changes.
@@ -1250,6 +1265,9 @@ async fn main() {
     eprintln!("cluster phase: sled, then one to three daemons on PostgreSQL...");
     let cluster = cluster::run(&bin).await;
     cluster::rows(&cluster, &mut report);
+    eprintln!("recall phase: memory_search at 1,000 and 100,000 entries...");
+    let recall = recall::run().await;
+    recall::rows(&recall, &mut report, false);
 
     println!("parlor-bench — {}", machine);
     println!(
