@@ -112,13 +112,6 @@ pub const RECALL_CHARS: usize = 900;
 pub const FILL_VECTORS: usize = 64;
 /// How many entries nearest the query by meaning join the fusion.
 pub const NEAREST: usize = 20;
-/// Words too common to recall an entry by.
-const STOP_WORDS: &[&str] = &[
-    "the", "and", "for", "you", "your", "what", "when", "where", "who", "how", "why", "are", "was",
-    "were", "with", "this", "that", "have", "has", "had", "not", "but", "can", "could", "would",
-    "should", "will", "about", "from", "they", "them", "there", "their", "our", "just", "please",
-    "remember", "know", "tell", "does", "did", "parlor", "bot", "any", "all",
-];
 /// Most characters of the key list of `memory_read` (it stays under the agent's tool result
 /// limit; the rest is counted and reachable through `memory_search`).
 pub const LIST_CHARS: usize = 6000;
@@ -593,7 +586,7 @@ impl Memory {
             .into_iter()
             .map(|(_, w)| w)
             .filter(|w| {
-                (!STOP_WORDS.contains(&w.as_str()) && w.chars().count() >= 3) || !w.is_ascii()
+                (!rank::STOP_WORDS.contains(&w.as_str()) && w.chars().count() >= 3) || !w.is_ascii()
             })
             .collect();
         let mut out = Vec::new();
@@ -1510,16 +1503,6 @@ fn words(text: &str) -> Vec<(usize, String)> {
     out
 }
 
-/// Whether the query word `term` matches the text word `word` (prefix match for query words
-/// of 3 or more characters).
-fn matches(term: &str, word: &str) -> bool {
-    if term.chars().count() >= 3 {
-        word.starts_with(term)
-    } else {
-        word == term
-    }
-}
-
 /// Whether the query's words (two or more) stand together, in order, in the key or content.
 fn phrase(query: &[String], key: &str, content: &str) -> bool {
     if query.len() < 2 {
@@ -1538,7 +1521,7 @@ fn phrase(query: &[String], key: &str, content: &str) -> bool {
 fn snippet(content: &str, matched: &[String]) -> String {
     let at = words(content)
         .into_iter()
-        .find(|(_, w)| matched.iter().any(|t| matches(t, w)))
+        .find(|(_, w)| matched.iter().any(|t| rank::word_matches(t, w)))
         .map_or(0, |(offset, _)| offset);
     let start = at - last_chars(&content[..at], 80).len();
     let tail = &content[start..];

@@ -8,6 +8,21 @@
 //! it begins (`birth` finds `birthday`). The key's terms count twice: a key names its topic.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::LazyLock;
+
+/// Words too common to find an entry by: left out of a search's terms (unless nothing else
+/// is left) and of the words recall matches.
+pub(super) const STOP_WORDS: &[&str] = &[
+    "the", "and", "for", "you", "your", "what", "when", "where", "who", "how", "why", "are", "was",
+    "were", "with", "this", "that", "have", "has", "had", "not", "but", "can", "could", "would",
+    "should", "will", "about", "from", "they", "them", "there", "their", "our", "just", "please",
+    "remember", "know", "tell", "does", "did", "parlor", "bot", "any", "all", "which", "whose",
+    "is", "it", "at", "in", "on", "of", "to", "we", "do", "me", "my", "be", "or", "an", "a", "i",
+];
+
+/// [`STOP_WORDS`] as terms (stemmed).
+static STOP_TERMS: LazyLock<Vec<String>> =
+    LazyLock::new(|| STOP_WORDS.iter().map(|w| stem(w)).collect());
 
 /// BM25's term-frequency saturation.
 const K1: f64 = 1.2;
@@ -21,7 +36,7 @@ pub(super) struct Ranked {
     pub(super) index: usize,
     /// Its BM25 score; more is better.
     pub(super) score: f64,
-    /// The query terms it holds, in query order.
+    /// The query words whose terms it holds, as the query spells them, in query order.
     pub(super) matched: Vec<String>,
 }
 
@@ -32,7 +47,17 @@ fn is_cjk(c: char) -> bool {
 }
 
 /// A light English stemmer: enough that the forms people type meet (not a linguist's).
+/// `sitting`, `sits` → `sit`; `moving`, `moved`, `moves`, `move` → `mov`.
 fn stem(word: &str) -> String {
+    let base = strip_suffix(word);
+    // A final `e` goes, so that `move` meets `moving` (whose `e` the suffix took).
+    match base.strip_suffix('e') {
+        Some(rest) if rest.chars().count() >= 3 => rest.to_owned(),
+        _ => base,
+    }
+}
+
+fn strip_suffix(word: &str) -> String {
     let n = word.chars().count();
     let strip = |suffix: &str, min: usize| {
         (n >= min && word.ends_with(suffix)).then(|| word[..word.len() - suffix.len()].to_owned())
@@ -40,10 +65,13 @@ fn stem(word: &str) -> String {
     if let Some(base) = strip("ies", 5) {
         return format!("{base}y");
     }
-    for (suffix, min) in [("ing", 6), ("ed", 5), ("ly", 6)] {
+    for (suffix, min) in [("ing", 6), ("ed", 5)] {
         if let Some(base) = strip(suffix, min) {
-            return base;
+            return undouble(base);
         }
+    }
+    if let Some(base) = strip("ly", 6) {
+        return base;
     }
     for suffix in ["ches", "shes", "sses", "xes", "zes"] {
         if let Some(base) = strip(suffix, 5) {
@@ -56,8 +84,31 @@ fn stem(word: &str) -> String {
     word.to_owned()
 }
 
+/// `sitt` → `sit`, `plann` → `plan` (a consonant doubled before `-ing` or `-ed`); `ll`,
+/// `ss` and `zz` stay (`called`, `missed`, `buzzing`).
+fn undouble(base: String) -> String {
+    let mut chars = base.chars().rev();
+    match (chars.next(), chars.next()) {
+        (Some(a), Some(b))
+            if a == b && a.is_ascii_alphabetic() && !"aeioulsz".contains(a) && base.len() >= 4 =>
+        {
+            base[..base.len() - 1].to_owned()
+        }
+        _ => base,
+    }
+}
+
 /// The terms of `text` (see the module docs).
 pub(super) fn terms(text: &str) -> Vec<String> {
+    spelled_terms(text)
+        .into_iter()
+        .map(|(term, _)| term)
+        .collect()
+}
+
+/// The terms of `text`, each with the word it came from as written (lower case): what a
+/// result says it matched.
+fn spelled_terms(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let lower = text.to_lowercase();
     for word in lower
@@ -66,20 +117,25 @@ pub(super) fn terms(text: &str) -> Vec<String> {
     {
         let mut latin = String::new();
         let mut cjk: Vec<char> = Vec::new();
-        let flush_cjk = |cjk: &mut Vec<char>, out: &mut Vec<String>| {
+        let flush_cjk = |cjk: &mut Vec<char>, out: &mut Vec<(String, String)>| {
             for (i, c) in cjk.iter().enumerate() {
-                out.push(c.to_string());
+                out.push((c.to_string(), c.to_string()));
                 if let Some(next) = cjk.get(i + 1) {
-                    out.push(format!("{c}{next}"));
+                    let pair = format!("{c}{next}");
+                    out.push((pair.clone(), pair));
                 }
             }
             cjk.clear();
         };
+        let flush_latin = |latin: &mut String, out: &mut Vec<(String, String)>| {
+            if !latin.is_empty() {
+                let word = std::mem::take(latin);
+                out.push((stem(&word), word));
+            }
+        };
         for c in word.chars() {
             if is_cjk(c) {
-                if !latin.is_empty() {
-                    out.push(stem(&std::mem::take(&mut latin)));
-                }
+                flush_latin(&mut latin, &mut out);
                 cjk.push(c);
             } else {
                 flush_cjk(&mut cjk, &mut out);
@@ -87,11 +143,14 @@ pub(super) fn terms(text: &str) -> Vec<String> {
             }
         }
         flush_cjk(&mut cjk, &mut out);
-        if !latin.is_empty() {
-            out.push(stem(&latin));
-        }
+        flush_latin(&mut latin, &mut out);
     }
     out
+}
+
+/// Whether the query's word `query` finds `word` of an entry (both as written).
+pub(super) fn word_matches(query: &str, word: &str) -> bool {
+    matches(&stem(&query.to_lowercase()), &stem(&word.to_lowercase()))
 }
 
 /// Whether query term `q` matches entry term `t`.
@@ -162,15 +221,24 @@ impl Index {
     /// an entry is that of the entry's terms it matches). Best first; ties keep the entries'
     /// order.
     pub(super) fn bm25(&self, query: &str) -> Vec<Ranked> {
-        let mut wanted: Vec<String> = Vec::new();
-        for term in terms(query) {
-            if !wanted.contains(&term) {
-                wanted.push(term);
+        // (term, the query's word for it)
+        let mut wanted: Vec<(String, String)> = Vec::new();
+        for (term, word) in spelled_terms(query) {
+            if !wanted.iter().any(|(t, _)| *t == term) {
+                wanted.push((term, word));
             }
+        }
+        let telling: Vec<(String, String)> = wanted
+            .iter()
+            .filter(|(t, _)| !STOP_TERMS.contains(t))
+            .cloned()
+            .collect();
+        if !telling.is_empty() {
+            wanted = telling;
         }
         let n = self.lengths.len() as f64;
         let mut scores: BTreeMap<u32, (f64, Vec<String>)> = BTreeMap::new();
-        for q in &wanted {
+        for (q, word) in &wanted {
             let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
             for (term, list) in self.postings.range(q.clone()..) {
                 if !matches(q, term) {
@@ -194,7 +262,7 @@ impl Index {
                 let tf = f64::from(tf);
                 let slot = scores.entry(doc).or_default();
                 slot.0 += idf * tf * (K1 + 1.0) / (tf + norm);
-                slot.1.push(q.clone());
+                slot.1.push(word.clone());
             }
         }
         let mut ranked: Vec<Ranked> = scores
@@ -263,6 +331,10 @@ mod tests {
         assert_eq!(
             terms("Birthdays booked, booking!"),
             ["birthday", "book", "book"]
+        );
+        assert_eq!(
+            terms("sitting sits moving moves move planned called missed"),
+            ["sit", "sit", "mov", "mov", "mov", "plan", "call", "miss"]
         );
         assert_eq!(
             terms("生日快乐"),
