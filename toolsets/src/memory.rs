@@ -110,6 +110,8 @@ pub const RECALL_CHARS: usize = 900;
 /// Most entries a search gives a vector to when they have none (entries written before
 /// embeddings were configured, or while the embedding server failed).
 pub const FILL_VECTORS: usize = 64;
+/// How long the embedder is left alone after a failure.
+pub const EMBEDDER_PAUSE: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
 /// How many entries nearest the query by meaning join the fusion.
 pub const NEAREST: usize = 20;
 /// Most characters of the key list of `memory_read` (it stays under the agent's tool result
@@ -313,6 +315,9 @@ struct Memory {
     cache: Cache,
     /// Turns contents and queries into vectors (`[toolsets.memory] embeddings`).
     embedder: Option<Arc<dyn Embedder>>,
+    /// Until when the embedder is left alone after it failed: a server that is down must
+    /// not add its timeout to every search and write.
+    embedder_paused: Mutex<Option<DateTime<Utc>>>,
 }
 
 impl std::fmt::Debug for MemoryToolset {
@@ -385,6 +390,7 @@ impl MemoryToolset {
             write_lock: Mutex::new(()),
             cache: Cache::default(),
             embedder,
+            embedder_paused: Mutex::new(None),
         });
         let o = &memory.options;
         let builder = ToolSetBridge::builder_with_state("memory", Arc::clone(&memory))
@@ -713,11 +719,11 @@ impl Memory {
         }
         // Asked before the lock is taken (it is not held across a wait); a failure leaves
         // the entry without a vector, which a later search fills in.
-        let embedding = match &self.embedder {
+        let embedding = match self.embedder() {
             Some(embedder) => match embedder.embed(&[content.to_owned()]).await {
                 Ok(vectors) => vectors.first().map(|v| Embedding::new(embedder.model(), v)),
                 Err(error) => {
-                    tracing::warn!(session = %cx.session, %error, "cannot embed a memory entry; a search will try again");
+                    self.embedder_failed(&cx.session, "an entry", &error);
                     None
                 }
             },
@@ -909,13 +915,15 @@ impl Memory {
         let mut built = self.indexed(SEARCH, &cx.session)?;
         let mut similar: Vec<(usize, f32)> = Vec::new();
         let mut ranking = "bm25";
-        if let Some(embedder) = &self.embedder {
-            if self
+        if let Some(embedder) = self.embedder()
+            && self
                 .fill_vectors(embedder.as_ref(), &cx.session, &built)
                 .await
-            {
-                built = self.indexed(SEARCH, &cx.session)?;
-            }
+        {
+            built = self.indexed(SEARCH, &cx.session)?;
+        }
+        // Asked again: filling in may have just failed.
+        if let Some(embedder) = self.embedder() {
             match embedder.embed(std::slice::from_ref(&args.query)).await {
                 Ok(vectors) => {
                     if let Some(query) = vectors.first() {
@@ -923,9 +931,7 @@ impl Memory {
                         ranking = "bm25+embeddings";
                     }
                 }
-                Err(error) => {
-                    tracing::warn!(session = %cx.session, %error, "cannot embed a memory query; ranking by words only");
-                }
+                Err(error) => self.embedder_failed(&cx.session, "a query", &error),
             }
         }
         // The entries are most recently updated first, and the ranking keeps that order
@@ -994,6 +1000,37 @@ impl Memory {
         ))
     }
 
+    /// The embedder, unless there is none or it is paused after a failure.
+    fn embedder(&self) -> Option<Arc<dyn Embedder>> {
+        let embedder = self.embedder.as_ref()?;
+        let mut paused = self
+            .embedder_paused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match *paused {
+            Some(until) if self.wall_time.now() < until => return None,
+            Some(_) => *paused = None,
+            None => {}
+        }
+        Some(Arc::clone(embedder))
+    }
+
+    /// Pauses the embedder for [`EMBEDDER_PAUSE`]: searches rank by words, writes store no
+    /// vector (a search fills it in later).
+    fn embedder_failed(&self, session: &str, what: &str, error: &parlor_bot::llm::LlmError) {
+        let until = self.wall_time.now() + EMBEDDER_PAUSE;
+        *self
+            .embedder_paused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(until);
+        tracing::warn!(
+            session,
+            %error,
+            "cannot embed {what}; memory searches rank by words only for {} s",
+            EMBEDDER_PAUSE.num_seconds()
+        );
+    }
+
     /// Gives up to [`FILL_VECTORS`] of `built`'s entries that have no vector of the model
     /// one, written back into each entry only if it is unchanged since it was read (a write
     /// or a `/forget` in between wins). `true` when it wrote any (the chat is restamped).
@@ -1013,7 +1050,7 @@ impl Memory {
         let vectors = match embedder.embed(&texts).await {
             Ok(vectors) => vectors,
             Err(error) => {
-                tracing::warn!(session, %error, "cannot embed memory entries that have no vector yet");
+                self.embedder_failed(session, "entries without a vector", &error);
                 return false;
             }
         };

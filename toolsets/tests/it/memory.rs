@@ -2,6 +2,10 @@
 //! sessions, and persistence across a reopened sled store.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use chrono::DateTime;
+use parlor_bot::time::WallTime;
 
 use expect_test::expect;
 use parlor_bot::llm::{EmbedderConfig, OpenAiEmbedder, ToolCall};
@@ -849,6 +853,15 @@ async fn a_private_chats_memory_never_reaches_a_groups_search_or_turns() {
 
 /// The toolset over `store`, asking `fake` for vectors.
 fn with_embeddings(store: Arc<dyn Store>, fake: &FakeEmbeddings) -> Harness {
+    with_embeddings_at(store, fake, WallTime::system())
+}
+
+/// The same, reading the time (the pause after a failure) from `wall_time`.
+fn with_embeddings_at(
+    store: Arc<dyn Store>,
+    fake: &FakeEmbeddings,
+    wall_time: WallTime,
+) -> Harness {
     let embedder = OpenAiEmbedder::new(EmbedderConfig {
         base_url: fake.base_url(),
         api_key: None,
@@ -856,8 +869,8 @@ fn with_embeddings(store: Arc<dyn Store>, fake: &FakeEmbeddings) -> Harness {
         timeout: std::time::Duration::from_secs(10),
     })
     .unwrap();
-    let toolset =
-        MemoryToolset::new(store, MemoryOptions::default()).with_embedder(Arc::new(embedder));
+    let toolset = MemoryToolset::with_wall_time(store, MemoryOptions::default(), wall_time)
+        .with_embedder(Arc::new(embedder));
     Harness {
         registry: ToolRegistry::new(vec![Arc::new(toolset.clone())]).unwrap(),
         toolset,
@@ -947,7 +960,11 @@ async fn entries_from_before_embeddings_get_vectors_and_a_failing_server_leaves_
         .write(GROUP_A, "bob.birthday", "小明的生日是五月三日")
         .await;
 
-    let h = with_embeddings(Arc::clone(&store), &fake);
+    let clock = Arc::new(AtomicI64::new(1_780_000_000));
+    let now = Arc::clone(&clock);
+    let wall_time =
+        WallTime::from_fn(move || DateTime::from_timestamp(now.load(Ordering::SeqCst), 0).unwrap());
+    let h = with_embeddings_at(Arc::clone(&store), &fake, wall_time);
     let found = h
         .call(GROUP_A, "memory_search", json!({"query": "vehicle"}))
         .await;
@@ -967,20 +984,23 @@ async fn entries_from_before_embeddings_get_vectors_and_a_failing_server_leaves_
     // Only the query was embedded this time.
     assert_eq!(fake.inputs(), asked + 1);
 
-    // The server fails (the write, the filling in, the query): the write keeps the entry
-    // without a vector, the search ranks by words and says so.
-    fake.fail_next(3);
+    // The server fails at a write: the entry is kept without a vector, and for a minute
+    // the server is left alone, searches ranking by words and saying so.
+    fake.fail_next(1);
     assert_ok(
         &h.write(GROUP_A, "trip.hotel", "The hotel is booked for March")
             .await,
     );
+    let requests = fake.requests();
     let found = h
         .call(GROUP_A, "memory_search", json!({"query": "hotels"}))
         .await;
     assert_ok(&found);
     assert_eq!(found["data"]["ranking"], "bm25", "{found:#}");
     assert_eq!(result_keys(&found), ["trip.hotel"]);
-    // Back up: the entry missed gets its vector at the next search.
+    assert_eq!(fake.requests(), requests, "no request while paused");
+    // A minute later it is asked again: the entry missed gets its vector.
+    clock.fetch_add(61, Ordering::SeqCst);
     let found = h
         .call(GROUP_A, "memory_search", json!({"query": "hotel"}))
         .await;
