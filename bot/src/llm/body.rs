@@ -11,6 +11,8 @@
 //! [`OpenAiClient::request_body`]: super::OpenAiClient::request_body
 //! [`ToolDefs::wire_json`]: super::ToolDefs::wire_json
 
+use std::sync::{Mutex, PoisonError};
+
 use serde::Serialize;
 use serde::ser::{SerializeStruct, Serializer};
 
@@ -18,8 +20,49 @@ use super::wire::{
     ChatRequest, Content, ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UNSHOWN_IMAGE,
 };
 
+/// The system messages written lately, with their JSON: a chat's system prompt is the same
+/// request after request, and escaping it was the largest part of writing a body. A few
+/// are kept, so that chats whose prompts differ do not evict each other at every turn.
+#[derive(Debug, Default)]
+pub(crate) struct SystemCache {
+    /// (content, its message as JSON), most recently used last.
+    kept: Mutex<Vec<(String, String)>>,
+}
+
+/// How many system prompts [`SystemCache`] keeps.
+const SYSTEM_PROMPTS: usize = 8;
+
+impl SystemCache {
+    /// The JSON of the system message `content`: kept, or written and kept.
+    fn json(&self, content: &str) -> serde_json::Result<String> {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = kept.iter().position(|(c, _)| c == content) {
+            let entry = kept.remove(at);
+            let json = entry.1.clone();
+            kept.push(entry);
+            return Ok(json);
+        }
+        let json = serde_json::to_string(&WireMessage(&Message::System {
+            content: content.to_owned(),
+        }))?;
+        if kept.len() >= SYSTEM_PROMPTS {
+            kept.remove(0);
+        }
+        kept.push((content.to_owned(), json.clone()));
+        Ok(json)
+    }
+}
+
 /// The JSON body POSTed for `request`, as [`super::OpenAiClient::request_body`] describes it.
 pub(crate) fn write(request: &ChatRequest) -> Result<Vec<u8>, serde_json::Error> {
+    write_with(request, None)
+}
+
+/// [`write`], taking the system message's JSON from `cache` when it holds it.
+pub(crate) fn write_with(
+    request: &ChatRequest,
+    cache: Option<&SystemCache>,
+) -> Result<Vec<u8>, serde_json::Error> {
     if request.holds_internal_parts() {
         tracing::warn!("a request still held image references; they are sent as text");
     }
@@ -29,7 +72,19 @@ pub(crate) fn write(request: &ChatRequest) -> Result<Vec<u8>, serde_json::Error>
     if let Some(n) = request.max_completion_tokens {
         body.field("max_completion_tokens", &n)?;
     }
-    body.field("messages", &Messages(&request.messages))?;
+    match (cache, request.messages.split_first()) {
+        (Some(cache), Some((Message::System { content }, rest))) => {
+            body.key("messages");
+            body.out.push(b'[');
+            body.out.extend_from_slice(cache.json(content)?.as_bytes());
+            for message in rest {
+                body.out.push(b',');
+                serde_json::to_writer(&mut *body.out, &WireMessage(message))?;
+            }
+            body.out.push(b']');
+        }
+        _ => body.field("messages", &Messages(&request.messages))?,
+    }
     body.field("model", &request.model)?;
     if tools && let Some(parallel) = request.parallel_tool_calls {
         body.field("parallel_tool_calls", &parallel)?;
@@ -264,5 +319,43 @@ impl Serialize for WireFunctionCall<'_> {
         m.serialize_field("arguments", &self.0.arguments)?;
         m.serialize_field("name", &self.0.name)?;
         m.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(system: &str, user: &str) -> ChatRequest {
+        ChatRequest {
+            model: "m".to_owned(),
+            messages: vec![Message::system(system), Message::user(user)],
+            tools: Default::default(),
+            tool_choice: None,
+            parallel_tool_calls: None,
+            temperature: None,
+            max_completion_tokens: None,
+            prompt_cache_key: None,
+        }
+    }
+
+    #[test]
+    fn a_kept_system_prompt_writes_the_same_bytes() {
+        let cache = SystemCache::default();
+        // More prompts than are kept, each asked twice, with escapes in them.
+        for round in 0..2 {
+            for n in 0..SYSTEM_PROMPTS + 2 {
+                let r = request(&format!("You are \"parlor\" #{n}.\n\u{1}\\"), "hi\n");
+                let plain = write(&r).unwrap();
+                assert_eq!(write_with(&r, Some(&cache)).unwrap(), plain, "{round} {n}");
+            }
+        }
+        assert_eq!(cache.kept.lock().unwrap().len(), SYSTEM_PROMPTS);
+        // No system message first: written as before.
+        let mut r = request("s", "u");
+        r.messages.remove(0);
+        assert_eq!(write_with(&r, Some(&cache)).unwrap(), write(&r).unwrap());
+        r.messages.clear();
+        assert_eq!(write_with(&r, Some(&cache)).unwrap(), write(&r).unwrap());
     }
 }

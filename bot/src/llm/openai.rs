@@ -89,6 +89,10 @@ pub struct OpenAiClient {
     // Timeouts and secrets, shared with every body stream in flight.
     transport: Arc<Transport>,
     url: String,
+    /// `url`, parsed once (`None` if it does not parse: the request then fails as before).
+    parsed_url: Option<reqwest::Url>,
+    /// The system prompts' JSON, written once (`body.rs`).
+    system: Arc<body::SystemCache>,
     /// The wait for the answer to begin, as configured or sized for the endpoint.
     first_byte: Duration,
     /// The endpoint is on this machine or network (see [`is_local_endpoint`]).
@@ -204,6 +208,8 @@ impl OpenAiClient {
             http,
             config: Arc::new(config),
             transport,
+            parsed_url: reqwest::Url::parse(&url).ok(),
+            system: Arc::default(),
             url,
             first_byte,
             local,
@@ -293,11 +299,17 @@ impl OpenAiClient {
 
     /// One attempt, without the overall timeout and cancellation (see `stream`).
     async fn attempt(&self, request: &ChatRequest) -> Result<Completion, LlmError> {
-        let body = Self::request_bytes(request);
+        let body = body::write_with(request, Some(&self.system)).unwrap_or_else(|e| {
+            // Unreachable for these types, as in `request_body`.
+            tracing::error!(error = %e, "could not serialize the chat request");
+            serde_json::to_vec(&Self::request_body(request)).unwrap_or_default()
+        });
         let sent = tokio::time::Instant::now();
-        let send = self
-            .http
-            .post(&self.url)
+        let post = match &self.parsed_url {
+            Some(url) => self.http.post(url.clone()),
+            None => self.http.post(&self.url),
+        };
+        let send = post
             .header(header::ACCEPT, "text/event-stream")
             .header(header::CONTENT_TYPE, "application/json")
             .body(body)
