@@ -1133,3 +1133,29 @@ pub fn connection_lease(
         ))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registry compiles a schema at the tool's first call, and the toolset builders
+    /// check only what the wire can carry: every built-in schema must compile, so that no
+    /// tool fails at its first call for its own schema.
+    #[tokio::test]
+    async fn every_built_in_tools_schema_compiles() {
+        let mut enabled: Vec<&str> = crate::config::KNOWN_TOOLSETS.to_vec();
+        enabled.extend(crate::config::OPT_IN_TOOLSETS);
+        let text = format!(
+            "[toolsets]\nenabled = {enabled:?}\n[terminal]\nenabled = true\nsandbox = \"none\"\n"
+        );
+        let config = Config::parse(&text).expect("config");
+        let registry = catalog_registry(&config, None).expect("registry");
+        let defs = registry.defs();
+        assert!(defs.len() > 20, "{} tools", defs.len());
+        for def in defs.iter() {
+            let name = &def.function.name;
+            parlor_bot::tool::validate::ArgValidator::new(&def.function.parameters)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+}

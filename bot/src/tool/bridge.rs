@@ -107,7 +107,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::result::{ToolResult, codes};
 use super::schema::{check_parameters, schema_for};
-use super::validate::{ArgValidator, ArgumentsError, drop_optional_nulls};
+use super::validate::{ArgumentsError, drop_optional_nulls};
 use super::{MessageAppender, Offer, Risk, Role, ToolContext, ToolInvocation, ToolSet, ToolSpec};
 
 /// What a panicking tool answers; the panic itself only goes to the log.
@@ -935,14 +935,12 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
                     tool: tool_name(),
                 });
             }
+            // Not compiled here: the registry compiles a schema at the tool's first call
+            // (`ArgValidator::lazy`); every built-in schema is compiled by a test
+            // (`src/wiring.rs`).
             let schema_problem = check_parameters(&spec.parameters)
                 .err()
-                .map(|unfit| unfit.to_string())
-                .or_else(|| {
-                    ArgValidator::new(&spec.parameters)
-                        .err()
-                        .map(|e| e.to_string())
-                });
+                .map(|unfit| unfit.to_string());
             if let Some(reason) = schema_problem {
                 return Err(BridgeError::Schema {
                     toolset: toolset.clone(),
@@ -978,6 +976,8 @@ impl<S: Send + Sync + 'static> ToolSetBridgeBuilder<S> {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::tool::validate::ArgValidator;
 
     use serde::Deserialize;
     use serde_json::json;

@@ -177,10 +177,9 @@ fn check_spec(
         name: spec.name.clone(),
         reason: unfit.to_string(),
     })?;
-    let validator = ArgValidator::new(&spec.parameters).map_err(|e| RegistryError::BadSchema {
-        name: spec.name.clone(),
-        reason: e.to_string(),
-    })?;
+    // Compiled at the tool's first call (`ArgValidator::lazy`); `check_parameters` above
+    // has refused what the wire cannot carry.
+    let validator = ArgValidator::lazy(&spec.parameters);
     if spec.risk == Risk::Dangerous && spec.role < Role::Operator {
         return Err(RegistryError::DangerousBelowOperator {
             name: spec.name.clone(),

@@ -10,7 +10,7 @@
 
 use std::fmt::Write as _;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use jsonschema::error::{TypeKind, ValidationErrorKind};
 use serde_json::{Map, Value};
@@ -63,7 +63,9 @@ impl Deref for ArgumentsError {
 /// A tool's compiled argument schema. Cheap to clone (shared), `Send + Sync`.
 #[derive(Debug, Clone)]
 pub struct ArgValidator {
-    validator: Arc<jsonschema::Validator>,
+    /// Compiled now ([`ArgValidator::new`]) or at the first call ([`ArgValidator::lazy`]);
+    /// the error when it does not compile.
+    validator: Arc<OnceLock<Result<jsonschema::Validator, String>>>,
     schema: Arc<Value>,
 }
 
@@ -73,9 +75,20 @@ impl ArgValidator {
         let validator =
             jsonschema::validator_for(schema).map_err(|e| SchemaError::Invalid(e.to_string()))?;
         Ok(ArgValidator {
-            validator: Arc::new(validator),
+            validator: Arc::new(OnceLock::from(Ok(validator))),
             schema: Arc::new(schema.clone()),
         })
+    }
+
+    /// The validator of `schema`, compiled when it first checks arguments. The registry's
+    /// choice: most tools are never called in a daemon's life, and compiling every schema
+    /// was half of the start-up's work (the toolsets' builders compile theirs once, to
+    /// refuse a bad one at start). A schema that does not compile fails that tool's calls.
+    pub fn lazy(schema: &Value) -> Self {
+        ArgValidator {
+            validator: Arc::new(OnceLock::new()),
+            schema: Arc::new(schema.clone()),
+        }
     }
 
     /// The schema this validator checks against.
@@ -97,9 +110,20 @@ impl ArgValidator {
             args
         };
 
+        let validator = match self
+            .validator
+            .get_or_init(|| jsonschema::validator_for(&self.schema).map_err(|e| e.to_string()))
+        {
+            Ok(validator) => validator,
+            Err(why) => {
+                return Err(ArgumentsError::Unreadable(format!(
+                    "this tool's argument schema does not compile ({why}); it cannot be called"
+                )));
+            }
+        };
         let mut lines = Vec::new();
         let mut total = 0usize;
-        for error in self.validator.iter_errors(args) {
+        for error in validator.iter_errors(args) {
             total += 1;
             if lines.len() < MAX_VIOLATIONS {
                 lines.push(describe(&error, &self.schema));
@@ -333,4 +357,31 @@ fn text_before(raw: &str, line: usize, column: usize) -> String {
     };
     let before = crate::text::up_to_byte(line_text, column);
     crate::text::last_chars(before, 30).trim_start().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_lazy_validator_compiles_at_its_first_check_and_a_broken_schema_fails_the_call() {
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let lazy = ArgValidator::lazy(&schema);
+        assert!(lazy.validator.get().is_none(), "nothing compiled before a call");
+        assert!(lazy.validate(&json!({"n": 1})).is_ok());
+        assert!(lazy.validator.get().is_some());
+        assert!(matches!(
+            lazy.validate(&json!({"n": "x"})),
+            Err(ArgumentsError::Mismatch(_))
+        ));
+
+        let broken = json!({"type": "object", "properties": {"n": {"type": "nope"}}});
+        assert!(ArgValidator::new(&broken).is_err());
+        let error = ArgValidator::lazy(&broken)
+            .validate(&json!({}))
+            .unwrap_err();
+        assert!(matches!(error, ArgumentsError::Unreadable(_)), "{error:?}");
+        assert!(error.contains("does not compile"), "{error}");
+    }
 }
