@@ -327,16 +327,7 @@ mod tests {
     use super::*;
 
     fn request(system: &str, user: &str) -> ChatRequest {
-        ChatRequest {
-            model: "m".to_owned(),
-            messages: vec![Message::system(system), Message::user(user)],
-            tools: Default::default(),
-            tool_choice: None,
-            parallel_tool_calls: None,
-            temperature: None,
-            max_completion_tokens: None,
-            prompt_cache_key: None,
-        }
+        crate::testing::chat_request("m", vec![Message::system(system), Message::user(user)])
     }
 
     #[test]

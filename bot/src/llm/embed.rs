@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use reqwest::header::{self, HeaderMap, HeaderValue};
-use secrecy::{ExposeSecret, SecretString};
+use reqwest::header::HeaderMap;
+use secrecy::SecretString;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -82,18 +82,7 @@ impl OpenAiEmbedder {
     /// cannot be set up.
     pub fn new(config: EmbedderConfig) -> Result<Self, LlmError> {
         let mut headers = HeaderMap::new();
-        if let Some(key) = config
-            .api_key
-            .as_ref()
-            .map(ExposeSecret::expose_secret)
-            .filter(|k| !k.is_empty())
-        {
-            let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                LlmError::Connect("the API key contains characters not allowed in a header".into())
-            })?;
-            value.set_sensitive(true);
-            headers.insert(header::AUTHORIZATION, value);
-        }
+        super::http::bearer(&mut headers, config.api_key.as_ref())?;
         let connect = config.timeout.min(Duration::from_secs(10));
         let http = crate::net::pooled(reqwest::Client::builder())
             .connect_timeout(connect)

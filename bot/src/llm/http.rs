@@ -12,6 +12,24 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::LlmError;
 
+/// Adds `Authorization: Bearer KEY` to `headers` when `key` is set and not empty, marked
+/// sensitive (never logged).
+pub(super) fn bearer(headers: &mut HeaderMap, key: Option<&SecretString>) -> Result<(), LlmError> {
+    let Some(key) = key
+        .map(ExposeSecret::expose_secret)
+        .filter(|k| !k.is_empty())
+    else {
+        return Ok(());
+    };
+    let mut value =
+        reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+            LlmError::Connect("the API key contains characters not allowed in a header".into())
+        })?;
+    value.set_sensitive(true);
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    Ok(())
+}
+
 /// How many characters of an error body are kept: enough for the provider's explanation,
 /// not a whole HTML error page.
 const ERROR_BODY_CHARS: usize = 2000;

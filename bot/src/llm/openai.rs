@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -163,18 +163,7 @@ impl OpenAiClient {
             header_value.set_sensitive(true);
             headers.insert(header_name, header_value);
         }
-        if let Some(key) = config
-            .api_key
-            .as_ref()
-            .map(ExposeSecret::expose_secret)
-            .filter(|k| !k.is_empty())
-        {
-            let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                LlmError::Connect("the API key contains characters not allowed in a header".into())
-            })?;
-            value.set_sensitive(true);
-            headers.insert(header::AUTHORIZATION, value);
-        }
+        super::http::bearer(&mut headers, config.api_key.as_ref())?;
         let http = crate::net::pooled(reqwest::Client::builder())
             .connect_timeout(config.connect_timeout)
             .default_headers(headers)

@@ -368,7 +368,10 @@ mod tests {
     fn a_lazy_validator_compiles_at_its_first_check_and_a_broken_schema_fails_the_call() {
         let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
         let lazy = ArgValidator::lazy(&schema);
-        assert!(lazy.validator.get().is_none(), "nothing compiled before a call");
+        assert!(
+            lazy.validator.get().is_none(),
+            "nothing compiled before a call"
+        );
         assert!(lazy.validate(&json!({"n": 1})).is_ok());
         assert!(lazy.validator.get().is_some());
         assert!(matches!(

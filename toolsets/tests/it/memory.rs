@@ -58,6 +58,11 @@ impl Harness {
         serde_json::from_str(&result.to_json()).unwrap()
     }
 
+    async fn search(&self, session: &str, query: &str) -> Value {
+        self.call(session, "memory_search", json!({"query": query}))
+            .await
+    }
+
     async fn write(&self, session: &str, key: &str, content: &str) -> Value {
         self.call(
             session,
@@ -240,9 +245,7 @@ async fn search_ranks_key_matches_and_phrases_first_and_explains_why() {
     .await;
     h.write(GROUP_A, "bob.food", "Bob is vegetarian.").await;
 
-    let standup = h
-        .call(GROUP_A, "memory_search", json!({"query": "standup"}))
-        .await;
+    let standup = h.search(GROUP_A, "standup").await;
     assert_ok(&standup);
     let ranked: Vec<(&str, f64)> = standup["data"]["results"]
         .as_array()
@@ -282,22 +285,14 @@ async fn search_ranks_key_matches_and_phrases_first_and_explains_why() {
     )
     .await;
     h.write(GROUP_A, "b", "Friday room booking: room 4").await;
-    let phrase = h
-        .call(GROUP_A, "memory_search", json!({"query": "room booking"}))
-        .await;
+    let phrase = h.search(GROUP_A, "room booking").await;
     let first = &phrase["data"]["results"][0];
     assert_eq!(first["phrase"], true);
 
-    let none = h
-        .call(GROUP_A, "memory_search", json!({"query": "kubernetes"}))
-        .await;
+    let none = h.search(GROUP_A, "kubernetes").await;
     assert_ok(&none);
     assert_eq!(none["data"]["results"], json!([]));
-    assert_code(
-        &h.call(GROUP_A, "memory_search", json!({"query": " -- "}))
-            .await,
-        "INVALID_ARGUMENTS",
-    );
+    assert_code(&h.search(GROUP_A, " -- ").await, "INVALID_ARGUMENTS");
     assert_code(
         &h.call(GROUP_A, "memory_search", json!({"query": "x", "limit": 21}))
             .await,
@@ -680,17 +675,13 @@ async fn an_entry_carries_its_source_and_one_no_members_words_support_is_unconfi
     assert_eq!(unsourced["data"]["unconfirmed"], true);
     assert!(unsourced["data"]["source"].is_null());
 
-    let found = h
-        .call(GROUP_A, "memory_search", json!({"query": "生日是哪天"}))
-        .await;
+    let found = h.search(GROUP_A, "生日是哪天").await;
     assert_eq!(found["data"]["results"][0]["key"], "bob.生日", "{found:#}");
     let read = h
         .call(GROUP_A, "memory_read", json!({"key": "bob.birthday"}))
         .await;
     assert_eq!(read["data"]["source"]["message_id"], "41");
-    let found = h
-        .call(GROUP_A, "memory_search", json!({"query": "cake"}))
-        .await;
+    let found = h.search(GROUP_A, "cake").await;
     assert_eq!(
         found["data"]["results"][0]["unconfirmed"], true,
         "{found:#}"
@@ -802,9 +793,7 @@ async fn the_search_index_is_rebuilt_from_the_store_when_missing_or_stale() {
         Arc::new(SledStore::open(dir.path(), StoreOptions::default()).unwrap());
     let h = Harness::new(store, MemoryOptions::default());
     assert_eq!(h.toolset.index_builds(), 0);
-    let result = h
-        .call(GROUP_A, "memory_search", json!({"query": "birth"}))
-        .await;
+    let result = h.search(GROUP_A, "birth").await;
     assert_eq!(found(&result), ["bob.birthday"]);
     assert_eq!(h.toolset.index_builds(), 1);
 }
@@ -830,13 +819,7 @@ async fn a_private_chats_memory_never_reaches_a_groups_search_or_turns() {
         Some(("telegram:1001", "Alice")),
         "@parlor_bot anything about my migraine clinic visit on Monday?",
     );
-    let search = h
-        .call(
-            GROUP_A,
-            "memory_search",
-            json!({"query": "migraine clinic visit"}),
-        )
-        .await;
+    let search = h.search(GROUP_A, "migraine clinic visit").await;
     assert_eq!(search["data"]["matches"], 0, "{search:#}");
     let index = h.toolset.index(GROUP_A).unwrap();
     assert!(
@@ -845,9 +828,7 @@ async fn a_private_chats_memory_never_reaches_a_groups_search_or_turns() {
     );
     assert!(index.contains("team.lunch"), "{index}");
     // In the private chat it is there.
-    let search = h
-        .call(DM, "memory_search", json!({"query": "migraine"}))
-        .await;
+    let search = h.search(DM, "migraine").await;
     assert_eq!(search["data"]["matches"], 1, "{search:#}");
 }
 
@@ -916,34 +897,18 @@ async fn with_embeddings_a_search_finds_entries_that_share_a_meaning_but_no_word
     assert_eq!(fake.inputs(), 3);
 
     let words_only = Harness::new(Arc::clone(&store), MemoryOptions::default());
-    let plain = words_only
-        .call(GROUP_A, "memory_search", json!({"query": "automobile"}))
-        .await;
+    let plain = words_only.search(GROUP_A, "automobile").await;
     assert_eq!(plain["data"]["matches"], 0, "{plain:#}");
     assert_eq!(plain["data"]["ranking"], "bm25");
 
-    let found = h
-        .call(
-            GROUP_A,
-            "memory_search",
-            json!({"query": "which automobile"}),
-        )
-        .await;
+    let found = h.search(GROUP_A, "which automobile").await;
     assert_eq!(found["data"]["ranking"], "bm25+embeddings", "{found:#}");
     assert_eq!(result_keys(&found)[0], "bob.ride", "{found:#}");
     assert!(found["data"]["results"][0]["similarity"].as_f64().unwrap() > 0.3);
-    let found = h
-        .call(
-            GROUP_A,
-            "memory_search",
-            json!({"query": "doctor appointment"}),
-        )
-        .await;
+    let found = h.search(GROUP_A, "doctor appointment").await;
     assert_eq!(result_keys(&found)[0], "carol.health", "{found:#}");
     // Words still count: an exact word ranks its entry first.
-    let found = h
-        .call(GROUP_A, "memory_search", json!({"query": "lunch"}))
-        .await;
+    let found = h.search(GROUP_A, "lunch").await;
     assert_eq!(result_keys(&found)[0], "team.lunch", "{found:#}");
 }
 
@@ -965,9 +930,7 @@ async fn entries_from_before_embeddings_get_vectors_and_a_failing_server_leaves_
     let wall_time =
         WallTime::from_fn(move || DateTime::from_timestamp(now.load(Ordering::SeqCst), 0).unwrap());
     let h = with_embeddings_at(Arc::clone(&store), &fake, wall_time);
-    let found = h
-        .call(GROUP_A, "memory_search", json!({"query": "vehicle"}))
-        .await;
+    let found = h.search(GROUP_A, "vehicle").await;
     assert_eq!(result_keys(&found), ["bob.ride"], "{found:#}");
     // The vectors were written back: the raw entries hold them now.
     let raw = store
@@ -977,9 +940,7 @@ async fn entries_from_before_embeddings_get_vectors_and_a_failing_server_leaves_
     let raw: Value = serde_json::from_str(&raw).unwrap();
     assert_eq!(raw["embedding"]["model"], "fake-embed");
     let asked = fake.inputs();
-    let found = h
-        .call(GROUP_A, "memory_search", json!({"query": "小明哪天出生"}))
-        .await;
+    let found = h.search(GROUP_A, "小明哪天出生").await;
     assert_eq!(result_keys(&found)[0], "bob.birthday", "{found:#}");
     // Only the query was embedded this time.
     assert_eq!(fake.inputs(), asked + 1);
@@ -992,18 +953,14 @@ async fn entries_from_before_embeddings_get_vectors_and_a_failing_server_leaves_
             .await,
     );
     let requests = fake.requests();
-    let found = h
-        .call(GROUP_A, "memory_search", json!({"query": "hotels"}))
-        .await;
+    let found = h.search(GROUP_A, "hotels").await;
     assert_ok(&found);
     assert_eq!(found["data"]["ranking"], "bm25", "{found:#}");
     assert_eq!(result_keys(&found), ["trip.hotel"]);
     assert_eq!(fake.requests(), requests, "no request while paused");
     // A minute later it is asked again: the entry missed gets its vector.
     clock.fetch_add(61, Ordering::SeqCst);
-    let found = h
-        .call(GROUP_A, "memory_search", json!({"query": "hotel"}))
-        .await;
+    let found = h.search(GROUP_A, "hotel").await;
     assert_eq!(found["data"]["ranking"], "bm25+embeddings", "{found:#}");
     let raw = store
         .kv_get(SPACE, &format!("{GROUP_A}\u{1}trip.hotel"))
