@@ -11,6 +11,9 @@
 //! The cost phase (`cost.rs`) counts how much of a busy group's prompt a prefix cache
 //! could serve, from the request bodies the LLM proxy keeps. The cluster phase
 //! (`cluster.rs`) compares one daemon on sled with one to three on one PostgreSQL database.
+//! The profiles mode (`profiles.rs`) runs the daemon on the lean config, on
+//! `config.example.toml` as shipped and on that plus vision, the terminal, MCP, a skill
+//! and auto-chat.
 //! The recall phase (`recall.rs`) is in-process: how often `memory_search` finds the entry
 //! that answers a question put in other words, against the word counts it ranked by before,
 //! and how long a search takes at 1,000 and 100,000 entries.
@@ -37,6 +40,7 @@ use tokio::sync::Notify;
 mod clock;
 mod cluster;
 mod cost;
+mod profiles;
 mod recall;
 
 const TOKEN: &str = "123456:BENCH-token";
@@ -505,13 +509,19 @@ fn parlor_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("PARLOR_BIN") {
         return PathBuf::from(p);
     }
+    release_binary("parlor", "parlor")
+}
+
+/// Builds `bin` of `package` in release (a no-op when up to date) and returns its path next
+/// to this executable.
+fn release_binary(package: &str, bin: &str) -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root")
         .to_path_buf();
     eprintln!(
-        "building the release parlor binary (cargo build --release -p parlor --bin parlor)..."
+        "building the release {bin} binary (cargo build --release -p {package} --bin {bin})..."
     );
     // A plain build, as from a shell: without the variables `cargo run` set for us (they
     // change build-script fingerprints and would rebuild dependencies every time).
@@ -530,14 +540,14 @@ fn parlor_binary() -> PathBuf {
         }
     }
     let status = build
-        .args(["build", "--release", "-p", "parlor", "--bin", "parlor"])
+        .args(["build", "--release", "-p", package, "--bin", bin])
         .current_dir(&root)
         .status();
     if !matches!(status, Ok(s) if s.success()) {
-        eprintln!("warning: building parlor failed; using whatever binary is there");
+        eprintln!("warning: building {bin} failed; using whatever binary is there");
     }
     let exe = std::env::current_exe().expect("current exe");
-    exe.parent().expect("exe dir").join("parlor")
+    exe.parent().expect("exe dir").join(bin)
 }
 
 // ---------------------------------------------------------------------------
@@ -697,6 +707,8 @@ async fn measure_starts(bin: &Path, llm: &FakeLlm, report: &mut Report) {
 }
 
 struct Env {
+    /// Spawn to the first `getUpdates` at the fake (through the proxy).
+    ready: Duration,
     tg: FakeTelegram,
     llm: FakeLlm,
     tg_proxy: Proxy,
@@ -757,6 +769,13 @@ fn turn_latencies(
 }
 
 async fn start_env(bin: &Path, idle_minutes: u64) -> Env {
+    start_env_with(bin, |dir, api| write_config(dir, api, idle_minutes)).await
+}
+
+/// Starts the fakes, their proxies and the daemon on the config `write` puts in the given
+/// directory (it gets the fake Bot API's URL, behind its proxy), and waits until the
+/// daemon polls.
+async fn start_env_with(bin: &Path, write: impl FnOnce(&Path, &str) -> PathBuf) -> Env {
     let llm = FakeLlm::start().await;
     llm.respond_with(|_| Reply::text(ANSWER));
     let tg = FakeTelegram::start(TOKEN).await;
@@ -769,7 +788,8 @@ async fn start_env(bin: &Path, idle_minutes: u64) -> Env {
     let llm_url = llm
         .base_url()
         .replace(&llm.addr().to_string(), &llm_proxy.addr.to_string());
-    let config = write_config(dir.path(), &api, idle_minutes);
+    let config = write(dir.path(), &api);
+    let t0 = Instant::now();
     let daemon = Daemon::spawn(bin, &config, &llm_url, &dir.path().join("log"));
     if let Err(e) = tg
         .wait_for_calls("getUpdates", 1, Duration::from_secs(30))
@@ -778,7 +798,9 @@ async fn start_env(bin: &Path, idle_minutes: u64) -> Env {
         let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
         panic!("the daemon never polled: {e}\n{log}");
     }
+    let ready = t0.elapsed();
     Env {
+        ready,
         tg,
         llm,
         tg_proxy,
@@ -801,6 +823,8 @@ struct Burst {
     sys_ms: f64,
     latencies: Vec<f64>,
     llm_from: usize,
+    /// `sendMessage` calls that went through during the burst (replies posted).
+    sends: usize,
 }
 
 /// Pushes the mentions at once and waits until `expect_sends` replies went out (or, when
@@ -843,8 +867,10 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
     let (user1, sys1) = cpu_split_ms(pid);
     let (cpu, sys) = (user1 + sys1 - user0 - sys0, sys1 - sys0);
     let turns = env.llm.request_count() - llm_from;
+    let sends = env.tg_proxy.sends() - send_from;
     let latencies = turn_latencies(env, proxy_llm_from, send_from, &mentions);
     Burst {
+        sends,
         wall,
         complete,
         turns,
@@ -1231,6 +1257,21 @@ async fn main() {
         let cost = cost::run(&bin).await;
         cost::rows(&cost, &mut report);
         report.print();
+        return;
+    }
+    // `parlor-bench profiles [--all]`: the lean, default and full configurations, each on
+    // its own daemon (about four minutes; `--all` adds lean's 10,000 groups).
+    if std::env::args().nth(1).as_deref() == Some("profiles") {
+        let machine = machine();
+        let mut report = Report::default();
+        let all = std::env::args().nth(2).as_deref() == Some("--all");
+        profiles::run(&bin, all, &mut report).await;
+        println!("parlor-bench profiles — {machine}");
+        report.print();
+        println!(
+            "\n(total bench time {:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
         return;
     }
     // `parlor-bench cluster`: sled against one, two and three daemons on PostgreSQL alone.
