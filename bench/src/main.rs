@@ -835,6 +835,7 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
     let send_from = env.tg_proxy.sends();
     let llm_from = env.llm.request_count();
     let proxy_llm_from = env.llm_proxy.state.log.lock().expect("log").llm.len();
+    let perf = perf_record(pid);
     let (user0, sys0) = cpu_split_ms(pid);
     let t0 = Instant::now();
     let mentions = push_mentions(&env.tg, tags);
@@ -866,6 +867,9 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
     let wall = t0.elapsed();
     let (user1, sys1) = cpu_split_ms(pid);
     let (cpu, sys) = (user1 + sys1 - user0 - sys0, sys1 - sys0);
+    if let Some(perf) = perf {
+        perf.finish();
+    }
     let turns = env.llm.request_count() - llm_from;
     let sends = env.tg_proxy.sends() - send_from;
     let latencies = turn_latencies(env, proxy_llm_from, send_from, &mentions);
@@ -878,6 +882,40 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
         sys_ms: sys,
         latencies,
         llm_from,
+    }
+}
+
+/// `perf record` of the daemon during one burst, when `PARLOR_BENCH_PERF` names a directory
+/// (each burst writes `burst-N.data` there; `perf report -i FILE` reads it). For finding
+/// where a turn's CPU goes, kernel included: the figures of a recorded run are not kept.
+struct PerfRecord(Child);
+
+fn perf_record(pid: u32) -> Option<PerfRecord> {
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::var_os("PARLOR_BENCH_PERF")?;
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = Path::new(&dir).join(format!("burst-{n}.data"));
+    let child = Command::new("perf")
+        .args(["record", "-g", "-q", "-p", &pid.to_string(), "-o"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| eprintln!("perf record did not start: {e}"))
+        .ok()?;
+    // perf attaches within a moment; the burst's first turns are not worth waiting for.
+    std::thread::sleep(Duration::from_millis(300));
+    eprintln!("perf recording the burst into {}", out.display());
+    Some(PerfRecord(child))
+}
+
+impl PerfRecord {
+    fn finish(mut self) {
+        // SAFETY: kill has no memory preconditions; the pid is our own child's.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGINT);
+        }
+        let _ = self.0.wait();
     }
 }
 
@@ -1259,13 +1297,16 @@ async fn main() {
         report.print();
         return;
     }
-    // `parlor-bench profiles [--all]`: the lean, default and full configurations, each on
-    // its own daemon (about four minutes; `--all` adds lean's 10,000 groups).
+    // `parlor-bench profiles [--all] [NAME...]`: the lean, default and full configurations,
+    // each on its own daemon (about four minutes; `--all` adds lean's 10,000 groups; names
+    // run only those profiles, without the additions' rows).
     if std::env::args().nth(1).as_deref() == Some("profiles") {
         let machine = machine();
         let mut report = Report::default();
-        let all = std::env::args().nth(2).as_deref() == Some("--all");
-        profiles::run(&bin, all, &mut report).await;
+        let rest: Vec<String> = std::env::args().skip(2).collect();
+        let all = rest.iter().any(|a| a == "--all");
+        let only: Vec<String> = rest.into_iter().filter(|a| a != "--all").collect();
+        profiles::run(&bin, all, &only, &mut report).await;
         println!("parlor-bench profiles — {machine}");
         report.print();
         println!(

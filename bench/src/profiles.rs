@@ -371,7 +371,9 @@ fn burst_rows(name: &str, env: &Env, b: &Burst, mentions: usize, report: &mut Re
 }
 
 /// The profiles mode: every row into `report`.
-pub async fn run(bin: &Path, all: bool, report: &mut Report) {
+/// Runs the profiles named in `only` (every one, and each addition alone, when empty).
+pub async fn run(bin: &Path, all: bool, only: &[String], report: &mut Report) {
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let host = Host::find();
     if host.sandbox == "none" {
         report.note(
@@ -391,11 +393,21 @@ pub async fn run(bin: &Path, all: bool, report: &mut Report) {
         );
     }
     let started = Instant::now();
-    run_profile(bin, &host, "lean", &Setup::Lean, 8.0, all, report).await;
-    let shipped = Setup::Shipped(Vec::new());
-    run_profile(bin, &host, "default", &shipped, 8.0, true, report).await;
-    let full = Setup::Shipped(FEATURES.to_vec());
-    run_profile(bin, &host, "full", &full, 10.0, true, report).await;
+    if wanted("lean") {
+        run_profile(bin, &host, "lean", &Setup::Lean, 8.0, all, report).await;
+    }
+    if wanted("default") {
+        let shipped = Setup::Shipped(Vec::new());
+        run_profile(bin, &host, "default", &shipped, 8.0, true, report).await;
+    }
+    if wanted("full") {
+        let full = Setup::Shipped(FEATURES.to_vec());
+        run_profile(bin, &host, "full", &full, 10.0, true, report).await;
+    }
+    if !only.is_empty() {
+        eprintln!("profiles took {:.0} s", started.elapsed().as_secs_f64());
+        return;
+    }
 
     // Each addition alone on `default`: what it costs idle.
     for feature in FEATURES {

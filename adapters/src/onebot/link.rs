@@ -38,6 +38,12 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// accepts writes into its socket buffer for minutes; only a missing answer shows it.
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a connection may stay without any frame from the implementation before it is
+/// pinged. Heartbeats can be turned off, and a peer that vanished without a FIN (a NAT
+/// dropping the flow, a frozen process) would otherwise never be noticed on a quiet
+/// connection: it is now, within this plus [`PROBE_TIMEOUT`].
+pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+
 /// The live connection, as the senders see it.
 #[derive(Clone)]
 struct Handle {
@@ -239,6 +245,12 @@ where
                     None => std::future::pending().await,
                 }
             };
+            let quiet = async {
+                match probe_due {
+                    None => tokio::time::sleep_until(last_frame + KEEPALIVE_IDLE).await,
+                    Some(_) => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break Ended::Shutdown,
@@ -248,6 +260,14 @@ where
                 () = unanswered => break Ended::Lost(format!(
                     "no answer to a ping within {PROBE_TIMEOUT:?}"
                 )),
+                () = quiet => {
+                    probe_due = Some(Instant::now() + PROBE_TIMEOUT);
+                    match tokio::time::timeout(WRITE_TIMEOUT, sink.send(Message::Ping(Vec::new()))).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => break Ended::Lost(format!("write failed: {error}")),
+                        Err(_) => break Ended::Lost("a write did not finish".to_owned()),
+                    }
+                }
                 out = rx.recv() => {
                     let Some(out) = out else { break Ended::Lost("replaced".to_owned()) };
                     if matches!(out, Message::Ping(_)) && probe_due.is_none() {
@@ -358,5 +378,60 @@ where
                 .unwrap_or_default()
         )),
         Some(Ok(_)) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::DuplexStream;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    use super::*;
+
+    async fn client(io: DuplexStream) -> WebSocketStream<DuplexStream> {
+        WebSocketStream::from_raw_socket(io, Role::Client, None).await
+    }
+
+    /// A peer that vanished without closing (nothing reads its end, nothing answers) and
+    /// sent no heartbeats: the quiet connection is pinged, and the missing answer ends it.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_connection_whose_peer_is_gone_is_found_lost() {
+        let (ours, _theirs) = tokio::io::duplex(64 * 1024);
+        let links = Links::new();
+        let shutdown = CancellationToken::new();
+        let started = Instant::now();
+        let ended = serve(&links, client(ours).await, 3, &shutdown, |_| async { true }).await;
+        let Ended::Lost(why) = ended else {
+            panic!("ended as {ended:?}");
+        };
+        assert!(why.contains("no answer to a ping"), "{why}");
+        assert_eq!(started.elapsed(), KEEPALIVE_IDLE + PROBE_TIMEOUT);
+    }
+
+    /// A peer that is there answers the pings (its WebSocket does, with pongs): the quiet
+    /// connection stays up until shutdown.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_connection_whose_peer_answers_pings_stays_up() {
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        let peer = tokio::spawn(async move {
+            let mut ws = WebSocketStream::from_raw_socket(theirs, Role::Server, None).await;
+            let mut pings = 0u32;
+            while let Some(Ok(frame)) = ws.next().await {
+                pings += u32::from(matches!(frame, Message::Ping(_)));
+            }
+            pings
+        });
+        let links = Links::new();
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let quiet_for = KEEPALIVE_IDLE * 10;
+        tokio::spawn(async move {
+            tokio::time::sleep(quiet_for).await;
+            stop.cancel();
+        });
+        let ended = serve(&links, client(ours).await, 3, &shutdown, |_| async { true }).await;
+        assert!(matches!(ended, Ended::Shutdown), "ended as {ended:?}");
+        let pings = peer.await.unwrap();
+        assert!(pings >= 9, "{pings} pings in {quiet_for:?}");
     }
 }
