@@ -896,7 +896,17 @@ fn perf_record(pid: u32) -> Option<PerfRecord> {
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out = Path::new(&dir).join(format!("burst-{n}.data"));
     let child = Command::new("perf")
-        .args(["record", "-g", "-q", "-p", &pid.to_string(), "-o"])
+        .args([
+            "record",
+            "--call-graph",
+            "dwarf,16384",
+            "-F",
+            "1000",
+            "-q",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
         .arg(&out)
         .stdout(Stdio::null())
         .spawn()

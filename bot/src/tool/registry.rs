@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use futures::FutureExt;
 
@@ -100,7 +100,23 @@ struct Built {
     auto_chat_defs: ToolDefs,
     /// The sum of the toolsets' generations this was built at.
     generation: u64,
+    /// The narrower arrays asked for since (a merged burst runs as the system, a group may
+    /// pick its toolsets): built once each, as [`Built::defs`] is, instead of every turn.
+    scoped: Mutex<HashMap<Scope, ToolDefs>>,
 }
+
+/// What a narrower `tools` array depends on, when the caller carries no grants.
+#[derive(PartialEq, Eq, Hash)]
+struct Scope {
+    auto_chat: bool,
+    /// The role of a system caller; `None` for a person (offered every tool of the kind).
+    system_role: Option<Role>,
+    toolsets: Option<Vec<String>>,
+}
+
+/// The most narrower arrays kept: each is a group's pick of toolsets or a role, so a few
+/// at most in practice; past this (groups picking many different sets) it starts over.
+const MAX_SCOPED: usize = 64;
 
 impl Built {
     /// Checks and indexes every tool of `toolsets`. `strict` (at startup) fails on the
@@ -148,6 +164,7 @@ impl Built {
             defs,
             auto_chat_defs,
             generation,
+            scoped: Mutex::new(HashMap::new()),
         })
     }
 }
@@ -360,13 +377,35 @@ impl ToolRegistry {
             return self.defs_for(auto_chat);
         }
         let built = self.current();
-        built
-            .entries
-            .iter()
-            .filter(|e| offered(&e.spec, auto_chat, caller) && self.in_scope(e, toolsets))
-            .map(|e| e.spec.to_def_as(self.profile))
-            .collect::<Vec<_>>()
-            .into()
+        let build = || -> ToolDefs {
+            built
+                .entries
+                .iter()
+                .filter(|e| offered(&e.spec, auto_chat, caller) && self.in_scope(e, toolsets))
+                .map(|e| e.spec.to_def_as(self.profile))
+                .collect::<Vec<_>>()
+                .into()
+        };
+        // Grants name argument values: such a caller (a clock fire's) gets its own array.
+        if !caller.grants.is_empty() {
+            return build();
+        }
+        let scope = Scope {
+            auto_chat,
+            system_role: caller.is_system().then_some(caller.role),
+            toolsets: toolsets.map(<[String]>::to_vec),
+        };
+        let lock = || built.scoped.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(defs) = lock().get(&scope) {
+            return defs.clone();
+        }
+        let defs = build();
+        let mut scoped = lock();
+        if scoped.len() >= MAX_SCOPED {
+            scoped.clear();
+        }
+        scoped.insert(scope, defs.clone());
+        defs
     }
 
     /// Whether `entry`'s toolset is among `toolsets` (all are without a list).

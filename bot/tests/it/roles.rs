@@ -171,6 +171,43 @@ async fn the_role_is_checked_before_the_arguments_and_members_keep_member_tools(
     assert_eq!(r.code(), Some(codes::TOOL_NOT_FOUND));
 }
 
+/// A merged burst of several members runs as the system with their least role: its
+/// `tools` array is built once and shared by every such turn (not rebuilt and serialized
+/// each time), and a caller of another role, or with grants, gets its own.
+#[test]
+fn a_system_callers_tools_array_is_built_once_per_role() {
+    let rig = rig();
+    let several = |role: Role| Caller {
+        user_id: String::new(),
+        name: "several members".into(),
+        role,
+        grants: Vec::new(),
+    };
+    let first = rig.registry.defs_for_caller(false, &several(Role::Member));
+    let again = rig.registry.defs_for_caller(false, &several(Role::Member));
+    assert!(
+        std::ptr::eq(first.as_ptr(), again.as_ptr()),
+        "shared, not rebuilt"
+    );
+    let names = |defs: &parlor_bot::llm::ToolDefs| -> Vec<String> {
+        defs.iter().map(|d| d.function.name.clone()).collect()
+    };
+    let operator = rig
+        .registry
+        .defs_for_caller(false, &several(Role::Operator));
+    assert!(!std::ptr::eq(first.as_ptr(), operator.as_ptr()));
+    assert!(
+        names(&operator).len() > names(&first).len(),
+        "{:?}",
+        names(&operator)
+    );
+    let mut granted = several(Role::Member);
+    granted.grants = vec![Grant::new("schedule", "target", "test:-100")];
+    let with_grant = rig.registry.defs_for_caller(false, &granted);
+    assert!(names(&with_grant).contains(&"schedule".to_owned()));
+    assert!(!names(&first).contains(&"schedule".to_owned()));
+}
+
 #[tokio::test]
 async fn an_unattended_caller_is_offered_and_granted_only_what_its_grants_name() {
     let rig = rig();
