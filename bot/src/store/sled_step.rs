@@ -11,11 +11,15 @@
 //! in memory (read back by the step's own reads). Its commit is the gathered writes, in
 //! order: a step of one write is that write (sled makes one `insert` atomic); a longer one
 //! is first recorded whole as one value under [`JOURNAL_KEY`] in the `steps` tree, then
-//! applied, then its record removed. sled's recovery keeps a prefix of the log (it stops at
-//! the first torn message), so after a kill either the record is absent (and so is every
-//! write after it), or it is present and [`Steps::recover`] applies it again when the
-//! store opens: every write is a blind set or remove of a value computed in the step, so
-//! applying one twice is applying it once.
+//! applied. The record stays until the next step replaces it (a longer step) or removes it
+//! (a step of one write, before its write): removing it after every step was one more
+//! write per step, and a step's writes are most of what a turn costs. sled's recovery keeps
+//! a prefix of the log (it stops at the first torn message), so after a kill either the
+//! record is absent (and so is every write after it), or it is the last longer step, and
+//! [`Steps::recover`] applies it again when the store opens: every write is a blind set or
+//! remove of a value computed in the step, and every later write to its keys went through
+//! a later step, which replaced or removed the record first; so applying it again is
+//! applying it once.
 //!
 //! Steps run one at a time, under [`Steps::lock`] (which is also why one journal key is
 //! enough): a step's reads see every earlier step whole, and no other write to its keys
@@ -37,11 +41,12 @@ use super::sled_store::sled_error;
 /// The key of the one step record that may be in the `steps` tree.
 const JOURNAL_KEY: &[u8] = b"step";
 
-/// The `steps` tree and the lock the steps run under (see the module docs).
+/// The `steps` tree and the lock the steps run under (see the module docs). The lock holds
+/// whether the record of an applied step is still in the tree.
 #[derive(Debug)]
 pub(super) struct Steps {
     journal: Tree,
-    lock: Mutex<()>,
+    lock: Mutex<bool>,
 }
 
 /// A tree as a step sees it: its reads see the step's own writes first.
@@ -130,7 +135,7 @@ impl Steps {
         let journal = db.open_tree("steps").map_err(sled_error)?;
         let steps = Steps {
             journal,
-            lock: Mutex::new(()),
+            lock: Mutex::new(false),
         };
         steps.recover(db)?;
         Ok(steps)
@@ -138,7 +143,7 @@ impl Steps {
 
     /// Held by a step from its first read to its last write, and by plain writes to keys a
     /// step may write.
-    pub(super) fn lock(&self) -> MutexGuard<'_, ()> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, bool> {
         // A panic inside a step left no write behind (they are applied after the step's
         // closure returned), so the lock protects nothing a panic could have broken.
         self.lock.lock().unwrap_or_else(PoisonError::into_inner)
@@ -150,7 +155,7 @@ impl Steps {
         trees: &[B],
         step: impl FnOnce(&[StepTree<'_>]) -> Result<T, ConflictableTransactionError<StoreError>>,
     ) -> Result<T, StoreError> {
-        let _guard = self.lock();
+        let mut recorded = self.lock();
         let writes = RefCell::new(Writes::default());
         let views = views(trees, &writes);
         let value = step(&views).map_err(|e| match e {
@@ -161,28 +166,46 @@ impl Steps {
         })?;
         drop(views);
         let ops = writes.into_inner().ops;
-        self.commit(trees, &ops).map_err(sled_error)?;
+        self.commit(trees, &ops, &mut recorded)
+            .map_err(sled_error)?;
         Ok(value)
     }
 
-    fn commit<B: Borrow<Tree>>(&self, trees: &[B], ops: &[Op]) -> Result<(), sled::Error> {
+    /// Writes `ops`; `recorded` says whether the tree holds an applied step's record, and
+    /// is kept true to what it holds after.
+    fn commit<B: Borrow<Tree>>(
+        &self,
+        trees: &[B],
+        ops: &[Op],
+        recorded: &mut bool,
+    ) -> Result<(), sled::Error> {
         match ops {
             [] => Ok(()),
-            [op] => apply(trees[op.slot].borrow(), op),
+            [op] => {
+                // Applied again at the next open, the record would undo this write.
+                if *recorded {
+                    self.journal.remove(JOURNAL_KEY)?;
+                    *recorded = false;
+                }
+                apply(trees[op.slot].borrow(), op)
+            }
             _ => {
                 let names: Vec<IVec> = trees.iter().map(|t| t.borrow().name()).collect();
+                // Set before the insert: should it fail, a later step of one write still
+                // removes whatever it left.
+                *recorded = true;
                 self.journal.insert(JOURNAL_KEY, encode(&names, ops))?;
                 for op in ops {
                     apply(trees[op.slot].borrow(), op)?;
                 }
-                self.journal.remove(JOURNAL_KEY)?;
                 Ok(())
             }
         }
     }
 
-    /// Applies the step record a kill left behind, if any, and removes it. A record that
-    /// cannot be read is an error: the store would otherwise open with half a step.
+    /// Applies the step record the last run left, if any (the last longer step, whole or
+    /// cut by a kill), and removes it. A record that cannot be read is an error: the store
+    /// would otherwise open with half a step.
     fn recover(&self, db: &Db) -> Result<(), StoreError> {
         let Some(record) = self.journal.get(JOURNAL_KEY).map_err(sled_error)? else {
             return Ok(());
@@ -396,6 +419,68 @@ mod tests {
         });
         assert!(aborted.is_err());
         assert_eq!(a.get("y").expect("get"), None);
+        assert_eq!(
+            steps.journal.len(),
+            1,
+            "the last longer step's record stays"
+        );
+        steps
+            .run(&[&a], |t| Ok(t[0].insert("w", "one write")?))
+            .expect("step");
+        assert_eq!(
+            steps.journal.len(),
+            0,
+            "a step of one write removes it first"
+        );
+    }
+
+    /// Opens the sled store at `path`, waiting for the last run's file lock to go.
+    fn reopen(path: &std::path::Path) -> sled::Db {
+        // sled releases its file lock a moment after the last handle is dropped.
+        (0..100)
+            .find_map(|_| match sled::Config::new().path(path).open() {
+                Ok(db) => Some(db),
+                Err(_) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    None
+                }
+            })
+            .expect("reopen")
+    }
+
+    /// The record the last longer step leaves is applied again at the next open: that
+    /// must change nothing, also for keys later steps wrote.
+    #[test]
+    fn the_last_steps_record_applied_again_at_open_undoes_no_later_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("db");
+        {
+            let db = sled::Config::new().path(&path).open().expect("open");
+            let steps = Steps::open(&db).expect("steps");
+            let a = db.open_tree("a").expect("tree");
+            let two = |x: &'static str, y: &'static str| {
+                steps
+                    .run(&[&a], |t| {
+                        t[0].insert("x", x)?;
+                        Ok(t[0].insert("y", y)?)
+                    })
+                    .expect("step");
+            };
+            two("1", "1");
+            two("2", "2");
+            // One write to a key of the last longer step.
+            steps
+                .run(&[&a], |t| Ok(t[0].insert("y", "3")?))
+                .expect("step");
+            two("4", "4");
+            steps.run(&[&a], |t| Ok(t[0].delete("x")?)).expect("step");
+            db.flush().expect("flush");
+        }
+        let db = reopen(&path);
+        let steps = Steps::open(&db).expect("steps");
+        let a = db.open_tree("a").expect("tree");
+        assert_eq!(a.get("x").expect("get"), None);
+        assert_eq!(a.get("y").expect("get").as_deref(), Some(&b"4"[..]));
         assert_eq!(steps.journal.len(), 0);
     }
 
@@ -420,16 +505,7 @@ mod tests {
             assert_eq!(b.get("two").expect("get"), None, "not applied yet");
             db.flush().expect("flush");
         }
-        // sled releases its file lock a moment after the last handle is dropped.
-        let db = (0..100)
-            .find_map(|_| match sled::Config::new().path(&path).open() {
-                Ok(db) => Some(db),
-                Err(_) => {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                    None
-                }
-            })
-            .expect("reopen");
+        let db = reopen(&path);
         let steps = Steps::open(&db).expect("steps");
         let (a, b) = (
             db.open_tree("a").expect("tree"),
