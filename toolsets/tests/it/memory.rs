@@ -753,19 +753,11 @@ async fn the_search_index_is_rebuilt_from_the_store_when_missing_or_stale() {
     let h = Harness::new(Arc::clone(&store), MemoryOptions::default());
     h.write(GROUP_A, "bob.birthday", "Bob's birthday is May 3rd")
         .await;
-    let found = |result: &Value| -> Vec<String> {
-        result["data"]["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["key"].as_str().unwrap().to_owned())
-            .collect()
-    };
     let search = |query: &'static str| h.call(GROUP_A, "memory_search", json!({"query": query}));
-    assert_eq!(found(&search("birthdays").await), ["bob.birthday"]);
+    assert_eq!(result_keys(&search("birthdays").await), ["bob.birthday"]);
     let builds = h.toolset.index_builds();
     // Unchanged: the index in memory serves the next search.
-    assert_eq!(found(&search("birthday").await), ["bob.birthday"]);
+    assert_eq!(result_keys(&search("birthday").await), ["bob.birthday"]);
     assert_eq!(h.toolset.index_builds(), builds);
 
     // Another daemon on the same store writes: the stamp it leaves makes this index stale.
@@ -773,18 +765,18 @@ async fn the_search_index_is_rebuilt_from_the_store_when_missing_or_stale() {
     other
         .write(GROUP_A, "team.offsite", "The offsite is in Lisbon")
         .await;
-    assert_eq!(found(&search("lisbon").await), ["team.offsite"]);
+    assert_eq!(result_keys(&search("lisbon").await), ["team.offsite"]);
     assert_eq!(h.toolset.index_builds(), builds + 1);
     other
         .call(GROUP_A, "memory_delete", json!({"key": "team.offsite"}))
         .await;
-    assert!(found(&search("lisbon").await).is_empty());
+    assert!(result_keys(&search("lisbon").await).is_empty());
 
     // The stamps deleted (a store restored without them): rebuilt, the entries are the truth.
     for (key, _) in store.kv_scan(STAMP_SPACE, "").unwrap() {
         store.kv_delete(STAMP_SPACE, &key).unwrap();
     }
-    assert_eq!(found(&search("birthday").await), ["bob.birthday"]);
+    assert_eq!(result_keys(&search("birthday").await), ["bob.birthday"]);
     store.flush().unwrap();
     drop((h, other, store));
 
@@ -794,7 +786,7 @@ async fn the_search_index_is_rebuilt_from_the_store_when_missing_or_stale() {
     let h = Harness::new(store, MemoryOptions::default());
     assert_eq!(h.toolset.index_builds(), 0);
     let result = h.search(GROUP_A, "birth").await;
-    assert_eq!(found(&result), ["bob.birthday"]);
+    assert_eq!(result_keys(&result), ["bob.birthday"]);
     assert_eq!(h.toolset.index_builds(), 1);
 }
 
