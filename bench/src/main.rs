@@ -336,11 +336,28 @@ struct Daemon {
 impl Daemon {
     fn spawn(bin: &Path, config: &Path, llm_url: &str, log: &Path) -> Daemon {
         let log = std::fs::File::create(log).expect("daemon log file");
-        let child = Command::new(bin)
+        // `PARLOR_BENCH_WRAP="heaptrack -o FILE"` runs the daemon under a profiler (the
+        // figures then describe the wrapper's process, not the daemon's: for finding where
+        // memory goes, not for the table).
+        let wrap = std::env::var("PARLOR_BENCH_WRAP").unwrap_or_default();
+        let mut words = wrap.split_whitespace();
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        command.env_clear();
+        // Worker threads of the daemon's runtime, when set, for comparing thread counts.
+        if let Some(threads) = std::env::var_os("TOKIO_WORKER_THREADS") {
+            command.env("TOKIO_WORKER_THREADS", threads);
+        }
+        let child = command
             .arg("--config")
             .arg(config)
             .arg("run")
-            .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("TELEGRAM_BOT_TOKEN", TOKEN)
             .env("OPENAI_BASE_URL", llm_url)
@@ -490,6 +507,40 @@ fn cpu_split_ms(pid: u32) -> (f64, f64) {
     #[allow(unsafe_code)]
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     (ticks(11) * 1000.0 / hz, ticks(12) * 1000.0 / hz)
+}
+
+/// Time the live threads of a process have run, in milliseconds, to the nanosecond
+/// (`/proc/PID/task/*/schedstat`): for short, quiet spans, where `cpu_split_ms`'s clock
+/// ticks (10 ms) would read 0 or 10.
+fn cpu_run_ms(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    ns as f64 / 1e6
+}
+
+/// Context switches (voluntary and not) of the live threads of a process: each is a thread
+/// put to sleep or woken, which the CPU figures pay for in the kernel. Unlike CPU time it
+/// hardly depends on how busy the machine is.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -825,6 +876,8 @@ struct Burst {
     llm_from: usize,
     /// `sendMessage` calls that went through during the burst (replies posted).
     sends: usize,
+    /// Context switches of the daemon's threads during the burst (those alive at its end).
+    switches: u64,
 }
 
 /// Pushes the mentions at once and waits until `expect_sends` replies went out (or, when
@@ -837,6 +890,7 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
     let proxy_llm_from = env.llm_proxy.state.log.lock().expect("log").llm.len();
     let perf = perf_record(pid);
     let (user0, sys0) = cpu_split_ms(pid);
+    let switches0 = context_switches(pid);
     let t0 = Instant::now();
     let mentions = push_mentions(&env.tg, tags);
     let complete = match expect_sends {
@@ -867,6 +921,7 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
     let wall = t0.elapsed();
     let (user1, sys1) = cpu_split_ms(pid);
     let (cpu, sys) = (user1 + sys1 - user0 - sys0, sys1 - sys0);
+    let switches = context_switches(pid).saturating_sub(switches0);
     if let Some(perf) = perf {
         perf.finish();
     }
@@ -882,6 +937,7 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
         sys_ms: sys,
         latencies,
         llm_from,
+        switches,
     }
 }
 
@@ -948,7 +1004,7 @@ async fn cpu_runs(bin: &Path, runs: usize) {
     burst(&env, &warm, None, Duration::from_secs(60)).await;
     let mut per_turn = Vec::new();
     let mut per_mention = Vec::new();
-    println!("run  turns  wall ms  CPU ms  kernel ms  CPU/turn ms  CPU/mention ms");
+    println!("run  turns  wall ms  CPU ms  kernel ms  CPU/turn ms  CPU/mention ms  switches/turn");
     for run in 0..runs {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let tags = burst_tags(-1_005_000_000_000 - 1_000 * run as i64);
@@ -956,11 +1012,12 @@ async fn cpu_runs(bin: &Path, runs: usize) {
         let turn = b.cpu_ms / b.turns.max(1) as f64;
         let mention = b.cpu_ms / tags.len() as f64;
         println!(
-            "{run:>3}  {:>5}  {:>7.0}  {:>6.0}  {:>9.0}  {turn:>11.2}  {mention:>14.3}{}",
+            "{run:>3}  {:>5}  {:>7.0}  {:>6.0}  {:>9.0}  {turn:>11.2}  {mention:>14.3}  {:>13.1}{}",
             b.turns,
             b.wall.as_secs_f64() * 1000.0,
             b.cpu_ms,
             b.sys_ms,
+            b.switches as f64 / b.turns.max(1) as f64,
             if b.complete { "" } else { " INCOMPLETE" }
         );
         per_turn.push(turn);

@@ -42,8 +42,8 @@ use std::time::{Duration, Instant};
 use toml::{Table, Value};
 
 use super::{
-    Burst, Env, MIB, Report, Tag, burst, burst_tags, groups, mib, release_binary, rss_breakdown,
-    rss_pss, start_env_with, write_config,
+    Burst, Env, MIB, Report, Tag, burst, burst_tags, cpu_run_ms, groups, mib, release_binary,
+    rss_breakdown, rss_pss, start_env_with, write_config,
 };
 
 /// How long the idle daemon is left before its RSS is read.
@@ -256,7 +256,16 @@ async fn run_profile(
         "<= 20 ms",
     );
 
+    let run0 = cpu_run_ms(pid);
     tokio::time::sleep(IDLE_AFTER).await;
+    let idle_cpu = cpu_run_ms(pid) - run0;
+    report.row(
+        &format!("{name}: idle CPU, the 5 s after ready"),
+        format!(
+            "{idle_cpu:.2} ms, {:.1} ms a minute",
+            idle_cpu * 60.0 / IDLE_AFTER.as_secs_f64()
+        ),
+    );
     let (rss, pss) = rss_pss(pid);
     report.target(
         &format!("{name}: idle RSS, 5 s after ready"),
@@ -354,10 +363,12 @@ fn burst_rows(name: &str, env: &Env, b: &Burst, mentions: usize, report: &mut Re
     report.row(
         &format!("{name}:   daemon CPU per LLM request"),
         format!(
-            "{per_request:.2} ms ({:.0} ms, kernel {:.0} ms of it; {:.3} ms per mention)",
+            "{per_request:.2} ms ({:.0} ms, kernel {:.0} ms of it; {:.3} ms per mention; \
+             {:.1} context switches per request)",
             b.cpu_ms,
             b.sys_ms,
-            b.cpu_ms / mentions as f64
+            b.cpu_ms / mentions as f64,
+            b.switches as f64 / requests.max(1) as f64
         ),
     );
     let per_turn = b.cpu_ms / turns.max(1) as f64;
