@@ -17,11 +17,12 @@
 //!   testkit's `parlor-mcp-test-server`), one skill in a `[toolsets.skill]` folder, and
 //!   auto-chat in one group (not one the bench posts in: it costs what it costs idle).
 //!
-//! Per profile: spawn to the first `getUpdates` (one start), idle RSS 5 s after, with the
-//! breakdown by mapping; daemon CPU per LLM request, per posted reply (turn) and per mention
-//! over the 1,000-mention burst (20 mentions in each of 50 new groups, after a warm-up of
-//! one mention in 50 other groups that is not counted); RSS right after 10,000 new groups
-//! one turn each, and after `idle_minutes`. Then each of the full profile's additions alone
+//! Per profile: spawn to the first `getUpdates` (one start), the CPU of the next 5 s and
+//! the idle RSS at their end, with the breakdown by mapping; daemon CPU per LLM request, per
+//! posted reply (turn) and per mention, and context switches per request, over the
+//! 1,000-mention burst (20 mentions in each of 50 new groups, after a warm-up of one mention
+//! in 50 other groups that is not counted); RSS right after 10,000 new groups one turn
+//! each, after `idle_minutes`, and 30 s after that. Then each of the full profile's additions alone
 //! on top of `default`, idle RSS only, to say what each costs.
 //!
 //! The 1,000-mention burst under `turns_per_minute = 12`: the limit is a sliding window per
@@ -325,7 +326,7 @@ async fn run_profile(
         ),
     );
     // idle_minutes = 1: the sessions leave a minute after their turn, then the daemon
-    // gives the memory back.
+    // gives the memory back (the trimmer looks every 5 s).
     tokio::time::sleep(Duration::from_secs(65)).await;
     let (rss, pss) = rss_pss(pid);
     report.target(
@@ -339,6 +340,14 @@ async fn run_profile(
         "{name}: RSS by mapping after 10,000 groups and idle_minutes: {}",
         rss_breakdown(pid)
     ));
+    // Half a minute later, for comparison: on 2026-12-07 it was higher, not lower (the
+    // executable's code, released when the last session left, was back: 5 MiB).
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let (rss, pss) = rss_pss(pid);
+    report.row(
+        &format!("{name}:   RSS 30 s later"),
+        format!("{} (PSS {}); {}", mib(rss), mib(pss), rss_breakdown(pid)),
+    );
     env.daemon.stop().await;
 }
 
