@@ -509,16 +509,23 @@ fn cpu_split_ms(pid: u32) -> (f64, f64) {
     (ticks(11) * 1000.0 / hz, ticks(12) * 1000.0 / hz)
 }
 
-/// Time the live threads of a process have run, in milliseconds, to the nanosecond
-/// (`/proc/PID/task/*/schedstat`): for short, quiet spans, where `cpu_split_ms`'s clock
-/// ticks (10 ms) would read 0 or 10.
-fn cpu_run_ms(pid: u32) -> f64 {
+/// The contents of file `name` of each live thread of a process (`/proc/PID/task/*/NAME`).
+fn task_files(pid: u32, name: &str) -> Vec<String> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0.0;
+        return Vec::new();
     };
-    let ns: u64 = tasks
+    tasks
         .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|t| std::fs::read_to_string(t.path().join(name)).ok())
+        .collect()
+}
+
+/// Time the live threads of a process have run, in milliseconds, to the nanosecond
+/// (`schedstat`): for short, quiet spans, where `cpu_split_ms`'s clock ticks (10 ms) would
+/// read 0 or 10.
+fn cpu_run_ms(pid: u32) -> f64 {
+    let ns: u64 = task_files(pid, "schedstat")
+        .iter()
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum();
     ns as f64 / 1e6
@@ -528,18 +535,11 @@ fn cpu_run_ms(pid: u32) -> f64 {
 /// put to sleep or woken, which the CPU figures pay for in the kernel. Unlike CPU time it
 /// hardly depends on how busy the machine is.
 fn context_switches(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
-        .flat_map(|s| {
-            s.lines()
-                .filter(|l| l.contains("ctxt_switches:"))
-                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .collect::<Vec<_>>()
-        })
+    task_files(pid, "status")
+        .iter()
+        .flat_map(|s| s.lines())
+        .filter(|l| l.contains("ctxt_switches:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         .sum()
 }
 
@@ -888,7 +888,7 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
     let send_from = env.tg_proxy.sends();
     let llm_from = env.llm.request_count();
     let proxy_llm_from = env.llm_proxy.state.log.lock().expect("log").llm.len();
-    let perf = perf_record(pid);
+    let perf = perf_record(pid).await;
     let (user0, sys0) = cpu_split_ms(pid);
     let switches0 = context_switches(pid);
     let t0 = Instant::now();
@@ -946,7 +946,7 @@ async fn burst(env: &Env, tags: &[Tag], expect_sends: Option<usize>, timeout: Du
 /// where a turn's CPU goes, kernel included: the figures of a recorded run are not kept.
 struct PerfRecord(Child);
 
-fn perf_record(pid: u32) -> Option<PerfRecord> {
+async fn perf_record(pid: u32) -> Option<PerfRecord> {
     static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let dir = std::env::var_os("PARLOR_BENCH_PERF")?;
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -969,7 +969,7 @@ fn perf_record(pid: u32) -> Option<PerfRecord> {
         .map_err(|e| eprintln!("perf record did not start: {e}"))
         .ok()?;
     // perf attaches within a moment; the burst's first turns are not worth waiting for.
-    std::thread::sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(300)).await;
     eprintln!("perf recording the burst into {}", out.display());
     Some(PerfRecord(child))
 }
