@@ -15,9 +15,10 @@
 //!   (Perplexity repeats a growing usage in every chunk);
 //! - `{"error": ...}` is an error, never text; data that is not JSON is [`LlmError::Malformed`].
 //!
-//! SSE framing is left to `eventsource-stream`; [`assemble`] only feeds it one line at a time
+//! SSE framing is left to `eventsource-stream`; [`assemble`] only feeds it one event at a time
 //! (so does the Anthropic client's, through the same `line_pieces`).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::pin::Pin;
 
@@ -69,9 +70,9 @@ struct PartialCall {
 // not agree on stay `Value` and are interpreted leniently below.
 
 #[derive(Deserialize)]
-struct RawChunk {
-    #[serde(default)]
-    choices: Option<Vec<RawChoice>>,
+struct RawChunk<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<RawChoice<'a>>>,
     #[serde(default)]
     usage: Option<Value>,
     #[serde(default)]
@@ -79,28 +80,28 @@ struct RawChunk {
 }
 
 #[derive(Deserialize)]
-struct RawChoice {
+struct RawChoice<'a> {
     #[serde(default)]
     index: Option<u32>,
     // A non-streaming `chat.completion` carries `message` where a chunk carries `delta`; the
     // alias lets a server that ignored `stream: true` go through the same code.
-    #[serde(default, alias = "message")]
-    delta: Option<RawDelta>,
-    #[serde(default)]
-    finish_reason: Option<Value>,
+    #[serde(default, alias = "message", borrow)]
+    delta: Option<RawDelta<'a>>,
+    #[serde(default, borrow)]
+    finish_reason: Text<'a>,
     // Moonshot puts usage inside the choice.
     #[serde(default)]
     usage: Option<Value>,
 }
 
 #[derive(Deserialize)]
-struct RawDelta {
-    #[serde(default)]
-    content: Option<Value>,
-    #[serde(default)]
-    reasoning_content: Option<Value>,
-    #[serde(default)]
-    reasoning: Option<Value>,
+struct RawDelta<'a> {
+    #[serde(default, borrow)]
+    content: Text<'a>,
+    #[serde(default, borrow)]
+    reasoning_content: Text<'a>,
+    #[serde(default, borrow)]
+    reasoning: Text<'a>,
     #[serde(default)]
     tool_calls: Option<Vec<RawToolCall>>,
 }
@@ -121,6 +122,83 @@ struct RawFunction {
     name: Option<String>,
     #[serde(default)]
     arguments: Option<Value>,
+}
+
+/// A text field of a delta: most chunks carry a string, read in place when it holds no
+/// escapes (no allocation per chunk); some providers send content parts instead. Any
+/// other JSON (a number, an object) carries no text and is skipped.
+#[derive(Default)]
+enum Text<'a> {
+    #[default]
+    Absent,
+    Str(Cow<'a, str>),
+    Parts(Vec<Value>),
+}
+
+impl Text<'_> {
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Text::Str(s) => Some(s),
+            Text::Absent | Text::Parts(_) => None,
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string, content parts or null")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text::Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text::Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Text<'a>, E> {
+                Ok(Text::Str(Cow::Owned(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Text<'a>, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(part) = seq.next_element::<Value>()? {
+                    parts.push(part);
+                }
+                Ok(Text::Parts(parts))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Text<'a>, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Text::Absent)
+            }
+            fn visit_unit<E>(self) -> Result<Text<'a>, E> {
+                Ok(Text::Absent)
+            }
+            fn visit_none<E>(self) -> Result<Text<'a>, E> {
+                Ok(Text::Absent)
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Text<'a>, D::Error> {
+                d.deserialize_any(self)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Text<'a>, E> {
+                Ok(Text::Absent)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Text<'a>, E> {
+                Ok(Text::Absent)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Text<'a>, E> {
+                Ok(Text::Absent)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Text<'a>, E> {
+                Ok(Text::Absent)
+            }
+        }
+        deserializer.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 impl StreamAssembler {
@@ -162,7 +240,7 @@ impl StreamAssembler {
             self.record_usage(choice.usage);
             let state = self.choices.entry(choice.index.unwrap_or(0)).or_default();
             // Some servers send `""` instead of `null` while the choice is still running.
-            let reason = choice.finish_reason.as_ref().and_then(Value::as_str);
+            let reason = choice.finish_reason.as_str();
             if let Some(reason) = reason.filter(|r| !r.is_empty()) {
                 state.finish_reason = Some(reason.to_owned());
             }
@@ -235,14 +313,10 @@ impl StreamAssembler {
 
 impl ChoiceState {
     fn apply(&mut self, delta: RawDelta) {
-        if let Some(content) = &delta.content {
-            push_text(&mut self.content, content);
-        }
+        push_text(&mut self.content, &delta.content);
         // Some servers send the same text under both names; take one.
         match (&delta.reasoning_content, &delta.reasoning) {
-            (Some(r), _) if !r.is_null() => push_text(&mut self.reasoning, r),
-            (_, Some(r)) => push_text(&mut self.reasoning, r),
-            _ => {}
+            (Text::Absent, r) | (r, _) => push_text(&mut self.reasoning, r),
         }
         for call in delta.tool_calls.unwrap_or_default() {
             self.apply_tool_call(call);
@@ -321,10 +395,10 @@ impl ChoiceState {
 
 /// Appends text that a provider sent as a string, or as content parts (`[{"type":"text",
 /// "text":...}]`); other part types (images, "thinking" blocks) are not visible text.
-fn push_text(out: &mut String, value: &Value) {
+fn push_text(out: &mut String, value: &Text) {
     match value {
-        Value::String(s) => out.push_str(s),
-        Value::Array(parts) => {
+        Text::Str(s) => out.push_str(s),
+        Text::Parts(parts) => {
             for part in parts {
                 let is_text = part
                     .get("type")
@@ -335,7 +409,7 @@ fn push_text(out: &mut String, value: &Value) {
                 }
             }
         }
-        _ => {}
+        Text::Absent => {}
     }
 }
 
@@ -406,6 +480,10 @@ where
     Ok(assembler)
 }
 
+/// A piece of [`line_pieces`] longer than this ends at its next line ending even inside an
+/// event, so that an event of many lines is not copied once per line.
+const PIECE_BYTES: usize = 1024;
+
 /// State of [`line_pieces`].
 struct Lines<S> {
     inner: Pin<Box<S>>,
@@ -415,11 +493,14 @@ struct Lines<S> {
     finished: bool,
 }
 
-/// Re-cuts the byte stream so that no piece holds more than one line.
+/// Re-cuts the byte stream so that a piece holds at most one event: it ends after the blank
+/// line that ends an event, or after the first line ending past [`PIECE_BYTES`].
 ///
 /// `eventsource-stream` copies the rest of its buffer after every line it consumes, so one
-/// large read holding many events costs time quadratic in its size; fed line by line it
-/// stays linear.
+/// large read holding many events costs time quadratic in its size; fed event by event it
+/// stays linear (an event's rest is a line or two). Each piece also costs it a UTF-8 check and
+/// a `String`, so a piece per event rather than per line halves that work for a typical stream
+/// (a `data:` line and a blank line per event).
 /// Cuts only ever happen after `\n`, which never sits inside a UTF-8 character.
 /// Also enforces [`MAX_STREAM_BYTES`] and, when the stream ends on a complete line but
 /// without the blank line that dispatches an event, supplies that blank line.
@@ -456,10 +537,19 @@ where
                         ));
                         return Some((Err(err), st));
                     }
-                    st.last_byte = bytes.last().copied();
                     let mut start = 0;
-                    for (i, &b) in bytes.iter().enumerate() {
-                        if b == b'\n' {
+                    let mut line_start = 0;
+                    for i in (0..bytes.len()).filter(|&i| bytes[i] == b'\n') {
+                        // The line just ended is blank ("\n" or "\r\n"), also when it began
+                        // in the previous read.
+                        let line = &bytes[line_start..i];
+                        let blank = match line {
+                            [] => i > 0 || st.last_byte == Some(b'\n'),
+                            [b'\r'] => i > 1 || (i == 1 && st.last_byte == Some(b'\n')),
+                            _ => false,
+                        };
+                        line_start = i + 1;
+                        if blank || i + 1 - start >= PIECE_BYTES {
                             st.pending.push_back(bytes.slice(start..=i));
                             start = i + 1;
                         }
@@ -467,6 +557,7 @@ where
                     if start < bytes.len() {
                         st.pending.push_back(bytes.slice(start..));
                     }
+                    st.last_byte = bytes.last().copied();
                 }
                 Some(Err(e)) => {
                     st.finished = true;
@@ -482,4 +573,51 @@ where
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pieces `line_pieces` makes of `reads`.
+    fn pieces(reads: &[&str]) -> Vec<String> {
+        let stream = futures::stream::iter(
+            reads
+                .iter()
+                .map(|r| Ok::<_, LlmError>(Bytes::copy_from_slice(r.as_bytes())))
+                .collect::<Vec<_>>(),
+        );
+        futures::executor::block_on(
+            line_pieces(stream)
+                .map(|p| String::from_utf8(p.expect("piece").to_vec()).expect("utf-8"))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_piece_ends_with_its_event_also_across_reads_and_with_crlf() {
+        assert_eq!(
+            pieces(&["data: a\n\ndata: b\n", "\ndata: c\r\n\r\ndata: d\n"]),
+            [
+                "data: a\n\n",
+                "data: b\n",
+                "\n",
+                "data: c\r\n\r\n",
+                "data: d\n",
+                // The missing blank line that dispatches the last event.
+                "\n"
+            ]
+        );
+        assert_eq!(pieces(&["data: a\r\n", "\r\nx"]), ["data: a\r\n", "\r\n", "x"]);
+    }
+
+    #[test]
+    fn a_long_event_is_cut_at_line_ends() {
+        let line = format!("data: {}\n", "x".repeat(PIECE_BYTES));
+        let event = format!("{line}{line}\n");
+        let got = pieces(&[&event]);
+        // The last "\n" is the dispatching blank line supplied at the end, which an event
+        // already dispatched ignores.
+        assert_eq!(got, [line.clone(), line, "\n".to_owned(), "\n".to_owned()]);
+    }
 }
