@@ -53,3 +53,142 @@ impl WallTime {
         (self.0)()
     }
 }
+
+/// `day` as `YYYY-MM-DD` (what `NaiveDate`'s `Display` writes), appended to `out`. Store keys
+/// begin with the day several times per turn, and chrono's formatter costs about a thousand
+/// instructions each time; this writes the same bytes directly.
+pub fn push_day(out: &mut String, day: chrono::NaiveDate) {
+    use chrono::Datelike;
+    let year = day.year();
+    if !(0..=9999).contains(&year) {
+        // Signed and wider years are chrono's to write.
+        out.push_str(&day.to_string());
+        return;
+    }
+    push_digits(out, u32::try_from(year).unwrap_or(0), 4);
+    out.push('-');
+    push_digits(out, day.month(), 2);
+    out.push('-');
+    push_digits(out, day.day(), 2);
+}
+
+/// `value`'s last `width` decimal digits, zero-padded.
+fn push_digits(out: &mut String, value: u32, width: u32) {
+    for place in (0..width).rev() {
+        let digit = value / 10u32.pow(place) % 10;
+        out.push(char::from(b'0' + u8::try_from(digit).unwrap_or(0)));
+    }
+}
+
+/// Serializes a `DateTime<Utc>` exactly as chrono's `Serialize` does (RFC 3339 with `Z` and
+/// only the fraction digits needed: none, 3, 6 or 9), without its formatter: every turn's
+/// trace writes two timestamps. Use with `#[serde(serialize_with = "...")]`; reading stays
+/// chrono's.
+pub mod rfc3339 {
+    use chrono::{DateTime, Datelike, Timelike, Utc};
+    use serde::Serializer;
+
+    /// The text of `at`.
+    pub fn text(at: &DateTime<Utc>) -> String {
+        let year = at.year();
+        let nanos = at.nanosecond();
+        // Leap seconds (nanos past one second) and years beyond four digits: chrono's own.
+        if !(0..=9999).contains(&year) || nanos >= 1_000_000_000 {
+            return serde_json::to_value(at)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_else(|| at.to_rfc3339());
+        }
+        let mut out = String::with_capacity(30);
+        super::push_day(&mut out, at.date_naive());
+        out.push('T');
+        super::push_digits(&mut out, at.hour(), 2);
+        out.push(':');
+        super::push_digits(&mut out, at.minute(), 2);
+        out.push(':');
+        super::push_digits(&mut out, at.second(), 2);
+        if nanos != 0 {
+            out.push('.');
+            if nanos % 1_000_000 == 0 {
+                super::push_digits(&mut out, nanos / 1_000_000, 3);
+            } else if nanos % 1_000 == 0 {
+                super::push_digits(&mut out, nanos / 1_000, 6);
+            } else {
+                super::push_digits(&mut out, nanos, 9);
+            }
+        }
+        out.push('Z');
+        out
+    }
+
+    /// For `#[serde(serialize_with = "crate::time::rfc3339::serialize")]`.
+    pub fn serialize<S: Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&text(at))
+    }
+
+    /// For an `Option<DateTime<Utc>>` field.
+    pub fn serialize_option<S: Serializer>(
+        at: &Option<DateTime<Utc>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match at {
+            Some(at) => s.serialize_some(&text(at)),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    use chrono::{DateTime, NaiveDate, TimeZone, Utc};
+
+    #[test]
+    fn days_and_timestamps_are_written_as_chrono_writes_them() {
+        for (y, m, d) in [
+            (2026, 12, 7),
+            (1, 1, 1),
+            (999, 10, 31),
+            (9999, 12, 31),
+            (-5, 3, 4),
+            (10000, 1, 1),
+        ] {
+            let day = NaiveDate::from_ymd_opt(y, m, d).expect("day");
+            let mut out = String::new();
+            super::push_day(&mut out, day);
+            assert_eq!(out, day.to_string());
+        }
+        let base = Utc
+            .with_ymd_and_hms(2026, 12, 7, 5, 9, 3)
+            .single()
+            .expect("time");
+        for nanos in [
+            0,
+            1,
+            7_000,
+            120_000_000,
+            123_456_000,
+            123_456_789,
+            999_999_999,
+            1_000_000,
+            10,
+        ] {
+            let at = base + chrono::TimeDelta::nanoseconds(nanos);
+            let chrono_text = serde_json::to_value(at).expect("json");
+            assert_eq!(
+                super::rfc3339::text(&at),
+                chrono_text.as_str().expect("text"),
+                "{nanos}"
+            );
+            let back: DateTime<Utc> = serde_json::from_value(chrono_text).expect("read");
+            assert_eq!(back, at);
+        }
+        let far = Utc
+            .with_ymd_and_hms(12000, 1, 1, 0, 0, 0)
+            .single()
+            .expect("time");
+        assert_eq!(
+            serde_json::to_value(super::rfc3339::text(&far)).expect("json"),
+            serde_json::to_value(far).expect("json")
+        );
+    }
+}

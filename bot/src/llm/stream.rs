@@ -161,14 +161,20 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
             fn visit_string<E>(self, v: String) -> Result<Text<'a>, E> {
                 Ok(Text::Str(Cow::Owned(v)))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Text<'a>, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Text<'a>, A::Error> {
                 let mut parts = Vec::new();
                 while let Some(part) = seq.next_element::<Value>()? {
                     parts.push(part);
                 }
                 Ok(Text::Parts(parts))
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Text<'a>, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Text<'a>, A::Error> {
                 while map
                     .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
                     .is_some()
@@ -608,7 +614,10 @@ mod tests {
                 "\n"
             ]
         );
-        assert_eq!(pieces(&["data: a\r\n", "\r\nx"]), ["data: a\r\n", "\r\n", "x"]);
+        assert_eq!(
+            pieces(&["data: a\r\n", "\r\nx"]),
+            ["data: a\r\n", "\r\n", "x"]
+        );
     }
 
     #[test]

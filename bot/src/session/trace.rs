@@ -75,6 +75,7 @@ pub struct TraceHead {
     /// The next trace's sequence number.
     pub next: u64,
     /// When the last traced turn ended.
+    #[serde(serialize_with = "crate::time::rfc3339::serialize_option")]
     pub last: Option<DateTime<Utc>>,
 }
 
@@ -131,6 +132,7 @@ pub struct TurnTrace {
     /// The model's error, when it failed (first line).
     pub error: Option<String>,
     /// When the turn started.
+    #[serde(serialize_with = "crate::time::rfc3339::serialize")]
     pub started: DateTime<Utc>,
     /// How long it ran.
     pub millis: u64,

@@ -106,19 +106,20 @@ impl ChatWorker {
         let done = std::mem::take(&mut item.done);
         self.mark_started(&item).await;
         let rules = item.kind.rules();
-        let lang = self.manager.effective(session.key()).language;
+        // Only a refused turn says something here; reading the settings is left to it.
+        let lang = || self.manager.effective(session.key()).language;
         let outcome = match rules.action {
             Action::Reset => self.reset(session, &item).await,
             Action::Compact => self.compact_command(session, &item, &cancel).await,
             Action::Settings => Some(self.set_setting(session, &item)),
             Action::ChatCommand => Some(self.chat_command(session, &item)),
             Action::Turn => match self.budget(session.key(), &item) {
-                Budget::Spent { told } => Some(over_budget(told, lang)),
+                Budget::Spent { told } => Some(over_budget(told, lang())),
                 Budget::MembersSpent {
                     told,
                     names,
                     group_limit,
-                } => Some(members_over_budget(told, &names, lang, group_limit)),
+                } => Some(members_over_budget(told, &names, lang(), group_limit)),
                 Budget::Open => self.turn(session, &item, &cancel).await,
             },
         };

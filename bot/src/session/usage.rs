@@ -92,7 +92,13 @@ pub struct MemberDay {
 
 /// The key of `member`'s record in `session` for `day`.
 pub fn member_key(day: NaiveDate, member: &str, session: &str) -> String {
-    format!("{day}|{member}|{session}")
+    let mut key = String::with_capacity(12 + member.len() + session.len());
+    crate::time::push_day(&mut key, day);
+    key.push('|');
+    key.push_str(member);
+    key.push('|');
+    key.push_str(session);
+    key
 }
 
 /// Every member record of `day` (or, with `member`, only theirs): (member, session, record).
@@ -382,7 +388,11 @@ pub(super) fn pending(store: &dyn Store, session: &str, prices: &Prices) -> Vec<
 
 /// The key of `session`'s record for `day`.
 pub fn usage_key(day: NaiveDate, session: &str) -> String {
-    format!("{day}|{session}")
+    let mut key = String::with_capacity(11 + session.len());
+    crate::time::push_day(&mut key, day);
+    key.push('|');
+    key.push_str(session);
+    key
 }
 
 /// Today by the system clock, for a reader without sessions (the console of a daemon whose
