@@ -109,9 +109,9 @@ pub mod rfc3339 {
         super::push_digits(&mut out, at.second(), 2);
         if nanos != 0 {
             out.push('.');
-            if nanos % 1_000_000 == 0 {
+            if nanos.is_multiple_of(1_000_000) {
                 super::push_digits(&mut out, nanos / 1_000_000, 3);
-            } else if nanos % 1_000 == 0 {
+            } else if nanos.is_multiple_of(1_000) {
                 super::push_digits(&mut out, nanos / 1_000, 6);
             } else {
                 super::push_digits(&mut out, nanos, 9);
