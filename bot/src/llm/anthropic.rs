@@ -55,13 +55,13 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
-use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::http::Transport;
+use super::http::{Poster, Transport};
 use super::retry::{RetryPolicy, Retrying};
 use super::stream::{MAX_STREAM_BYTES, error_message, line_pieces, preview};
 use super::wire::{
@@ -148,21 +148,20 @@ impl fmt::Debug for AnthropicConfig {
     }
 }
 
-/// The reqwest implementation of [`LlmBackend`] for Anthropic's Messages API. One attempt
+/// The HTTP implementation of [`LlmBackend`] for Anthropic's Messages API. One attempt
 /// per call; wrap it in [`Retrying`] (see [`AnthropicClient::with_retries`]) for retries.
 #[derive(Clone)]
 pub struct AnthropicClient {
-    http: reqwest::Client,
+    http: Arc<Poster>,
     config: Arc<AnthropicConfig>,
     // Timeouts and secrets, shared with every body stream in flight.
     transport: Arc<Transport>,
-    url: String,
 }
 
 impl fmt::Debug for AnthropicClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AnthropicClient")
-            .field("url", &self.url)
+            .field("url", &self.http.url())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -201,13 +200,13 @@ impl AnthropicClient {
             value.set_sensitive(true);
             headers.insert(HeaderName::from_static("x-api-key"), value);
         }
-        let http = crate::net::pooled(reqwest::Client::builder())
-            .connect_timeout(config.connect_timeout)
-            .default_headers(headers)
-            .user_agent(concat!("parlor/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| LlmError::Connect(format!("cannot build the HTTP client: {e}")))?;
         let url = format!("{}/v1/messages", config.base_url.trim_end_matches('/'));
+        let http = Arc::new(Poster::new(
+            url,
+            headers,
+            "text/event-stream",
+            config.connect_timeout,
+        )?);
         let transport = Arc::new(Transport {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
@@ -228,7 +227,6 @@ impl AnthropicClient {
             http,
             config: Arc::new(config),
             transport,
-            url,
         })
     }
 
@@ -248,7 +246,7 @@ impl AnthropicClient {
 
     /// The URL requests are POSTed to.
     pub fn endpoint(&self) -> &str {
-        &self.url
+        self.http.url()
     }
 
     /// Exactly the JSON body POSTed for `request` under this client's settings (see the
@@ -263,26 +261,14 @@ impl AnthropicClient {
             .map_err(|e| LlmError::Malformed(format!("cannot write the request body: {e}")))?;
         let response = self
             .http
-            .post(&self.url)
-            .header(header::ACCEPT, "text/event-stream")
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
+            .post(body)
             .await
             .map_err(|e| self.transport.error(e))?;
-        if !response.status().is_success() {
+        if !response.status.is_success() {
             return Err(self.transport.status_error(response).await);
         }
-        let is_json = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| {
-                ct.trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("application/json")
-            });
-        let bytes = self.transport.body_stream(response, None);
+        let is_json = response.is_json();
+        let bytes = self.transport.body_stream(response.body, None);
         if is_json {
             return Err(self.json_error(bytes).await);
         }

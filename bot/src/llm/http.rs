@@ -1,16 +1,222 @@
-//! What the HTTP clients share: reading a response body under an idle timeout, turning a
-//! failed response or a transport failure into an [`LlmError`], the server's requested wait,
-//! and keeping secrets out of every message.
+//! What the HTTP clients share: POSTing to the model's endpoint ([`Poster`]), reading a
+//! response body under an idle timeout, turning a failed response or a transport failure
+//! into an [`LlmError`], the server's requested wait, and keeping secrets out of every
+//! message.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
 use reqwest::header::HeaderMap;
 use secrecy::{ExposeSecret, SecretString};
 
 use super::LlmError;
+
+/// The environment variables through which reqwest sends requests via a proxy.
+const PROXY_VARS: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// POSTs request bodies to one endpoint, with fixed headers, over a pool of kept-alive
+/// connections. hyper's client directly, which does per request only what a POST needs; when
+/// a proxy is set in the environment (`HTTPS_PROXY` and the like, with `NO_PROXY`), reqwest,
+/// which follows those variables.
+pub(super) struct Poster {
+    via: Via,
+    url: String,
+    /// Every header of a request: the client's own and the configured ones.
+    headers: HeaderMap,
+}
+
+// One `Via` per client, for the process's life: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Via {
+    Direct {
+        client: HyperClient<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+        uri: http::Uri,
+    },
+    Proxied(reqwest::Client),
+}
+
+impl std::fmt::Debug for Poster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let via = match self.via {
+            Via::Direct { .. } => "direct",
+            Via::Proxied(_) => "proxy",
+        };
+        f.debug_struct("Poster")
+            .field("url", &self.url)
+            .field("via", &via)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Poster {
+    /// A poster to `url` sending `headers` (marked sensitive where secret), `Accept` and
+    /// `Content-Type` (JSON) with every request.
+    ///
+    /// # Errors
+    /// [`LlmError::Connect`] when the TLS backend cannot be set up.
+    pub(super) fn new(
+        url: String,
+        mut headers: HeaderMap,
+        accept: &'static str,
+        connect_timeout: Duration,
+    ) -> Result<Poster, LlmError> {
+        use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue, USER_AGENT};
+        headers.insert(ACCEPT, HeaderValue::from_static(accept));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            USER_AGENT,
+            HeaderValue::from_static(concat!("parlor/", env!("CARGO_PKG_VERSION"))),
+        );
+        let proxied = PROXY_VARS.iter().any(|v| std::env::var_os(v).is_some());
+        Self::build(url, headers, connect_timeout, proxied)
+    }
+
+    /// [`Poster::new`] once the headers are complete, through reqwest when `proxied`.
+    fn build(
+        url: String,
+        headers: HeaderMap,
+        connect_timeout: Duration,
+        proxied: bool,
+    ) -> Result<Poster, LlmError> {
+        let uri = url
+            .parse::<http::Uri>()
+            .ok()
+            .filter(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some());
+        let via = match uri {
+            Some(uri) if !proxied => {
+                let mut http = HttpConnector::new();
+                http.set_connect_timeout(Some(connect_timeout));
+                http.set_nodelay(true);
+                // The TLS layer below takes `https` URLs through this connector.
+                http.enforce_http(false);
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_provider_and_webpki_roots(provider)
+                    .map_err(|e| LlmError::Connect(format!("cannot set up TLS: {e}")))?
+                    .https_or_http()
+                    .enable_http1()
+                    .wrap_connector(http);
+                let client = HyperClient::builder(hyper_util::rt::TokioExecutor::new())
+                    .pool_idle_timeout(crate::net::IDLE_CONNECTION_TIMEOUT)
+                    .pool_max_idle_per_host(crate::net::IDLE_CONNECTIONS_PER_HOST)
+                    .pool_timer(hyper_util::rt::TokioTimer::new())
+                    .build(connector);
+                Via::Direct { client, uri }
+            }
+            // A URL hyper cannot take is reqwest's to report, with its own words.
+            _ => Via::Proxied(
+                crate::net::pooled(reqwest::Client::builder())
+                    .connect_timeout(connect_timeout)
+                    .build()
+                    .map_err(|e| LlmError::Connect(format!("cannot build the HTTP client: {e}")))?,
+            ),
+        };
+        Ok(Poster { via, url, headers })
+    }
+
+    /// The URL requests go to.
+    pub(super) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// POSTs `body`; the answer once its head arrived.
+    pub(super) async fn post(&self, body: Vec<u8>) -> Result<Answer, SendError> {
+        match &self.via {
+            Via::Direct { client, uri } => {
+                let mut request = http::Request::new(Full::new(Bytes::from(body)));
+                *request.method_mut() = http::Method::POST;
+                *request.uri_mut() = uri.clone();
+                *request.headers_mut() = self.headers.clone();
+                let response = client.request(request).await.map_err(SendError::Direct)?;
+                let (head, body) = response.into_parts();
+                Ok(Answer {
+                    status: head.status,
+                    headers: head.headers,
+                    body: Box::pin(body.into_data_stream().map_err(BodyError::Direct)),
+                })
+            }
+            Via::Proxied(client) => {
+                let response = client
+                    .post(&self.url)
+                    .headers(self.headers.clone())
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(SendError::Proxied)?;
+                Ok(Answer::from(response))
+            }
+        }
+    }
+}
+
+/// A request that got no answer.
+#[derive(Debug)]
+pub(super) enum SendError {
+    Direct(hyper_util::client::legacy::Error),
+    Proxied(reqwest::Error),
+}
+
+impl From<reqwest::Error> for SendError {
+    fn from(error: reqwest::Error) -> Self {
+        SendError::Proxied(error)
+    }
+}
+
+/// A body that broke off.
+#[derive(Debug)]
+pub(super) enum BodyError {
+    Direct(hyper::Error),
+    Proxied(reqwest::Error),
+}
+
+/// The pieces of a response body as they arrive.
+pub(super) type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>;
+
+/// A response whose head arrived.
+pub(super) struct Answer {
+    pub(super) status: http::StatusCode,
+    pub(super) headers: HeaderMap,
+    pub(super) body: BodyStream,
+}
+
+impl From<reqwest::Response> for Answer {
+    fn from(response: reqwest::Response) -> Self {
+        let status = response.status();
+        let headers = response.headers().clone();
+        Answer {
+            status,
+            headers,
+            body: Box::pin(response.bytes_stream().map_err(BodyError::Proxied)),
+        }
+    }
+}
+
+impl Answer {
+    /// Whether the body is JSON (`Content-Type: application/json`).
+    pub(super) fn is_json(&self) -> bool {
+        self.headers
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| {
+                ct.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("application/json")
+            })
+    }
+}
 
 /// Adds `Authorization: Bearer KEY` to `headers` when `key` is set and not empty, marked
 /// sensitive (never logged).
@@ -76,37 +282,54 @@ impl Transport {
         text
     }
 
-    /// Maps a reqwest failure to [`LlmError::Timeout`] or [`LlmError::Connect`], with the
-    /// whole cause chain (reqwest's own message is often just "error sending request").
-    pub(super) fn error(&self, error: reqwest::Error) -> LlmError {
-        let error = error.without_url();
-        if error.is_timeout() {
-            return LlmError::Timeout(if error.is_connect() {
-                self.connect_timeout
-            } else {
-                self.request_timeout
-            });
+    /// Maps a failure to send to [`LlmError::Timeout`] or [`LlmError::Connect`], with the
+    /// whole cause chain (the clients' own message is often just "error sending request").
+    pub(super) fn error(&self, error: impl Into<SendError>) -> LlmError {
+        match error.into() {
+            SendError::Proxied(error) => {
+                let error = error.without_url();
+                if error.is_timeout() {
+                    return LlmError::Timeout(if error.is_connect() {
+                        self.connect_timeout
+                    } else {
+                        self.request_timeout
+                    });
+                }
+                LlmError::Connect(self.redact(&chain(&error)))
+            }
+            SendError::Direct(error) => {
+                if error.is_connect() && timed_out(&error) {
+                    return LlmError::Timeout(self.connect_timeout);
+                }
+                LlmError::Connect(self.redact(&chain(&error)))
+            }
         }
-        let mut message = error.to_string();
-        let mut source = std::error::Error::source(&error);
-        while let Some(cause) = source {
-            message.push_str(": ");
-            message.push_str(&cause.to_string());
-            source = cause.source();
+    }
+
+    /// A body that broke off after the response began: the answer is incomplete.
+    fn body_error(&self, error: BodyError) -> LlmError {
+        match error {
+            BodyError::Proxied(error) => match self.error(error) {
+                LlmError::Connect(why) => LlmError::Interrupted(why),
+                other => other,
+            },
+            BodyError::Direct(error) if error.is_timeout() => {
+                LlmError::Timeout(self.request_timeout)
+            }
+            BodyError::Direct(error) => LlmError::Interrupted(self.redact(&chain(&error))),
         }
-        LlmError::Connect(self.redact(&message))
     }
 
     /// The response body, failing with [`LlmError::Timeout`] when it falls silent for
     /// longer than `idle_timeout`; with `first`, its first piece waits that long instead.
     pub(super) fn body_stream(
         self: &Arc<Self>,
-        response: reqwest::Response,
+        body: BodyStream,
         first: Option<FirstPiece>,
     ) -> impl Stream<Item = Result<Bytes, LlmError>> + Send + use<> {
         let idle = self.idle_timeout;
         let transport = Arc::clone(self);
-        let inner = Box::pin(response.bytes_stream());
+        let inner = body;
         futures::stream::unfold(Some((inner, first)), move |state| {
             let transport = Arc::clone(&transport);
             async move {
@@ -123,31 +346,36 @@ impl Transport {
                     Ok(None) => None,
                     Ok(Some(Ok(bytes))) => Some((Ok(bytes), Some((inner, None)))),
                     // The response had begun: whatever broke, the answer is incomplete.
-                    Ok(Some(Err(e))) => {
-                        let error = match transport.error(e) {
-                            LlmError::Connect(why) => LlmError::Interrupted(why),
-                            other => other,
-                        };
-                        Some((Err(error), None))
-                    }
+                    Ok(Some(Err(e))) => Some((Err(transport.body_error(e)), None)),
                 }
             }
         })
     }
 
     /// [`LlmError::Status`] for a non-success response, with a bounded, redacted body.
-    pub(super) async fn status_error(&self, mut response: reqwest::Response) -> LlmError {
-        let status = response.status().as_u16();
-        let retry_after = retry_after(response.headers());
+    pub(super) async fn status_error(&self, answer: impl Into<Answer>) -> LlmError {
+        let mut answer = answer.into();
+        let status = answer.status.as_u16();
+        let retry_after = retry_after(&answer.headers);
         let mut body = Vec::new();
         // A broken or slow error body still leaves the status, which is what matters.
         while body.len() < ERROR_BODY_BYTES {
-            match tokio::time::timeout(self.idle_timeout, response.chunk()).await {
-                Ok(Ok(Some(piece))) => body.extend_from_slice(&piece),
+            match tokio::time::timeout(self.idle_timeout, answer.body.next()).await {
+                Ok(Some(Ok(piece))) => body.extend_from_slice(&piece),
                 _ => break,
             }
         }
-        let text = String::from_utf8_lossy(&body);
+        let mut text = String::from_utf8_lossy(&body).into_owned();
+        // Redirects are not followed (a POST's body would be lost or resent elsewhere): the
+        // operator is told where the endpoint moved.
+        if let Some(to) = answer
+            .headers
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .filter(|_| answer.status.is_redirection())
+        {
+            text = format!("the endpoint moved to {to}: set the base URL to it. {text}");
+        }
         let text = crate::text::clip_with(&text, ERROR_BODY_CHARS, |_| "… (truncated)".into());
         LlmError::Status {
             status,
@@ -155,6 +383,33 @@ impl Transport {
             retry_after,
         }
     }
+}
+
+/// `error` and its causes, `: `-separated.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// Whether a cause of `error` is an I/O timeout (the connect timeout of hyper's connector).
+fn timed_out(error: &dyn std::error::Error) -> bool {
+    let mut source = error.source();
+    while let Some(cause) = source {
+        if cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// The wait a server asked for: `retry-after-ms` (OpenAI, Azure), else `Retry-After` as
@@ -179,4 +434,142 @@ pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     // seconds forms are tested, and they read no clock.
     let wait = date.with_timezone(&chrono::Utc) - chrono::Utc::now();
     Some(wait.to_std().unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use axum::http::HeaderMap as SeenHeaders;
+
+    use super::*;
+
+    /// Both ways of posting send the same request and read the same answer.
+    #[tokio::test]
+    async fn direct_and_proxied_posts_send_and_read_the_same() {
+        let seen: Arc<Mutex<Vec<(SeenHeaders, Bytes)>>> = Arc::default();
+        let record = Arc::clone(&seen);
+        let app = axum::Router::new().route(
+            "/v1/x",
+            axum::routing::post(move |headers: SeenHeaders, body: Bytes| async move {
+                record.lock().unwrap().push((headers, body));
+                (
+                    [("content-type", "application/json"), ("retry-after", "3")],
+                    "{}",
+                )
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut headers = HeaderMap::new();
+        headers.insert("x-extra", reqwest::header::HeaderValue::from_static("yes"));
+        for proxied in [false, true] {
+            let poster = Poster::new(
+                format!("http://{addr}/v1/x"),
+                headers.clone(),
+                "text/event-stream",
+                Duration::from_secs(2),
+            )
+            .unwrap();
+            let poster =
+                Poster::build(poster.url, poster.headers, Duration::from_secs(2), proxied).unwrap();
+            let mut answer = poster.post(b"{\"a\":1}".to_vec()).await.unwrap();
+            assert_eq!(answer.status, http::StatusCode::OK);
+            assert!(answer.is_json());
+            assert_eq!(retry_after(&answer.headers), Some(Duration::from_secs(3)));
+            let mut body = Vec::new();
+            while let Some(piece) = answer.body.next().await {
+                body.extend_from_slice(&piece.unwrap());
+            }
+            assert_eq!(body, b"{}");
+        }
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        for (headers, body) in seen.iter() {
+            assert_eq!(body.as_ref(), b"{\"a\":1}");
+            assert_eq!(headers["x-extra"], "yes");
+            assert_eq!(headers["accept"], "text/event-stream");
+            assert_eq!(headers["content-type"], "application/json");
+            assert_eq!(headers["content-length"], "7");
+            assert_eq!(headers["host"], addr.to_string());
+            assert!(
+                headers["user-agent"]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("parlor/")
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_not_followed_and_says_where_the_endpoint_went() {
+        let app = axum::Router::new().route(
+            "/v1/x",
+            axum::routing::post(|| async {
+                (
+                    axum::http::StatusCode::PERMANENT_REDIRECT,
+                    [("location", "https://api.example.com/v1/x")],
+                    "",
+                )
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let transport = Transport {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(2),
+            secrets: Vec::new(),
+        };
+        let poster = Poster::new(
+            format!("http://{addr}/v1/x"),
+            HeaderMap::new(),
+            "text/event-stream",
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        let answer = poster.post(Vec::new()).await.unwrap();
+        match transport.status_error(answer).await {
+            LlmError::Status { status, body, .. } => {
+                assert_eq!(status, 308);
+                assert!(
+                    body.contains("moved to https://api.example.com/v1/x"),
+                    "{body}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connect_error_either_way() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let transport = Transport {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(2),
+            secrets: Vec::new(),
+        };
+        for proxied in [false, true] {
+            let poster = Poster::build(
+                format!("http://{addr}/v1/x"),
+                HeaderMap::new(),
+                Duration::from_secs(2),
+                proxied,
+            )
+            .unwrap();
+            let Err(error) = poster.post(Vec::new()).await else {
+                panic!("nothing listens there");
+            };
+            let error = transport.error(error);
+            assert!(
+                matches!(&error, LlmError::Connect(why) if why.contains("refused")),
+                "{error:?}"
+            );
+        }
+    }
 }

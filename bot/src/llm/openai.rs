@@ -12,13 +12,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use secrecy::SecretString;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::body;
-use super::http::{FirstPiece, Transport};
+use super::http::{FirstPiece, Poster, Transport};
 pub use super::retry::{RetryPolicy, Retrying};
 use super::stream::{MAX_STREAM_BYTES, StreamAssembler, assemble, error_message};
 use super::wire::{ChatRequest, Completion};
@@ -80,17 +80,14 @@ impl fmt::Debug for OpenAiConfig {
     }
 }
 
-/// The reqwest implementation of [`LlmBackend`] for OpenAI-compatible servers. One attempt
+/// The HTTP implementation of [`LlmBackend`] for OpenAI-compatible servers. One attempt
 /// per call; wrap it in [`Retrying`] (see [`OpenAiClient::with_retries`]) for retries.
 #[derive(Clone)]
 pub struct OpenAiClient {
-    http: reqwest::Client,
+    http: Arc<Poster>,
     config: Arc<OpenAiConfig>,
     // Timeouts and secrets, shared with every body stream in flight.
     transport: Arc<Transport>,
-    url: String,
-    /// `url`, parsed once (`None` if it does not parse: the request then fails as before).
-    parsed_url: Option<reqwest::Url>,
     /// The system prompts' JSON, written once (`body.rs`).
     system: Arc<body::SystemCache>,
     /// The wait for the answer to begin, as configured or sized for the endpoint.
@@ -140,7 +137,7 @@ pub fn is_local_endpoint(base_url: &str) -> bool {
 impl fmt::Debug for OpenAiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiClient")
-            .field("url", &self.url)
+            .field("url", &self.http.url())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -164,13 +161,13 @@ impl OpenAiClient {
             headers.insert(header_name, header_value);
         }
         super::http::bearer(&mut headers, config.api_key.as_ref())?;
-        let http = crate::net::pooled(reqwest::Client::builder())
-            .connect_timeout(config.connect_timeout)
-            .default_headers(headers)
-            .user_agent(concat!("parlor/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| LlmError::Connect(format!("cannot build the HTTP client: {e}")))?;
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        let http = Arc::new(Poster::new(
+            url,
+            headers,
+            "text/event-stream",
+            config.connect_timeout,
+        )?);
         let local = is_local_endpoint(&config.base_url);
         let first_byte = config.first_byte_timeout.unwrap_or(if local {
             LOCAL_FIRST_BYTE
@@ -197,9 +194,7 @@ impl OpenAiClient {
             http,
             config: Arc::new(config),
             transport,
-            parsed_url: reqwest::Url::parse(&url).ok(),
             system: Arc::default(),
-            url,
             first_byte,
             local,
         })
@@ -221,7 +216,7 @@ impl OpenAiClient {
 
     /// The URL requests are POSTed to.
     pub fn endpoint(&self) -> &str {
-        &self.url
+        self.http.url()
     }
 
     /// Exactly the JSON body POSTed for `request`: its fields, plus `"stream": true` and
@@ -294,32 +289,14 @@ impl OpenAiClient {
             serde_json::to_vec(&Self::request_body(request)).unwrap_or_default()
         });
         let sent = tokio::time::Instant::now();
-        let post = match &self.parsed_url {
-            Some(url) => self.http.post(url.clone()),
-            None => self.http.post(&self.url),
-        };
-        let send = post
-            .header(header::ACCEPT, "text/event-stream")
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send();
-        let response = tokio::time::timeout(self.first_byte, send)
+        let response = tokio::time::timeout(self.first_byte, self.http.post(body))
             .await
             .map_err(|_| self.no_answer())?
             .map_err(|e| self.transport.error(e))?;
-        let status = response.status();
-        if !status.is_success() {
+        if !response.status.is_success() {
             return Err(self.transport.status_error(response).await);
         }
-        let is_json = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| {
-                ct.trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("application/json")
-            });
+        let is_json = response.is_json();
         // Some servers send the headers at once and the first token when it is ready. A
         // remote server that sent its headers still gets a whole idle window for it, as
         // before the first-byte limit existed.
@@ -337,7 +314,7 @@ impl OpenAiClient {
             },
             reported: self.first_byte,
         };
-        let bytes = self.transport.body_stream(response, Some(first));
+        let bytes = self.transport.body_stream(response.body, Some(first));
         if is_json {
             return self.json_completion(bytes).await;
         }
