@@ -43,6 +43,13 @@ pub fn has_breaks(text: &str) -> bool {
 pub fn block_with(text: &str, indent: &str) -> String {
     let mut out = String::with_capacity(text.len() + indent.len() * 4);
     out.push_str(indent);
+    push_lines(&mut out, text, indent);
+    out
+}
+
+/// [`block_with`] without the first line's indentation, appended to `out`: for text that
+/// continues a line the program wrote (an attribution).
+pub fn push_lines(out: &mut String, text: &str, indent: &str) {
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
         if is_break(c) {
@@ -57,7 +64,6 @@ pub fn block_with(text: &str, indent: &str) -> String {
             out.push(c);
         }
     }
-    out
 }
 
 /// [`block_with`] the usual two spaces.
@@ -85,6 +91,22 @@ pub fn one_line(text: &str, max: usize) -> String {
 /// A display name that cannot pose as an attribution: [`one_line`] without the marks of
 /// one (`(`, `)`, `:` and their look-alikes); `someone` when nothing is left.
 pub fn name(text: &str, max: usize) -> String {
+    // Most names are already one clean line; they are kept as they are.
+    let mut previous = ' ';
+    let mut count = 0;
+    let clean = text.chars().all(|c| {
+        count += 1;
+        let ok = !c.is_control()
+            && !is_break(c)
+            && !ATTRIBUTION_MARKS.contains(&c)
+            && (c == ' ' || !c.is_whitespace())
+            && (c != ' ' || previous != ' ');
+        previous = c;
+        ok
+    });
+    if clean && previous != ' ' && count <= max {
+        return text.to_owned();
+    }
     let cleaned: String = text
         .chars()
         .map(|c| {
@@ -136,6 +158,52 @@ pub fn looks_attributed(line: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clean_name_kept_as_is_is_what_cleaning_would_give() {
+        // The cleaning `name` does when its quick check fails.
+        let cleaned = |text: &str, max: usize| {
+            let marks: String = text
+                .chars()
+                .map(|c| {
+                    if ATTRIBUTION_MARKS.contains(&c) {
+                        ' '
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            let line = one_line(&marks, max);
+            if line.is_empty() {
+                "someone".to_owned()
+            } else {
+                line
+            }
+        };
+        for text in [
+            "alice",
+            "Bob Smith",
+            "Зоя",
+            "李雷",
+            "a b c",
+            " lead",
+            "trail ",
+            "two  spaces",
+            "tab\there",
+            "nbsp\u{a0}x",
+            "x(y)",
+            "boss：1",
+            "line\nbreak",
+            "",
+            " ",
+            "éé",
+            "a name far longer than the limit allows",
+        ] {
+            for max in [3, 10, 64] {
+                assert_eq!(name(text, max), cleaned(text, max), "{text:?} {max}");
+            }
+        }
+    }
 
     #[test]
     fn every_line_of_a_block_is_indented() {

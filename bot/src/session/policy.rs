@@ -90,27 +90,24 @@ pub(super) fn addressed(config: &SessionConfig, message: &IncomingMessage) -> Ad
 /// One message as an input line: `name (id): text`, further lines indented by two spaces
 /// (every kind of line break, [`crate::quote::block`]), the text cut to `max_chars`.
 pub fn attribute(sender: &Sender, text: &str, max_chars: usize) -> String {
-    let text = truncate_chars(text.trim(), max_chars);
-    let body = crate::quote::block(&text);
-    format!(
-        "{} ({}): {}",
-        crate::quote::name(&sender.name, MAX_NAME_CHARS),
-        clean_id(&sender.id),
-        &body[crate::quote::INDENT.len()..]
-    )
+    let text = crate::text::clip_with(text.trim(), max_chars, |_| "… [cut]".into());
+    let name = crate::quote::name(&sender.name, MAX_NAME_CHARS);
+    let mut line = String::with_capacity(name.len() + sender.id.len() + text.len() + 8);
+    line.push_str(&name);
+    line.push_str(" (");
+    push_clean_id(&mut line, &sender.id);
+    line.push_str("): ");
+    crate::quote::push_lines(&mut line, &text, crate::quote::INDENT);
+    line
 }
 
 /// Ids come from the adapters, but a platform's ids are still outside input.
-fn clean_id(id: &str) -> String {
-    id.chars()
-        .filter(|c| !c.is_control() && !c.is_whitespace() && !matches!(c, '(' | ')'))
-        .take(MAX_NAME_CHARS)
-        .collect()
-}
-
-/// `text` cut to `max` characters, saying so.
-pub(super) fn truncate_chars(text: &str, max: usize) -> String {
-    crate::text::clip_with(text, max, |_| "… [cut]".into()).into_owned()
+fn push_clean_id(out: &mut String, id: &str) {
+    out.extend(
+        id.chars()
+            .filter(|c| !c.is_control() && !c.is_whitespace() && !matches!(c, '(' | ')'))
+            .take(MAX_NAME_CHARS),
+    );
 }
 
 #[cfg(test)]
