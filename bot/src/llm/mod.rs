@@ -5,8 +5,9 @@
 //!   the store keeps history in its own form (`store/history.rs`).
 //! - [`stream`]: assembles streamed chunks (content, reasoning, tool-call deltas by `index`)
 //!   into one [`Completion`].
-//! - [`openai`]: [`OpenAiClient`], the HTTP implementation of [`LlmBackend`] (hyper, or reqwest through a proxy), with SSE
-//!   framing, timeouts and retries; `body.rs` writes its request bodies.
+//! - [`openai`]: [`OpenAiClient`], the HTTP implementation of [`LlmBackend`] (hyper, or
+//!   reqwest through a proxy: `http.rs`), with SSE framing, timeouts and retries; `body.rs`
+//!   writes its request bodies.
 //! - [`failover`]: [`Failover`], the primary and its fallbacks as one backend, each with a
 //!   circuit breaker.
 //! - [`anthropic`]: [`AnthropicClient`], the same for Anthropic's Messages API, spoken
