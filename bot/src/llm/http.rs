@@ -69,9 +69,21 @@ impl Poster {
     /// [`LlmError::Connect`] when the TLS backend cannot be set up.
     pub(super) fn new(
         url: String,
+        headers: HeaderMap,
+        accept: &'static str,
+        connect_timeout: Duration,
+    ) -> Result<Poster, LlmError> {
+        let proxied = PROXY_VARS.iter().any(|v| std::env::var_os(v).is_some());
+        Self::build(url, headers, accept, connect_timeout, proxied)
+    }
+
+    /// [`Poster::new`], through reqwest when `proxied`.
+    fn build(
+        url: String,
         mut headers: HeaderMap,
         accept: &'static str,
         connect_timeout: Duration,
+        proxied: bool,
     ) -> Result<Poster, LlmError> {
         use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue, USER_AGENT};
         headers.insert(ACCEPT, HeaderValue::from_static(accept));
@@ -80,17 +92,6 @@ impl Poster {
             USER_AGENT,
             HeaderValue::from_static(concat!("parlor/", env!("CARGO_PKG_VERSION"))),
         );
-        let proxied = PROXY_VARS.iter().any(|v| std::env::var_os(v).is_some());
-        Self::build(url, headers, connect_timeout, proxied)
-    }
-
-    /// [`Poster::new`] once the headers are complete, through reqwest when `proxied`.
-    fn build(
-        url: String,
-        headers: HeaderMap,
-        connect_timeout: Duration,
-        proxied: bool,
-    ) -> Result<Poster, LlmError> {
         let uri = url
             .parse::<http::Uri>()
             .ok()
@@ -465,15 +466,14 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-extra", reqwest::header::HeaderValue::from_static("yes"));
         for proxied in [false, true] {
-            let poster = Poster::new(
+            let poster = Poster::build(
                 format!("http://{addr}/v1/x"),
                 headers.clone(),
                 "text/event-stream",
                 Duration::from_secs(2),
+                proxied,
             )
             .unwrap();
-            let poster =
-                Poster::build(poster.url, poster.headers, Duration::from_secs(2), proxied).unwrap();
             let mut answer = poster.post(b"{\"a\":1}".to_vec()).await.unwrap();
             assert_eq!(answer.status, http::StatusCode::OK);
             assert!(answer.is_json());
@@ -523,11 +523,13 @@ mod tests {
             idle_timeout: Duration::from_secs(2),
             secrets: Vec::new(),
         };
-        let poster = Poster::new(
+        // As if no proxy were set, whatever the environment holds.
+        let poster = Poster::build(
             format!("http://{addr}/v1/x"),
             HeaderMap::new(),
             "text/event-stream",
             Duration::from_secs(2),
+            false,
         )
         .unwrap();
         let answer = poster.post(Vec::new()).await.unwrap();
@@ -541,6 +543,45 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// An `https` endpoint is spoken to in TLS: the server sees a ClientHello (a handshake
+    /// record, then message type 1), and a server that hangs up is a connect error.
+    #[tokio::test]
+    async fn an_https_endpoint_gets_a_tls_handshake() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 6];
+            socket.read_exact(&mut head).await.unwrap();
+            head
+        });
+        // As if no proxy were set, whatever the environment holds.
+        let poster = Poster::build(
+            format!("https://{addr}/v1/x"),
+            HeaderMap::new(),
+            "text/event-stream",
+            Duration::from_secs(2),
+            false,
+        )
+        .unwrap();
+        assert!(matches!(poster.via, Via::Direct { .. }));
+        let (head, posted) = tokio::join!(server, poster.post(Vec::new()));
+        let head = head.unwrap();
+        assert_eq!(head[0], 0x16, "a TLS handshake record: {head:?}");
+        assert_eq!(head[5], 0x01, "a ClientHello: {head:?}");
+        let Err(error) = posted else {
+            panic!("the server hung up");
+        };
+        let transport = Transport {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(2),
+            secrets: Vec::new(),
+        };
+        assert!(matches!(transport.error(error), LlmError::Connect(_)));
     }
 
     #[tokio::test]
@@ -558,6 +599,7 @@ mod tests {
             let poster = Poster::build(
                 format!("http://{addr}/v1/x"),
                 HeaderMap::new(),
+                "text/event-stream",
                 Duration::from_secs(2),
                 proxied,
             )
