@@ -68,15 +68,7 @@ fn advice() -> String {
 /// connection), or `None` when it can, or when a proxy is set (the connection would go
 /// through it, so a direct one proves nothing).
 async fn endpoint_unreachable(base: &str) -> Option<String> {
-    const PROXY_VARS: [&str; 6] = [
-        "HTTPS_PROXY",
-        "https_proxy",
-        "HTTP_PROXY",
-        "http_proxy",
-        "ALL_PROXY",
-        "all_proxy",
-    ];
-    if PROXY_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
+    if parlor_bot::net::proxy_set() {
         return None;
     }
     // A malformed URL is `check-config`'s to report.

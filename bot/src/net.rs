@@ -21,3 +21,19 @@ pub fn pooled(builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
         .pool_max_idle_per_host(IDLE_CONNECTIONS_PER_HOST)
         .pool_idle_timeout(IDLE_CONNECTION_TIMEOUT)
 }
+
+/// The environment variables through which reqwest sends requests via a proxy.
+const PROXY_VARS: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// Whether a proxy is set in the environment (`HTTPS_PROXY` and the like): requests then go
+/// through it, and a direct connection proves nothing about reaching an endpoint.
+pub fn proxy_set() -> bool {
+    PROXY_VARS.iter().any(|v| std::env::var_os(v).is_some())
+}

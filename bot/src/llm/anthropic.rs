@@ -201,12 +201,7 @@ impl AnthropicClient {
             headers.insert(HeaderName::from_static("x-api-key"), value);
         }
         let url = format!("{}/v1/messages", config.base_url.trim_end_matches('/'));
-        let http = Arc::new(Poster::new(
-            url,
-            headers,
-            "text/event-stream",
-            config.connect_timeout,
-        )?);
+        let http = Arc::new(Poster::new(url, headers, config.connect_timeout)?);
         let transport = Arc::new(Transport {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,

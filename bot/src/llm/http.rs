@@ -17,16 +17,6 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::LlmError;
 
-/// The environment variables through which reqwest sends requests via a proxy.
-const PROXY_VARS: [&str; 6] = [
-    "HTTPS_PROXY",
-    "https_proxy",
-    "HTTP_PROXY",
-    "http_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-];
-
 /// POSTs request bodies to one endpoint, with fixed headers, over a pool of kept-alive
 /// connections. hyper's client directly, which does per request only what a POST needs; when
 /// a proxy is set in the environment (`HTTPS_PROXY` and the like, with `NO_PROXY`), reqwest,
@@ -62,31 +52,28 @@ impl std::fmt::Debug for Poster {
 }
 
 impl Poster {
-    /// A poster to `url` sending `headers` (marked sensitive where secret), `Accept` and
-    /// `Content-Type` (JSON) with every request.
+    /// A poster to `url` sending `headers` (marked sensitive where secret), `Accept:
+    /// text/event-stream` and `Content-Type: application/json` with every request.
     ///
     /// # Errors
     /// [`LlmError::Connect`] when the TLS backend cannot be set up.
     pub(super) fn new(
         url: String,
         headers: HeaderMap,
-        accept: &'static str,
         connect_timeout: Duration,
     ) -> Result<Poster, LlmError> {
-        let proxied = PROXY_VARS.iter().any(|v| std::env::var_os(v).is_some());
-        Self::build(url, headers, accept, connect_timeout, proxied)
+        Self::build(url, headers, connect_timeout, crate::net::proxy_set())
     }
 
     /// [`Poster::new`], through reqwest when `proxied`.
     fn build(
         url: String,
         mut headers: HeaderMap,
-        accept: &'static str,
         connect_timeout: Duration,
         proxied: bool,
     ) -> Result<Poster, LlmError> {
         use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue, USER_AGENT};
-        headers.insert(ACCEPT, HeaderValue::from_static(accept));
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(
             USER_AGENT,
@@ -445,6 +432,15 @@ mod tests {
 
     use super::*;
 
+    fn transport() -> Transport {
+        Transport {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(2),
+            secrets: Vec::new(),
+        }
+    }
+
     /// Both ways of posting send the same request and read the same answer.
     #[tokio::test]
     async fn direct_and_proxied_posts_send_and_read_the_same() {
@@ -469,7 +465,6 @@ mod tests {
             let poster = Poster::build(
                 format!("http://{addr}/v1/x"),
                 headers.clone(),
-                "text/event-stream",
                 Duration::from_secs(2),
                 proxied,
             )
@@ -517,17 +512,11 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let transport = Transport {
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(2),
-            idle_timeout: Duration::from_secs(2),
-            secrets: Vec::new(),
-        };
+        let transport = transport();
         // As if no proxy were set, whatever the environment holds.
         let poster = Poster::build(
             format!("http://{addr}/v1/x"),
             HeaderMap::new(),
-            "text/event-stream",
             Duration::from_secs(2),
             false,
         )
@@ -562,7 +551,6 @@ mod tests {
         let poster = Poster::build(
             format!("https://{addr}/v1/x"),
             HeaderMap::new(),
-            "text/event-stream",
             Duration::from_secs(2),
             false,
         )
@@ -575,12 +563,7 @@ mod tests {
         let Err(error) = posted else {
             panic!("the server hung up");
         };
-        let transport = Transport {
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(2),
-            idle_timeout: Duration::from_secs(2),
-            secrets: Vec::new(),
-        };
+        let transport = transport();
         assert!(matches!(transport.error(error), LlmError::Connect(_)));
     }
 
@@ -589,17 +572,11 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         drop(listener);
-        let transport = Transport {
-            connect_timeout: Duration::from_secs(2),
-            request_timeout: Duration::from_secs(2),
-            idle_timeout: Duration::from_secs(2),
-            secrets: Vec::new(),
-        };
+        let transport = transport();
         for proxied in [false, true] {
             let poster = Poster::build(
                 format!("http://{addr}/v1/x"),
                 HeaderMap::new(),
-                "text/event-stream",
                 Duration::from_secs(2),
                 proxied,
             )

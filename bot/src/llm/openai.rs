@@ -162,12 +162,7 @@ impl OpenAiClient {
         }
         super::http::bearer(&mut headers, config.api_key.as_ref())?;
         let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
-        let http = Arc::new(Poster::new(
-            url,
-            headers,
-            "text/event-stream",
-            config.connect_timeout,
-        )?);
+        let http = Arc::new(Poster::new(url, headers, config.connect_timeout)?);
         let local = is_local_endpoint(&config.base_url);
         let first_byte = config.first_byte_timeout.unwrap_or(if local {
             LOCAL_FIRST_BYTE
