@@ -53,7 +53,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use eventsource_stream::{EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use secrecy::{ExposeSecret, SecretString};
@@ -63,7 +62,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::http::{Poster, Transport};
 use super::retry::{RetryPolicy, Retrying};
-use super::stream::{MAX_STREAM_BYTES, error_message, line_pieces, preview};
+use super::stream::{MAX_STREAM_BYTES, error_message, for_each_data, preview};
 use super::wire::{
     ChatRequest, Completion, Content, ContentPart, Message, ThinkingBlock, ToolCall, ToolChoice,
     UNSHOWN_IMAGE, Usage,
@@ -888,29 +887,17 @@ fn stream_error(error: &Value, redact: impl Fn(&str) -> String) -> LlmError {
 ///
 /// # Errors
 /// The transport's own error, converted; an `error` event's error; [`LlmError::Malformed`]
-/// for data that is not an event, bytes that are not UTF-8, more than
-/// [`MAX_STREAM_BYTES`], or a stream without any event; [`LlmError::Interrupted`] for a
+/// for data that is not an event, more than [`MAX_STREAM_BYTES`], or a stream without any
+/// event (bytes that are not UTF-8 are read as U+FFFD); [`LlmError::Interrupted`] for a
 /// stream that ended before `message_stop`.
 pub async fn assemble<S, E>(bytes: S) -> Result<Completion, LlmError>
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: Into<LlmError>,
 {
-    let mut events = std::pin::pin!(line_pieces(bytes).eventsource());
     let mut assembler = MessageAssembler::new();
-    while let Some(event) = events.next().await {
-        let event = event.map_err(|e| match e {
-            EventStreamError::Transport(e) => e,
-            EventStreamError::Utf8(e) => {
-                LlmError::Malformed(format!("the stream is not UTF-8: {e}"))
-            }
-            EventStreamError::Parser(e) => {
-                LlmError::Malformed(format!("the stream is not server-sent events: {e}"))
-            }
-        })?;
-        if assembler.push_data(&event.data)? {
-            return Ok(assembler.completion());
-        }
+    if for_each_data(bytes, |data| assembler.push_data(data)).await? {
+        return Ok(assembler.completion());
     }
     if assembler.events() == 0 {
         return Err(LlmError::Malformed(

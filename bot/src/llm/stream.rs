@@ -15,18 +15,16 @@
 //!   (Perplexity repeats a growing usage in every chunk);
 //! - `{"error": ...}` is an error, never text; data that is not JSON is [`LlmError::Malformed`].
 //!
-//! SSE framing is left to `eventsource-stream`; [`assemble`] only feeds it one event at a time
-//! (so does the Anthropic client's, through the same `line_pieces`).
+//! SSE framing is left to `sse-parse`, through [`for_each_data`] (the Anthropic client's too).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, VecDeque};
-use std::pin::Pin;
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use eventsource_stream::{EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::Value;
+use sse_parse::SseParser;
 
 use super::LlmError;
 use super::wire::{Completion, ToolCall, Usage};
@@ -455,29 +453,15 @@ pub(crate) fn preview(text: &str) -> String {
 ///
 /// # Errors
 /// The transport's own error, converted; [`LlmError::Stream`] for an error chunk;
-/// [`LlmError::Malformed`] for data that is not a chunk, bytes that are not UTF-8, more than
-/// [`MAX_STREAM_BYTES`], or a stream that carried no chunk at all.
+/// [`LlmError::Malformed`] for data that is not a chunk, more than [`MAX_STREAM_BYTES`], or a
+/// stream that carried no chunk at all. Bytes that are not UTF-8 are read as U+FFFD.
 pub async fn assemble<S, E>(bytes: S) -> Result<StreamAssembler, LlmError>
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: Into<LlmError>,
 {
-    let mut events = std::pin::pin!(line_pieces(bytes).eventsource());
     let mut assembler = StreamAssembler::new();
-    while let Some(event) = events.next().await {
-        let event = event.map_err(|e| match e {
-            EventStreamError::Transport(e) => e,
-            EventStreamError::Utf8(e) => {
-                LlmError::Malformed(format!("the stream is not UTF-8: {e}"))
-            }
-            EventStreamError::Parser(e) => {
-                LlmError::Malformed(format!("the stream is not server-sent events: {e}"))
-            }
-        })?;
-        if assembler.push_data(&event.data)? {
-            break;
-        }
-    }
+    for_each_data(bytes, |data| assembler.push_data(data)).await?;
     if assembler.chunks() == 0 {
         return Err(LlmError::Malformed(
             "empty response: the stream ended before any chat-completion chunk".to_owned(),
@@ -486,147 +470,113 @@ where
     Ok(assembler)
 }
 
-/// A piece of [`line_pieces`] longer than this ends at its next line ending even inside an
-/// event, so that an event of many lines is not copied once per line.
-const PIECE_BYTES: usize = 1024;
-
-/// State of [`line_pieces`].
-struct Lines<S> {
-    inner: Pin<Box<S>>,
-    pending: VecDeque<Bytes>,
-    total: usize,
-    last_byte: Option<u8>,
-    finished: bool,
-}
-
-/// Re-cuts the byte stream so that a piece holds at most one event: it ends after the blank
-/// line that ends an event, or after the first line ending past [`PIECE_BYTES`].
+/// Reads the server-sent events of `bytes` and hands each event's data to `on_data`, until
+/// `on_data` says it has seen the last one (`Ok(true)`, then this returns `Ok(true)`) or the
+/// stream ends (`Ok(false)`). Each read is fed to `sse-parse` as it comes: it finds the lines
+/// with `memchr` and keeps only an unfinished line between reads.
 ///
-/// `eventsource-stream` copies the rest of its buffer after every line it consumes, so one
-/// large read holding many events costs time quadratic in its size; fed event by event it
-/// stays linear (an event's rest is a line or two). Each piece also costs it a UTF-8 check and
-/// a `String`, so a piece per event rather than per line halves that work for a typical stream
-/// (a `data:` line and a blank line per event).
-/// Cuts only ever happen after `\n`, which never sits inside a UTF-8 character.
-/// Also enforces [`MAX_STREAM_BYTES`] and, when the stream ends on a complete line but
-/// without the blank line that dispatches an event, supplies that blank line.
-pub(crate) fn line_pieces<S, E>(bytes: S) -> impl Stream<Item = Result<Bytes, LlmError>>
+/// A stream that ends on a complete line but without the blank line that dispatches its
+/// last event still dispatches it; a cut-off final line is dropped. Bytes that are not UTF-8
+/// are read as U+FFFD (the data is then no valid chunk, or the text shows the mark).
+///
+/// # Errors
+/// The transport's own error, converted; [`LlmError::Malformed`] past [`MAX_STREAM_BYTES`];
+/// whatever `on_data` returns.
+pub(crate) async fn for_each_data<S, E, F>(bytes: S, mut on_data: F) -> Result<bool, LlmError>
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: Into<LlmError>,
+    F: FnMut(&str) -> Result<bool, LlmError>,
 {
-    let state = Lines {
-        inner: Box::pin(bytes),
-        pending: VecDeque::new(),
-        total: 0,
-        last_byte: None,
-        finished: false,
-    };
-    futures::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(piece) = st.pending.pop_front() {
-                return Some((Ok(piece), st));
-            }
-            if st.finished {
-                return None;
-            }
-            match st.inner.next().await {
-                Some(Ok(bytes)) => {
-                    if bytes.is_empty() {
-                        continue;
-                    }
-                    st.total = st.total.saturating_add(bytes.len());
-                    if st.total > MAX_STREAM_BYTES {
-                        st.finished = true;
-                        let err = LlmError::Malformed(format!(
-                            "the response exceeds {MAX_STREAM_BYTES} bytes"
-                        ));
-                        return Some((Err(err), st));
-                    }
-                    let mut start = 0;
-                    let mut line_start = 0;
-                    for i in (0..bytes.len()).filter(|&i| bytes[i] == b'\n') {
-                        // The line just ended is blank ("\n" or "\r\n"), also when it began
-                        // in the previous read.
-                        let line = &bytes[line_start..i];
-                        let blank = match line {
-                            [] => i > 0 || st.last_byte == Some(b'\n'),
-                            [b'\r'] => i > 1 || (i == 1 && st.last_byte == Some(b'\n')),
-                            _ => false,
-                        };
-                        line_start = i + 1;
-                        if blank || i + 1 - start >= PIECE_BYTES {
-                            st.pending.push_back(bytes.slice(start..=i));
-                            start = i + 1;
-                        }
-                    }
-                    if start < bytes.len() {
-                        st.pending.push_back(bytes.slice(start..));
-                    }
-                    st.last_byte = bytes.last().copied();
-                }
-                Some(Err(e)) => {
-                    st.finished = true;
-                    return Some((Err(e.into()), st));
-                }
-                None => {
-                    st.finished = true;
-                    if st.last_byte == Some(b'\n') {
-                        return Some((Ok(Bytes::from_static(b"\n")), st));
-                    }
-                    return None;
-                }
+    let mut bytes = std::pin::pin!(bytes);
+    let mut parser = SseParser::new();
+    let mut total = 0usize;
+    let mut last_byte = None;
+    while let Some(read) = bytes.next().await {
+        let read = read.map_err(Into::into)?;
+        total = total.saturating_add(read.len());
+        if total > MAX_STREAM_BYTES {
+            return Err(LlmError::Malformed(format!(
+                "the response exceeds {MAX_STREAM_BYTES} bytes"
+            )));
+        }
+        parser.feed(&read);
+        if let Some(&byte) = read.last() {
+            last_byte = Some(byte);
+        }
+        while let Some(event) = parser.next_event() {
+            if on_data(&event.data)? {
+                return Ok(true);
             }
         }
-    })
+    }
+    if last_byte == Some(b'\n') {
+        parser.feed(b"\n");
+        while let Some(event) = parser.next_event() {
+            if on_data(&event.data)? {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The pieces `line_pieces` makes of `reads`.
-    fn pieces(reads: &[&str]) -> Vec<String> {
+    /// The data of the events `for_each_data` finds in `reads`, and whether it stopped early
+    /// (at data `stop`).
+    fn events(reads: &[&[u8]]) -> (Vec<String>, bool) {
         let stream = futures::stream::iter(
             reads
                 .iter()
-                .map(|r| Ok::<_, LlmError>(Bytes::copy_from_slice(r.as_bytes())))
+                .map(|r| Ok::<_, LlmError>(Bytes::copy_from_slice(r)))
                 .collect::<Vec<_>>(),
         );
-        futures::executor::block_on(
-            line_pieces(stream)
-                .map(|p| String::from_utf8(p.expect("piece").to_vec()).expect("utf-8"))
-                .collect(),
-        )
+        let mut got = Vec::new();
+        let stopped = futures::executor::block_on(for_each_data(stream, |data| {
+            got.push(data.to_owned());
+            Ok(data == "stop")
+        }))
+        .expect("events");
+        (got, stopped)
     }
 
     #[test]
-    fn a_piece_ends_with_its_event_also_across_reads_and_with_crlf() {
-        assert_eq!(
-            pieces(&["data: a\n\ndata: b\n", "\ndata: c\r\n\r\ndata: d\n"]),
-            [
-                "data: a\n\n",
-                "data: b\n",
-                "\n",
-                "data: c\r\n\r\n",
-                "data: d\n",
-                // The missing blank line that dispatches the last event.
-                "\n"
-            ]
-        );
-        assert_eq!(
-            pieces(&["data: a\r\n", "\r\nx"]),
-            ["data: a\r\n", "\r\n", "x"]
-        );
+    fn events_are_found_across_reads_and_with_crlf() {
+        let (got, stopped) = events(&[
+            b"data: a\n\ndata: b\n",
+            b"\n: a comment\ndata: c\r\n\r\ndat",
+            b"a: d\ndata\n",
+        ]);
+        // The last event had no dispatching blank line; a line without a colon is a field
+        // with an empty value.
+        assert_eq!(got, ["a", "b", "c", "d\n"]);
+        assert!(!stopped);
     }
 
     #[test]
-    fn a_long_event_is_cut_at_line_ends() {
-        let line = format!("data: {}\n", "x".repeat(PIECE_BYTES));
-        let event = format!("{line}{line}\n");
-        let got = pieces(&[&event]);
-        // The last "\n" is the dispatching blank line supplied at the end, which an event
-        // already dispatched ignores.
-        assert_eq!(got, [line.clone(), line, "\n".to_owned(), "\n".to_owned()]);
+    fn a_cut_off_line_is_dropped_and_a_character_may_be_split() {
+        let (got, _) = events(&[b"data: \xc3", b"\xa9\n\ndata: cut"]);
+        assert_eq!(got, ["\u{e9}"]);
+        let (got, _) = events(&[b"data: \xff\n\n"]);
+        assert_eq!(got, ["\u{fffd}"]);
+    }
+
+    #[test]
+    fn reading_stops_where_the_data_says_so() {
+        let (got, stopped) = events(&[b"data: a\n\ndata: stop\n\ndata: b\n\n"]);
+        assert_eq!(got, ["a", "stop"]);
+        assert!(stopped);
+    }
+
+    #[test]
+    fn a_response_past_the_bound_is_refused() {
+        let big = Bytes::from(vec![b'x'; MAX_STREAM_BYTES]);
+        let stream = futures::stream::iter([Ok::<_, LlmError>(big), Ok(Bytes::from_static(b"y"))]);
+        let err = futures::executor::block_on(for_each_data(stream, |_| Ok(false)))
+            .expect_err("too long");
+        assert!(err.to_string().contains("exceeds"), "{err}");
     }
 }
