@@ -13,9 +13,11 @@
 
 use std::sync::{Mutex, PoisonError};
 
+use bytes::Bytes;
 use serde::Serialize;
 use serde::ser::{SerializeStruct, Serializer};
 
+use super::http::Pieces;
 use super::wire::{
     ChatRequest, Content, ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UNSHOWN_IMAGE,
 };
@@ -26,7 +28,7 @@ use super::wire::{
 #[derive(Debug, Default)]
 pub(crate) struct SystemCache {
     /// (content, its message as JSON), most recently used last.
-    kept: Mutex<Vec<(String, String)>>,
+    kept: Mutex<Vec<(String, Bytes)>>,
 }
 
 /// How many system prompts [`SystemCache`] keeps.
@@ -34,7 +36,7 @@ const SYSTEM_PROMPTS: usize = 8;
 
 impl SystemCache {
     /// The JSON of the system message `content`: kept, or written and kept.
-    fn json(&self, content: &str) -> serde_json::Result<String> {
+    fn json(&self, content: &str) -> serde_json::Result<Bytes> {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(at) = kept.iter().position(|(c, _)| c == content) {
             let entry = kept.remove(at);
@@ -42,9 +44,9 @@ impl SystemCache {
             kept.push(entry);
             return Ok(json);
         }
-        let json = serde_json::to_string(&WireMessage(&Message::System {
+        let json = Bytes::from(serde_json::to_vec(&WireMessage(&Message::System {
             content: content.to_owned(),
-        }))?;
+        }))?);
         if kept.len() >= SYSTEM_PROMPTS {
             kept.remove(0);
         }
@@ -55,19 +57,22 @@ impl SystemCache {
 
 /// The JSON body POSTed for `request`, as [`super::OpenAiClient::request_body`] describes it.
 pub(crate) fn write(request: &ChatRequest) -> Result<Vec<u8>, serde_json::Error> {
-    write_with(request, None)
+    write_with(request, None).map(|body| body.to_vec())
 }
 
-/// [`write`], taking the system message's JSON from `cache` when it holds it.
+/// [`write`] in pieces, taking the system message's JSON from `cache` when it holds it: the
+/// kept JSON of the system message and of the tools is shared by the body, not copied.
 pub(crate) fn write_with(
     request: &ChatRequest,
     cache: Option<&SystemCache>,
-) -> Result<Vec<u8>, serde_json::Error> {
+) -> Result<Pieces, serde_json::Error> {
     if request.holds_internal_parts() {
         tracing::warn!("a request still held image references; they are sent as text");
     }
     let tools = !request.tools.is_empty();
-    let mut out = Vec::with_capacity(estimate(request));
+    let mut out = Vec::with_capacity(estimate(request, cache.is_some()));
+    // Kept JSON, and where in `out` it goes.
+    let mut shared: Vec<(usize, Bytes)> = Vec::new();
     let mut body = Object::start(&mut out);
     if let Some(n) = request.max_completion_tokens {
         body.field("max_completion_tokens", &n)?;
@@ -76,7 +81,7 @@ pub(crate) fn write_with(
         (Some(cache), Some((Message::System { content }, rest))) => {
             body.key("messages");
             body.out.push(b'[');
-            body.out.extend_from_slice(cache.json(content)?.as_bytes());
+            shared.push((body.out.len(), cache.json(content)?));
             for message in rest {
                 body.out.push(b',');
                 serde_json::to_writer(&mut *body.out, &WireMessage(message))?;
@@ -101,10 +106,20 @@ pub(crate) fn write_with(
         if let Some(choice) = &request.tool_choice {
             body.field("tool_choice", choice)?;
         }
-        body.raw("tools", request.tools.wire_json());
+        body.key("tools");
+        shared.push((body.out.len(), request.tools.wire_piece()));
     }
     body.end();
-    Ok(out)
+    let out = Bytes::from(out);
+    let mut pieces = Pieces::default();
+    let mut at = 0;
+    for (to, piece) in shared {
+        pieces.push(out.slice(at..to));
+        pieces.push(piece);
+        at = to;
+    }
+    pieces.push(out.slice(at..));
+    Ok(pieces)
 }
 
 /// The temperature as `request_body` sends it: through its decimal text, so that 0.7 is
@@ -115,12 +130,15 @@ fn temperature(t: f32) -> Option<f64> {
         .and_then(|t| t.to_string().parse::<f64>().ok())
 }
 
-/// About the size of the body, so that the buffer grows once or not at all.
-fn estimate(request: &ChatRequest) -> usize {
+/// About the size of what the body's own buffer holds (not the tools, nor a kept system
+/// message), so that it grows once or not at all.
+fn estimate(request: &ChatRequest, kept_system: bool) -> usize {
     let text: usize = request
         .messages
         .iter()
-        .map(|m| match m {
+        .enumerate()
+        .map(|(at, m)| match m {
+            Message::System { .. } if at == 0 && kept_system => 0,
             Message::System { content } => content.len(),
             Message::User {
                 content: Content::Text(text),
@@ -150,7 +168,7 @@ fn estimate(request: &ChatRequest) -> usize {
         })
         .sum();
     // Escapes, keys and punctuation: a little over the text.
-    text + text / 8 + 64 * request.messages.len() + request.tools.wire_json().len() + 256
+    text + text / 8 + 64 * request.messages.len() + 256
 }
 
 /// A JSON object written key by key; the caller gives the keys in sorted order.
@@ -338,15 +356,25 @@ mod tests {
             for n in 0..SYSTEM_PROMPTS + 2 {
                 let r = request(&format!("You are \"parlor\" #{n}.\n\u{1}\\"), "hi\n");
                 let plain = write(&r).unwrap();
-                assert_eq!(write_with(&r, Some(&cache)).unwrap(), plain, "{round} {n}");
+                assert_eq!(
+                    write_with(&r, Some(&cache)).unwrap().to_vec(),
+                    plain,
+                    "{round} {n}"
+                );
             }
         }
         assert_eq!(cache.kept.lock().unwrap().len(), SYSTEM_PROMPTS);
         // No system message first: written as before.
         let mut r = request("s", "u");
         r.messages.remove(0);
-        assert_eq!(write_with(&r, Some(&cache)).unwrap(), write(&r).unwrap());
+        assert_eq!(
+            write_with(&r, Some(&cache)).unwrap().to_vec(),
+            write(&r).unwrap()
+        );
         r.messages.clear();
-        assert_eq!(write_with(&r, Some(&cache)).unwrap(), write(&r).unwrap());
+        assert_eq!(
+            write_with(&r, Some(&cache)).unwrap().to_vec(),
+            write(&r).unwrap()
+        );
     }
 }

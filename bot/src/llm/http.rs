@@ -3,13 +3,17 @@
 //! into an [`LlmError`], the server's requested wait, and keeping secrets out of every
 //! message.
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
-use http_body_util::{BodyExt, Full};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use reqwest::header::HeaderMap;
@@ -32,7 +36,7 @@ pub(super) struct Poster {
 #[allow(clippy::large_enum_variant)]
 enum Via {
     Direct {
-        client: HyperClient<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+        client: HyperClient<hyper_rustls::HttpsConnector<HttpConnector>, Pieces>,
         uri: http::Uri,
     },
     Proxied(reqwest::Client),
@@ -121,10 +125,11 @@ impl Poster {
     }
 
     /// POSTs `body`; the answer once its head arrived.
-    pub(super) async fn post(&self, body: Vec<u8>) -> Result<Answer, SendError> {
+    pub(super) async fn post(&self, body: impl Into<Pieces>) -> Result<Answer, SendError> {
+        let body = body.into();
         match &self.via {
             Via::Direct { client, uri } => {
-                let mut request = http::Request::new(Full::new(Bytes::from(body)));
+                let mut request = http::Request::new(body);
                 *request.method_mut() = http::Method::POST;
                 *request.uri_mut() = uri.clone();
                 *request.headers_mut() = self.headers.clone();
@@ -140,13 +145,73 @@ impl Poster {
                 let response = client
                     .post(&self.url)
                     .headers(self.headers.clone())
-                    .body(body)
+                    .body(body.to_vec())
                     .send()
                     .await
                     .map_err(SendError::Proxied)?;
                 Ok(Answer::from(response))
             }
         }
+    }
+}
+
+/// A request body in pieces, sent one after another with its whole length announced: the
+/// parts written for this request, and the kept JSON it shares with other requests (the
+/// system prompt, the tools), which is pointed at rather than copied into each body.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pieces {
+    parts: VecDeque<Bytes>,
+    len: u64,
+}
+
+impl Pieces {
+    /// Appends `piece`.
+    pub(crate) fn push(&mut self, piece: Bytes) {
+        if !piece.is_empty() {
+            self.len += piece.len() as u64;
+            self.parts.push_back(piece);
+        }
+    }
+
+    /// The whole body in one buffer (for reqwest, and for tests).
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(usize::try_from(self.len).unwrap_or(0));
+        for part in &self.parts {
+            out.extend_from_slice(part);
+        }
+        out
+    }
+}
+
+impl From<Vec<u8>> for Pieces {
+    fn from(body: Vec<u8>) -> Self {
+        let mut pieces = Pieces::default();
+        pieces.push(Bytes::from(body));
+        pieces
+    }
+}
+
+impl http_body::Body for Pieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        Poll::Ready(this.parts.pop_front().map(|part| {
+            this.len -= part.len() as u64;
+            Ok(Frame::data(part))
+        }))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len)
     }
 }
 
@@ -441,7 +506,8 @@ mod tests {
         }
     }
 
-    /// Both ways of posting send the same request and read the same answer.
+    /// Both ways of posting send the same request and read the same answer; a body in
+    /// pieces goes whole, with its length announced.
     #[tokio::test]
     async fn direct_and_proxied_posts_send_and_read_the_same() {
         let seen: Arc<Mutex<Vec<(SeenHeaders, Bytes)>>> = Arc::default();
@@ -469,7 +535,11 @@ mod tests {
                 proxied,
             )
             .unwrap();
-            let mut answer = poster.post(b"{\"a\":1}".to_vec()).await.unwrap();
+            let mut body = Pieces::default();
+            for piece in ["{\"a\"", "", ":1", "}"] {
+                body.push(Bytes::from_static(piece.as_bytes()));
+            }
+            let mut answer = poster.post(body).await.unwrap();
             assert_eq!(answer.status, http::StatusCode::OK);
             assert!(answer.is_json());
             assert_eq!(retry_after(&answer.headers), Some(Duration::from_secs(3)));
@@ -487,6 +557,7 @@ mod tests {
             assert_eq!(headers["accept"], "text/event-stream");
             assert_eq!(headers["content-type"], "application/json");
             assert_eq!(headers["content-length"], "7");
+            assert!(headers.get("transfer-encoding").is_none());
             assert_eq!(headers["host"], addr.to_string());
             assert!(
                 headers["user-agent"]

@@ -281,7 +281,9 @@ impl OpenAiClient {
         let body = body::write_with(request, Some(&self.system)).unwrap_or_else(|e| {
             // Unreachable for these types, as in `request_body`.
             tracing::error!(error = %e, "could not serialize the chat request");
-            serde_json::to_vec(&Self::request_body(request)).unwrap_or_default()
+            serde_json::to_vec(&Self::request_body(request))
+                .unwrap_or_default()
+                .into()
         });
         let sent = tokio::time::Instant::now();
         let response = tokio::time::timeout(self.first_byte, self.http.post(body))

@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::ops::Deref;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
@@ -279,6 +280,17 @@ pub struct ToolDefs {
     /// `defs` exactly as [`OpenAiClient::request_body`](super::OpenAiClient::request_body)
     /// has them (through a `Value`, whose objects keep their keys sorted), compact.
     json: Arc<str>,
+    /// `json` as the piece of a request body that points at it rather than copying it.
+    piece: Bytes,
+}
+
+/// Text shared as [`Bytes`] without a copy.
+struct SharedText(Arc<str>);
+
+impl AsRef<[u8]> for SharedText {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
 }
 
 impl ToolDefs {
@@ -290,6 +302,11 @@ impl ToolDefs {
     /// The definitions as the `tools` array of a request body: compact JSON, keys sorted.
     pub fn wire_json(&self) -> &str {
         &self.json
+    }
+
+    /// [`ToolDefs::wire_json`] as a piece of a request body, shared, not copied.
+    pub(crate) fn wire_piece(&self) -> Bytes {
+        self.piece.clone()
     }
 }
 
@@ -303,9 +320,11 @@ impl From<Vec<ToolDef>> for ToolDefs {
                 "[]".to_owned()
             }
         };
+        let json: Arc<str> = json.into();
         ToolDefs {
             defs: defs.into(),
-            json: json.into(),
+            piece: Bytes::from_owner(SharedText(json.clone())),
+            json,
         }
     }
 }
