@@ -253,6 +253,20 @@ pub struct Agent {
 struct SystemPrompt {
     version: u64,
     text: Arc<str>,
+    /// `text`'s size in tokens, as [`Agent::prompt_size`] estimates it: counted once per
+    /// prompt rather than once per turn.
+    tokens: usize,
+}
+
+impl SystemPrompt {
+    fn new(version: u64, text: Arc<str>) -> Self {
+        let tokens = text.chars().count().div_ceil(4);
+        SystemPrompt {
+            version,
+            text,
+            tokens,
+        }
+    }
 }
 
 impl std::fmt::Debug for Agent {
@@ -272,10 +286,10 @@ impl Agent {
         base_prompt: &str,
         config: AgentConfig,
     ) -> Self {
-        let system_prompt = SystemPrompt {
-            version: tools.prompt_version(),
-            text: assemble_system_prompt(base_prompt, &tools.prompts()).into(),
-        };
+        let system_prompt = SystemPrompt::new(
+            tools.prompt_version(),
+            assemble_system_prompt(base_prompt, &tools.prompts()).into(),
+        );
         Agent {
             llm,
             tools,
@@ -331,20 +345,27 @@ impl Agent {
     /// The system prompt sent first in every request, rebuilt first when the toolsets'
     /// prompts changed.
     pub fn system_prompt(&self) -> Arc<str> {
+        self.current_prompt(|prompt| Arc::clone(&prompt.text))
+    }
+
+    /// `read` of the current system prompt, rebuilt first when the toolsets' prompts changed.
+    fn current_prompt<T>(&self, read: impl FnOnce(&SystemPrompt) -> T) -> T {
         let version = self.tools.prompt_version();
         // A poisoned lock only means a panic while swapping an `Arc`; the value is sound.
         let mut prompt = self.system_prompt.lock().unwrap_or_else(|e| e.into_inner());
         if prompt.version != version {
-            prompt.text = assemble_system_prompt(&self.base_prompt, &self.tools.prompts()).into();
-            prompt.version = version;
+            *prompt = SystemPrompt::new(
+                version,
+                assemble_system_prompt(&self.base_prompt, &self.tools.prompts()).into(),
+            );
         }
-        Arc::clone(&prompt.text)
+        read(&prompt)
     }
 
     /// About how many tokens every request starts with before any conversation (see
     /// [`PromptSize`]).
     pub fn prompt_size(&self) -> PromptSize {
-        let system = self.system_prompt().chars().count().div_ceil(4);
+        let system = self.current_prompt(|prompt| prompt.tokens);
         let tools = self.tools.defs().wire_json().len().div_ceil(4);
         PromptSize { system, tools }
     }

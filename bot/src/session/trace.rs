@@ -341,10 +341,7 @@ impl ChatWorker {
                 .and_then(user_text)
                 .unwrap_or_else(|| item.text())),
             callers: item.callers.iter().map(|c| c.name.clone()).collect(),
-            kind: serde_json::to_value(item.kind)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
+            kind: item.kind.name().to_owned(),
             requests: requests(&facts.messages),
             reply: reply_text,
             outbox_id,

@@ -164,6 +164,22 @@ pub enum PendingKind {
     ChatCommand,
 }
 
+impl PendingKind {
+    /// The kind's name as it is stored (its serde form).
+    pub fn name(self) -> &'static str {
+        match self {
+            PendingKind::UserMessage => "user_message",
+            PendingKind::TaskResult => "task_result",
+            PendingKind::ClockFire => "clock_fire",
+            PendingKind::AutoChat => "overheard",
+            PendingKind::Reset => "reset",
+            PendingKind::Compact => "compact",
+            PendingKind::Settings => "settings",
+            PendingKind::ChatCommand => "chat_command",
+        }
+    }
+}
+
 /// An input that must get a turn, recorded before the turn runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingItem {
@@ -659,4 +675,29 @@ fn moved_chat(chat: &ChatRef, to: &ChatRef) -> (ChatRef, String) {
     };
     let session = moved.session_key();
     (moved, session)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PendingKind;
+
+    #[test]
+    fn a_kind_name_is_its_stored_form() {
+        use PendingKind::*;
+        for kind in [
+            UserMessage,
+            TaskResult,
+            ClockFire,
+            AutoChat,
+            Reset,
+            Compact,
+            Settings,
+            ChatCommand,
+        ] {
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::Value::from(kind.name())
+            );
+        }
+    }
 }
