@@ -146,23 +146,32 @@ pub(super) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, StoreE
 
 /// [`encode`] with another schema version.
 fn encode_version<T: Serialize + ?Sized>(value: &T, version: u64) -> Result<Vec<u8>, StoreError> {
-    // Serialized straight, then the version spliced in as the first member: going through a
-    // `serde_json::Value` to insert it cost more than the rest of a turn's store work.
-    let json = serde_json::to_vec(value)
-        .map_err(|e| StoreError::Io(format!("cannot encode a value: {e}")))?;
-    let Some(members) = json.strip_prefix(b"{") else {
-        return Err(StoreError::Io(
-            "cannot encode a value: not a JSON object".to_owned(),
-        ));
-    };
-    let version = format!("{{\"v\":{version}");
-    let mut out = Vec::with_capacity(json.len() + version.len() + 1);
-    out.extend_from_slice(version.as_bytes());
-    if members != b"}" {
-        out.push(b',');
-    }
-    out.extend_from_slice(members);
-    Ok(out)
+    // The version first, then the value's members after it: the value's opening brace
+    // becomes the comma between them. Going through a `serde_json::Value` to insert it cost
+    // more than the rest of a turn's store work, and serializing apart then copying a
+    // tenth of it.
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(b"{\"v\":");
+    serde_json::to_writer(&mut out, &version)
+        .and_then(|()| {
+            let at = out.len();
+            serde_json::to_writer(&mut out, value).map(|()| at)
+        })
+        .map_err(|e| StoreError::Io(format!("cannot encode a value: {e}")))
+        .and_then(|at| match out.get(at..) {
+            Some(b"{}") => {
+                out.truncate(at + 1);
+                out[at] = b'}';
+                Ok(out)
+            }
+            Some([b'{', ..]) => {
+                out[at] = b',';
+                Ok(out)
+            }
+            _ => Err(StoreError::Io(
+                "cannot encode a value: not a JSON object".to_owned(),
+            )),
+        })
 }
 
 /// Reads a versioned JSON object; `key` names the value in errors.
@@ -207,4 +216,29 @@ fn decode_version<T: DeserializeOwned>(
     }
     // Stored types ignore members they do not know, `v` among them.
     serde_json::from_slice(bytes).map_err(|e| corrupt(format!("unexpected content: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Serialize;
+
+    use super::encode_version;
+
+    #[derive(Serialize)]
+    struct Two {
+        a: u32,
+        b: &'static str,
+    }
+
+    #[derive(Serialize)]
+    struct Nothing {}
+
+    #[test]
+    fn the_version_comes_first_in_the_object() {
+        let two = encode_version(&Two { a: 1, b: "{x}" }, 3).unwrap();
+        assert_eq!(two, br#"{"v":3,"a":1,"b":"{x}"}"#);
+        assert_eq!(encode_version(&Nothing {}, 12).unwrap(), br#"{"v":12}"#);
+        assert!(encode_version(&[1, 2], 1).is_err());
+        assert!(encode_version("{}", 1).is_err());
+    }
 }

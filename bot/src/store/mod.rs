@@ -84,6 +84,7 @@ pub struct StoredMessage {
     /// Text or caption.
     pub text: String,
     /// When it was sent.
+    #[serde(serialize_with = "crate::time::rfc3339::serialize")]
     pub time: DateTime<Utc>,
     /// The message it replies to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -202,6 +203,7 @@ pub struct PendingItem {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ImageRef>,
     /// When it arrived.
+    #[serde(serialize_with = "crate::time::rfc3339::serialize")]
     pub received: DateTime<Utc>,
     /// Whether it came from a direct message (where nobody is a chat admin).
     #[serde(default)]
@@ -224,13 +226,18 @@ pub struct OutboxEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
     /// When the turn committed.
+    #[serde(serialize_with = "crate::time::rfc3339::serialize")]
     pub created: DateTime<Utc>,
     /// The platform's ids of the messages the reply became, once sent; while unsent, those
     /// of the parts of a long reply already sent ([`Store::record_sent_parts`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sent_ids: Vec<String>,
     /// When it was sent or given up on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::time::rfc3339::serialize_option"
+    )]
     pub done_at: Option<DateTime<Utc>>,
     /// Why the platform refused it for good (chat gone, bot removed), when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
