@@ -46,10 +46,11 @@
 //! Session keys must not contain a NUL byte (it separates the session from the rest of a
 //! key); such a session is refused with [`StoreError::Io`].
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -112,6 +113,10 @@ pub struct SledStore {
     /// Unix seconds before which no done reply can be old enough to prune (the oldest one's
     /// `done_at` plus [`SENT_KEEP_DAYS`]); 0 until the first look. Shared by the clones.
     prune_due: Arc<AtomicI64>,
+    /// The toolset collections' trees opened so far, by collection. sled keeps opened trees
+    /// too, but its lookup (a formatted name, its lock, a map of byte strings) cost a turn
+    /// about five thousand instructions. Shared by the clones.
+    kv_trees: Arc<RwLock<HashMap<String, Tree>>>,
     /// Where a done reply's `done_at`, the prune cutoff and a migrated chat's `since` are
     /// read ([`StoreOptions::wall`]).
     wall: WallTime,
@@ -175,6 +180,7 @@ impl SledStore {
             commit: Arc::new(GroupCommit::new()),
             steps,
             prune_due: Arc::new(AtomicI64::new(0)),
+            kv_trees: Arc::default(),
             wall: options.wall,
         };
         store.migrate_history()?;
@@ -1090,13 +1096,29 @@ impl SledStore {
         Ok(())
     }
 
-    /// The tree of a toolset collection; sled caches opened trees, so this is a map lookup
-    /// after the first call.
+    /// The tree of a toolset collection, opened at its first use and kept.
     fn kv_tree(&self, space: &str) -> Result<Tree, StoreError> {
+        // A poisoned lock only means a panic while inserting a `Tree`; the map is sound.
+        if let Some(tree) = self
+            .kv_trees
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(space)
+        {
+            return Ok(tree.clone());
+        }
         if space.is_empty() || space.contains('\0') {
             return Err(StoreError::Io(format!("invalid collection name {space:?}")));
         }
-        self.db.open_tree(format!("kv/{space}")).map_err(sled_error)
+        let tree = self
+            .db
+            .open_tree(format!("kv/{space}"))
+            .map_err(sled_error)?;
+        self.kv_trees
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(space.to_owned(), tree.clone());
+        Ok(tree)
     }
 }
 
