@@ -62,14 +62,18 @@ impl ChatWorker {
         let compact_due = outcome.compact_due;
         // Only a `/set` changes what the settings cache holds.
         let settings_written = rules.action == Action::Settings && !outcome.also.is_empty();
-        let also = self.turn_records(
+        // What the turn's records leave to keep, put back only if this commit lands.
+        let (also, kept) = match self.turn_records(
             session.key(),
             &item,
             outcome.facts.as_ref(),
             outcome.budget_told,
             started,
             reply.as_mut(),
-        );
+        ) {
+            Ok((also, kept)) => (Ok(also), kept),
+            Err(e) => (Err(e), None),
+        };
         let extra = outcome.also;
         // Only a turn with images marked its inputs (`quarantine.rs`): a text turn's commit
         // carries no extra write.
@@ -126,6 +130,7 @@ impl ChatWorker {
         }
         let outbox_id = match committed {
             Ok(id) => {
+                self.kept = kept;
                 if settings_written {
                     self.manager.settings_changed(session.key());
                 }

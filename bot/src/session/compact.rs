@@ -178,6 +178,9 @@ impl ChatWorker {
         }
         let store = self.manager.store().as_ref();
         let cost = spent.cost_nanos(&self.manager.config().prices);
+        // The day's usage the worker kept from its last commit is behind from here on.
+        self.usage_aside
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let written = super::usage::add_tokens(
             store,
             self.manager.now().date_naive(),

@@ -7,7 +7,7 @@
 //! collection, with a head record per chat (`trace_heads`) naming the next `seq`, so a
 //! commit reads one small record and deletes the one that falls off the ring.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::queue::QueueItem;
@@ -65,6 +65,16 @@ impl TurnFacts {
             ..TurnFacts::default()
         }
     }
+}
+
+/// What a chat's commit wrote of its trace head and its day's usage, kept by its worker so
+/// that the next turn need not read them back: only the chat's worker writes them
+/// ([`usage`]'s module docs), and a compaction's tokens, counted apart, drop them.
+#[derive(Debug, Clone)]
+pub(super) struct Kept {
+    day: NaiveDate,
+    usage: usage::DayUsage,
+    head: TraceHead,
 }
 
 /// Where a chat's ring stands.
@@ -280,31 +290,45 @@ impl ChatWorker {
     /// asked the model) its trace. Reserves the reply's outbox id so the trace can name it.
     /// `budget_told`: who the reply told their budget is used up.
     pub(super) fn turn_records(
-        &self,
+        &mut self,
         session: &str,
         item: &QueueItem,
         facts: Option<&TurnFacts>,
         budget_told: Told,
         started: DateTime<Utc>,
         reply: Option<&mut OutboxEntry>,
-    ) -> Result<Vec<KvWrite>, StoreError> {
+    ) -> Result<(Vec<KvWrite>, Option<Kept>), StoreError> {
+        // Taken: the caller puts back what is returned only if the commit lands. Kept only
+        // while nothing else wrote the day's usage.
+        let kept = self.kept.take().filter(|_| {
+            !self
+                .usage_aside
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        });
         let store = self.manager.store().as_ref();
         let mut writes = Vec::new();
         // What background work spent is counted by the chat's next commit of any kind.
         let folded = usage::pending(store, session, &self.manager.config().prices);
         if facts.is_none() && budget_told == Told::Nobody && folded.is_empty() {
-            return Ok(writes);
+            return Ok((writes, kept));
         }
         let day = self.manager.now().date_naive();
+        let (known_usage, known_head) = match kept {
+            Some(kept) if kept.day == day => (Some(kept.usage), Some(kept.head)),
+            Some(kept) => (None, Some(kept.head)),
+            None => (None, None),
+        };
         let usage = facts.map(|f| (&f.usage, f.cost_nanos));
-        writes.push(usage::add(
+        let (write, day_usage) = usage::add(
             store,
             day,
             session,
+            known_usage,
             usage,
             budget_told == Told::Chat,
             &folded,
-        )?);
+        )?;
+        writes.push(write);
         writes.extend(usage::add_members(
             store,
             day,
@@ -316,7 +340,14 @@ impl ChatWorker {
         )?);
         writes.extend(folded.iter().map(usage::Folded::delete));
         let Some(facts) = facts else {
-            return Ok(writes);
+            return Ok((
+                writes,
+                known_head.map(|head| Kept {
+                    day,
+                    usage: day_usage,
+                    head,
+                }),
+            ));
         };
         let (outbox_id, reply_text) = match reply {
             Some(entry) => {
@@ -326,10 +357,13 @@ impl ChatWorker {
             None => (None, None),
         };
         // An unreadable head must not keep the turn from committing: the ring restarts.
-        let mut head = head(store, session).unwrap_or_else(|e| {
-            tracing::warn!(session, error = %e, "unreadable trace head; the chat's traces start over");
-            TraceHead::default()
-        });
+        let mut head = match known_head {
+            Some(head) => head,
+            None => head(store, session).unwrap_or_else(|e| {
+                tracing::warn!(session, error = %e, "unreadable trace head; the chat's traces start over");
+                TraceHead::default()
+            }),
+        };
         let seq = head.next;
         let now = self.manager.now();
         let trace = TurnTrace {
@@ -377,6 +411,13 @@ impl ChatWorker {
             value: Some(encode(&head)?),
             if_unchanged: None,
         });
-        Ok(writes)
+        Ok((
+            writes,
+            Some(Kept {
+                day,
+                usage: day_usage,
+                head,
+            }),
+        ))
     }
 }

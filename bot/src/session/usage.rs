@@ -442,21 +442,33 @@ pub(super) fn add_tokens(
     usage: &Usage,
     cost_nanos: u64,
 ) -> Result<KvWrite, StoreError> {
-    add_to(store, day, session, Some((usage, cost_nanos)), false, false)
+    add_to(
+        store,
+        day,
+        session,
+        None,
+        Some((usage, cost_nanos)),
+        false,
+        false,
+    )
+    .map(|(write, _)| write)
 }
 
 /// The write that adds one turn's tokens and cost (`spent`, in nanodollars), the budget
-/// notice when `told`, and what `folded` work spent to `session`'s day.
+/// notice when `told`, and what `folded` work spent to `session`'s day, with the record it
+/// writes. `known` is the day's record as the chat's last commit wrote it, when the worker
+/// kept it; it is read from the store otherwise.
 pub(super) fn add(
     store: &dyn Store,
     day: NaiveDate,
     session: &str,
+    known: Option<DayUsage>,
     spent: Option<(&Usage, u64)>,
     told: bool,
     folded: &[Folded],
-) -> Result<KvWrite, StoreError> {
+) -> Result<(KvWrite, DayUsage), StoreError> {
     if folded.is_empty() {
-        return add_to(store, day, session, spent, told, spent.is_some());
+        return add_to(store, day, session, known, spent, told, spent.is_some());
     }
     let (mut usage, mut cost) = spent.map_or_else(Default::default, |(u, c)| (u.clone(), c));
     for work in folded {
@@ -467,6 +479,7 @@ pub(super) fn add(
         store,
         day,
         session,
+        known,
         Some((&usage, cost)),
         told,
         spent.is_some(),
@@ -477,15 +490,19 @@ fn add_to(
     store: &dyn Store,
     day: NaiveDate,
     session: &str,
+    known: Option<DayUsage>,
     spent: Option<(&Usage, u64)>,
     told: bool,
     a_turn: bool,
-) -> Result<KvWrite, StoreError> {
+) -> Result<(KvWrite, DayUsage), StoreError> {
     // An unreadable record must not keep the turn from committing: the day counts afresh.
-    let mut record = day_usage(store, day, session).unwrap_or_else(|e| {
-        tracing::warn!(session, error = %e, "unreadable usage record; today's count starts over");
-        DayUsage::default()
-    });
+    let mut record = match known {
+        Some(record) => record,
+        None => day_usage(store, day, session).unwrap_or_else(|e| {
+            tracing::warn!(session, error = %e, "unreadable usage record; today's count starts over");
+            DayUsage::default()
+        }),
+    };
     record.v = 1;
     if let Some((usage, cost_nanos)) = spent {
         record.turns += u64::from(a_turn);
@@ -497,12 +514,13 @@ fn add_to(
         record.total_tokens += tokens(usage);
     }
     record.budget_told |= told;
-    Ok(KvWrite {
+    let write = KvWrite {
         space: USAGE_SPACE.to_owned(),
         key: usage_key(day, session),
         value: Some(serde_json::to_string(&record).map_err(|e| StoreError::Io(e.to_string()))?),
         if_unchanged: None,
-    })
+    };
+    Ok((write, record))
 }
 
 /// Where a chat stands with its daily budgets before a turn.

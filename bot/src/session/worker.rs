@@ -6,6 +6,7 @@
 //! dispatcher, which lets it leave memory.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -28,6 +29,8 @@ pub(super) fn spawn(manager: &SessionManager, session: Arc<Session>) {
         session,
         recent_turns: SlidingWindow::default(),
         history: None,
+        kept: None,
+        usage_aside: AtomicBool::new(false),
     };
     manager.tracker().spawn(worker.run());
 }
@@ -44,6 +47,11 @@ pub(super) struct ChatWorker {
     /// again; kept only when more input is already queued (a busy chat), so that an idle
     /// chat holds none.
     pub(super) history: Option<(u64, Vec<crate::llm::Message>)>,
+    /// The trace head and day's usage this chat's last commit wrote ([`super::trace::Kept`]).
+    pub(super) kept: Option<super::trace::Kept>,
+    /// Set when tokens were counted outside a turn's commit (a compaction's summary): the
+    /// usage in `kept` is then behind the store's.
+    pub(super) usage_aside: AtomicBool,
 }
 
 impl ChatWorker {

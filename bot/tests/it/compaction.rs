@@ -206,6 +206,21 @@ async fn a_turn_past_the_threshold_is_compacted_and_the_summary_serves_later_tur
     // never in the system message (members' words must not speak with the program's voice).
     rig.say(2, "dave", "@parlor when is the picnic?").await;
     rig.platform.wait_sent(3).await;
+    // The next turn adds its tokens to the day with the summary's: the worker, which keeps
+    // what its last commit wrote of the day, knows the summary was counted after it.
+    let after = parlor_bot::session::usage::day_usage(
+        rig.store.as_ref(),
+        parlor_bot::session::usage::today(),
+        KEY,
+    )
+    .unwrap();
+    let trace = parlor_bot::session::trace::recent(rig.store.as_ref(), KEY).unwrap();
+    let second = trace[0].prompt_tokens + trace[0].completion_tokens;
+    assert!(second > 0, "{trace:?}");
+    assert_eq!(
+        (after.turns, after.total_tokens),
+        (2, 30_020 + 1_100 + second)
+    );
     let last = rig.llm.requests().pop().unwrap();
     let Message::System { content } = &last.messages[0] else {
         panic!("no system message: {last:?}");
