@@ -5,7 +5,8 @@
 //! A day's records are rewritten by each turn's commit, in the same transaction
 //! (docs/contract.md, "Storage"): a kill never counts a turn without its history, nor the
 //! reverse. Only the chat's worker writes its chat's records (a member's are kept per chat
-//! for that reason), one turn at a time, so reading, adding and writing back needs no lock.
+//! for that reason), one turn at a time, so reading, adding and writing back needs no lock;
+//! the worker keeps what its last commit wrote for its next turn (`trace.rs`, `Kept`).
 //! Days are UTC days.
 //!
 //! A turn's tokens are shared evenly among the members whose messages it answered; a clock
