@@ -504,18 +504,25 @@ where
         if let Some(&byte) = read.last() {
             last_byte = Some(byte);
         }
-        while let Some(event) = parser.next_event() {
-            if on_data(&event.data)? {
-                return Ok(true);
-            }
+        if dispatch(&mut parser, &mut on_data)? {
+            return Ok(true);
         }
     }
     if last_byte == Some(b'\n') {
         parser.feed(b"\n");
-        while let Some(event) = parser.next_event() {
-            if on_data(&event.data)? {
-                return Ok(true);
-            }
+        return dispatch(&mut parser, &mut on_data);
+    }
+    Ok(false)
+}
+
+/// Hands the events `parser` completed to `on_data`; `Ok(true)` once it saw the last one.
+fn dispatch(
+    parser: &mut SseParser,
+    on_data: &mut impl FnMut(&str) -> Result<bool, LlmError>,
+) -> Result<bool, LlmError> {
+    while let Some(event) = parser.next_event() {
+        if on_data(&event.data)? {
+            return Ok(true);
         }
     }
     Ok(false)

@@ -130,7 +130,9 @@ impl ChatWorker {
         }
         let outbox_id = match committed {
             Ok(id) => {
-                self.kept = kept;
+                // Several instances: the chat may be answered elsewhere between two of its
+                // turns here, so what this worker wrote is not known to be the latest.
+                self.kept = kept.filter(|_| self.manager.config().cluster.is_none());
                 if settings_written {
                     self.manager.settings_changed(session.key());
                 }

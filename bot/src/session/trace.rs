@@ -69,7 +69,8 @@ impl TurnFacts {
 
 /// What a chat's commit wrote of its trace head and its day's usage, kept by its worker so
 /// that the next turn need not read them back: only the chat's worker writes them
-/// ([`usage`]'s module docs), and a compaction's tokens, counted apart, drop them.
+/// ([`usage`]'s module docs), and a compaction's tokens, counted apart, drop them. Not kept
+/// with several instances, where another may answer the chat in between.
 #[derive(Debug, Clone)]
 pub(super) struct Kept {
     day: NaiveDate,
