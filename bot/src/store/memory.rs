@@ -133,9 +133,14 @@ impl MemoryStore {
             let now = self.wall.now();
             entry.done_at = Some(now);
             let cutoff = now - chrono::Duration::days(super::SENT_KEEP_DAYS);
-            inner
-                .outbox_done
-                .retain(|_, e| e.done_at.is_some_and(|t| t >= cutoff));
+            // Oldest ids first, as the sled store prunes (ids grow with time): a walk over
+            // every done reply at each send cost a turn more the longer the daemon ran.
+            while let Some(oldest) = inner.outbox_done.first_entry() {
+                if oldest.get().done_at.is_some_and(|t| t >= cutoff) {
+                    break;
+                }
+                oldest.remove();
+            }
             inner.outbox_done.insert(outbox_id, entry);
         }
     }
@@ -509,5 +514,64 @@ impl Store for MemoryStore {
 
     fn flushes(&self) -> u64 {
         self.commit.flushes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use super::*;
+    use crate::platform::ChatRef;
+
+    fn reply(text: &str) -> OutboxEntry {
+        OutboxEntry {
+            id: 0,
+            session: "telegram:-100".to_owned(),
+            chat: ChatRef::new("telegram", "-100"),
+            text: text.to_owned(),
+            reply_to: None,
+            created: chrono::Utc::now(),
+            sent_ids: Vec::new(),
+            done_at: None,
+            failed: None,
+            buttons: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn sent_replies_past_the_keep_days_are_pruned_oldest_first() {
+        let days = Arc::new(AtomicI64::new(0));
+        let start = chrono::Utc::now();
+        let clock = Arc::clone(&days);
+        let store = MemoryStore::with_options(StoreOptions {
+            wall: WallTime::from_fn(move || {
+                start + chrono::Duration::days(clock.load(Ordering::SeqCst))
+            }),
+            ..StoreOptions::default()
+        });
+        let send = |text: &str| {
+            let id = store
+                .queue_outbox_with(reply(text), Vec::new())
+                .expect("queue");
+            store.mark_sent(id, &[format!("m-{text}")]).expect("sent");
+            id
+        };
+        let old = send("old");
+        let older_id_done_later = store
+            .queue_outbox_with(reply("slow"), Vec::new())
+            .expect("queue");
+        days.store(2, Ordering::SeqCst);
+        store.mark_sent(older_id_done_later, &[]).expect("sent");
+        let recent = send("recent");
+
+        days.store(super::super::SENT_KEEP_DAYS + 1, Ordering::SeqCst);
+        let now = send("now");
+        let kept: Vec<u64> = store.lock().outbox_done.keys().copied().collect();
+        // The one done at day 0 is past the keep days; the next, done at day 2, is not yet,
+        // and the walk stops there.
+        assert_eq!(kept, [older_id_done_later, recent, now]);
+        assert!(store.sent_reply(old).expect("read").is_none());
     }
 }
