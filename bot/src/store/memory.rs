@@ -523,22 +523,7 @@ mod tests {
     use std::sync::atomic::{AtomicI64, Ordering};
 
     use super::*;
-    use crate::platform::ChatRef;
-
-    fn reply(text: &str) -> OutboxEntry {
-        OutboxEntry {
-            id: 0,
-            session: "telegram:-100".to_owned(),
-            chat: ChatRef::new("telegram", "-100"),
-            text: text.to_owned(),
-            reply_to: None,
-            created: chrono::Utc::now(),
-            sent_ids: Vec::new(),
-            done_at: None,
-            failed: None,
-            buttons: Vec::new(),
-        }
-    }
+    use crate::store::test_reply as reply;
 
     #[test]
     fn sent_replies_past_the_keep_days_are_pruned_oldest_first() {

@@ -684,6 +684,23 @@ fn moved_chat(chat: &ChatRef, to: &ChatRef) -> (ChatRef, String) {
     (moved, session)
 }
 
+/// A reply to chat `telegram:-100`, not yet queued: for the stores' own tests.
+#[cfg(test)]
+pub(crate) fn test_reply(text: &str) -> OutboxEntry {
+    OutboxEntry {
+        id: 0,
+        session: "telegram:-100".to_owned(),
+        chat: crate::platform::ChatRef::new("telegram", "-100"),
+        text: text.to_owned(),
+        reply_to: None,
+        created: chrono::Utc::now(),
+        sent_ids: Vec::new(),
+        done_at: None,
+        failed: None,
+        buttons: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::PendingKind;

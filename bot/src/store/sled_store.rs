@@ -1428,21 +1428,7 @@ fn open_error(dir: &Path, e: sled::Error) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn reply(text: &str) -> OutboxEntry {
-        OutboxEntry {
-            id: 0,
-            session: "telegram:-100".to_owned(),
-            chat: ChatRef::new("telegram", "-100"),
-            text: text.to_owned(),
-            reply_to: None,
-            created: chrono::Utc::now(),
-            sent_ids: Vec::new(),
-            done_at: None,
-            failed: None,
-            buttons: Vec::new(),
-        }
-    }
+    use crate::store::test_reply as reply;
 
     /// A reply done `days` ago, written as `finish_outbox` leaves it; its id.
     fn seed_done(store: &SledStore, days: i64) -> u64 {
