@@ -123,9 +123,10 @@ pub async fn trim_after_evictions(sessions: SessionManager, shutdown: Cancellati
 
 /// Asks the kernel to reclaim the resident pages of the executable's read-only mappings
 /// (code and constants). They are clean pages of the file, so nothing is lost: a page used
-/// again is read back in, without the pages around it. Pages written at load time (relocated pointers) are left alone
-/// by the kernel. Best effort: an older kernel without `MADV_PAGEOUT` (before 5.4) keeps
-/// them, which only costs memory.
+/// again is read back in, without the pages around it. Pages written at load time (the
+/// few the loader fills in a position-dependent build, every pointer table in a PIE) are
+/// left alone by the kernel. Best effort: an older kernel without `MADV_PAGEOUT` (before
+/// 5.4) keeps them, which only costs memory.
 pub fn release_code_pages() {
     #[cfg(target_os = "linux")]
     {
