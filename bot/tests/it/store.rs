@@ -1334,6 +1334,57 @@ fn sled_drop_without_flush_still_persists() {
     assert_eq!(open(dir.path()).pending().unwrap().len(), 1);
 }
 
+/// Many threads flushing at once, each right after its own write (the flushing thread
+/// writes sled's buffer itself: vendor/sled/PARLOR.md). The files are copied while the
+/// store is still open and never dropped, as a `kill -9` leaves them, and the copy holds
+/// every write whose flush returned.
+#[test]
+fn sled_flushes_from_many_threads_cover_each_writer_as_a_kill_leaves_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    std::thread::scope(|scope| {
+        for t in 0..8 {
+            let store = &store;
+            scope.spawn(move || {
+                let session = format!("console:t{t}");
+                for i in 0..40 {
+                    assert!(
+                        store
+                            .record_message(&session, &msg(&format!("{i}")))
+                            .unwrap()
+                    );
+                    store.flush().unwrap();
+                }
+            });
+        }
+    });
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), copy.path());
+    // Not dropped: sled's drop would flush once more.
+    std::mem::forget(store);
+    let reopened = open(copy.path());
+    for t in 0..8 {
+        let recent = reopened
+            .recent_messages(&format!("console:t{t}"), 100)
+            .unwrap();
+        let expected: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+        assert_eq!(ids(&recent), expected, "thread {t}");
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 #[test]
 fn sled_a_lower_bound_after_restart_trims_on_the_next_record() {
     let dir = tempfile::tempdir().unwrap();
