@@ -76,6 +76,22 @@ async fn wait_for<T: Clone>(
     }
 }
 
+/// Copies directory `from` into `to` (created if missing), subdirectories included: a
+/// store's files as they are on disk at this moment, for opening the copy as a restart or
+/// a `kill -9` would find them.
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("create the copy's directory");
+    for entry in std::fs::read_dir(from).expect("read the directory") {
+        let entry = entry.expect("read a directory entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).expect("copy a file");
+        }
+    }
+}
+
 /// Polls `done` every 10 ms of tokio time until it holds, for at most `within`; panics
 /// naming `what` when it never did. Only for a state no double signals (a child process, a
 /// file, a row the code under test writes): a double's `wait_*` waits for the event itself.

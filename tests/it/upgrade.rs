@@ -6,6 +6,7 @@ use std::path::Path;
 
 use parlor_bot::llm::{Content, ContentPart, Message};
 use parlor_bot::store::{SledStore, Store, StoreOptions};
+use parlor_bot::testing::copy_dir;
 use parlor_testkit::{DaemonProcess, FakeLlm, FakeTelegram};
 
 use crate::support::{self, WAIT};
@@ -17,14 +18,6 @@ const B: i64 = -100_456;
 const C: i64 = -100_789;
 const D: i64 = -100_321;
 const E: i64 = -100_654;
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-}
 
 fn session(chat: i64) -> String {
     format!("telegram:{chat}")

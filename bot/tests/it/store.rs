@@ -1359,7 +1359,7 @@ fn sled_flushes_from_many_threads_cover_each_writer_as_a_kill_leaves_the_files()
         }
     });
     let copy = tempfile::tempdir().unwrap();
-    copy_dir(dir.path(), copy.path());
+    parlor_bot::testing::copy_dir(dir.path(), copy.path());
     // Not dropped: sled's drop would flush once more.
     std::mem::forget(store);
     let reopened = open(copy.path());
@@ -1369,19 +1369,6 @@ fn sled_flushes_from_many_threads_cover_each_writer_as_a_kill_leaves_the_files()
             .unwrap();
         let expected: Vec<String> = (0..40).map(|i| i.to_string()).collect();
         assert_eq!(ids(&recent), expected, "thread {t}");
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            std::fs::create_dir_all(&target).unwrap();
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
     }
 }
 
