@@ -39,10 +39,19 @@ impl ChatRef {
 
     /// The session key: `telegram:-100123`, `telegram:-100123/topic:7`, `console:local`.
     pub fn session_key(&self) -> String {
-        match &self.thread_id {
-            Some(topic) => format!("{}:{}/topic:{topic}", self.platform, self.chat_id),
-            None => format!("{}:{}", self.platform, self.chat_id),
+        // Pushed, not `format!`ed: every message and every turn builds it.
+        let topic = self.thread_id.as_deref();
+        let mut key = String::with_capacity(
+            self.platform.len() + 1 + self.chat_id.len() + topic.map_or(0, |t| 7 + t.len()),
+        );
+        key.push_str(&self.platform);
+        key.push(':');
+        key.push_str(&self.chat_id);
+        if let Some(topic) = topic {
+            key.push_str("/topic:");
+            key.push_str(topic);
         }
+        key
     }
 
     /// Reads a session key back (`telegram:-100123`, `telegram:-100123/topic:7`): the

@@ -8,6 +8,10 @@ use std::borrow::Cow;
 /// The first `max` characters of `text`, and the rest after them (empty when nothing was
 /// cut).
 pub fn split_chars(text: &str, max: usize) -> (&str, &str) {
+    // A text has no more characters than bytes: most texts are short, and need no walk.
+    if text.len() <= max {
+        return (text, "");
+    }
     match text.char_indices().nth(max) {
         Some((at, _)) => text.split_at(at),
         None => (text, ""),

@@ -1395,7 +1395,10 @@ fn session_prefix(session: &str) -> Result<String, ToolError> {
             "memory is kept per chat, and this run has no chat session",
         ));
     }
-    Ok(format!("{session}{SEPARATOR}"))
+    let mut prefix = String::with_capacity(session.len() + SEPARATOR.len_utf8());
+    prefix.push_str(session);
+    prefix.push(SEPARATOR);
+    Ok(prefix)
 }
 
 /// Checks and canonicalizes a key: trimmed, lower case, 1..=`max` characters, no control

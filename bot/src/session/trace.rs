@@ -152,6 +152,23 @@ pub struct TurnTrace {
     pub model: Option<String>,
 }
 
+/// `<session>|<seq, 20 digits>`, built by hand: `format!` with padding costs several times
+/// the pushes, and a turn makes two of these keys.
+fn trace_key(session: &str, seq: u64) -> String {
+    // u64::MAX has 20 digits, so the padded number always fits.
+    let mut digits = [b'0'; 20];
+    let mut rest = seq;
+    for digit in digits.iter_mut().rev() {
+        *digit = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    let mut key = String::with_capacity(session.len() + 21);
+    key.push_str(session);
+    key.push('|');
+    key.extend(digits.iter().map(|&d| char::from(d)));
+    key
+}
+
 fn cap(text: &str) -> String {
     ellipsize(text, MAX_TEXT).into_owned()
 }
@@ -391,14 +408,14 @@ impl ChatWorker {
         };
         writes.push(KvWrite {
             space: TRACE_SPACE.to_owned(),
-            key: format!("{session}|{seq:020}"),
+            key: trace_key(session, seq),
             value: Some(encode(&trace)?),
             if_unchanged: None,
         });
         if let Some(old) = seq.checked_sub(KEEP_TRACES) {
             writes.push(KvWrite {
                 space: TRACE_SPACE.to_owned(),
-                key: format!("{session}|{old:020}"),
+                key: trace_key(session, old),
                 value: None,
                 if_unchanged: None,
             });
@@ -420,5 +437,17 @@ impl ChatWorker {
                 head,
             }),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_keys_pad_the_sequence_to_twenty_digits() {
+        for seq in [0, 7, 50, 12_345, u64::MAX] {
+            assert_eq!(trace_key("tg:1", seq), format!("tg:1|{seq:020}"));
+        }
     }
 }

@@ -360,7 +360,7 @@ impl Folded {
 /// What work of `session` spent and left for its next commit, priced at `prices`. An
 /// unreadable record is logged and left (it never blocks a commit).
 pub(super) fn pending(store: &dyn Store, session: &str, prices: &Prices) -> Vec<Folded> {
-    let records = match store.kv_scan(PENDING_SPACE, &format!("{session}|")) {
+    let records = match store.kv_scan(PENDING_SPACE, &[session, "|"].concat()) {
         Ok(records) => records,
         Err(e) => {
             tracing::warn!(session, error = %e, "cannot read pending usage; it is counted later");

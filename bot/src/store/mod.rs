@@ -124,7 +124,7 @@ impl StoredMessage {
         StoredMessage {
             message_id: message_id.to_owned(),
             sender: Sender {
-                id: format!("{platform}:self"),
+                id: [platform, ":self"].concat(),
                 name: bot_name.to_owned(),
                 username: None,
                 is_bot: true,

@@ -423,6 +423,16 @@ fn session_keys_parse_back_into_chats() {
         );
     }
     assert_eq!(
+        ChatRef::new("telegram", "-100123")
+            .in_thread("7")
+            .session_key(),
+        "telegram:-100123/topic:7"
+    );
+    assert_eq!(
+        ChatRef::new("console", "local").session_key(),
+        "console:local"
+    );
+    assert_eq!(
         ChatRef::parse_session_key("  discord:42 "),
         Some(ChatRef::new("discord", "42"))
     );
