@@ -84,8 +84,37 @@ impl Rich {
 /// Lays out a document for a flavor.
 pub(crate) fn layout(doc: &Document, flavor: Flavor) -> Rich {
     let mut writer = Writer::new(flavor);
+    // Growing the text step by step cost more than the rest of a short reply's layout.
+    writer.text.reserve(text_len(&doc.blocks));
     writer.blocks(&doc.blocks, 2);
     writer.finish()
+}
+
+/// About how long a layout of `blocks` is: their text plus a little for markers and breaks.
+fn text_len(blocks: &[Block]) -> usize {
+    let spans = |spans: &[Span]| spans.iter().map(|s| s.text.len()).sum::<usize>();
+    blocks
+        .iter()
+        .map(|block| {
+            2 + match block {
+                Block::Paragraph(content) | Block::Heading { content, .. } => spans(content),
+                Block::CodeBlock { code, .. } => code.len(),
+                Block::Quote(blocks) => text_len(blocks),
+                Block::List(list) => list
+                    .items
+                    .iter()
+                    .map(|item| 4 + text_len(&item.blocks))
+                    .sum(),
+                Block::Table(table) => table
+                    .header
+                    .iter()
+                    .chain(table.rows.iter().flatten())
+                    .map(|cell| 3 + spans(cell))
+                    .sum(),
+                Block::ThematicBreak => "———".len(),
+            }
+        })
+        .sum()
 }
 
 /// Longest link destination Telegram gets as a `text_link`; longer ones stay plain text.
@@ -107,11 +136,77 @@ enum Mode {
     Pre,
 }
 
-/// One run of inline text with the formatting ranges that cover it.
+/// The formatting ranges a [`Seg`] can carry, by index in nesting priority order (the
+/// smaller goes outside, as [`Kind::priority`]): a link, then bold, italic, strike, code.
+const MARKS: usize = 5;
+const LINK: usize = 0;
+const BOLD: u8 = 1 << 1;
+const ITALIC: u8 = 1 << 2;
+const STRIKE: u8 = 1 << 3;
+const CODE: u8 = 1 << 4;
+
+/// One run of inline text with the formatting ranges that cover it. The ranges are a bit
+/// set plus the link's destination rather than a `Vec<Kind>`: a reply has a segment per
+/// styled run, and an allocation (and a URL copy) for each was most of the layout's cost.
 struct Seg<'a> {
     text: Cow<'a, str>,
-    marks: Vec<Kind>,
+    /// `BOLD | ITALIC | STRIKE | CODE` bits.
+    styles: u8,
+    /// The link's destination (normalized), if the segment is inside one.
+    link: Option<Cow<'a, str>>,
     mode: Mode,
+    /// Per mark index: how many consecutive segments from this one carry the same range
+    /// (0 when this one does not carry it). Filled by [`Writer::write_segments`].
+    run: [u32; MARKS],
+}
+
+impl<'a> Seg<'a> {
+    fn new(text: Cow<'a, str>, styles: u8, link: Option<Cow<'a, str>>, mode: Mode) -> Self {
+        Self {
+            text,
+            styles,
+            link,
+            mode,
+            run: [0; MARKS],
+        }
+    }
+
+    /// Structure with no formatting (separators, destinations).
+    fn raw(text: Cow<'a, str>) -> Self {
+        Self::new(text, 0, None, Mode::Raw)
+    }
+
+    fn marked(&self) -> bool {
+        self.styles != 0 || self.link.is_some()
+    }
+
+    fn has(&self, mark: usize) -> bool {
+        if mark == LINK {
+            self.link.is_some()
+        } else {
+            self.styles & (1 << mark) != 0
+        }
+    }
+
+    /// Whether `self` and `other` both carry mark `mark` as the same range.
+    fn shares(&self, other: &Seg<'_>, mark: usize) -> bool {
+        if mark == LINK {
+            self.link.is_some() && self.link == other.link
+        } else {
+            self.has(mark) && other.has(mark)
+        }
+    }
+
+    /// The range kind of mark `mark`.
+    fn kind(&self, mark: usize) -> Kind {
+        match mark {
+            LINK => Kind::Link(self.link.as_deref().unwrap_or_default().to_string()),
+            1 => Kind::Bold,
+            2 => Kind::Italic,
+            3 => Kind::Strike,
+            _ => Kind::Code,
+        }
+    }
 }
 
 /// Builds a [`Rich`] block by block; see the module documentation.
@@ -121,8 +216,8 @@ struct Writer {
     entities: Vec<Ent>,
     /// Open ranges by id: kind and start (None until the first content char).
     open: Vec<Option<(Kind, Option<usize>)>>,
-    /// Ids of open ranges that have not seen content yet.
-    unstarted: Vec<usize>,
+    /// How many open ranges have not seen content yet.
+    unstarted: usize,
     /// Written before the first content char of every line (list indentation, `> `).
     prefix: String,
     /// Inside a code block of Telegram or Discord: no prefix (it would become code).
@@ -155,7 +250,7 @@ impl Writer {
             text: String::new(),
             entities: Vec::new(),
             open: Vec::new(),
-            unstarted: Vec::new(),
+            unstarted: 0,
             prefix: String::new(),
             in_pre: false,
             line_has_content: false,
@@ -196,13 +291,7 @@ impl Writer {
     /// Writes one char: applies a pending block break, the line prefix and the pending
     /// marker space before the first content of a line, and starts waiting ranges.
     fn put(&mut self, c: char) {
-        // Fast path: the middle of a line, nothing waiting.
-        if c != '\n'
-            && self.line_has_content
-            && self.pending_break == 0
-            && self.pending.is_empty()
-            && self.unstarted.is_empty()
-        {
+        if c != '\n' && self.mid_line() {
             self.text.push(c);
             self.content_end = self.text.len();
             return;
@@ -232,16 +321,24 @@ impl Writer {
             let pending = std::mem::take(&mut self.pending);
             self.text.push_str(&pending);
         }
-        let here = self.text.len();
-        for &id in &self.unstarted {
-            if let Some(Some((_, start @ None))) = self.open.get_mut(id) {
-                *start = Some(here);
+        if self.unstarted > 0 {
+            let here = self.text.len();
+            for (_, start) in self.open.iter_mut().flatten() {
+                start.get_or_insert(here);
             }
+            self.unstarted = 0;
         }
-        self.unstarted.clear();
         self.glue = false;
         self.text.push(c);
         self.content_end = self.text.len();
+    }
+
+    /// In the middle of a line with nothing waiting: a char is only appended.
+    fn mid_line(&self) -> bool {
+        self.line_has_content
+            && self.pending_break == 0
+            && self.pending.is_empty()
+            && self.unstarted == 0
     }
 
     fn new_line(&mut self) {
@@ -266,7 +363,7 @@ impl Writer {
     fn open(&mut self, kind: Kind) -> usize {
         let id = self.open.len();
         self.open.push(Some((kind, None)));
-        self.unstarted.push(id);
+        self.unstarted += 1;
         id
     }
 
@@ -274,15 +371,14 @@ impl Writer {
         let Some((kind, start)) = self.open.get_mut(id).and_then(Option::take) else {
             return;
         };
-        self.unstarted.retain(|&u| u != id);
-        if let Some(start) = start
-            && self.content_end > start
-        {
-            self.entities.push(Ent {
+        match start {
+            Some(start) if self.content_end > start => self.entities.push(Ent {
                 kind,
                 start,
                 end: self.content_end,
-            });
+            }),
+            Some(_) => {}
+            None => self.unstarted = self.unstarted.saturating_sub(1),
         }
         while matches!(self.open.last(), Some(None)) {
             self.open.pop();
@@ -297,31 +393,46 @@ impl Writer {
             (Flavor::Discord, Mode::LinkText) => self.write_discord_text(s, false),
             (Flavor::Discord, Mode::Pre) => {
                 // A fence inside code would end the code block early.
-                let s = s.replace("```", "``\u{200B}`");
-                self.write_chars(&s);
+                if s.contains("```") {
+                    self.write_chars(&s.replace("```", "``\u{200B}`"));
+                } else {
+                    self.write_chars(s);
+                }
             }
             _ => self.write_chars(s),
         }
     }
 
+    /// Writes `s` as if char by char through [`Self::put`], without the control chars
+    /// [`keep_char`] drops. Past the first char of a line `put` only appends, so each run up
+    /// to the next newline or control char goes in whole.
     fn write_chars(&mut self, s: &str) {
-        for (n, line) in s.split('\n').enumerate() {
-            if n > 0 {
-                self.put('\n');
-            }
-            // The first char sets the line up (break, prefix, ranges); the rest just follow.
-            if line.contains(|c: char| !keep_char(c)) {
-                let mut chars = line.chars().filter(|&c| keep_char(c));
-                if let Some(first) = chars.next() {
+        let mut rest = s;
+        loop {
+            // Control chars are below 0x20, 0x7F, or U+0080–U+009F (0xC2 0x80–0x9F); 0xC2
+            // also starts printable chars, which the slow step below keeps.
+            let stop = rest
+                .bytes()
+                .position(|b| (b < 0x20 && b != b'\t') || b == 0x7F || b == 0xC2)
+                .unwrap_or(rest.len());
+            let (run, tail) = rest.split_at(stop);
+            if let Some(first) = run.chars().next() {
+                let rest = if self.mid_line() {
+                    run
+                } else {
                     self.put(first);
-                    self.text.extend(chars);
-                    self.content_end = self.text.len();
-                }
-            } else if let Some(first) = line.chars().next() {
-                self.put(first);
-                self.text.push_str(&line[first.len_utf8()..]);
+                    &run[first.len_utf8()..]
+                };
+                self.text.push_str(rest);
                 self.content_end = self.text.len();
             }
+            let Some(c) = tail.chars().next() else {
+                return;
+            };
+            if keep_char(c) {
+                self.put(c);
+            }
+            rest = &tail[c.len_utf8()..];
         }
     }
 
@@ -513,15 +624,11 @@ impl Writer {
             let mut segs = Vec::new();
             for (c, cell) in table.header.iter().enumerate() {
                 if c > 0 {
-                    segs.push(Seg {
-                        text: Cow::Borrowed(" │ "),
-                        marks: Vec::new(),
-                        mode: Mode::Raw,
-                    });
+                    segs.push(Seg::raw(Cow::Borrowed(" │ ")));
                 }
                 segs.extend(self.segments(cell, true));
             }
-            self.write_segments(&segs);
+            self.write_segments(&mut segs);
             return;
         }
         for (r, row) in table.rows.iter().enumerate() {
@@ -536,14 +643,10 @@ impl Writer {
                 }
                 let mut segs = self.segments(header, true);
                 if !segs.is_empty() {
-                    segs.push(Seg {
-                        text: Cow::Borrowed(": "),
-                        marks: Vec::new(),
-                        mode: Mode::Raw,
-                    });
+                    segs.push(Seg::raw(Cow::Borrowed(": ")));
                 }
                 segs.extend(self.segments(value, false));
-                self.write_segments(&segs);
+                self.write_segments(&mut segs);
             }
         }
     }
@@ -551,16 +654,18 @@ impl Writer {
     // ---- inline ---------------------------------------------------------------------------
 
     fn inlines(&mut self, spans: &[Span], heading: bool) {
-        let segs = self.segments(spans, heading);
-        self.write_segments(&segs);
+        let mut segs = self.segments(spans, heading);
+        self.write_segments(&mut segs);
     }
 
     /// Turns spans into segments with the flavor's formatting ranges.
     fn segments<'a>(&self, spans: &'a [Span], bold: bool) -> Vec<Seg<'a>> {
         let flavor = self.flavor;
-        let mut segs = Vec::new();
+        let mut segs = Vec::with_capacity(spans.len());
         // Plain: the link being read, to append its destination when it ends.
         let mut group: Option<(&str, String)> = None;
+        // The spans of one link share its destination: checked once.
+        let mut checked: Option<(&str, Option<Cow<'a, str>>)> = None;
         for span in spans {
             if flavor == Flavor::Plain {
                 let url = span.style.link.as_deref();
@@ -574,29 +679,27 @@ impl Writer {
                     text.push_str(&span.text);
                 }
             }
-            let link = span
-                .style
-                .link
-                .as_deref()
-                .and_then(|u| link_target(u, flavor));
-            let mut styles = Vec::new();
+            let link = match (span.style.link.as_deref(), &checked) {
+                (None, _) => None,
+                (Some(url), Some((seen, target))) if *seen == url => target.clone(),
+                (Some(url), _) => {
+                    let target = link_target(url, flavor);
+                    checked = Some((url, target.clone()));
+                    target
+                }
+            };
+            let mut styles = 0;
             if flavor != Flavor::Plain {
                 if span.style.bold || bold {
-                    styles.push(Kind::Bold);
+                    styles |= BOLD;
                 }
                 if span.style.italic {
-                    styles.push(Kind::Italic);
+                    styles |= ITALIC;
                 }
                 if span.style.strikethrough {
-                    styles.push(Kind::Strike);
+                    styles |= STRIKE;
                 }
             }
-            let with_link = |link: Option<String>| -> Vec<Kind> {
-                link.map(Kind::Link)
-                    .into_iter()
-                    .chain(styles.iter().cloned())
-                    .collect()
-            };
             let text_mode = if link.is_some() {
                 Mode::LinkText
             } else {
@@ -609,29 +712,24 @@ impl Writer {
                         && link.is_some()
                         && span.style.link.as_deref().map(str::trim) == Some(span.text.trim()) =>
                 {
-                    segs.push(Seg {
-                        text: Cow::Owned(format!("<{}>", link.unwrap_or_default())),
-                        marks: styles.clone(),
-                        mode: Mode::Raw,
-                    });
+                    let target = link.as_deref().unwrap_or_default();
+                    let mut text = String::with_capacity(target.len() + 2);
+                    text.push('<');
+                    text.push_str(target);
+                    text.push('>');
+                    segs.push(Seg::new(Cow::Owned(text), styles, None, Mode::Raw));
                 }
-                SpanKind::Text => segs.push(Seg {
-                    text: Cow::Borrowed(&span.text),
-                    marks: with_link(link),
-                    mode: text_mode,
-                }),
+                SpanKind::Text => {
+                    segs.push(Seg::new(Cow::Borrowed(&span.text), styles, link, text_mode));
+                }
                 // Telegram: code can be inside nothing but a quote, so inside a link it is
                 // text, and bold/italic around it are split.
-                SpanKind::Code if link.is_some() || flavor == Flavor::Plain => segs.push(Seg {
-                    text: Cow::Borrowed(&span.text),
-                    marks: with_link(link),
-                    mode: text_mode,
-                }),
-                SpanKind::Code => segs.push(Seg {
-                    text: Cow::Borrowed(&span.text),
-                    marks: vec![Kind::Code],
-                    mode: Mode::Raw,
-                }),
+                SpanKind::Code if link.is_some() || flavor == Flavor::Plain => {
+                    segs.push(Seg::new(Cow::Borrowed(&span.text), styles, link, text_mode));
+                }
+                SpanKind::Code => {
+                    segs.push(Seg::new(Cow::Borrowed(&span.text), CODE, None, Mode::Raw));
+                }
                 SpanKind::Image { url } => {
                     let alt = if span.text.trim().is_empty() {
                         "image"
@@ -639,25 +737,23 @@ impl Writer {
                         span.text.as_str()
                     };
                     let inside_link = span.style.link.is_some();
-                    segs.push(Seg {
-                        text: Cow::Borrowed("🖼 "),
-                        marks: with_link(link.clone()),
-                        mode: Mode::Raw,
-                    });
+                    segs.push(Seg::new(
+                        Cow::Borrowed("🖼 "),
+                        styles,
+                        link.clone(),
+                        Mode::Raw,
+                    ));
                     let target = if inside_link {
                         link
                     } else {
                         link_target(url, flavor)
                     };
-                    segs.push(Seg {
-                        text: Cow::Borrowed(alt),
-                        mode: if target.is_some() {
-                            Mode::LinkText
-                        } else {
-                            Mode::Text
-                        },
-                        marks: with_link(target),
-                    });
+                    let mode = if target.is_some() {
+                        Mode::LinkText
+                    } else {
+                        Mode::Text
+                    };
+                    segs.push(Seg::new(Cow::Borrowed(alt), styles, target, mode));
                     if flavor == Flavor::Plain && !inside_link {
                         push_url_suffix(&mut segs, url, alt);
                     }
@@ -673,45 +769,70 @@ impl Writer {
     /// Writes segments, opening and closing their ranges so that they nest: a range that
     /// ends closes everything opened after it (reopening what continues); ranges starting
     /// together open longest-lasting first. Adjacent segments sharing a range share one.
-    fn write_segments(&mut self, segs: &[Seg]) {
-        // run[i][k]: how many consecutive segments from i carry segs[i].marks[k].
-        let mut run: Vec<Vec<usize>> = segs.iter().map(|s| vec![1; s.marks.len()]).collect();
-        for i in (0..segs.len().saturating_sub(1)).rev() {
-            for k in 0..segs[i].marks.len() {
-                if let Some(p) = segs[i + 1]
-                    .marks
-                    .iter()
-                    .position(|m| *m == segs[i].marks[k])
-                {
-                    run[i][k] = 1 + run[i + 1][p];
-                }
+    fn write_segments(&mut self, segs: &mut [Seg]) {
+        for i in (0..segs.len()).rev() {
+            let (head, tail) = segs.split_at_mut(i + 1);
+            let Some(seg) = head.last_mut() else { continue };
+            // Runs of a segment without marks stay 0, as made.
+            if !seg.marked() {
+                continue;
+            }
+            for mark in 0..MARKS {
+                seg.run[mark] = match tail.first() {
+                    _ if !seg.has(mark) => 0,
+                    Some(next) if seg.shares(next, mark) => 1 + next.run[mark],
+                    _ => 1,
+                };
             }
         }
-        let mut stack: Vec<(Kind, usize)> = Vec::new();
+        let segs: &[Seg] = segs;
+        // The open ranges, outermost first: mark index and range id. One mark is open at most
+        // once, so MARKS entries always suffice.
+        let mut stack = [(0, 0); MARKS];
+        let mut depth = 0;
+        // The segment whose link is open, to tell one link from the next.
+        let mut link_seg = 0;
         for (i, seg) in segs.iter().enumerate() {
-            if let Some(j) = stack.iter().position(|(k, _)| !seg.marks.contains(k)) {
-                while stack.len() > j {
-                    if let Some((_, id)) = stack.pop() {
-                        self.close(id);
-                    }
+            let carried = |mark: usize| {
+                if mark == LINK {
+                    segs.get(link_seg)
+                        .is_some_and(|open| open.shares(seg, LINK))
+                } else {
+                    seg.has(mark)
+                }
+            };
+            if let Some(j) = stack[..depth].iter().position(|&(mark, _)| !carried(mark)) {
+                while depth > j {
+                    depth -= 1;
+                    self.close(stack[depth].1);
                 }
             }
-            let mut to_open: Vec<usize> = (0..seg.marks.len())
-                .filter(|&k| !stack.iter().any(|(m, _)| *m == seg.marks[k]))
-                .collect();
-            to_open.sort_by(|&a, &b| {
-                run[i][b]
-                    .cmp(&run[i][a])
-                    .then(seg.marks[a].priority().cmp(&seg.marks[b].priority()))
-            });
-            for k in to_open {
-                let id = self.open(seg.marks[k].clone());
-                stack.push((seg.marks[k].clone(), id));
+            if !seg.marked() {
+                self.write(&seg.text, seg.mode);
+                continue;
+            }
+            let mut to_open = [0; MARKS];
+            let mut count = 0;
+            for mark in 0..MARKS {
+                if seg.has(mark) && !stack[..depth].iter().any(|&(m, _)| m == mark) {
+                    to_open[count] = mark;
+                    count += 1;
+                }
+            }
+            to_open[..count].sort_unstable_by(|&a, &b| seg.run[b].cmp(&seg.run[a]).then(a.cmp(&b)));
+            for &mark in &to_open[..count] {
+                let id = self.open(seg.kind(mark));
+                if mark == LINK {
+                    link_seg = i;
+                }
+                stack[depth] = (mark, id);
+                depth += 1;
             }
             self.write(&seg.text, seg.mode);
         }
-        while let Some((_, id)) = stack.pop() {
-            self.close(id);
+        while depth > 0 {
+            depth -= 1;
+            self.close(stack[depth].1);
         }
     }
 }
@@ -723,15 +844,18 @@ fn checkbox(done: bool) -> &'static str {
 /// Plain flavor: ` (url)` after a link whose destination is worth showing.
 fn push_url_suffix(segs: &mut Vec<Seg<'_>>, url: &str, text: &str) {
     let shown = url.trim();
-    let scheme = shown.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
-    let displayable = matches!(scheme.as_deref(), Some("http" | "https" | "tg" | "mailto"));
+    let displayable = shown.split_once(':').is_some_and(|(scheme, _)| {
+        ["http", "https", "tg", "mailto"]
+            .iter()
+            .any(|s| scheme.eq_ignore_ascii_case(s))
+    });
     let same = shown == text.trim() || shown.strip_prefix("mailto:") == Some(text.trim());
     if displayable && !same {
-        segs.push(Seg {
-            text: Cow::Owned(format!(" ({shown})")),
-            marks: Vec::new(),
-            mode: Mode::Raw,
-        });
+        let mut suffix = String::with_capacity(shown.len() + 3);
+        suffix.push_str(" (");
+        suffix.push_str(shown);
+        suffix.push(')');
+        segs.push(Seg::raw(Cow::Owned(suffix)));
     }
 }
 
@@ -770,13 +894,28 @@ fn bare_url(s: &str) -> &str {
     }
 }
 
+/// The bytes [`link_target`] keeps as they are: printable ASCII but `"<>\\^`{|}`. A table:
+/// testing each byte against the list cost more than the rest of the check.
+static URL_AS_IS: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = b'!';
+    while b <= b'~' {
+        table[b as usize] = !matches!(
+            b,
+            b'"' | b'<' | b'>' | b'\\' | b'^' | b'`' | b'{' | b'|' | b'}'
+        );
+        b += 1;
+    }
+    table
+};
+
 /// The destination a flavor links to, normalized, or `None` when the link stays plain text.
 ///
 /// Telegram: http, https and tg; Discord: http and https; plain: never (plain text shows
 /// destinations itself). An http(s) URL needs a host of letters, digits, `-`, `.`, `_` and an
 /// optional port (no credentials): Telegram refuses a whole message whose `text_link` it
 /// cannot parse. Spaces, controls and `"<>\^`{|}` are percent-encoded.
-pub(crate) fn link_target(url: &str, flavor: Flavor) -> Option<String> {
+pub(crate) fn link_target(url: &str, flavor: Flavor) -> Option<Cow<'_, str>> {
     let url = url.trim();
     let max = match flavor {
         Flavor::Telegram => TELEGRAM_MAX_URL,
@@ -786,54 +925,80 @@ pub(crate) fn link_target(url: &str, flavor: Flavor) -> Option<String> {
     if url.len() > max {
         return None;
     }
-    let (scheme, rest) = url.split_once(':')?;
-    let scheme = scheme.to_ascii_lowercase();
-    match (scheme.as_str(), flavor) {
-        ("http" | "https", _) => {
-            let after = rest.strip_prefix("//")?;
-            let authority = after.split(['/', '?', '#']).next().unwrap_or("");
-            let host = match authority.rsplit_once(':') {
-                Some((host, port)) => {
-                    if port.is_empty()
-                        || port.len() > 5
-                        || !port.chars().all(|c| c.is_ascii_digit())
-                    {
-                        return None;
-                    }
-                    host
+    // Byte searches: a `char` pattern's searcher costs more than these few bytes.
+    let colon = url.bytes().position(|b| b == b':')?;
+    let (scheme, rest) = (&url[..colon], &url[colon + 1..]);
+    let is = |name: &str| scheme.eq_ignore_ascii_case(name);
+    if is("http") || is("https") {
+        let after = rest.strip_prefix("//")?;
+        let authority = after
+            .bytes()
+            .position(|b| matches!(b, b'/' | b'?' | b'#'))
+            .map_or(after, |end| &after[..end]);
+        let host = match authority.bytes().rposition(|b| b == b':') {
+            Some(colon) => {
+                let (host, port) = (&authority[..colon], &authority[colon + 1..]);
+                if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
                 }
-                None => authority,
-            };
-            let host_ok = host.chars().any(char::is_alphanumeric)
+                host
+            }
+            None => authority,
+        };
+        // Bytes when ASCII (the same test, without decoding chars).
+        let host_ok = if host.is_ascii() {
+            let (mut alphanumeric, mut allowed) = (false, true);
+            for &b in host.as_bytes() {
+                alphanumeric |= b.is_ascii_alphanumeric();
+                allowed &= b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_');
+            }
+            alphanumeric && allowed
+        } else {
+            host.chars().any(char::is_alphanumeric)
                 && host
                     .chars()
-                    .all(|c| c.is_alphanumeric() || matches!(c, '-' | '.' | '_'));
-            if !host_ok {
-                return None;
-            }
+                    .all(|c| c.is_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        };
+        if !host_ok {
+            return None;
         }
-        ("tg", Flavor::Telegram) => {
-            let after = rest.trim_start_matches('/');
-            if !after.starts_with(|c: char| c.is_ascii_alphanumeric()) {
-                return None;
-            }
+    } else if is("tg") && flavor == Flavor::Telegram {
+        let after = rest.trim_start_matches('/');
+        if !after.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+            return None;
         }
-        _ => return None,
+    } else {
+        return None;
     }
-    let mut out = String::with_capacity(url.len());
-    out.push_str(&scheme);
+    let encoded = |c: char| {
+        c.is_whitespace()
+            || c.is_control()
+            || matches!(c, '"' | '<' | '>' | '\\' | '^' | '`' | '{' | '|' | '}')
+    };
+    // Most destinations are already normal (lowercase scheme, printable ASCII but the bytes
+    // `encoded` escapes): they are used as written, without a copy.
+    if !scheme.bytes().any(|b| b.is_ascii_uppercase())
+        && rest.bytes().all(|b| URL_AS_IS[usize::from(b)])
+    {
+        return Some(Cow::Borrowed(url));
+    }
+    let mut out = String::with_capacity(url.len() + 8);
+    out.push_str(&scheme.to_ascii_lowercase());
     out.push(':');
     for c in rest.chars() {
-        if c.is_whitespace() || c.is_control() || "\"<>\\^`{|}".contains(c) {
+        if encoded(c) {
             let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{b:02X}"));
+            for &b in c.encode_utf8(&mut buf).as_bytes() {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                out.push('%');
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xF)]));
             }
         } else {
             out.push(c);
         }
     }
-    Some(out)
+    Some(Cow::Owned(out))
 }
 
 // ---- tables ---------------------------------------------------------------------------------

@@ -6,12 +6,16 @@
 //! renderers walk the tree recursively and a reply of ten thousand `>` must not overflow the
 //! stack.
 
-use pulldown_cmark::{CodeBlockKind, Event, LinkType, Options, Parser, Tag, TagEnd};
+use pulldown_cmark::{CodeBlockKind, CowStr, Event, LinkType, Options, Parser, Tag, TagEnd};
 
 use super::ir::{Alignment, Block, Cell, Document, List, ListItem, Span, SpanKind, Style, Table};
 
 /// Quotes and lists nested deeper than this are merged into the enclosing container.
 pub(crate) const MAX_DEPTH: usize = 16;
+
+/// Spans a paragraph's list starts with: a reply's paragraph rarely has more runs, and
+/// growing the list twice (4, then 8) cost more than the spans themselves.
+const PARAGRAPH_SPANS: usize = 8;
 
 /// Parses Markdown into a [`Document`].
 ///
@@ -77,30 +81,34 @@ struct OpenImage {
 }
 
 /// A link being read.
-struct OpenLink {
-    url: String,
-    /// The visible text seen so far, to replace an empty link text by the URL.
-    text: String,
+struct OpenLink<'a> {
+    /// Borrowed from the input where it can be: each span of the link copies it anyway.
+    url: CowStr<'a>,
+    /// Whether anything visible was seen inside: an empty link text is replaced by the URL.
+    visible: bool,
 }
 
-struct Builder {
+struct Builder<'a> {
     stack: Vec<Frame>,
     strong: usize,
     emphasis: usize,
     strikethrough: usize,
-    links: Vec<OpenLink>,
+    links: Vec<OpenLink<'a>>,
     image: Option<OpenImage>,
     /// Number of quote/list/item containers currently open (flattened ones excluded).
     depth: usize,
 }
 
-impl Builder {
+impl<'a> Builder<'a> {
     fn new() -> Self {
+        // Room for the usual nesting (root, list, item, paragraph) without regrowing.
+        let mut stack = Vec::with_capacity(8);
+        stack.push(Frame::Container {
+            kind: ContainerKind::Root,
+            blocks: Vec::new(),
+        });
         Self {
-            stack: vec![Frame::Container {
-                kind: ContainerKind::Root,
-                blocks: Vec::new(),
-            }],
+            stack,
             strong: 0,
             emphasis: 0,
             strikethrough: 0,
@@ -110,7 +118,7 @@ impl Builder {
         }
     }
 
-    fn event(&mut self, event: Event<'_>) {
+    fn event(&mut self, event: Event<'a>) {
         match event {
             Event::Start(tag) => self.start(tag),
             Event::End(tag) => self.end(tag),
@@ -150,7 +158,7 @@ impl Builder {
         }
     }
 
-    fn start(&mut self, tag: Tag<'_>) {
+    fn start(&mut self, tag: Tag<'a>) {
         if let Some(image) = &mut self.image {
             // Inside an image everything is alt text; only nesting depth matters.
             if matches!(tag, Tag::Image { .. }) {
@@ -168,18 +176,19 @@ impl Builder {
                 ..
             } => {
                 let url = if link_type == LinkType::Email {
-                    format!("mailto:{dest_url}")
+                    CowStr::from(format!("mailto:{dest_url}"))
                 } else {
-                    dest_url.to_string()
+                    dest_url
                 };
                 self.links.push(OpenLink {
                     url,
-                    text: String::new(),
+                    visible: false,
                 });
             }
             Tag::Image { dest_url, .. } => {
                 self.image = Some(OpenImage {
-                    url: dest_url.to_string(),
+                    // Not `to_string`: that formats through `Display`.
+                    url: dest_url.into_string(),
                     alt: String::new(),
                     depth: 1,
                 });
@@ -189,7 +198,7 @@ impl Builder {
                 self.mark_loose();
                 self.stack.push(Frame::Inline {
                     kind: InlineKind::Paragraph,
-                    spans: Vec::new(),
+                    spans: Vec::with_capacity(PARAGRAPH_SPANS),
                     implicit: false,
                 });
             }
@@ -197,7 +206,7 @@ impl Builder {
                 self.close_implicit();
                 self.stack.push(Frame::Inline {
                     kind: InlineKind::Heading(level as u8),
-                    spans: Vec::new(),
+                    spans: Vec::with_capacity(PARAGRAPH_SPANS),
                     implicit: false,
                 });
             }
@@ -314,12 +323,13 @@ impl Builder {
             TagEnd::Strikethrough => self.strikethrough = self.strikethrough.saturating_sub(1),
             TagEnd::Link => {
                 // A link with no visible text shows its destination instead.
-                let empty = self
-                    .links
-                    .last()
-                    .is_some_and(|link| link.text.trim().is_empty());
+                let empty = self.links.last().is_some_and(|link| !link.visible);
                 if empty {
-                    let url = self.links.last().map(|l| l.url.clone()).unwrap_or_default();
+                    let url = self
+                        .links
+                        .last()
+                        .map(|l| String::from(&*l.url))
+                        .unwrap_or_default();
                     self.text(&url, SpanKind::Text);
                 }
                 self.links.pop();
@@ -475,7 +485,7 @@ impl Builder {
             bold: self.strong > 0,
             italic: self.emphasis > 0,
             strikethrough: self.strikethrough > 0,
-            link: self.links.last().map(|link| link.url.clone()),
+            link: self.links.last().map(|link| String::from(&*link.url)),
         }
     }
 
@@ -488,6 +498,23 @@ impl Builder {
             Some(Frame::Code { code, .. }) => code.push_str(text),
             Some(Frame::Html(html)) => html.push_str(text),
             _ => {
+                // Text of the last span's style is appended to it: no span (nor style, which
+                // holds a copy of the link) is made for it.
+                if let Some(Frame::Inline { spans, .. }) = self.stack.last_mut()
+                    && let Some(last) = spans.last_mut()
+                    && !text.is_empty()
+                    && mergeable(&last.kind, &kind)
+                    && last.style.bold == (self.strong > 0)
+                    && last.style.italic == (self.emphasis > 0)
+                    && last.style.strikethrough == (self.strikethrough > 0)
+                    && last.style.link.as_deref() == self.links.last().map(|l| &*l.url)
+                {
+                    last.text.push_str(text);
+                    if let Some(link) = self.links.last_mut() {
+                        link.visible |= !text.trim().is_empty();
+                    }
+                    return;
+                }
                 let span = Span {
                     text: text.to_string(),
                     style: self.style(),
@@ -502,14 +529,12 @@ impl Builder {
     /// text sits directly in a container), merging it into the previous span of the same
     /// style.
     fn push_span(&mut self, span: Span) {
+        let image = matches!(span.kind, SpanKind::Image { .. });
         if let Some(link) = self.links.last_mut() {
-            link.text.push_str(&span.text);
-            if matches!(span.kind, SpanKind::Image { .. }) {
-                // An image counts as visible link content even with an empty alt.
-                link.text.push('x');
-            }
+            // An image counts as visible link content even with an empty alt.
+            link.visible |= image || !span.text.trim().is_empty();
         }
-        if span.text.is_empty() && !matches!(span.kind, SpanKind::Image { .. }) {
+        if span.text.is_empty() && !image {
             return;
         }
         if !matches!(self.stack.last(), Some(Frame::Inline { .. })) {

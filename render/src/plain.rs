@@ -25,7 +25,7 @@ pub fn render_document(doc: &Document) -> String {
 /// two chars. Empty when there is nothing to show.
 pub fn render_parts(markdown: &str, limit: usize) -> Vec<String> {
     let rich = layout::layout(&super::parse(markdown), Flavor::Plain);
-    split::split(&rich, limit.max(2), false)
+    split::split(rich, limit.max(2), false)
         .into_iter()
         .map(|part| part.text)
         .collect()

@@ -15,10 +15,17 @@ use super::layout::{Ent, Kind, Rich};
 /// separator at the start (leading spaces inside a code block are kept: they are
 /// indentation). Whitespace-only parts are dropped. A part holds at least one char, so a
 /// char larger than `limit` still makes progress.
-pub(crate) fn split(rich: &Rich, limit: usize, protect_escapes: bool) -> Vec<Rich> {
+pub(crate) fn split(rich: Rich, limit: usize, protect_escapes: bool) -> Vec<Rich> {
+    let mut start = first_start(&rich);
+    // Most replies fit one part: the layout's text (already trimmed at the end) is that
+    // part as it is, with no copy of its text and ranges.
+    // A char has no more UTF-16 units than bytes, so most texts need no counting.
+    let fits = rich.text.len() <= limit || utf16_len(&rich.text) <= limit;
+    if start == 0 && !rich.text.is_empty() && fits {
+        return vec![rich];
+    }
     let mut parts = Vec::new();
-    let mut start = first_start(rich);
-    while let Some((part, next)) = next_part(rich, start, limit, protect_escapes) {
+    while let Some((part, next)) = next_part(&rich, start, limit, protect_escapes) {
         parts.extend(part);
         start = next;
     }

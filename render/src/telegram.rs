@@ -102,7 +102,7 @@ pub fn render_document(doc: &Document) -> Vec<TelegramPart> {
 /// code block that must split gets its own `pre` (same language) in each part.
 pub fn render_document_with_limit(doc: &Document, limit: usize) -> Vec<TelegramPart> {
     let rich = layout::layout(doc, Flavor::Telegram);
-    split::split(&rich, limit.max(2), false)
+    split::split(rich, limit.max(2), false)
         .into_iter()
         .map(to_part)
         .collect()
@@ -110,20 +110,22 @@ pub fn render_document_with_limit(doc: &Document, limit: usize) -> Vec<TelegramP
 
 /// Byte ranges -> UTF-16 entities.
 fn to_part(rich: Rich) -> TelegramPart {
-    // utf16[b]: UTF-16 offset of byte b (valid at char boundaries).
-    let mut utf16 = vec![0; rich.text.len() + 1];
-    let mut units = 0;
-    for (b, c) in rich.text.char_indices() {
-        utf16[b] = units;
-        units += c.len_utf16();
-    }
-    utf16[rich.text.len()] = units;
+    let text = rich.text.as_str();
+    // In ASCII text a byte is a unit. Otherwise, ranges coming sorted by start, the offsets
+    // are counted in one pass from the last start, each end from its own start.
+    let ascii = text.is_ascii();
+    let units_of = |s: &str| if ascii { s.len() } else { utf16_len(s) };
+    let (mut byte, mut units) = (0, 0);
     let mut entities: Vec<Entity> = rich
         .entities
         .into_iter()
         .filter_map(|e| {
-            let offset = *utf16.get(e.start)?;
-            let end = *utf16.get(e.end)?;
+            if e.start < byte {
+                (byte, units) = (0, 0);
+            }
+            units += units_of(text.get(byte..e.start)?);
+            byte = e.start;
+            let length = units_of(text.get(e.start..e.end)?);
             let kind = match e.kind {
                 Kind::Bold => EntityKind::Bold,
                 Kind::Italic => EntityKind::Italic,
@@ -133,10 +135,10 @@ fn to_part(rich: Rich) -> TelegramPart {
                 Kind::Pre(language) => EntityKind::Pre { language },
                 Kind::Quote => EntityKind::Blockquote,
             };
-            (end > offset).then_some(Entity {
+            (length > 0).then_some(Entity {
                 kind,
-                offset,
-                length: end - offset,
+                offset: units,
+                length,
             })
         })
         .collect();
