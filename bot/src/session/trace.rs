@@ -76,6 +76,9 @@ pub(super) struct Kept {
     day: NaiveDate,
     usage: usage::DayUsage,
     head: TraceHead,
+    /// The day's member records the chat's commits wrote, by key: the chat's worker is
+    /// also their only writer. Bounded by the members it answered that day.
+    members: usage::KnownMembers,
 }
 
 /// Where a chat's ring stands.
@@ -331,10 +334,10 @@ impl ChatWorker {
             return Ok((writes, kept));
         }
         let day = self.manager.now().date_naive();
-        let (known_usage, known_head) = match kept {
-            Some(kept) if kept.day == day => (Some(kept.usage), Some(kept.head)),
-            Some(kept) => (None, Some(kept.head)),
-            None => (None, None),
+        let (known_usage, known_head, mut known_members) = match kept {
+            Some(kept) if kept.day == day => (Some(kept.usage), Some(kept.head), kept.members),
+            Some(kept) => (None, Some(kept.head), usage::KnownMembers::default()),
+            None => (None, None, usage::KnownMembers::default()),
         };
         let usage = facts.map(|f| (&f.usage, f.cost_nanos));
         let (write, day_usage) = usage::add(
@@ -355,6 +358,7 @@ impl ChatWorker {
             usage,
             budget_told == Told::Members,
             &folded,
+            &mut known_members,
         )?);
         writes.extend(folded.iter().map(usage::Folded::delete));
         let Some(facts) = facts else {
@@ -364,6 +368,7 @@ impl ChatWorker {
                     day,
                     usage: day_usage,
                     head,
+                    members: known_members,
                 }),
             ));
         };
@@ -435,6 +440,7 @@ impl ChatWorker {
                 day,
                 usage: day_usage,
                 head,
+                members: known_members,
             }),
         ))
     }

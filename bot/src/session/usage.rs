@@ -13,6 +13,8 @@
 //! fire, a task notice or an auto-chat turn is charged to the chat only. A turn is refused
 //! for the member budget only when every member it would answer has used theirs.
 
+use std::collections::HashMap;
+
 use chrono::{NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -185,10 +187,17 @@ struct Charge<'a> {
     cost_nanos: u64,
 }
 
+/// Member day records as a chat's last commits wrote them, by [`member_key`]: read from
+/// the store only when missing here.
+pub(super) type KnownMembers = HashMap<String, MemberDay>;
+
 /// The writes that add a turn's tokens and cost (`spent`, in nanodollars) to its
 /// `members`, shared evenly (the first ones take the remainder), mark them `told` when the
 /// turn's reply told them their budget was used up, and add what `folded` work they started
-/// spent. One write per member, whatever they are charged for.
+/// spent. One write per member, whatever they are charged for. `known` gives the records
+/// the chat's earlier commits wrote, and gets the ones this one writes.
+// One argument per fact of the turn, as `add` takes them, and the worker's known records.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn add_members(
     store: &dyn Store,
     day: NaiveDate,
@@ -197,6 +206,7 @@ pub(super) fn add_members(
     spent: Option<(&Usage, u64)>,
     told: bool,
     folded: &[Folded],
+    known: &mut KnownMembers,
 ) -> Result<Vec<KvWrite>, StoreError> {
     let total = spent.map_or(0, |(u, _)| tokens(u));
     let count = u64::try_from(members.len()).unwrap_or(u64::MAX).max(1);
@@ -243,13 +253,16 @@ pub(super) fn add_members(
             None => {
                 // An unreadable record must not keep the turn from committing: it counts
                 // afresh.
-                let record = match store.kv_get(MEMBER_USAGE_SPACE, &key) {
-                    Ok(Some(json)) => serde_json::from_str(&json).unwrap_or_default(),
-                    Ok(None) => MemberDay::default(),
-                    Err(e) => {
-                        tracing::warn!(session, error = %e, "unreadable member usage; it counts afresh");
-                        MemberDay::default()
-                    }
+                let record = match known.get(&key) {
+                    Some(record) => record.clone(),
+                    None => match store.kv_get(MEMBER_USAGE_SPACE, &key) {
+                        Ok(Some(json)) => serde_json::from_str(&json).unwrap_or_default(),
+                        Ok(None) => MemberDay::default(),
+                        Err(e) => {
+                            tracing::warn!(session, error = %e, "unreadable member usage; it counts afresh");
+                            MemberDay::default()
+                        }
+                    },
                 };
                 records.push((key, record));
                 records.len() - 1
@@ -269,14 +282,16 @@ pub(super) fn add_members(
     records
         .into_iter()
         .map(|(key, record)| {
-            Ok(KvWrite {
+            let write = KvWrite {
                 space: MEMBER_USAGE_SPACE.to_owned(),
-                key,
+                key: key.clone(),
                 value: Some(
                     serde_json::to_string(&record).map_err(|e| StoreError::Io(e.to_string()))?,
                 ),
                 if_unchanged: None,
-            })
+            };
+            known.insert(key, record);
+            Ok(write)
         })
         .collect()
 }
