@@ -15,7 +15,8 @@
 //!   (Perplexity repeats a growing usage in every chunk);
 //! - `{"error": ...}` is an error, never text; data that is not JSON is [`LlmError::Malformed`].
 //!
-//! SSE framing is left to `sse-parse`, through [`for_each_data`] (the Anthropic client's too).
+//! SSE framing, through [`for_each_data`] (the Anthropic client's too): the usual event, one
+//! `data:` line, is read in place; any other shape is left to `sse-parse`.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -65,14 +66,14 @@ struct PartialCall {
 
 // The raw chunk is read into typed structs rather than a `Value` tree: unknown fields are
 // skipped without allocating, which matters for long streams. Fields whose type providers do
-// not agree on stay `Value` and are interpreted leniently below.
+// not agree on are interpreted leniently by their own `Deserialize`.
 
 #[derive(Deserialize)]
 struct RawChunk<'a> {
     #[serde(default, borrow)]
-    choices: Option<Vec<RawChoice<'a>>>,
+    choices: Option<Few<RawChoice<'a>>>,
     #[serde(default)]
-    usage: Option<Value>,
+    usage: RawUsage,
     #[serde(default)]
     error: Option<Value>,
 }
@@ -89,7 +90,7 @@ struct RawChoice<'a> {
     finish_reason: Text<'a>,
     // Moonshot puts usage inside the choice.
     #[serde(default)]
-    usage: Option<Value>,
+    usage: RawUsage,
 }
 
 #[derive(Deserialize)]
@@ -100,26 +101,388 @@ struct RawDelta<'a> {
     reasoning_content: Text<'a>,
     #[serde(default, borrow)]
     reasoning: Text<'a>,
-    #[serde(default)]
-    tool_calls: Option<Vec<RawToolCall>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Few<RawToolCall<'a>>>,
 }
 
 #[derive(Deserialize)]
-struct RawToolCall {
+struct RawToolCall<'a> {
     #[serde(default)]
     index: Option<u32>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    function: Option<RawFunction>,
+    #[serde(default, borrow)]
+    id: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    function: Option<RawFunction<'a>>,
 }
 
 #[derive(Deserialize)]
-struct RawFunction {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    arguments: Option<Value>,
+struct RawFunction<'a> {
+    #[serde(default, borrow)]
+    name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    arguments: Option<Arguments<'a>>,
+}
+
+/// The elements of a JSON array that almost always holds one (`choices` without `n`, the
+/// tool-call deltas of one chunk), in a vector allocated for one: `Vec`'s own visitor starts
+/// empty and grows to four through the general growth path. (Keeping the first element
+/// inline measured slower: a choice is large, and it is moved several times while read.)
+struct Few<T>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Few<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = Few<T>;
+            // The words of `Vec`'s own visitor, so a malformed chunk reads as it always did.
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Few<T>, A::Error> {
+                let Some(first) = seq.next_element()? else {
+                    return Ok(Few(Vec::new()));
+                };
+                let mut items = Vec::with_capacity(1);
+                items.push(first);
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Few(items))
+            }
+        }
+        deserializer.deserialize_seq(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A string field (a tool call's id or name), read in place when it holds no escapes.
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Str<'a>;
+            // The words of `String`'s own visitor, so a malformed chunk reads as it always did.
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A tool call's `arguments`: JSON text, as the API specifies, read in place when it holds no
+/// escapes; anything else (arguments sent as an object) is kept as a [`Value`] and appended as
+/// its JSON text.
+enum Arguments<'a> {
+    Text(Cow<'a, str>),
+    Other(Value),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Arguments<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Arguments<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any valid JSON value")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Arguments<'a>, E> {
+                Ok(Arguments::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Arguments<'a>, E> {
+                Ok(Arguments::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Arguments<'a>, E> {
+                Ok(Arguments::Text(Cow::Owned(v)))
+            }
+            fn visit_unit<E>(self) -> Result<Arguments<'a>, E> {
+                Ok(Arguments::Other(Value::Null))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Arguments<'a>, E> {
+                Ok(Arguments::Other(Value::Bool(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Arguments<'a>, E> {
+                Ok(Arguments::Other(Value::from(v)))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Arguments<'a>, E> {
+                Ok(Arguments::Other(Value::from(v)))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Arguments<'a>, E> {
+                Ok(Arguments::Other(Value::from(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<Arguments<'a>, A::Error> {
+                Value::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(Arguments::Other)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Arguments<'a>, A::Error> {
+                Value::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(Arguments::Other)
+            }
+        }
+        deserializer.deserialize_any(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A `usage` field, read straight into counts instead of through a [`Value`] tree.
+///
+/// As lenient as reading [`Usage`] from the `Value` was: anything but an object (`null`
+/// included) is no usage; an object whose count fields are not all non-negative integers is
+/// a usage not worth failing the completion for, ignored; every other field is skipped. Of a
+/// key given twice, the last counts, as in a `Value` map.
+///
+/// The usage is boxed: it comes once a stream, and every chunk's structs are moved a few
+/// times while they are read.
+#[derive(Default)]
+enum RawUsage {
+    #[default]
+    Absent,
+    Unreadable,
+    Read(Box<Usage>),
+}
+
+/// The keys of a usage object that are read; the others are skipped.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum UsageKey {
+    PromptTokens,
+    CompletionTokens,
+    TotalTokens,
+    CacheReadTokens,
+    CacheWriteTokens,
+    PromptTokensDetails,
+    #[serde(other)]
+    Other,
+}
+
+/// Any JSON value, remembered only as a count when it is a non-negative integer (what a
+/// `u64` field accepts); other values are skipped.
+enum Count {
+    Valid(u64),
+    Invalid,
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any valid JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Count, E> {
+                Ok(Count::Valid(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Count, E> {
+                Ok(u64::try_from(v).map_or(Count::Invalid, Count::Valid))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
+                Ok(Count::Invalid)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
+                Ok(Count::Invalid)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Count, E> {
+                Ok(Count::Invalid)
+            }
+            fn visit_unit<E>(self) -> Result<Count, E> {
+                Ok(Count::Invalid)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Count, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Count::Invalid)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Count, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Count::Invalid)
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+/// `prompt_tokens_details.cached_tokens` (OpenAI's cache hits, already counted in
+/// `prompt_tokens`): zero when absent or not a count, never a reason to drop the usage.
+struct CachedTokens(u64);
+
+impl<'de> Deserialize<'de> for CachedTokens {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(field_identifier, rename_all = "snake_case")]
+        enum Key {
+            CachedTokens,
+            #[serde(other)]
+            Other,
+        }
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = CachedTokens;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any valid JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<CachedTokens, A::Error> {
+                let mut cached = 0;
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::CachedTokens => {
+                            cached = match map.next_value::<Count>()? {
+                                Count::Valid(n) => n,
+                                Count::Invalid => 0,
+                            };
+                        }
+                        Key::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(CachedTokens(cached))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<CachedTokens, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(CachedTokens(0))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<CachedTokens, E> {
+                Ok(CachedTokens(0))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<CachedTokens, E> {
+                Ok(CachedTokens(0))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<CachedTokens, E> {
+                Ok(CachedTokens(0))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<CachedTokens, E> {
+                Ok(CachedTokens(0))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<CachedTokens, E> {
+                Ok(CachedTokens(0))
+            }
+            fn visit_unit<E>(self) -> Result<CachedTokens, E> {
+                Ok(CachedTokens(0))
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawUsage {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = RawUsage;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any valid JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawUsage, A::Error> {
+                // `None`: absent (zero); `Some(Invalid)`: present but not a count.
+                let mut counts: [Option<Count>; 5] = [None, None, None, None, None];
+                let mut cached = 0;
+                while let Some(key) = map.next_key::<UsageKey>()? {
+                    let slot = match key {
+                        UsageKey::PromptTokens => 0,
+                        UsageKey::CompletionTokens => 1,
+                        UsageKey::TotalTokens => 2,
+                        UsageKey::CacheReadTokens => 3,
+                        UsageKey::CacheWriteTokens => 4,
+                        UsageKey::PromptTokensDetails => {
+                            cached = map.next_value::<CachedTokens>()?.0;
+                            continue;
+                        }
+                        UsageKey::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    counts[slot] = Some(map.next_value::<Count>()?);
+                }
+                let mut values = [0u64; 5];
+                for (value, count) in values.iter_mut().zip(counts) {
+                    match count {
+                        None => {}
+                        Some(Count::Valid(n)) => *value = n,
+                        Some(Count::Invalid) => return Ok(RawUsage::Unreadable),
+                    }
+                }
+                let [
+                    prompt_tokens,
+                    completion_tokens,
+                    total_tokens,
+                    _,
+                    cache_write_tokens,
+                ] = values;
+                // The top-level `cache_read_tokens` must be a count for the usage to be read,
+                // but OpenAI's `prompt_tokens_details` is what is kept.
+                Ok(RawUsage::Read(Box::new(Usage {
+                    prompt_tokens,
+                    completion_tokens,
+                    total_tokens,
+                    cache_read_tokens: cached,
+                    cache_write_tokens,
+                })))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RawUsage, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(RawUsage::Absent)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<RawUsage, E> {
+                Ok(RawUsage::Absent)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<RawUsage, E> {
+                Ok(RawUsage::Absent)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<RawUsage, E> {
+                Ok(RawUsage::Absent)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<RawUsage, E> {
+                Ok(RawUsage::Absent)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<RawUsage, E> {
+                Ok(RawUsage::Absent)
+            }
+            fn visit_unit<E>(self) -> Result<RawUsage, E> {
+                Ok(RawUsage::Absent)
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
 }
 
 /// A text field of a delta: most chunks carry a string, read in place when it holds no
@@ -221,7 +584,15 @@ impl StreamAssembler {
         if self.done {
             return Ok(true);
         }
-        let data = data.trim();
+        // `trim` walks characters from both ends; a chunk that starts and ends with a visible
+        // ASCII character (`{`, `}`) has nothing to trim.
+        let bytes = data.as_bytes();
+        let untrimmed = |b: Option<&u8>| b.is_some_and(u8::is_ascii_graphic);
+        let data = if untrimmed(bytes.first()) && untrimmed(bytes.last()) {
+            data
+        } else {
+            data.trim()
+        };
         if data.is_empty() {
             return Ok(false);
         }
@@ -239,16 +610,17 @@ impl StreamAssembler {
             return Err(LlmError::Stream(error_message(&error)));
         }
         self.chunks += 1;
-        self.record_usage(chunk.usage);
-        for choice in chunk.choices.unwrap_or_default() {
-            self.record_usage(choice.usage);
+        self.record_usage(&chunk.usage);
+        // By reference: a choice is a large struct, and moving it out costs a copy.
+        for choice in chunk.choices.iter().flat_map(|c| &c.0) {
+            self.record_usage(&choice.usage);
             let state = self.choices.entry(choice.index.unwrap_or(0)).or_default();
             // Some servers send `""` instead of `null` while the choice is still running.
             let reason = choice.finish_reason.as_str();
             if let Some(reason) = reason.filter(|r| !r.is_empty()) {
                 state.finish_reason = Some(reason.to_owned());
             }
-            if let Some(delta) = choice.delta {
+            if let Some(delta) = &choice.delta {
                 state.apply(delta);
             }
         }
@@ -292,67 +664,63 @@ impl StreamAssembler {
         }
     }
 
-    fn record_usage(&mut self, usage: Option<Value>) {
-        let Some(usage) = usage.filter(Value::is_object) else {
-            return;
-        };
-        // OpenAI reports cache hits inside `prompt_tokens_details` (already counted in
-        // `prompt_tokens`); the typed read below does not look there.
-        let cached = usage
-            .pointer("/prompt_tokens_details/cached_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        // A usage of an unexpected shape is not worth failing the completion for.
-        match serde_json::from_value::<Usage>(usage) {
-            Ok(usage) => {
-                self.usage = Some(Usage {
-                    cache_read_tokens: cached,
-                    ..usage
-                });
+    fn record_usage(&mut self, usage: &RawUsage) {
+        match usage {
+            RawUsage::Absent => {}
+            RawUsage::Read(usage) => self.usage = Some(Usage::clone(usage)),
+            // A usage of an unexpected shape is not worth failing the completion for.
+            RawUsage::Unreadable => {
+                tracing::debug!("ignoring unreadable usage in LLM stream: a count is not a u64")
             }
-            Err(e) => tracing::debug!(error = %e, "ignoring unreadable usage in LLM stream"),
         }
     }
 }
 
 impl ChoiceState {
-    fn apply(&mut self, delta: RawDelta) {
+    fn apply(&mut self, delta: &RawDelta) {
         push_text(&mut self.content, &delta.content);
         // Some servers send the same text under both names; take one.
         match (&delta.reasoning_content, &delta.reasoning) {
             (Text::Absent, r) | (r, _) => push_text(&mut self.reasoning, r),
         }
-        for call in delta.tool_calls.unwrap_or_default() {
+        for call in delta.tool_calls.iter().flat_map(|c| &c.0) {
             self.apply_tool_call(call);
         }
     }
 
-    fn apply_tool_call(&mut self, delta: RawToolCall) {
-        let id = delta.id.filter(|id| !id.is_empty());
-        let index = delta
-            .index
-            .unwrap_or_else(|| self.infer_index(id.as_deref()));
+    fn apply_tool_call(&mut self, delta: &RawToolCall) {
+        let id = delta
+            .id
+            .as_ref()
+            .map(|id| &*id.0)
+            .filter(|id| !id.is_empty());
+        let index = delta.index.unwrap_or_else(|| self.infer_index(id));
         let call = self.tool_calls.entry(index).or_default();
         if call.id.is_empty()
             && let Some(id) = id
         {
-            call.id = id;
+            call.id = id.to_owned();
         }
-        let Some(function) = delta.function else {
+        let Some(function) = &delta.function else {
             return;
         };
-        if let Some(name) = function.name.filter(|n| !n.is_empty()) {
+        if let Some(name) = function
+            .name
+            .as_ref()
+            .map(|n| &*n.0)
+            .filter(|n| !n.is_empty())
+        {
             // A provider that repeats the whole name in every delta must not double it; a
             // name genuinely streamed as two equal halves is not a real-world case.
             if call.name != name {
-                call.name.push_str(&name);
+                call.name.push_str(name);
             }
         }
-        match function.arguments {
-            Some(Value::String(args)) => call.arguments.push_str(&args),
-            None | Some(Value::Null) => {}
+        match &function.arguments {
+            Some(Arguments::Text(args)) => call.arguments.push_str(args),
+            None | Some(Arguments::Other(Value::Null)) => {}
             // Arguments sent as a JSON object instead of JSON text: keep them as text.
-            Some(other) => call.arguments.push_str(&other.to_string()),
+            Some(Arguments::Other(other)) => call.arguments.push_str(&other.to_string()),
         }
     }
 
@@ -401,7 +769,14 @@ impl ChoiceState {
 /// "text":...}]`); other part types (images, "thinking" blocks) are not visible text.
 fn push_text(out: &mut String, value: &Text) {
     match value {
-        Text::Str(s) => out.push_str(s),
+        Text::Str(s) => {
+            // A reply arrives a few bytes a chunk: room for a short one at once spares the
+            // reallocations of doubling up from eight bytes.
+            if out.capacity() == 0 && !s.is_empty() {
+                out.reserve(s.len().max(256));
+            }
+            out.push_str(s);
+        }
         Text::Parts(parts) => {
             for part in parts {
                 let is_text = part
@@ -585,5 +960,119 @@ mod tests {
         let err = futures::executor::block_on(for_each_data(stream, |_| Ok(false)))
             .expect_err("too long");
         assert!(err.to_string().contains("exceeds"), "{err}");
+    }
+
+    /// The usage the assembler read from `usage` before it read usage without a `Value`.
+    fn usage_through_value(usage: Value) -> Option<Usage> {
+        if !usage.is_object() {
+            return None;
+        }
+        let cached = usage
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        serde_json::from_value::<Usage>(usage)
+            .ok()
+            .map(|usage| Usage {
+                cache_read_tokens: cached,
+                ..usage
+            })
+    }
+
+    #[test]
+    fn usage_is_read_as_leniently_as_through_a_value() {
+        let before = Usage {
+            prompt_tokens: 7,
+            ..Usage::default()
+        };
+        for usage in [
+            "null",
+            "3",
+            "\"x\"",
+            "[1,2]",
+            "true",
+            "{}",
+            r#"{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}"#,
+            r#"{"prompt_tokens":null,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":-1}"#,
+            r#"{"prompt_tokens":1.0}"#,
+            r#"{"prompt_tokens":1e3}"#,
+            r#"{"prompt_tokens":-0}"#,
+            r#"{"prompt_tokens":18446744073709551615}"#,
+            r#"{"prompt_tokens":18446744073709551616}"#,
+            r#"{"prompt_tokens":"5"}"#,
+            r#"{"prompt_tokens":{"a":1}}"#,
+            r#"{"prompt_tokens":[1]}"#,
+            r#"{"prompt_tokens":"x","prompt_tokens":5}"#,
+            r#"{"prompt_tokens":5,"prompt_tokens":"x"}"#,
+            r#"{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":4,"audio_tokens":0}}"#,
+            r#"{"prompt_tokens_details":{"cached_tokens":"4"}}"#,
+            r#"{"prompt_tokens_details":{"cached_tokens":-4}}"#,
+            r#"{"prompt_tokens_details":{"cached_tokens":4.5}}"#,
+            r#"{"prompt_tokens_details":{"cached_tokens":null}}"#,
+            r#"{"prompt_tokens_details":null}"#,
+            r#"{"prompt_tokens_details":[4]}"#,
+            r#"{"prompt_tokens_details":{"cached_tokens":4},"prompt_tokens_details":{}}"#,
+            r#"{"prompt_tokens_details":{"cached_tokens":4,"cached_tokens":6}}"#,
+            r#"{"cache_read_tokens":3,"cache_write_tokens":2}"#,
+            r#"{"cache_read_tokens":"3","cache_write_tokens":2}"#,
+            r#"{"cache_write_tokens":-2}"#,
+            r#"{"completion_tokens_details":{"reasoning_tokens":7},"total_tokens":21}"#,
+            r#"{"pr\u006fmpt_tokens":4}"#,
+        ] {
+            let want = usage_through_value(serde_json::from_str(usage).expect("json"))
+                .or(Some(before.clone()));
+            for chunk in [
+                format!(r#"{{"choices":[],"usage":{usage}}}"#),
+                format!(r#"{{"choices":[{{"index":0,"delta":{{}},"usage":{usage}}}]}}"#),
+            ] {
+                let mut asm = StreamAssembler::new();
+                asm.usage = Some(before.clone());
+                asm.push_data(&chunk).expect("a chunk");
+                assert_eq!(asm.usage, want, "{chunk}");
+            }
+        }
+    }
+
+    #[test]
+    fn tool_call_fields_are_read_in_place_or_kept_as_json_text() {
+        let mut asm = StreamAssembler::new();
+        for chunk in [
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c\u0031","function":{"name":"f\"n","arguments":"{\"a\":"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c2","function":{"name":"","arguments":1}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":null,"function":{"name":null,"arguments":null}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"arguments":{"q":[1,true,null]}}},{"index":2,"function":{"arguments":[2.5,-1,"s"]}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":2,"function":{"arguments":false}}]}}]}"#,
+        ] {
+            asm.push_data(chunk).expect("a chunk");
+        }
+        let calls = asm.finish().tool_calls;
+        assert_eq!(
+            calls,
+            [
+                ToolCall::new("c1", "f\"n", "{\"a\":1"),
+                ToolCall::new("call_1", "", r#"{"q":[1,true,null]}"#),
+                ToolCall::new("call_2", "", r#"[2.5,-1,"s"]false"#),
+            ]
+        );
+        for (chunk, message) in [
+            (
+                r#"{"choices":[{"delta":{"tool_calls":[{"id":5}]}}]}"#,
+                "invalid type: integer `5`, expected a string",
+            ),
+            (
+                r#"{"choices":[{"delta":{"tool_calls":{"id":"a"}}}]}"#,
+                "invalid type: map, expected a sequence",
+            ),
+            (r#"{"choices":"nope"}"#, "expected a sequence"),
+        ] {
+            let err = StreamAssembler::new()
+                .push_data(chunk)
+                .expect_err("malformed");
+            assert!(
+                matches!(&err, LlmError::Malformed(m) if m.contains(message)),
+                "{chunk}: {err}"
+            );
+        }
     }
 }
