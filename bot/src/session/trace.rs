@@ -272,7 +272,11 @@ fn user_text(message: &Message) -> Option<String> {
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|e| StoreError::Io(e.to_string()))
+    // A turn's trace is a few hundred bytes: room for it at once, where `to_string` starts
+    // at 128 bytes and grows the buffer three times.
+    let mut out = Vec::with_capacity(1024);
+    serde_json::to_writer(&mut out, value).map_err(|e| StoreError::Io(e.to_string()))?;
+    String::from_utf8(out).map_err(|e| StoreError::Io(e.to_string()))
 }
 
 /// `session`'s ring head.
