@@ -340,20 +340,6 @@ fn boxed_slice_conversion() {
 }
 
 #[test]
-#[should_panic]
-fn subslice_usage_00() {
-    let iv1 = IVec::from(vec![1, 2, 3]);
-    let _subslice = iv1.subslice(0, 4);
-}
-
-#[test]
-#[should_panic]
-fn subslice_usage_01() {
-    let iv1 = IVec::from(vec![1, 2, 3]);
-    let _subslice = iv1.subslice(3, 1);
-}
-
-#[test]
 fn ivec_as_mut_identity() {
     let initial = &[1];
     let mut iv = IVec::from(initial);

@@ -348,7 +348,7 @@ impl TransactionalTree {
         self.tree.context.pagecache.generate_id_inner()
     }
 
-    // parlor: upstream's body was `unimplemented!()`. It is never reached in 0.34.7
+    // parlor: upstream's body panicked as not implemented. It is never reached in 0.34.7
     // (`stage` cannot fail and `validate` is always true), and a tree stages nothing of
     // its own to undo: the lock `stage` takes is released when it drops.
     fn unstage(&self) {}
