@@ -8,6 +8,12 @@
 //! when its arena is purged, which the daemon does after sessions left memory
 //! (docs/perf.md has the figures).
 //!
+//! What the store allocates goes to two arenas of its own ([`Allocator`]): sled keeps a
+//! record of every page of every tree in memory, replaced at each write, and cached nodes;
+//! placed among the short-lived objects of the busy daemon around them, each pinned a page
+//! of freed memory once the chats left (docs/perf.md, "sled's page records in an arena of
+//! their own").
+//!
 //! The executable's own pages are most of an idle daemon's memory: starting touches code
 //! all over a large binary (config, every adapter's set-up, the store's recovery), and the
 //! kernel maps 64 KiB around each page touched. Once the daemon is ready, and again when
@@ -19,13 +25,93 @@
 // reads its options from an exported symbol; each says why it is sound.
 #![allow(unsafe_code)]
 
+use std::alloc::{GlobalAlloc, Layout};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+use parlor_bot::store::arena::Class;
+use tikv_jemalloc_sys as jemalloc;
 
 use parlor_bot::session::SessionManager;
 use tokio_util::sync::CancellationToken;
 
 #[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+static ALLOCATOR: Allocator = Allocator;
+
+/// The arenas the store's allocations go to ([`parlor_bot::store::arena`]): sled's page
+/// records, and the rest of a store call's. 0 until [`start_background_purge`] created
+/// them (arena 0 is one of jemalloc's automatic arenas, never one of these).
+static PAGE_ARENA: AtomicU32 = AtomicU32::new(0);
+static STORE_ARENA: AtomicU32 = AtomicU32::new(0);
+
+/// jemalloc, with what the store allocates placed in arenas of its own.
+struct Allocator;
+
+/// `mallocx` flags for the store's arenas, bypassing the thread's cache (a cache holds
+/// freed objects of any arena and would hand them back for other uses), or `None` for an
+/// allocation of anything else.
+#[inline]
+fn store_flags(align: usize, size: usize) -> Option<c_int> {
+    let arena = match parlor_bot::store::arena::current() {
+        Class::Other => return None,
+        Class::Page => PAGE_ARENA.load(Ordering::Relaxed),
+        Class::Store => STORE_ARENA.load(Ordering::Relaxed),
+    };
+    if arena == 0 {
+        return None;
+    }
+    let align = if align <= 16 && align <= size {
+        0
+    } else {
+        jemalloc::MALLOCX_ALIGN(align)
+    };
+    Some(align | jemalloc::MALLOCX_ARENA(arena as usize) | jemalloc::MALLOCX_TCACHE_NONE)
+}
+
+// SAFETY: every path is jemalloc's own `GlobalAlloc` or its `*allocx` functions with the
+// same size and alignment flags; an arena flag only picks where a new object goes, and
+// `sdallocx`/`rallocx` find an object's arena from its address whatever arena it is in.
+unsafe impl GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        match store_flags(layout.align(), layout.size()) {
+            // SAFETY: as the impl says; the size is not zero (GlobalAlloc's contract).
+            Some(flags) => unsafe { jemalloc::mallocx(layout.size(), flags).cast() },
+            // SAFETY: the caller's contract is passed on.
+            None => unsafe { tikv_jemallocator::Jemalloc.alloc(layout) },
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        match store_flags(layout.align(), layout.size()) {
+            // SAFETY: as in `alloc`.
+            Some(flags) => unsafe {
+                jemalloc::mallocx(layout.size(), flags | jemalloc::MALLOCX_ZERO).cast()
+            },
+            // SAFETY: the caller's contract is passed on.
+            None => unsafe { tikv_jemallocator::Jemalloc.alloc_zeroed(layout) },
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract is passed on; jemalloc frees into the object's own
+        // arena whatever the flags.
+        unsafe { tikv_jemallocator::Jemalloc.dealloc(ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        match store_flags(layout.align(), new_size) {
+            // SAFETY: as in `alloc`; `ptr` is live and was allocated with this alignment.
+            Some(flags) => unsafe { jemalloc::rallocx(ptr.cast(), new_size, flags).cast() },
+            // SAFETY: the caller's contract is passed on.
+            None => unsafe { tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size) },
+        }
+    }
+}
 
 /// jemalloc's options, read once at its first allocation (the symbol name is its
 /// prefixed `malloc_conf`):
@@ -44,12 +130,16 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 ///   a slab is the least common multiple of page and object size, up to 7 pages): a page
 ///   goes back once its own objects are freed, rather than once all of a larger slab's are. After 10,000 chats left memory, what stays alive
 ///   (sled's cached nodes, the pools) had pinned many half-empty slabs: RSS 39.9 -> 32.1 MiB
-///   in parlor-bench, CPU per turn unchanged in alternating `parlor-bench cpu 6` runs.
+///   in parlor-bench, CPU per turn unchanged in alternating `parlor-bench cpu 6` runs;
+/// - smaller thread caches (`lg_tcache_nslots_mul:-1,tcache_nslots_small_max:64`: half as
+///   many objects a size class, 64 at most instead of 200): what a thread caches stays
+///   allocated, with the page under it, for as long as the thread lives and allocates
+///   nothing else. After 10,000 chats it was over a mebibyte.
 // SAFETY: jemalloc reads this as a NUL-terminated `const char *`: a reference to a byte
 // array is exactly that pointer, and the bytes end in NUL and live for the whole process.
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: &[u8; 67] =
-    b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0,slab_sizes:1-2048:1\0";
+pub static MALLOC_CONF: &[u8; 118] =
+    b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0,slab_sizes:1-2048:1,lg_tcache_nslots_mul:-1,tcache_nslots_small_max:64\0";
 
 /// Starts jemalloc's background purging thread. Call once the environment is scrubbed
 /// (`main`), and before the runtime starts: the thread is jemalloc's own, lives as long as
@@ -62,7 +152,7 @@ pub fn start_background_purge() {
     // non-zero result (a jemalloc built without background threads) leaves purging to the
     // freeing threads, which only costs CPU.
     let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
+        jemalloc::mallctl(
             name.as_ptr().cast(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -72,6 +162,33 @@ pub fn start_background_purge() {
     };
     if rc != 0 {
         tracing::debug!(rc, "jemalloc's background purging thread did not start");
+    }
+    create_store_arenas();
+}
+
+/// Creates the store's arenas ([`PAGE_ARENA`], [`STORE_ARENA`]). Without them (an
+/// error), the store's allocations go where every other one does.
+fn create_store_arenas() {
+    for arena in [&PAGE_ARENA, &STORE_ARENA] {
+        let name = b"arenas.create\0";
+        let mut index: u32 = 0;
+        let mut len = std::mem::size_of::<u32>();
+        // SAFETY: `name` is NUL-terminated; `arenas.create` writes the new arena's index,
+        // an `unsigned`, through the pointer given with its size, and reads no new value.
+        let rc = unsafe {
+            jemalloc::mallctl(
+                name.as_ptr().cast(),
+                (&raw mut index).cast(),
+                &raw mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if rc != 0 || index == 0 {
+            tracing::debug!(rc, "jemalloc did not create the store's arenas");
+            return;
+        }
+        arena.store(index, Ordering::Relaxed);
     }
 }
 
@@ -87,7 +204,7 @@ fn trim() {
     // SAFETY: `name` is NUL-terminated; a purge reads and writes no value (all pointers
     // null, length 0) and is thread-safe. A non-zero result only means nothing was purged.
     unsafe {
-        tikv_jemalloc_sys::mallctl(
+        jemalloc::mallctl(
             name.as_ptr().cast(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),

@@ -26,6 +26,7 @@
 //! Implementations: [`SledStore`] (sled 0.34, the default), [`PgStore`] (PostgreSQL, for
 //! state on a database server) and [`MemoryStore`] (tests, ephemeral runs). Every value is versioned JSON so that later versions can read it.
 
+pub mod arena;
 mod common;
 mod group_commit;
 mod history;

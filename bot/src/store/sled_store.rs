@@ -60,6 +60,7 @@ use serde_json::Value;
 use sled::transaction::ConflictableTransactionError;
 use sled::{Db, IVec, Tree};
 
+use super::arena::StoreScope;
 use super::common::{
     StoreOptions, check_session, decode, decode_history_entry, encode, encode_turn, is_pending_for,
     migrated_record,
@@ -278,6 +279,7 @@ impl Store for SledStore {
         message: &StoredMessage,
         intake: Intake,
     ) -> Result<Inbound, StoreError> {
+        let _scope = StoreScope::enter();
         check_session(session)?;
         let value = encode(message)?;
         let id_key = message_id_key(session, &message.message_id);
@@ -329,6 +331,7 @@ impl Store for SledStore {
         session: &str,
         message_id: &str,
     ) -> Result<Option<StoredMessage>, StoreError> {
+        let _scope = StoreScope::enter();
         check_session(session)?;
         let Some(bytes) = self
             .message_ids
@@ -353,6 +356,7 @@ impl Store for SledStore {
         session: &str,
         limit: usize,
     ) -> Result<Vec<StoredMessage>, StoreError> {
+        let _scope = StoreScope::enter();
         check_session(session)?;
         let mut out = Vec::with_capacity(limit.min(256));
         for entry in self
@@ -371,11 +375,13 @@ impl Store for SledStore {
     }
 
     fn load_history(&self, session: &str) -> Result<Vec<Message>, StoreError> {
+        let _scope = StoreScope::enter();
         check_session(session)?;
         Ok(self.read_history(session)?.1)
     }
 
     fn load_summary(&self, session: &str) -> Result<Option<Summary>, StoreError> {
+        let _scope = StoreScope::enter();
         check_session(session)?;
         match self.summaries.get(session).map_err(sled_error)? {
             Some(bytes) => decode(&bytes, || format!("summaries[{session}]")).map(Some),
@@ -384,6 +390,7 @@ impl Store for SledStore {
     }
 
     fn save_history(&self, session: &str, history: &[Message]) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         check_session(session)?;
         let values = encode_history(history)?;
         self.steps.run(
@@ -400,6 +407,7 @@ impl Store for SledStore {
         mut item: PendingItem,
         also: Vec<KvWrite>,
     ) -> Result<u64, StoreError> {
+        let _scope = StoreScope::enter();
         let id = self.db.generate_id().map_err(sled_error)?;
         item.id = id;
         let value = encode(&item)?;
@@ -412,10 +420,12 @@ impl Store for SledStore {
     }
 
     fn pending(&self) -> Result<Vec<PendingItem>, StoreError> {
+        let _scope = StoreScope::enter();
         read_all(&self.pending, "pending")
     }
 
     fn remove_pending(&self, ids: &[u64]) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         self.steps.run(&[&self.pending], |t| {
             for id in ids {
                 t[0].delete(id.to_be_bytes())?;
@@ -425,6 +435,7 @@ impl Store for SledStore {
     }
 
     fn commit_turn(&self, commit: TurnCommit) -> Result<Option<u64>, StoreError> {
+        let _scope = StoreScope::enter();
         check_session(&commit.session)?;
         // Encoded outside the step, which holds the store's write lock.
         let history = match &commit.history {
@@ -492,14 +503,17 @@ impl Store for SledStore {
     }
 
     fn reserve_id(&self) -> Result<u64, StoreError> {
+        let _scope = StoreScope::enter();
         self.db.generate_id().map_err(sled_error)
     }
 
     fn unsent_outbox(&self) -> Result<Vec<OutboxEntry>, StoreError> {
+        let _scope = StoreScope::enter();
         read_all(&self.outbox, "outbox")
     }
 
     fn mark_sent(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         self.finish_outbox(
             outbox_id,
             |entry| entry.sent_ids = platform_ids.to_vec(),
@@ -514,6 +528,7 @@ impl Store for SledStore {
         session: &str,
         own: Option<&StoredMessage>,
     ) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         let own = match own {
             Some(message) => {
                 check_session(session)?;
@@ -533,6 +548,7 @@ impl Store for SledStore {
     }
 
     fn record_sent_parts(&self, outbox_id: u64, platform_ids: &[String]) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         let key = outbox_id.to_be_bytes();
         self.steps.run(&[&self.outbox], |t| {
             let Some(bytes) = t[0].get(key)? else {
@@ -547,6 +563,7 @@ impl Store for SledStore {
     }
 
     fn mark_failed(&self, outbox_id: u64, reason: &str) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         self.finish_outbox(
             outbox_id,
             |entry| entry.failed = Some(reason.to_owned()),
@@ -555,6 +572,7 @@ impl Store for SledStore {
     }
 
     fn sent_reply(&self, outbox_id: u64) -> Result<Option<OutboxEntry>, StoreError> {
+        let _scope = StoreScope::enter();
         match self
             .outbox_done
             .get(outbox_id.to_be_bytes())
@@ -566,6 +584,7 @@ impl Store for SledStore {
     }
 
     fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let _scope = StoreScope::enter();
         match self.meta.get(key).map_err(sled_error)? {
             Some(bytes) => {
                 let record: MetaRecord = decode(&bytes, || format!("meta[{key}]"))?;
@@ -576,6 +595,7 @@ impl Store for SledStore {
     }
 
     fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         let value = encode(&MetaRef { value })?;
         self.steps.run(&[&self.meta], |t| {
             t[0].insert(key, value.as_slice())?;
@@ -584,6 +604,7 @@ impl Store for SledStore {
     }
 
     fn kv_get(&self, space: &str, key: &str) -> Result<Option<String>, StoreError> {
+        let _scope = StoreScope::enter();
         let tree = self.kv_tree(space)?;
         match tree.get(key).map_err(sled_error)? {
             Some(bytes) => Ok(Some(kv_text(&bytes, space, key)?)),
@@ -592,6 +613,7 @@ impl Store for SledStore {
     }
 
     fn kv_put(&self, space: &str, key: &str, value: &str) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         let tree = self.kv_tree(space)?;
         self.steps.run(&[&tree], |t| {
             t[0].insert(key, value.as_bytes())?;
@@ -600,6 +622,7 @@ impl Store for SledStore {
     }
 
     fn kv_write(&self, writes: Vec<KvWrite>) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         let (trees, index) = self.with_kv_trees(Vec::new(), &writes)?;
         if trees.is_empty() {
             return Ok(());
@@ -608,12 +631,14 @@ impl Store for SledStore {
     }
 
     fn kv_delete(&self, space: &str, key: &str) -> Result<bool, StoreError> {
+        let _scope = StoreScope::enter();
         let tree = self.kv_tree(space)?;
         self.steps
             .run(&[&tree], |t| Ok(t[0].remove(key)?.is_some()))
     }
 
     fn kv_scan(&self, space: &str, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let _scope = StoreScope::enter();
         let tree = self.kv_tree(space)?;
         tree.scan_prefix(prefix)
             .map(|entry| {
@@ -626,6 +651,7 @@ impl Store for SledStore {
     }
 
     fn chat_status(&self, session: &str) -> Result<Option<ChatRecord>, StoreError> {
+        let _scope = StoreScope::enter();
         match self.chats.get(session).map_err(sled_error)? {
             Some(bytes) => decode(&bytes, || format!("chats[{session}]")).map(Some),
             None => Ok(None),
@@ -637,6 +663,7 @@ impl Store for SledStore {
         mut entry: OutboxEntry,
         also: Vec<KvWrite>,
     ) -> Result<u64, StoreError> {
+        let _scope = StoreScope::enter();
         check_session(&entry.session)?;
         // Assigned before the step: a failed one only wastes an id.
         entry.id = self.db.generate_id().map_err(sled_error)?;
@@ -655,6 +682,7 @@ impl Store for SledStore {
         also: Vec<KvWrite>,
         notices: Vec<OutboxEntry>,
     ) -> Result<Vec<u64>, StoreError> {
+        let _scope = StoreScope::enter();
         let session = record.chat.session_key();
         check_session(&session)?;
         let value = encode(record)?;
@@ -682,6 +710,7 @@ impl Store for SledStore {
         to: &ChatRef,
         also: Vec<KvWrite>,
     ) -> Result<bool, StoreError> {
+        let _scope = StoreScope::enter();
         let (old, new) = (from.session_key(), to.session_key());
         check_session(&old)?;
         check_session(&new)?;
@@ -697,6 +726,7 @@ impl Store for SledStore {
     }
 
     fn migrated_to(&self, session: &str) -> Result<Option<String>, StoreError> {
+        let _scope = StoreScope::enter();
         self.get_meta(&migrated_key(session))
     }
 
@@ -706,6 +736,7 @@ impl Store for SledStore {
         message: &StoredMessage,
         pending_text: Option<&str>,
     ) -> Result<Edited, StoreError> {
+        let _scope = StoreScope::enter();
         check_session(session)?;
         let value = encode(message)?;
         let id_key = message_id_key(session, &message.message_id);
@@ -751,6 +782,7 @@ impl Store for SledStore {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         self.commit
             .wait_blocking(self.commit.ticket(), || self.flush_log())
     }
@@ -949,6 +981,7 @@ impl SledStore {
     /// input, whoever was still waiting for that. A flush may cover half of a step running
     /// at the same time; the step's record makes that whole again after a kill ([`Steps`]).
     fn flush_log(&self) -> Result<(), StoreError> {
+        let _scope = StoreScope::enter();
         self.db.flush().map_err(sled_error)?;
         Ok(())
     }

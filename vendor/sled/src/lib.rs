@@ -182,6 +182,7 @@ macro_rules! testing_assert {
     };
 }
 
+pub mod alloc_class;
 mod arc;
 mod atomic_shim;
 mod batch;

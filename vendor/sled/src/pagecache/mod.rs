@@ -24,6 +24,7 @@ mod snapshot;
 use std::{collections::BinaryHeap, ops::Deref};
 
 use crate::*;
+use crate::alloc_class::long_lived;
 
 #[cfg(any(all(not(unix), not(windows)), miri))]
 use parallel_io_polyfill::{pread_exact, pread_exact_or_eof, pwrite_all};
@@ -822,7 +823,8 @@ impl PageCache {
 
             let new_page = Page { update: None, cache_infos: Vec::default() };
 
-            let page_view = self.inner.insert(pid, new_page, guard);
+            let page_view =
+                long_lived(|| self.inner.insert(pid, new_page, guard));
 
             (pid, page_view)
         };
@@ -1041,9 +1043,11 @@ impl PageCache {
             return Ok(short_circuit.map_err(|a| a.map(|b| (b.0, new))));
         }
 
-        let mut new_page = Some(Owned::new(Page {
-            update: Some(Box::new(Update::Node(node))),
-            cache_infos: Vec::default(),
+        let mut new_page = Some(long_lived(|| {
+            Owned::new(Page {
+                update: Some(Box::new(Update::Node(node))),
+                cache_infos: Vec::default(),
+            })
         }));
 
         loop {
@@ -1077,10 +1081,12 @@ impl PageCache {
                 log_size: log_reservation.reservation_len() as u64,
             };
 
-            let mut new_cache_infos =
-                Vec::with_capacity(old.cache_infos.len() + 1);
-            new_cache_infos.extend_from_slice(&old.cache_infos);
-            new_cache_infos.push(cache_info);
+            let new_cache_infos = long_lived(|| {
+                let mut infos = Vec::with_capacity(old.cache_infos.len() + 1);
+                infos.extend_from_slice(&old.cache_infos);
+                infos.push(cache_info);
+                infos
+            });
 
             let mut page_ptr = new_page.take().unwrap();
             page_ptr.cache_infos = new_cache_infos;
@@ -1271,9 +1277,11 @@ impl PageCache {
                         .unwrap(),
                 };
 
-                let new_page = Owned::new(Page {
-                    update: page_view.update.clone(),
-                    cache_infos: vec![cache_info],
+                let new_page = long_lived(|| {
+                    Owned::new(Page {
+                        update: page_view.update.clone(),
+                        cache_infos: vec![cache_info],
+                    })
                 });
 
                 debug_delay();
@@ -1463,9 +1471,11 @@ impl PageCache {
         let log_kind = log_kind_from_update(&update);
         trace!("cas_page on pid {} has log kind: {:?}", pid, log_kind);
 
-        let mut new_page = Some(Owned::new(Page {
-            update: Some(Box::new(update)),
-            cache_infos: Vec::default(),
+        let mut new_page = Some(long_lived(|| {
+            Owned::new(Page {
+                update: Some(Box::new(update)),
+                cache_infos: Vec::default(),
+            })
         }));
 
         loop {
@@ -1515,7 +1525,7 @@ impl PageCache {
                     .unwrap(),
             };
 
-            page_ptr.cache_infos = vec![cache_info];
+            page_ptr.cache_infos = long_lived(|| vec![cache_info]);
 
             debug_delay();
             let result =
@@ -1738,9 +1748,11 @@ impl PageCache {
         updates.truncate(1);
         let base = updates.pop().unwrap();
 
-        let page = Owned::new(Page {
-            update: Some(Box::new(base)),
-            cache_infos: page_view.cache_infos.clone(),
+        let page = long_lived(|| {
+            Owned::new(Page {
+                update: Some(Box::new(base)),
+                cache_infos: page_view.cache_infos.clone(),
+            })
         });
 
         debug_delay();
@@ -1936,9 +1948,11 @@ impl PageCache {
                         // don't page-out Freed suckas
                         break;
                     }
-                    let new_page = Owned::new(Page {
-                        update: None,
-                        cache_infos: page_view.cache_infos.clone(),
+                    let new_page = long_lived(|| {
+                        Owned::new(Page {
+                            update: None,
+                            cache_infos: page_view.cache_infos.clone(),
+                        })
                     });
 
                     debug_delay();
@@ -2129,7 +2143,7 @@ impl PageCache {
             };
             let page = Page { update, cache_infos };
 
-            self.inner.insert(pid, page, &guard);
+            long_lived(|| self.inner.insert(pid, page, &guard));
         }
 
         Ok(())
