@@ -30,10 +30,9 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use parlor_bot::session::SessionManager;
 use parlor_bot::store::arena::Class;
 use tikv_jemalloc_sys as jemalloc;
-
-use parlor_bot::session::SessionManager;
 use tokio_util::sync::CancellationToken;
 
 #[global_allocator]
@@ -61,7 +60,8 @@ fn store_flags(align: usize, size: usize) -> Option<c_int> {
     if arena == 0 {
         return None;
     }
-    let align = if align <= 16 && align <= size {
+    // As `tikv_jemallocator` does: jemalloc's own alignment suffices up to `max_align_t`'s.
+    let align = if align <= std::mem::align_of::<libc::max_align_t>() && align <= size {
         0
     } else {
         jemalloc::MALLOCX_ALIGN(align)

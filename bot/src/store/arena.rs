@@ -1,11 +1,13 @@
 //! Which allocations are the store's, for the allocator to keep them together.
 //!
-//! sled keeps what it reads and writes cached (its nodes and their keys) long after the
-//! call that allocated them; the session that made the call is freed far sooner. Placed
-//! among a busy daemon's short-lived objects, each cached node pins a page of freed ones
-//! once the sessions left memory. [`StoreScope`] marks the thread while a store call runs,
-//! and the daemon's allocator (`src/memory.rs`) places what is allocated meanwhile in an
-//! arena of its own. Without such an allocator the mark costs one thread-local write.
+//! sled keeps a record of every page of every tree in memory while the database is open,
+//! replaced at each write of the page, and caches nodes; the session that made the call is
+//! freed far sooner. Placed among a busy daemon's short-lived objects, each such survivor
+//! pins a page of freed ones once the sessions left memory. [`StoreScope`] marks the thread
+//! while a store call runs, sled marks where it allocates a page's record
+//! (`sled::alloc_class`), and [`current`] combines the two for the daemon's allocator
+//! (`src/memory.rs`), which places each class in an arena of its own. Without such an
+//! allocator the mark costs one thread-local write.
 
 use std::cell::Cell;
 

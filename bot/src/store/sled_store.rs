@@ -143,6 +143,8 @@ impl SledStore {
     /// A locked database is retried for [`StoreOptions::lock_timeout`] first (blocking the
     /// calling thread: open the store at startup, or in `spawn_blocking`).
     pub fn open(dir: &Path, options: StoreOptions) -> Result<SledStore, StoreError> {
+        // Recovery loads a record of every page of the database.
+        let _scope = StoreScope::enter();
         let start = Instant::now();
         let db = loop {
             // sled's default page cache may grow to 1 GiB; a chat daemon's working set is a
