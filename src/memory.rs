@@ -300,7 +300,47 @@ fn read_only_mapping(line: &str, exe: &str) -> Option<(usize, usize)> {
 
 #[cfg(test)]
 mod tests {
-    use super::read_only_mapping;
+    use parlor_bot::store::arena::StoreScope;
+
+    use super::{PAGE_ARENA, STORE_ARENA, create_store_arenas, jemalloc, read_only_mapping};
+    use std::sync::atomic::Ordering;
+
+    /// The jemalloc arena `ptr` was allocated in (`arenas.lookup`).
+    fn arena_of(ptr: *const u8) -> u32 {
+        let name = b"arenas.lookup\0";
+        let mut index: u32 = u32::MAX;
+        let mut len = std::mem::size_of::<u32>();
+        let mut ptr = ptr;
+        // SAFETY: `name` is NUL-terminated; `arenas.lookup` reads a pointer (passed by
+        // pointer with its size) and writes the arena's index, an `unsigned`.
+        let rc = unsafe {
+            jemalloc::mallctl(
+                name.as_ptr().cast(),
+                (&raw mut index).cast(),
+                &raw mut len,
+                (&raw mut ptr).cast(),
+                std::mem::size_of::<*const u8>(),
+            )
+        };
+        assert_eq!(rc, 0, "arenas.lookup");
+        index
+    }
+
+    #[test]
+    fn what_a_store_call_allocates_goes_to_the_store_arena() {
+        create_store_arenas();
+        let store = STORE_ARENA.load(Ordering::Relaxed);
+        let page = PAGE_ARENA.load(Ordering::Relaxed);
+        assert!(store != 0 && page != 0 && store != page);
+        let inside = {
+            let _scope = StoreScope::enter();
+            Box::new([7u8; 40])
+        };
+        let outside = Box::new([7u8; 40]);
+        assert_eq!(arena_of(inside.as_ptr()), store);
+        let other = arena_of(outside.as_ptr());
+        assert!(other != store && other != page, "arena {other}");
+    }
 
     #[test]
     fn only_read_only_mappings_of_the_executable_are_chosen() {
